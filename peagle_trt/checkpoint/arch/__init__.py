@@ -1,0 +1,27 @@
+"""Registry of target-architecture adapters, keyed by config.json `model_type`.
+
+Adding a family (Qwen3-MoE, GPT-OSS) = one module with a `TargetAdapter` subclass + one line here.
+"""
+
+from peagle_trt.checkpoint.arch.base import TargetAdapter, TargetConfig
+from peagle_trt.checkpoint.arch.llama import LlamaAdapter
+from peagle_trt.checkpoint.arch.qwen3 import Qwen3Adapter
+from peagle_trt.errors import ConfigError
+
+ADAPTERS: dict[str, TargetAdapter] = {
+    model_type: adapter for adapter in (LlamaAdapter(), Qwen3Adapter())
+    for model_type in adapter.model_types
+}
+
+
+def adapter_for(cfg: dict, where: str) -> TargetAdapter:
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise ConfigError(f"{where}: required key 'model_type' is missing")
+    if model_type not in ADAPTERS:
+        raise ConfigError(f"{where}: target model_type {model_type!r} is not supported; "
+                          f"supported: {sorted(ADAPTERS)}")
+    return ADAPTERS[model_type]
+
+
+__all__ = ["ADAPTERS", "TargetAdapter", "TargetConfig", "adapter_for"]

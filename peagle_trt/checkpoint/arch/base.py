@@ -1,0 +1,101 @@
+"""The resolved target architecture (`TargetConfig`) and the adapter base class.
+
+An adapter turns one family's `config.json` into a `TargetConfig` and maps its tensor names
+onto ours. Family differences live in the adapters (llama.py, qwen3.py); generic code only sees
+`TargetConfig` fields.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peagle_trt.errors import ConfigError
+from peagle_trt.models.rope import RopeConfig
+
+
+def require(cfg: dict, key: str, where: str):
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"{where}: required key {key!r} is missing; a Hugging Face config.json "
+                          f"of this model family always has it")
+    return cfg[key]
+
+
+def token_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    arch: str  # adapter name
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                              f"num_key_value_heads ({self.num_kv_heads})")
+
+    @property
+    def default_taps(self) -> tuple[int, int, int]:
+        """vLLM's default EAGLE-3 tap layers (2, L//2, L-3): residual streams entering those layers."""
+        n = self.num_layers
+        return (2, n // 2, n - 3)
+
+
+class TargetAdapter:
+    """Llama-family parsing; subclasses override the class attributes or `extra_fields`."""
+
+    name = "llama"
+    model_types: tuple[str, ...] = ("llama",)
+    qk_norm = False
+    weight_prefix = "model."
+
+    def parse(self, cfg: dict, where: str) -> TargetConfig:
+        act = cfg.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"{where}: hidden_act {act!r} is not supported (expected 'silu')")
+        hidden = int(require(cfg, "hidden_size", where))
+        heads = int(require(cfg, "num_attention_heads", where))
+        return TargetConfig(
+            arch=self.name,
+            vocab_size=int(require(cfg, "vocab_size", where)),
+            hidden_size=hidden,
+            num_layers=int(require(cfg, "num_hidden_layers", where)),
+            num_heads=heads,
+            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+            head_dim=int(cfg.get("head_dim") or hidden // heads),
+            intermediate_size=int(require(cfg, "intermediate_size", where)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope=RopeConfig.from_hf(cfg, where),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            qk_norm=self.qk_norm,
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=token_ids(cfg.get("eos_token_id")),
+            **self.extra_fields(cfg, where),
+        )
+
+    def extra_fields(self, cfg: dict, where: str) -> dict:
+        return {}
+
+    def our_name(self, hf_name: str) -> str | None:
+        """Our parameter name for a checkpoint tensor (None: not a weight we use)."""
+        if hf_name.startswith(self.weight_prefix):
+            return hf_name[len(self.weight_prefix):]
+        return hf_name if hf_name.startswith("lm_head.") else None

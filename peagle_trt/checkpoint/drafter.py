@@ -1,0 +1,183 @@
+"""Drafter checkpoints: P-EAGLE (AWS layout and `speculators` layout) and plain EAGLE-3 heads.
+
+Layouts (see ../shared/docs/peagle-spec.md §1.3-1.4):
+  aws          Llama-style config.json; tensors `midlayer.*` (or `layers.0.*`) + `layers.N.*`,
+               `fc`, `mask_hidden` [1,1,3·H_t], `d2t`, `t2d`; mask token id under one of
+               `ptd_token_id` / `pard_token` / `mask_token_id` / `dflash_config.mask_token_id`.
+  speculators  `speculators_model_type: "peagle"` (or "eagle3") with a nested
+               `transformer_layer_config`; tensors `layers.0.*`, optional `input_norm`
+               (norm_before_fc) and `fc_norm.{i}`.
+  eagle3       the AWS layout without `mask_hidden`: a sequential EAGLE-3 head.
+Tensors are renamed to one canonical set (`layers.0.*` for the fusion midlayer, no `model.`
+prefix, `t2d` dropped) so the model code sees a single layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from peagle_trt.checkpoint.arch.base import require
+from peagle_trt.checkpoint.safetensors_io import load_tensors, read_config
+from peagle_trt.errors import CheckpointError, ConfigError
+from peagle_trt.models.rope import RopeConfig
+
+# Where producers store the mask token id, most explicit first (vLLM accepts all of these).
+MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "pard_token", "ptd_token_id")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    layout: str  # aws | speculators | eagle3
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    vocab_size: int  # size of the target vocabulary the head maps into (through d2t)
+    draft_vocab_size: int
+    target_hidden_size: int  # fc input width / num_aux
+    num_aux: int = 3
+    aux_layer_ids: tuple[int, ...] | None = None
+    mask_token_id: int | None = None
+    has_mask_hidden: bool = False
+    has_embed: bool = True  # False: the head shares the target's embedding table
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    trained_depth: int | None = None
+
+    @property
+    def supports_parallel(self) -> bool:
+        return self.has_mask_hidden and self.mask_token_id is not None
+
+
+@dataclass(frozen=True)
+class DrafterCheckpoint:
+    path: Path
+    config: DrafterConfig
+    tensors: dict  # canonical name -> tensor
+
+
+def _dig(cfg: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(cfg, dict) or part not in cfg:
+            return None
+        cfg = cfg[part]
+    return cfg
+
+
+def mask_token_id(cfg: dict, where: str) -> int | None:
+    found = {k: _dig(cfg, k) for k in MASK_TOKEN_KEYS if _dig(cfg, k) is not None}
+    if len(set(found.values())) > 1:
+        raise ConfigError(f"{where}: conflicting mask token ids {found}; keep one key")
+    return int(next(iter(found.values()))) if found else None
+
+
+def canonical_name(name: str) -> str | None:
+    """Our name for a drafter tensor; None for tensors inference ignores (t2d)."""
+    if name.startswith("model."):  # Automodel exports carry a `model.` prefix
+        name = name[len("model."):]
+    if name.startswith("midlayer."):
+        name = "layers.0." + name[len("midlayer."):]
+    return None if name == "t2d" else name
+
+
+def _trained_depth(cfg: dict) -> int | None:
+    methods = _dig(cfg, "speculators_config.proposal_methods") or []
+    for method in methods:
+        if isinstance(method, dict) and method.get("speculative_tokens"):
+            return int(method["speculative_tokens"])
+    return cfg.get("num_speculative_tokens")
+
+
+def load_drafter(path: str | Path) -> DrafterCheckpoint:
+    path = Path(path)
+    cfg = read_config(path)
+    where = f"drafter {path / 'config.json'}"
+    tensors = {}
+    for name, tensor in load_tensors(path).items():
+        ours = canonical_name(name)
+        if ours is not None:
+            tensors[ours] = tensor
+    kind = cfg.get("speculators_model_type")
+    if kind is not None and kind not in ("peagle", "eagle3"):
+        raise ConfigError(f"{where}: speculators_model_type {kind!r} is not supported "
+                          "(expected 'peagle' or 'eagle3')")
+    layer_cfg = require(cfg, "transformer_layer_config", where) if kind else cfg
+    if cfg.get("norm_output") is False:
+        raise ConfigError(f"{where}: norm_output=false is not supported")
+    for key in ("fc.weight", "lm_head.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"):
+        if key not in tensors:
+            raise CheckpointError(f"drafter {path}: tensor {key!r} is missing; not an EAGLE-3 / "
+                                  "P-EAGLE head (expected midlayer.* or layers.0.* plus fc, norm, lm_head)")
+    hidden = int(require(layer_cfg, "hidden_size", where))
+    heads = int(require(layer_cfg, "num_attention_heads", where))
+    lm_rows = tensors["lm_head.weight"].shape[0]
+    fc_in = tensors["fc.weight"].shape[1]
+    num_aux = 1 if _dig(cfg, "eagle_config.use_aux_hidden_state") is False else 3
+    target_hidden = int(cfg.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or fc_in // num_aux)
+    has_mask_hidden = "mask_hidden" in tensors
+    layout = "speculators" if kind else ("aws" if has_mask_hidden else "eagle3")
+    taps = cfg.get("eagle_aux_hidden_state_layer_ids") or _dig(cfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
+    config = DrafterConfig(
+        layout=layout,
+        hidden_size=hidden,
+        num_layers=int(require(layer_cfg, "num_hidden_layers", where)),
+        num_heads=heads,
+        num_kv_heads=int(layer_cfg.get("num_key_value_heads") or heads),
+        head_dim=int(layer_cfg.get("head_dim") or hidden // heads),
+        intermediate_size=int(require(layer_cfg, "intermediate_size", where)),
+        rms_norm_eps=float(layer_cfg.get("rms_norm_eps", 1e-6)),
+        rope=RopeConfig.from_hf(layer_cfg, where),
+        vocab_size=int(require(layer_cfg, "vocab_size", where)),
+        draft_vocab_size=int(cfg.get("draft_vocab_size") or layer_cfg.get("draft_vocab_size") or lm_rows),
+        target_hidden_size=target_hidden,
+        num_aux=num_aux,
+        aux_layer_ids=tuple(int(t) for t in taps) if taps else None,
+        mask_token_id=mask_token_id(cfg, where),
+        has_mask_hidden=has_mask_hidden,
+        has_embed="embed_tokens.weight" in tensors,
+        norm_before_residual=bool(cfg.get("norm_before_residual",
+                                          layer_cfg.get("norm_before_residual", kind == "eagle3"))),
+        norm_before_fc=bool(cfg.get("norm_before_fc", False)) or "input_norm.weight" in tensors,
+        fc_norm=bool(cfg.get("fc_norm", False)) or "fc_norm.0.weight" in tensors,
+        attention_bias=bool(layer_cfg.get("attention_bias", False)),
+        qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
+        trained_depth=_trained_depth(cfg),
+    )
+    _check_tensors(config, tensors, path)
+    return DrafterCheckpoint(path, config, tensors)
+
+
+def _check_tensors(c: DrafterConfig, tensors: dict, path: Path) -> None:
+    """Shape checks that need only the drafter itself (pairing checks live in pairing.py)."""
+    lm_rows = tensors["lm_head.weight"].shape[0]
+    if lm_rows != c.draft_vocab_size:
+        raise CheckpointError(f"drafter {path}: lm_head has {lm_rows} rows but draft_vocab_size is "
+                              f"{c.draft_vocab_size}")
+    d2t = tensors.get("d2t")
+    if d2t is not None and tuple(d2t.shape) != (c.draft_vocab_size,):
+        raise CheckpointError(f"drafter {path}: d2t has shape {tuple(d2t.shape)}, expected "
+                              f"({c.draft_vocab_size},) = [draft_vocab_size]; the head was exported "
+                              "with a different draft vocabulary")
+    if d2t is None and c.draft_vocab_size != c.vocab_size:
+        raise CheckpointError(f"drafter {path}: draft vocabulary ({c.draft_vocab_size}) is smaller than "
+                              f"the target vocabulary ({c.vocab_size}) but there is no d2t map")
+    if d2t is not None:
+        target_ids = torch.arange(c.draft_vocab_size) + d2t.long()
+        if int(target_ids.min()) < 0 or int(target_ids.max()) >= c.vocab_size:
+            raise CheckpointError(f"drafter {path}: d2t maps draft ids outside [0, {c.vocab_size}); "
+                                  "d2t must hold offsets (target_id = draft_id + d2t[draft_id])")
+    mask_hidden = tensors.get("mask_hidden")
+    expected = c.num_aux * c.target_hidden_size
+    if mask_hidden is not None and mask_hidden.numel() != expected:
+        raise CheckpointError(f"drafter {path}: mask_hidden has {mask_hidden.numel()} values, expected "
+                              f"{expected} (= {c.num_aux} x target hidden {c.target_hidden_size}, pre-fc)")

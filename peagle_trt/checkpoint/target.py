@@ -1,0 +1,46 @@
+"""Target checkpoints: a Hugging Face model directory (config.json + safetensors) read through
+its family adapter into a `TargetConfig` and tensors under our canonical names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from peagle_trt.checkpoint.arch import TargetConfig, adapter_for
+from peagle_trt.checkpoint.safetensors_io import load_tensors, read_config
+from peagle_trt.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class TargetCheckpoint:
+    path: Path
+    config: TargetConfig
+    tensors: dict  # canonical name (no `model.` prefix) -> tensor
+
+
+def load_target_config(path: str | Path) -> TargetConfig:
+    path = Path(path)
+    cfg = read_config(path)
+    where = f"target {path / 'config.json'}"
+    return adapter_for(cfg, where).parse(cfg, where)
+
+
+def load_target(path: str | Path) -> TargetCheckpoint:
+    path = Path(path)
+    cfg = read_config(path)
+    where = f"target {path / 'config.json'}"
+    adapter = adapter_for(cfg, where)
+    config = adapter.parse(cfg, where)
+    tensors = {}
+    for name, tensor in load_tensors(path).items():
+        ours = adapter.our_name(name)
+        if ours is not None:
+            tensors[ours] = tensor
+    if "embed_tokens.weight" not in tensors:
+        raise CheckpointError(f"target {path}: tensor 'model.embed_tokens.weight' is missing")
+    if "lm_head.weight" not in tensors:
+        if not config.tie_word_embeddings:
+            raise CheckpointError(f"target {path}: 'lm_head.weight' is missing and "
+                                  "tie_word_embeddings is false")
+        tensors["lm_head.weight"] = tensors["embed_tokens.weight"]
+    return TargetCheckpoint(path, config, tensors)

@@ -1,0 +1,73 @@
+"""Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`) and how to
+sample one request (`SamplingParams`). Each validates itself on construction."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from peagle_trt.errors import ConfigError
+
+SPEC_MODES = ("none", "eagle3", "peagle")
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
+    num_spec_tokens: int = 7  # K, draft tokens per step
+
+    def __post_init__(self):
+        if self.mode not in SPEC_MODES:
+            raise ConfigError(f"spec mode {self.mode!r} is unknown; expected one of {SPEC_MODES}")
+        if self.mode != "none" and not 1 <= self.num_spec_tokens <= 64:
+            raise ConfigError(f"num_spec_tokens must be in [1, 64], got {self.num_spec_tokens}")
+
+    @property
+    def k(self) -> int:
+        """Drafts per step; 0 when not speculating (a step then emits exactly one token)."""
+        return 0 if self.mode == "none" else self.num_spec_tokens
+
+    @classmethod
+    def from_vllm(cls, text: str) -> "SpecConfig":
+        """Parse vLLM / SageMaker `--speculative-config` JSON, e.g.
+        {"method": "eagle3", "num_speculative_tokens": 7, "parallel_drafting": true}."""
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--speculative-config is not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ConfigError("--speculative-config must be a JSON object")
+        method = obj.get("method", "eagle3")
+        if method not in ("eagle3", "eagle"):
+            raise ConfigError(f"speculative method {method!r} is not supported; use 'eagle3' "
+                              "(with parallel_drafting=true for P-EAGLE)")
+        k = obj.get("num_speculative_tokens", 7)
+        if not isinstance(k, int) or isinstance(k, bool):
+            raise ConfigError(f"num_speculative_tokens must be an integer, got {k!r}")
+        return cls("peagle" if obj.get("parallel_drafting") else "eagle3", k)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no top-k filter
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop: tuple[str, ...] = ()
+    end_ids: tuple[int, ...] = ()  # extra end ids besides the tokenizer's EOS
+
+    def __post_init__(self):
+        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+            raise ConfigError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if self.temperature < 0:
+            raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

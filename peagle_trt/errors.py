@@ -1,0 +1,24 @@
+"""Typed, actionable errors: every message says what was expected, what was found, and the fix.
+
+Only `peagle_trt.cli` catches broad exceptions; library code raises one of these.
+"""
+
+
+class PeagleError(Exception):
+    """Base class of every error peagle-trt raises on purpose."""
+
+
+class ConfigError(PeagleError):
+    """A configuration (config.json, CLI flags, speculative config) is missing a key or is invalid."""
+
+
+class CheckpointError(PeagleError):
+    """A checkpoint's weight files are missing, truncated, corrupt or have unexpected tensors."""
+
+
+class PairingError(ConfigError):
+    """The target and the drafter do not fit together (hidden size, vocabulary, taps, mask token)."""
+
+
+class RuntimeInvariantError(PeagleError):
+    """An internal invariant of the runtime broke (a bug, never bad user input)."""

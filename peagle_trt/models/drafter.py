@@ -1,0 +1,119 @@
+"""The EAGLE-3 / P-EAGLE drafter head (spec §1.1-1.2).
+
+Per row: e = embed(token), g = hidden input (fc-projected target taps, the projected
+`mask_hidden` for mask rows, or the drafter's own previous output in sequential mode).
+  layer 0 (fusion midlayer): x = res + attn(cat(input_layernorm(e), hidden_norm(g)))  [2H -> H]
+                             x = x + mlp(post_attention_layernorm(x)); res = g (or hidden_norm(g))
+  layers 1..N-1: plain pre-norm decoder layers;  logits_d = lm_head(norm(x))  [V_d]
+Draft ids map to target ids through d2t offsets: target_id = draft_id + d2t[draft_id].
+The drafter keeps its own KV cache, written by absolute position like the target's.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.models.kv_cache import KVCache
+from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
+from peagle_trt.models.rope import rope_cos_sin
+from peagle_trt.models.target import load_strict
+
+
+class FusionLayer(nn.Module):
+    """Layer 0: attention over concat(embedding, hidden) of width 2H."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        h = c.hidden_size
+        self.input_layernorm = RMSNorm(h, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
+        self.self_attn = Attention(2 * h, h, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_bias,
+                                   c.rms_norm_eps if c.qk_norm else None)
+        self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps)
+        self.mlp = MLP(h, c.intermediate_size)
+        self.norm_before_residual = c.norm_before_residual
+
+    def forward(self, e, g, cos, sin, cache, slots, positions):
+        g_normed = self.hidden_norm(g)
+        residual = g_normed if self.norm_before_residual else g
+        x = torch.cat((self.input_layernorm(e), g_normed), dim=-1)
+        x = residual + self.self_attn(x, cos, sin, cache, 0, slots, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DrafterModel(nn.Module):
+    def __init__(self, config: DrafterConfig):
+        super().__init__()
+        c = self.config = config
+        h, aux_width = c.hidden_size, c.num_aux * c.target_hidden_size
+        self.embed_tokens = nn.Embedding(c.vocab_size, h)
+        if c.norm_before_fc:
+            self.input_norm = RMSNorm(aux_width, c.rms_norm_eps)
+        if c.fc_norm:
+            self.fc_norm = nn.ModuleList(RMSNorm(c.target_hidden_size, c.rms_norm_eps)
+                                         for _ in range(c.num_aux))
+        self.fc = nn.Linear(aux_width, h, bias=False)
+        self.layers = nn.ModuleList([FusionLayer(c)] + [
+            DecoderLayer(h, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
+                         c.rms_norm_eps, c.attention_bias, False, c.qk_norm)
+            for _ in range(c.num_layers - 1)])
+        self.norm = RMSNorm(h, c.rms_norm_eps)
+        self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("mask_hidden", torch.zeros(1, 1, aux_width))
+        inv_freq, self.rope_scale = c.rope.inv_freq(c.head_dim)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("h_mask", torch.zeros(h), persistent=False)
+
+    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+        c, p = self.config, self.fc.weight
+        return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device)
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        """Target taps [..., num_aux * H_t] -> drafter hidden input [..., H] (fc norms, then fc)."""
+        if self.config.fc_norm:
+            chunks = aux.chunk(self.config.num_aux, dim=-1)
+            aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
+        if self.config.norm_before_fc:
+            aux = self.input_norm(aux)
+        return self.fc(aux)
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                slots: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        # tokens, positions [B, S] (position -1 = padding row); hidden [B, S, H]; slots [B]
+        # returns draft-vocab logits [B, S, V_d] (float32) and the pre-norm output [B, S, H]
+        e = self.embed_tokens(tokens)
+        cos, sin = rope_cos_sin(self.inv_freq, self.rope_scale, positions.clamp(min=0), e.dtype)
+        x = self.layers[0](e, hidden, cos, sin, cache, slots, positions)
+        for i, layer in enumerate(self.layers[1:], start=1):
+            x = layer(x, cos, sin, cache, i, slots, positions)
+        return self.lm_head(self.norm(x)).float(), x
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    @classmethod
+    def from_tensors(cls, config: DrafterConfig, tensors: dict, target_embed: torch.Tensor | None = None,
+                     device="cpu", dtype=torch.float32) -> "DrafterModel":
+        tensors = dict(tensors)
+        if "embed_tokens.weight" not in tensors:
+            tensors["embed_tokens.weight"] = target_embed  # EAGLE-3 heads without their own table
+        buffers = {"d2t": tensors.pop("d2t", None), "mask_hidden": tensors.pop("mask_hidden", None)}
+        with torch.device("meta"):
+            model = cls(config)
+        load_strict(model, tensors, "drafter")
+        aux_width = config.num_aux * config.target_hidden_size
+        model.d2t = (buffers["d2t"].long() if buffers["d2t"] is not None
+                     else torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        mask_hidden = buffers["mask_hidden"]
+        model.mask_hidden = (mask_hidden.float().reshape(1, 1, aux_width) if mask_hidden is not None
+                             else torch.zeros(1, 1, aux_width))
+        model.inv_freq = config.rope.inv_freq(config.head_dim)[0]
+        model.h_mask = torch.zeros(config.hidden_size)
+        model = model.to(device=device, dtype=dtype).eval()
+        model.d2t = model.d2t.long()
+        with torch.no_grad():  # h_mask = fc(mask_hidden), computed once (spec §1.2)
+            model.h_mask = model.project(model.mask_hidden.to(dtype)).reshape(-1)
+        return model

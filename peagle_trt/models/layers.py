@@ -1,0 +1,89 @@
+"""Building blocks shared by the target and the drafter: RMSNorm, GQA attention over a
+`KVCache`, the SwiGLU MLP, and a pre-norm decoder layer. Parameter names follow Hugging Face
+(`self_attn.q_proj`, `mlp.gate_proj`, ...) so checkpoints load by name."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peagle_trt.models.kv_cache import KVCache
+from peagle_trt.models.rope import apply_rope
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, in_dim: int, out_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
+                 bias: bool = False, qk_norm_eps: float | None = None):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.q_proj = nn.Linear(in_dim, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, out_dim, bias=False)
+        if qk_norm_eps is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
+                layer: int, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x [B, S, in_dim]; cos/sin [B, S, d]; slots [B]; positions [B, S] (-1 = padding row)
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, S, d]
+        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, KV, S, d]
+        length = int(positions.max()) + 1
+        keys, values = cache.write_and_read(layer, slots, positions, k, v.transpose(1, 2), length)
+        # Causal by absolute position: row at q sees cache positions 0..q (stale entries past q,
+        # e.g. rejected drafts of the previous step, are never read and get overwritten).
+        visible = torch.arange(length, device=x.device)[None, None] <= positions[:, :, None]
+        visible[..., 0] |= positions < 0  # padding rows attend to one key so softmax stays finite
+        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype),
+                                             attn_mask=visible[:, None], enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, bias: bool = False):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm Llama/Qwen3 layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, hidden: int, intermediate: int, num_heads: int, num_kv_heads: int,
+                 head_dim: int, eps: float, attention_bias: bool = False, mlp_bias: bool = False,
+                 qk_norm: bool = False):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = Attention(hidden, hidden, num_heads, num_kv_heads, head_dim,
+                                   attention_bias, eps if qk_norm else None)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.mlp = MLP(hidden, intermediate, mlp_bias)
+
+    def forward(self, x, cos, sin, cache, layer, slots, positions):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, positions)
+        return x + self.mlp(self.post_attention_layernorm(x))

@@ -1,0 +1,110 @@
+"""Rotary position embeddings: inverse frequencies for the RoPE types our checkpoints use.
+
+`RopeConfig.from_hf` reads both config spellings (transformers 5 `rope_parameters`, older
+`rope_theta` + `rope_scaling`). `inv_freq` returns the per-pair frequencies and the cos/sin
+scale (YaRN's attention factor); `apply_rope` rotates q/k with the rotate-half convention.
+Tests compare against transformers' own models, which must give identical logits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from peagle_trt.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"  # default | linear | llama3 | yarn
+    params: dict = field(default_factory=dict)  # the remaining scaling keys, as in config.json
+    max_position_embeddings: int = 4096
+
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str) -> "RopeConfig":
+        params = dict(cfg.get("rope_parameters") or {})
+        if not params:
+            params = dict(cfg.get("rope_scaling") or {})
+            params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        rope_type = params.pop("rope_type", params.pop("type", "default"))
+        if rope_type not in _INV_FREQ:
+            raise ConfigError(f"{where}: rope type {rope_type!r} is not supported; "
+                              f"supported: {sorted(_INV_FREQ)}")
+        return cls(theta, rope_type, params, int(cfg.get("max_position_embeddings", 4096)))
+
+    def inv_freq(self, head_dim: int) -> tuple[torch.Tensor, float]:
+        """([head_dim // 2] float32 inverse frequencies, cos/sin scale)."""
+        base = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+        return _INV_FREQ[self.rope_type](self, base, head_dim)
+
+
+def _default(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
+    return inv, 1.0
+
+
+def _linear(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
+    return inv / float(rope.params["factor"]), 1.0
+
+
+def _llama3(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
+    p = rope.params
+    factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    old_ctx = float(p["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv
+    # Long wavelengths are slowed by `factor`, short ones kept, the band between blended smoothly.
+    scaled = torch.where(wavelen > old_ctx / low, inv / factor, inv)
+    smooth = (old_ctx / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old_ctx / high) & (wavelen <= old_ctx / low)
+    return torch.where(medium, blended, scaled), 1.0
+
+
+def _yarn(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
+    p = rope.params
+    old_ctx = p.get("original_max_position_embeddings") or rope.max_position_embeddings
+    factor = p.get("factor") or rope.max_position_embeddings / old_ctx
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attn = p.get("attention_factor")
+    if attn is None:
+        m, m_all = p.get("mscale"), p.get("mscale_all_dim")
+        attn = mscale(factor, m) / mscale(factor, m_all) if (m and m_all) else mscale(factor)
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(old_ctx / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    lo, hi = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        lo, hi = math.floor(lo), math.ceil(hi)
+    lo, hi = max(lo, 0), min(hi, dim - 1)
+    if lo == hi:
+        hi += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - lo) / (hi - lo)).clamp(0, 1)
+    extrapolate = 1 - ramp  # 1: keep the original frequency, 0: interpolate by `factor`
+    return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attn)
+
+
+_INV_FREQ = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn}
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables for `positions` [...] -> two [..., head_dim] tensors."""
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # [..., head_dim/2]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x [B, heads, S, d] by cos/sin [B, S, d] (rotate-half convention)."""
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

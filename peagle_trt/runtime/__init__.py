@@ -1,0 +1,1 @@
+"""Runtime: executors (the model forwards behind one interface) and, on top, the scheduler."""

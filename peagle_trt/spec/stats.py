@@ -1,0 +1,62 @@
+"""Acceptance statistics, one counter dataclass for a request or for a whole server.
+
+Formulas (vLLM conventions; "step" = one verify of K drafts):
+  acceptance_length      = 1 + accepted / steps            (includes the bonus/correction token)
+  draft_accept_rate      = accepted / drafted               (drafted = steps * K)
+  accept_rate_per_pos[i] = accepted_at_pos[i] / steps        (joint: >= i+1 drafts accepted)
+Identity: acceptance_length = 1 + sum(accept_rate_per_pos).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecStats:
+    num_spec_tokens: int = 0
+    steps: int = 0  # verify steps that carried drafts
+    drafted: int = 0
+    accepted: int = 0
+    accepted_at_pos: list[int] = field(default_factory=list)
+    target_forwards: int = 0
+    drafter_forwards: int = 0
+    tokens: int = 0  # generated tokens
+
+    def record_step(self, num_drafts: int, num_accepted: int) -> None:
+        if len(self.accepted_at_pos) < num_drafts:
+            self.accepted_at_pos += [0] * (num_drafts - len(self.accepted_at_pos))
+        self.steps += 1
+        self.drafted += num_drafts
+        self.accepted += num_accepted
+        for i in range(num_accepted):
+            self.accepted_at_pos[i] += 1
+
+    def merge(self, other: "SpecStats") -> None:
+        for i, n in enumerate(other.accepted_at_pos):
+            if i >= len(self.accepted_at_pos):
+                self.accepted_at_pos.append(0)
+            self.accepted_at_pos[i] += n
+        for name in ("steps", "drafted", "accepted", "target_forwards", "drafter_forwards", "tokens"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def acceptance_length(self) -> float:
+        return 1.0 + self.accepted / self.steps if self.steps else 1.0
+
+    @property
+    def draft_accept_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def accept_rate_per_pos(self) -> list[float]:
+        return [n / self.steps for n in self.accepted_at_pos] if self.steps else []
+
+    def to_dict(self) -> dict:
+        return {"acceptance_length": round(self.acceptance_length, 4),
+                "draft_accept_rate": round(self.draft_accept_rate, 4),
+                "accept_rate_per_pos": [round(r, 4) for r in self.accept_rate_per_pos],
+                "num_spec_tokens": self.num_spec_tokens, "steps": self.steps,
+                "drafted": self.drafted, "accepted": self.accepted,
+                "target_forwards": self.target_forwards, "drafter_forwards": self.drafter_forwards,
+                "tokens": self.tokens}
