@@ -4,6 +4,7 @@ sample one request (`SamplingParams`). Each validates itself on construction."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from peagle_trt.errors import ConfigError
@@ -42,8 +43,9 @@ class SpecConfig:
             raise ConfigError(f"speculative method {method!r} is not supported; use 'eagle3' "
                               "(with parallel_drafting=true for P-EAGLE)")
         k = obj.get("num_speculative_tokens", 7)
-        if not isinstance(k, int) or isinstance(k, bool):
-            raise ConfigError(f"num_speculative_tokens must be an integer, got {k!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
+            raise ConfigError(f"--speculative-config: num_speculative_tokens must be an integer in "
+                              f"[1, 64], got {k!r}")
         return cls("peagle" if obj.get("parallel_drafting") else "eagle3", k)
 
 
@@ -59,8 +61,11 @@ class SamplingParams:
     end_ids: tuple[int, ...] = ()  # extra end ids besides the tokenizer's EOS
 
     def __post_init__(self):
-        if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
             raise ConfigError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or not math.isfinite(self.top_p):
+            raise ConfigError(f"temperature and top_p must be finite numbers, got "
+                              f"{self.temperature}, {self.top_p}")
         if self.temperature < 0:
             raise ConfigError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

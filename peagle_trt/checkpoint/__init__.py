@@ -32,11 +32,13 @@ class Pair:
         from peagle_trt.models.drafter import DrafterModel
         from peagle_trt.models.target import TargetModel
 
-        target = TargetModel.from_tensors(self.target.config, self.target.tensors, self.taps, device, dtype)
+        target = TargetModel.from_tensors(self.target.config, self.target.tensors, self.taps, device, dtype,
+                                          f"target {self.target.path}")
         drafter = None
         if self.drafter is not None and self.spec.mode != "none":
             drafter = DrafterModel.from_tensors(self.drafter.config, self.drafter.tensors,
-                                                self.target.tensors["embed_tokens.weight"], device, dtype)
+                                                self.target.tensors["embed_tokens.weight"], device, dtype,
+                                                f"drafter {self.drafter.path}")
         return target, drafter
 
 

@@ -176,6 +176,11 @@ def _check_tensors(c: DrafterConfig, tensors: dict, path: Path) -> None:
         if int(target_ids.min()) < 0 or int(target_ids.max()) >= c.vocab_size:
             raise CheckpointError(f"drafter {path}: d2t maps draft ids outside [0, {c.vocab_size}); "
                                   "d2t must hold offsets (target_id = draft_id + d2t[draft_id])")
+    fc_in = tensors["fc.weight"].shape[1]
+    if fc_in != c.num_aux * c.target_hidden_size:
+        raise CheckpointError(f"drafter {path}: fc.weight takes {fc_in} inputs but config.json implies "
+                              f"{c.num_aux} x target_hidden_size {c.target_hidden_size}; fix "
+                              "target_hidden_size in config.json")
     mask_hidden = tensors.get("mask_hidden")
     expected = c.num_aux * c.target_hidden_size
     if mask_hidden is not None and mask_hidden.numel() != expected:

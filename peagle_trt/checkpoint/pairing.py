@@ -35,12 +35,14 @@ def validate_pair(target: TargetConfig, drafter: DrafterCheckpoint, spec: SpecCo
         raise PairingError(f"{where}: the drafter has no embed_tokens and its hidden size "
                            f"{d.hidden_size} differs from the target's {target.hidden_size}")
     taps = resolve_taps(target, drafter)
-    limit = target.num_layers + (1 if d.num_aux == 1 else 0)
-    bad = [t for t in taps if not 0 <= t < limit]
-    if bad or len(taps) != d.num_aux:
+    if len(taps) != d.num_aux:
+        raise PairingError(f"{where}: {len(taps)} tap layers {list(taps)} given but the drafter's fc "
+                           f"fuses {d.num_aux} (eagle_aux_hidden_state_layer_ids needs {d.num_aux} ids)")
+    top = target.num_layers if d.num_aux == 1 else target.num_layers - 1
+    if any(not 0 <= t <= top for t in taps):
         raise PairingError(f"{where}: tap layers {list(taps)} out of range: the target has "
-                           f"{target.num_layers} layers, so taps must be {d.num_aux} ids in "
-                           f"[0, {target.num_layers - 1}] (eagle_aux_hidden_state_layer_ids)")
+                           f"{target.num_layers} layers, so taps must be ids in [0, {top}] "
+                           "(eagle_aux_hidden_state_layer_ids)")
     if spec.mode == "peagle":
         if not d.has_mask_hidden:
             raise PairingError(f"{where}: parallel drafting (spec mode 'peagle') needs the learned "

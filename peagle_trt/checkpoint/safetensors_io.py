@@ -36,6 +36,9 @@ def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:
     found = sorted(p.name for p in model_dir.glob("*.safetensors"))
     if len(found) == 1:
         return {model_dir / found[0]: None}
+    if found:
+        raise CheckpointError(f"{model_dir}: found {len(found)} safetensors shards but no {INDEX_FILE}; "
+                              "restore the index file that maps tensors to shards")
     pickled = sorted(p.name for p in model_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
     hint = (f" Found pickled weights {pickled}: peagle-trt never unpickles checkpoints; convert "
             "them to safetensors (e.g. save_pretrained(..., safe_serialization=True))." if pickled else "")
@@ -83,3 +86,20 @@ def read_config(model_dir: Path) -> dict:
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(config).__name__}")
     return config
+
+
+def tensor_names(model_dir: Path) -> set[str]:
+    """Names of the tensors of a checkpoint, read from headers only (no tensor data)."""
+    from safetensors import SafetensorError, safe_open
+
+    names: set[str] = set()
+    for path, expected in weight_files(model_dir).items():
+        if expected is not None:
+            names.update(expected)
+            continue
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                names.update(f.keys())
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(f"{path}: truncated or corrupt safetensors file ({exc})") from exc
+    return names

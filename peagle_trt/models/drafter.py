@@ -96,14 +96,14 @@ class DrafterModel(nn.Module):
 
     @classmethod
     def from_tensors(cls, config: DrafterConfig, tensors: dict, target_embed: torch.Tensor | None = None,
-                     device="cpu", dtype=torch.float32) -> "DrafterModel":
+                     device="cpu", dtype=torch.float32, name: str = "drafter") -> "DrafterModel":
         tensors = dict(tensors)
         if "embed_tokens.weight" not in tensors:
             tensors["embed_tokens.weight"] = target_embed  # EAGLE-3 heads without their own table
         buffers = {"d2t": tensors.pop("d2t", None), "mask_hidden": tensors.pop("mask_hidden", None)}
         with torch.device("meta"):
             model = cls(config)
-        load_strict(model, tensors, "drafter")
+        load_strict(model, tensors, name)
         aux_width = config.num_aux * config.target_hidden_size
         model.d2t = (buffers["d2t"].long() if buffers["d2t"] is not None
                      else torch.zeros(config.draft_vocab_size, dtype=torch.long))

@@ -58,16 +58,17 @@ class TargetModel(nn.Module):
 
     @classmethod
     def from_tensors(cls, config: TargetConfig, tensors: dict, taps: tuple[int, ...],
-                     device="cpu", dtype=torch.float32) -> "TargetModel":
+                     device="cpu", dtype=torch.float32, name: str = "target") -> "TargetModel":
         with torch.device("meta"):
             model = cls(config, taps)
-        load_strict(model, tensors, "target")
+        load_strict(model, tensors, name)
         inv_freq, _ = config.rope.inv_freq(config.head_dim)
         model.inv_freq = inv_freq
         return model.to(device=device, dtype=dtype).eval()
 
 
 def load_strict(model: nn.Module, tensors: dict, what: str) -> None:
+    # `what` names the checkpoint (e.g. "drafter /path/to/dir") for the messages below
     """Load `tensors` into `model` (possibly on the meta device); every parameter must be present
     with the right shape, and no unexpected weight may be left over."""
     from peagle_trt.errors import CheckpointError

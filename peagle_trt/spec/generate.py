@@ -10,8 +10,9 @@ from peagle_trt.spec.decoder import Sequence, SpecDecoder
 
 
 def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
-             on_tokens: Callable[[list[int]], None] | None = None) -> Sequence:
-    """Run one request to completion; `on_tokens` gets each step's new ids as they come."""
+             on_tokens: Callable[[list[int]], bool] | None = None) -> Sequence:
+    """Run one request to completion. `on_tokens` gets each step's new ids as they come and
+    returns True to end the request there (a stop string was seen)."""
     slot = decoder.ex.alloc_slot()
     if slot is None:
         raise RuntimeInvariantError("no free KV slot for a single request")
@@ -21,7 +22,8 @@ def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
         seen = 0
         while True:
             if on_tokens and len(seq.output) > seen:
-                on_tokens(seq.output[seen:])
+                if on_tokens(seq.output[seen:]) and not seq.finished:
+                    seq.finish_reason = "stop"
                 seen = len(seq.output)
             if seq.finished:
                 return seq

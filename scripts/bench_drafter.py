@@ -1,0 +1,256 @@
+#!/usr/bin/env python3
+"""Benchmark one drafting step of the drafter head: P-EAGLE parallel vs EAGLE-3 sequential, on CPU.
+
+What: the wall time of the drafter forwards that produce K draft tokens for one sequence
+(batch 1) in the middle of a decode, for K = 1, 3, 7, 11 by default.
+  parallel    (P-EAGLE, spec/drafting.py ParallelDrafter): ONE forward over the n pending rows
+              plus K-1 mask rows (token = mask_token_id, hidden = h_mask).
+  sequential  (EAGLE-3, SequentialDrafter): K forwards; the first over the n pending rows, then
+              K-1 forwards of one row each (previous draft + its pre-norm output).
+Both modes include the fc projection of the pending target taps, the lm_head, the argmax and the
+d2t mapping, exactly as the drafting classes do; the model is called directly with their layouts.
+
+Why: P-EAGLE's claim is that drafting cost stays nearly flat in K (one forward whose row count
+grows by K-1), while EAGLE-3's cost grows about K-fold. This measures both on the reference
+PyTorch model.
+
+Setup per head: random weights; a 512-position context (--context) is written into the drafter
+KV cache by one prefill forward; then the step under test uses n = 3 pending rows (2 accepted
+drafts + the bonus token) at positions ctx-3..ctx-1 and, for parallel mode, the mask rows at
+ctx..ctx+K-2. Each step overwrites the same cache positions, so repetitions are identical.
+Parallel and sequential runs alternate within a K so slow drift affects both alike; the figure
+reported is the median of the repetitions (time.perf_counter) after warm-up.
+
+Heads:
+  tiny                 hidden 64, 2 layers, 4 heads / 2 kv heads, head_dim 16, intermediate 128,
+                       vocab 512, draft vocab 384.
+  gpt-oss-20b-peagle   random 4-layer head of the GPT-OSS-20B P-EAGLE shape: hidden 2880,
+                       64 heads / 8 kv heads, head_dim 64, vocab = draft vocab = 201088,
+                       target_hidden_size 2880. ASSUMED (the real config was not retrievable):
+                       intermediate_size 2880 and rope llama3 (theta 150000, factor 32, low 1,
+                       high 4, original_max_position_embeddings 4096). Built on the meta device,
+                       then filled with N(0, 0.02) in fp32: about 5.7 GB of weights.
+
+Run (from the repository root; about 5 minutes on 2 cores):
+    .venv/bin/python scripts/bench_drafter.py
+    .venv/bin/python scripts/bench_drafter.py --heads tiny --ks 1,3,7,11 --repeats 50 --context 512
+Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import asdict
+
+import torch
+
+from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.models.drafter import DrafterModel
+from peagle_trt.models.rope import RopeConfig
+
+PENDING = 3  # a = 2 accepted drafts + the bonus token
+
+HEADS = {
+    "tiny": dict(
+        config=dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+                    intermediate_size=128, vocab_size=512, draft_vocab_size=384, target_hidden_size=64,
+                    rope=RopeConfig()),
+        repeats=50, warmup=3, assumed=[]),
+    "gpt-oss-20b-peagle": dict(
+        config=dict(hidden_size=2880, num_layers=4, num_heads=64, num_kv_heads=8, head_dim=64,
+                    intermediate_size=2880, vocab_size=201088, draft_vocab_size=201088,
+                    target_hidden_size=2880,
+                    rope=RopeConfig(theta=150000.0, rope_type="llama3",
+                                    params={"factor": 32.0, "low_freq_factor": 1.0,
+                                            "high_freq_factor": 4.0,
+                                            "original_max_position_embeddings": 4096},
+                                    max_position_embeddings=131072)),
+        repeats=5, warmup=1,
+        assumed=["intermediate_size=2880",
+                 "rope llama3 theta=150000 factor=32 low_freq_factor=1 high_freq_factor=4 "
+                 "original_max_position_embeddings=4096",
+                 "num_layers=4 (random weights, not the trained head)"]),
+}
+
+
+def build_head(name: str, seed: int = 0) -> DrafterModel:
+    """A P-EAGLE head with random fp32 weights: built on meta, then materialized in place."""
+    spec = HEADS[name]["config"]
+    config = DrafterConfig(layout="aws", rms_norm_eps=1e-5, has_mask_hidden=True,
+                           mask_token_id=spec["vocab_size"] - 1, **spec)
+    with torch.device("meta"):
+        model = DrafterModel(config)
+    model = model.to_empty(device="cpu")
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            if p.dim() == 1:  # RMSNorm weights
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+        model.d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long)
+        model.mask_hidden = torch.empty(1, 1, config.num_aux * config.target_hidden_size).normal_(
+            0.0, 1.0, generator=gen)
+        model.inv_freq = config.rope.inv_freq(config.head_dim)[0]
+        model.h_mask = model.project(model.mask_hidden).reshape(-1)
+    return model.eval()
+
+
+def prefill(model: DrafterModel, cache, context: int, gen: torch.Generator) -> None:
+    """Write `context` positions of K/V into slot 0 with one forward (rows of random input)."""
+    c = model.config
+    tokens = torch.randint(0, c.vocab_size - 1, (1, context), generator=gen)
+    hidden = torch.randn(1, context, c.hidden_size, generator=gen)
+    positions = torch.arange(context)[None]
+    model(tokens, hidden, positions, torch.zeros(1, dtype=torch.long), cache)
+
+
+def make_steps(model: DrafterModel, cache, context: int, gen: torch.Generator):
+    """Closures running one drafting step of K tokens in each mode; both return [K] target ids."""
+    c = model.config
+    slots = torch.zeros(1, dtype=torch.long)
+    pending = torch.randint(0, c.vocab_size - 1, (PENDING,), generator=gen)
+    pending_aux = torch.randn(PENDING, c.num_aux * c.target_hidden_size, generator=gen)
+    cur = context  # pending rows at cur-n .. cur-1
+
+    def parallel(k: int) -> torch.Tensor:
+        tokens = torch.cat([pending, pending.new_full((k - 1,), c.mask_token_id)])[None]
+        hidden = torch.cat([model.project(pending_aux), model.h_mask.expand(k - 1, -1)])[None]
+        positions = torch.arange(cur - PENDING, cur + k - 1)[None]
+        logits, _ = model(tokens, hidden, positions, slots, cache)  # [1, n+K-1, V_d]
+        return model.to_target_ids(logits[0, PENDING - 1:].argmax(dim=-1))  # [K]
+
+    def sequential(k: int) -> torch.Tensor:
+        tokens, hidden = pending[None], model.project(pending_aux)[None]
+        positions = torch.arange(cur - PENDING, cur)[None]
+        idx, out = PENDING - 1, []
+        for step in range(k):
+            logits, prenorm = model(tokens, hidden, positions, slots, cache)
+            draft_id = logits[0, idx].argmax(dim=-1)
+            out.append(model.to_target_ids(draft_id))
+            tokens, hidden = draft_id.view(1, 1), prenorm[:, idx:idx + 1]
+            positions, idx = torch.tensor([[cur + step]]), 0
+        return torch.stack(out)
+
+    return parallel, sequential
+
+
+def timed(fn, k: int) -> float:
+    t0 = time.perf_counter()
+    fn(k)
+    return (time.perf_counter() - t0) * 1e3
+
+
+def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warmup: int | None) -> list[dict]:
+    spec = HEADS[name]
+    repeats = repeats or spec["repeats"]
+    warmup = spec["warmup"] if warmup is None else warmup
+    t0 = time.perf_counter()
+    model = build_head(name)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"[{name}] built: {n_params / 1e6:.1f} M params "
+          f"({n_params * 4 / 2**30:.2f} GiB fp32) in {time.perf_counter() - t0:.1f} s", flush=True)
+    for a in spec["assumed"]:
+        print(f"[{name}] ASSUMED: {a}", flush=True)
+    gen = torch.Generator().manual_seed(1)
+    cache = model.new_cache(1, context + max(ks))
+    t0 = time.perf_counter()
+    prefill(model, cache, context, gen)
+    print(f"[{name}] prefill of {context} positions: {time.perf_counter() - t0:.1f} s", flush=True)
+    parallel, sequential = make_steps(model, cache, context, gen)
+    rows = []
+    for k in ks:
+        for _ in range(warmup):
+            parallel(k)
+            sequential(k)
+        par, seq = [], []
+        for _ in range(repeats):  # alternate so drift hits both modes alike
+            par.append(timed(parallel, k))
+            seq.append(timed(sequential, k))
+        rows.append(dict(head=name, k=k, parallel_ms=statistics.median(par),
+                         sequential_ms=statistics.median(seq),
+                         parallel_ms_min=min(par), sequential_ms_min=min(seq),
+                         parallel_rows=PENDING + k - 1, sequential_forwards=k,
+                         repeats=repeats, warmup=warmup))
+        print(f"[{name}] K={k:<2d} parallel {rows[-1]['parallel_ms']:9.2f} ms   "
+              f"sequential {rows[-1]['sequential_ms']:9.2f} ms", flush=True)
+    base = next((r["parallel_ms"] for r in rows if r["k"] == 1), None)
+    for r in rows:
+        r["seq_over_par"] = r["sequential_ms"] / r["parallel_ms"]
+        r["par_over_par_k1"] = r["parallel_ms"] / base if base else None
+    del model, cache
+    return rows
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def print_table(rows: list[dict]) -> None:
+    header = f"{'head':<20} {'K':>3} {'parallel ms':>12} {'sequential ms':>14} {'seq/par':>8} {'par K/par K=1':>14}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        ratio = f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a"
+        print(f"{r['head']:<20} {r['k']:>3} {r['parallel_ms']:>12.2f} {r['sequential_ms']:>14.2f} "
+              f"{r['seq_over_par']:>7.2f}x {ratio:>14}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", default="tiny,gpt-oss-20b-peagle",
+                        help=f"comma-separated heads from {sorted(HEADS)}")
+    parser.add_argument("--ks", default="1,3,7,11", help="comma-separated draft lengths K")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="timed repetitions per (head, K, mode); default: "
+                             + ", ".join(f"{h} {s['repeats']}" for h, s in HEADS.items()))
+    parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per (head, K, mode)")
+    parser.add_argument("--context", type=int, default=512, help="positions already in the KV cache")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    args = parser.parse_args()
+    heads = [h.strip() for h in args.heads.split(",") if h.strip()]
+    ks = [int(k) for k in args.ks.split(",")]
+    unknown = [h for h in heads if h not in HEADS]
+    if unknown:
+        parser.error(f"unknown heads {unknown}; choose from {sorted(HEADS)}")
+    if min(ks) < 1 or args.context < PENDING:
+        parser.error(f"K must be >= 1 and --context >= {PENDING}")
+
+    threads = args.threads or len(os.sched_getaffinity(0))
+    torch.set_num_threads(threads)
+    env = dict(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+               python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
+               threads=torch.get_num_threads(), context=args.context, pending_rows=PENDING,
+               batch=1, dtype="float32")
+    print(f"torch {env['torch']} | python {env['python']} | CPU {env['cpu']} | "
+          f"torch threads {env['threads']} | context {args.context} | pending rows {PENDING}", flush=True)
+
+    rows = []
+    with torch.inference_mode():
+        for name in heads:
+            rows += bench_head(name, ks, args.context, args.repeats, args.warmup)
+    print()
+    print_table(rows)
+    heads_info = {h: dict(config={k: (asdict(v) if isinstance(v, RopeConfig) else v)
+                                  for k, v in HEADS[h]["config"].items()},
+                          assumed=HEADS[h]["assumed"]) for h in heads}
+    print(json.dumps(dict(**env, heads=heads_info, rows=rows)))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

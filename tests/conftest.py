@@ -1,0 +1,24 @@
+"""Shared fixtures: small seeded checkpoints in the real layouts (written once per session)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from peagle_trt.tiny import make_all
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> dict[str, Path]:
+    """{'llama', 'qwen3': target dirs; 'aws', 'speculators', 'eagle3': drafter dirs}.
+    aws and eagle3 pair with llama, speculators with qwen3."""
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    return make_all(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

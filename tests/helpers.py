@@ -1,0 +1,92 @@
+"""Test helpers: build decoders from the tiny checkpoints, structural drafters, a Markov target."""
+
+from __future__ import annotations
+
+import torch
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.spec.decoder import SpecDecoder
+from peagle_trt.spec.generate import generate
+
+PAIRS = {"llama": "aws", "qwen3": "speculators"}  # target -> its P-EAGLE drafter
+
+
+def make_decoder(tiny, target: str, drafter: str | None, mode: str, k: int, max_len: int = 512,
+                 proposer=None, slots: int = 1) -> SpecDecoder:
+    spec = SpecConfig(mode, k)
+    pair = load_pair(tiny[target], tiny[drafter] if drafter else None, spec)
+    t, d = pair.build()
+    return SpecDecoder(TorchExecutor(t, d, slots, max_len), spec, proposer=proposer)
+
+
+def greedy(n: int) -> SamplingParams:
+    return SamplingParams(max_tokens=n, ignore_eos=True)
+
+
+class CountingExecutor:
+    """Wraps an executor and counts the forwards it runs."""
+
+    def __init__(self, inner):
+        self.inner, self.target_calls, self.drafter_calls = inner, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def target(self, *args, **kwargs):
+        self.target_calls += 1
+        return self.inner.target(*args, **kwargs)
+
+    def drafter(self, *args, **kwargs):
+        self.drafter_calls += 1
+        return self.inner.drafter(*args, **kwargs)
+
+
+class ScriptedDrafter:
+    """A structural drafter that knows the target's greedy continuation of each prompt.
+
+    `correct(i, rng)` decides whether the draft at depth i is the target's own token (oracle:
+    always; always-wrong: never; Bernoulli(alpha): with probability alpha)."""
+
+    def __init__(self, references: dict[tuple, list[int]], vocab: int, correct, seed: int = 0):
+        self.refs, self.vocab, self.correct = references, vocab, correct
+        self.rng = torch.Generator().manual_seed(seed)
+
+    def propose(self, seqs, k):
+        out = []
+        for s in seqs:
+            ref, at = self.refs[tuple(s.prompt)], len(s.output)
+            drafts = []
+            for i in range(k):
+                truth = ref[at + i] if at + i < len(ref) else 0
+                drafts.append(truth if self.correct(i, self.rng) else (truth + 1) % self.vocab)
+            s.stats.drafter_forwards += 1
+            out.append(drafts)
+        return out
+
+
+def reference_outputs(decoder_none: SpecDecoder, prompts: list[list[int]], n: int) -> dict:
+    return {tuple(p): generate(decoder_none, p, greedy(n)).output for p in prompts}
+
+
+class MarkovExecutor:
+    """A target whose next-token distribution depends only on the current token:
+    p(next | token) = T[token]. No drafter; aux is empty. For exact distribution tests."""
+
+    def __init__(self, transition: torch.Tensor, max_len: int = 64):
+        self.logT = transition.log()
+        self.device, self.max_len, self.num_slots = torch.device("cpu"), max_len, 1
+        self.mask_token_id = self.h_mask = None
+
+    def alloc_slot(self):
+        return 0
+
+    def free_slot(self, slot):
+        pass
+
+    def target(self, tokens, positions, slots, logit_rows=None):
+        logits = self.logT[tokens]  # [B, S, V]
+        if logit_rows is not None:
+            logits = torch.gather(logits, 1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))
+        return logits, torch.zeros(*tokens.shape, 0)
