@@ -1,6 +1,7 @@
 """`peagle-trt`: the command line. Each subcommand's LAST stdout line is one JSON object.
 
     peagle-trt generate --target DIR --drafter DIR --prompt TEXT [--spec-mode peagle] ...
+    peagle-trt demo                     # the main job on a CPU machine (small seeded models)
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
 
 This is the only module that catches broad exceptions: it prints them and exits non-zero.
@@ -68,6 +69,21 @@ def cmd_make_tiny(args: argparse.Namespace) -> dict:
     return {k: str(v) for k, v in make_all(args.out).items()}
 
 
+def cmd_demo(args: argparse.Namespace) -> dict:
+    """The main job on a machine without a GPU: small seeded models, then one streamed request."""
+    from peagle_trt.offline import OfflineEngine
+    from peagle_trt.tiny import make_all
+
+    paths = make_all(args.workdir)
+    print(f"[demo] wrote small seeded checkpoints to {args.workdir}", file=sys.stderr)
+    spec = SpecConfig("peagle", args.num_spec_tokens)
+    engine = OfflineEngine.load(paths["llama"], paths["aws"], spec)
+    result = engine.generate(args.prompt, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True),
+                             on_text=lambda piece: print(piece, end="", flush=True))
+    print(flush=True)
+    return {**result, "workdir": str(args.workdir)}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -96,6 +112,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default float32)")
     g.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("demo", help="the main job on CPU: small models + one streamed request")
+    d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write models")
+    d.add_argument("--prompt", default="Explain speculative decoding.", help="prompt text")
+    d.add_argument("--num-spec-tokens", type=int, default=7, help="K (default 7)")
+    d.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
+    d.set_defaults(func=cmd_demo)
 
     t = sub.add_parser("make-tiny", help="write small seeded checkpoints (targets + drafters)")
     t.add_argument("out", type=Path, help="output directory")

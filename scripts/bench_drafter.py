@@ -72,7 +72,7 @@ HEADS = {
                                             "high_freq_factor": 4.0,
                                             "original_max_position_embeddings": 4096},
                                     max_position_embeddings=131072)),
-        repeats=5, warmup=1,
+        repeats=7, warmup=2,
         assumed=["intermediate_size=2880",
                  "rope llama3 theta=150000 factor=32 low_freq_factor=1 high_freq_factor=4 "
                  "original_max_position_embeddings=4096",
@@ -235,9 +235,12 @@ def main() -> None:
     env = dict(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
                threads=torch.get_num_threads(), context=args.context, pending_rows=PENDING,
-               batch=1, dtype="float32")
+               batch=1, dtype="float32", loadavg_start=list(os.getloadavg()))
     print(f"torch {env['torch']} | python {env['python']} | CPU {env['cpu']} | "
           f"torch threads {env['threads']} | context {args.context} | pending rows {PENDING}", flush=True)
+    if env["loadavg_start"][0] > 0.5:
+        print(f"WARNING: 1-minute load average is {env['loadavg_start'][0]:.2f} before starting; other "
+              "processes compete for the cores and the figures will be noisy", flush=True)
 
     rows = []
     with torch.inference_mode():
@@ -245,6 +248,7 @@ def main() -> None:
             rows += bench_head(name, ks, args.context, args.repeats, args.warmup)
     print()
     print_table(rows)
+    env["loadavg_end"] = list(os.getloadavg())
     heads_info = {h: dict(config={k: (asdict(v) if isinstance(v, RopeConfig) else v)
                                   for k, v in HEADS[h]["config"].items()},
                           assumed=HEADS[h]["assumed"]) for h in heads}

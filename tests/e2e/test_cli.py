@@ -1,0 +1,95 @@
+"""`peagle-trt generate`: streams text, last stdout line is JSON with the promised keys, and the
+spec-config flags resolve as documented."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from peagle_trt.cli import build_parser, main, resolve_spec
+from peagle_trt.config import SpecConfig
+from peagle_trt.errors import ConfigError
+
+KEYS = {"token_ids", "text", "acceptance_length", "accept_rate_per_pos", "target_forwards",
+        "drafter_forwards"}
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, dict]:
+    code = main(list(argv))
+    out = capsys.readouterr().out
+    return code, out, json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["none", "eagle3", "peagle"])
+def test_generate_json_last_line_and_greedy_equality(tiny, capsys, mode):
+    base = ["generate", "--target", str(tiny["llama"]), "--drafter", str(tiny["aws"]),
+            "--prompt", "Write a poem", "--max-tokens", "12", "--ignore-eos"]
+    code, out, result = run_cli(capsys, *base, "--spec-mode", mode, "--num-spec-tokens", "3")
+    assert code == 0 and KEYS <= set(result)
+    assert len(result["token_ids"]) == 12
+    _, _, plain = run_cli(capsys, *base, "--spec-mode", "none")
+    assert result["token_ids"] == plain["token_ids"] and result["text"] == plain["text"]
+    expected_drafter = {"none": 0, "peagle": result["steps"], "eagle3": 3 * result["steps"]}[mode]
+    assert result["drafter_forwards"] == expected_drafter
+    assert out.startswith(result["text"].rstrip("\ufffd")[:5])  # the text was streamed first
+
+
+def test_chat_template_applied_unless_disabled(tiny, capsys):
+    base = ["generate", "--target", str(tiny["llama"]), "--prompt", "hi", "--max-tokens", "2",
+            "--spec-mode", "none"]
+    _, _, templated = run_cli(capsys, *base)
+    _, _, raw = run_cli(capsys, *base, "--no-chat-template")
+    assert templated["prompt_tokens"] > raw["prompt_tokens"]
+
+
+def test_speculative_config_json(tiny):
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--target", "t", "--prompt", "p", "--speculative-config",
+                              '{"method":"eagle3","num_speculative_tokens":5,"parallel_drafting":true}'])
+    assert resolve_spec(args) == SpecConfig("peagle", 5)
+    args = parser.parse_args(["generate", "--target", "t", "--prompt", "p", "--speculative-config",
+                              '{"method":"eagle3","num_speculative_tokens":4}'])
+    assert resolve_spec(args) == SpecConfig("eagle3", 4)
+    args = parser.parse_args(["generate", "--target", "t", "--prompt", "p", "--spec-mode", "none",
+                              "--speculative-config", '{"method":"eagle3","parallel_drafting":true}'])
+    with pytest.raises(ConfigError, match="contradicts"):
+        resolve_spec(args)
+
+
+def test_default_spec_mode_follows_the_drafter(tiny):
+    parser = build_parser()
+    for drafter, mode in (("aws", "peagle"), ("eagle3", "eagle3")):
+        args = parser.parse_args(["generate", "--target", str(tiny["llama"]), "--drafter",
+                                  str(tiny[drafter]), "--prompt", "p"])
+        assert resolve_spec(args).mode == mode
+    args = parser.parse_args(["generate", "--target", str(tiny["llama"]), "--prompt", "p"])
+    assert resolve_spec(args).mode == "none"
+
+
+def test_stop_string_cuts_the_text(tiny, capsys):
+    base = ["generate", "--target", str(tiny["llama"]), "--prompt", "Write", "--max-tokens", "30",
+            "--spec-mode", "none", "--ignore-eos"]
+    _, _, full = run_cli(capsys, *base)
+    stop = full["text"][6:9]
+    _, out, cut = run_cli(capsys, *base, "--stop", stop)
+    assert cut["finish_reason"] == "stop" and stop not in cut["text"]
+    assert full["text"].startswith(cut["text"]) and len(cut["text"]) <= full["text"].find(stop)
+
+
+def test_bad_input_exits_nonzero_with_json_error(tiny, capsys):
+    code, _, result = run_cli(capsys, "generate", "--target", str(tiny["llama"]), "--drafter",
+                              str(tiny["eagle3"]), "--prompt", "x", "--spec-mode", "peagle")
+    assert code == 2 and result["error_type"] == "PairingError" and "mask_hidden" in result["error"]
+
+
+def test_console_script_runs_as_a_module(tiny):
+    proc = subprocess.run([sys.executable, "-m", "peagle_trt.cli", "generate", "--target", str(tiny["qwen3"]),
+                           "--drafter", str(tiny["speculators"]), "--prompt", "hello", "--max-tokens", "5",
+                           "--temperature", "0.8", "--seed", "3", "--top-k", "20", "--top-p", "0.9"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["spec_mode"] == "peagle" and len(result["token_ids"]) <= 5
