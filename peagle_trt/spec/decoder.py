@@ -35,11 +35,14 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)  # [K] proposals for positions cur+1..cur+K
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
+    num_computed: int = 0  # prompt tokens already run through the target (chunked prefill)
+    # position of the token the next verify starts from: the last generated token once decoding
+    # (sampled, not yet run through the target); during chunked prefill, the next prompt token
+    cur: int = 0
 
     @property
-    def cur(self) -> int:
-        """Position of the last generated token (sampled, not yet run through the target)."""
-        return len(self.prompt) + len(self.output) - 1
+    def prefilled(self) -> bool:
+        return self.num_computed == len(self.prompt)
 
     @property
     def finished(self) -> bool:
@@ -65,19 +68,36 @@ class SpecDecoder:
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
         return Sequence(list(prompt), params, slot, generator, stats=SpecStats(self.k))
 
-    def prefill(self, seqs: list[Sequence]) -> None:
+    def prefill(self, seqs: list[Sequence], chunk: int | None = None) -> None:
+        """Run the next `chunk` prompt tokens (all when None) of each sequence through the target
+        and the drafter. A sequence whose prompt completes samples its first token and drafts.
+
+        Drafter rows pair token q+1 with target hidden q, so a chunk [a, b) feeds the drafter
+        tokens prompt[a+1 .. b] (the next chunk's first token acts as the bonus, its drafts are
+        discarded) and the last chunk feeds prompt[a+1 ..] + the sampled first token."""
         ex, dev = self.ex, self.ex.device
-        tokens = pad_stack([torch.tensor(s.prompt, device=dev) for s in seqs], 0)  # [B, P_max]
-        positions = pad_stack([torch.arange(len(s.prompt), device=dev) for s in seqs], -1)
-        last = torch.tensor([[len(s.prompt) - 1] for s in seqs], device=dev)  # [B, 1]
+        ends = [len(s.prompt) if chunk is None else min(len(s.prompt), s.num_computed + chunk) for s in seqs]
+        tokens = pad_stack([torch.tensor(s.prompt[s.num_computed:b], device=dev)
+                            for s, b in zip(seqs, ends)], 0)  # [B, C_max]
+        positions = pad_stack([torch.arange(s.num_computed, b, device=dev) for s, b in zip(seqs, ends)], -1)
+        last = torch.tensor([[b - s.num_computed - 1] for s, b in zip(seqs, ends)], device=dev)  # [B, 1]
         slots = torch.tensor([s.slot for s in seqs], device=dev)
-        logits, aux = ex.target(tokens, positions, slots, last)  # [B, 1, V], [B, P_max, A]
-        for i, s in enumerate(seqs):
+        logits, aux = ex.target(tokens, positions, slots, last)  # [B, 1, V], [B, C_max, A]
+        partial, done = [], []
+        for i, (s, b) in enumerate(zip(seqs, ends)):
             s.stats.target_forwards += 1
+            a, s.num_computed, s.cur = s.num_computed, b, b
+            if b < len(s.prompt):
+                s.pending, s.pending_aux = s.prompt[a + 1:b + 1], aux[i, :b - a]
+                partial.append(s)
+                continue
             first = verify([], logits[i], s.params, s.generator)  # one sampled token, no drafts
-            s.pending, s.pending_aux = s.prompt[1:] + first, aux[i, :len(s.prompt)]
+            s.pending, s.pending_aux = s.prompt[a + 1:] + first, aux[i, :b - a]
             self._commit(s, first)
-        self._draft([s for s in seqs if not s.finished])
+            done.append(s)
+        if partial and self.k:
+            self.proposer.propose(partial, 1)  # fills the drafter KV cache; the draft is discarded
+        self._draft([s for s in done if not s.finished])
 
     def step(self, seqs: list[Sequence]) -> None:
         """One speculate-verify iteration for every unfinished sequence of `seqs`."""
@@ -116,6 +136,7 @@ class SpecDecoder:
         p = s.params
         for token in emitted:
             s.output.append(token)
+            s.cur = len(s.prompt) + len(s.output) - 1
             s.stats.tokens += 1
             if not p.ignore_eos and (token in self.eos_ids or token in p.end_ids):
                 s.finish_reason = "stop"
