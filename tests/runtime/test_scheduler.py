@@ -1,0 +1,128 @@
+"""In-flight batching: outputs are token-identical to one-at-a-time greedy decoding whatever the
+batch mix, arrivals, chunked prefill, cancellations and capacity limits."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from peagle_trt.config import SamplingParams
+from peagle_trt.errors import ConfigError
+from peagle_trt.runtime.scheduler import Request, Scheduler
+from peagle_trt.spec.generate import generate
+from tests.helpers import make_decoder
+
+
+def collect(outputs: dict):
+    def on_output(out):
+        entry = outputs.setdefault(out.request_id, {"ids": [], "final": 0})
+        entry["ids"] += out.new_token_ids
+        if out.finished:
+            entry["final"] += 1
+            entry["reason"], entry["stats"] = out.finish_reason, out.stats
+    return on_output
+
+
+def workload(n: int, seed: int):
+    rng = random.Random(seed)
+    return [([rng.randrange(500) for _ in range(rng.randint(1, 70))], rng.randint(1, 40)) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def references(tiny):
+    single = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256)
+    return {i: generate(single, p, SamplingParams(max_tokens=m, ignore_eos=True)).output
+            for i, (p, m) in enumerate(workload(24, 7))}
+
+
+@pytest.mark.parametrize("mode,k", [("peagle", 3), ("eagle3", 3), ("none", 1)])
+def test_batched_outputs_equal_single_request_outputs(tiny, references, mode, k):
+    decoder = make_decoder(tiny, "llama", "aws", mode, k, max_len=256, slots=6)
+    sched = Scheduler(decoder, prefill_chunk=16)
+    outputs: dict = {}
+    pending = list(enumerate(workload(24, 7)))
+    steps = 0
+    while pending or sched.has_work:
+        for _ in range(random.Random(steps).randint(0, 3)):  # staggered arrivals
+            if pending:
+                i, (prompt, m) = pending.pop(0)
+                sched.add(Request(str(i), prompt, SamplingParams(max_tokens=m, ignore_eos=True),
+                                  collect(outputs)))
+        sched.step()
+        steps += 1
+        assert sched.kv_slots_used <= 6
+    for i, ref in references.items():
+        assert outputs[str(i)]["ids"] == ref, i
+        assert outputs[str(i)]["final"] == 1 and outputs[str(i)]["reason"] == "length"
+    assert decoder.ex.free_slots == 6
+    assert sched.finished_requests == 24 and sched.generated_tokens == sum(map(len, references.values()))
+
+
+def test_requests_wait_when_all_slots_are_taken(tiny):
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256, slots=2)
+    sched = Scheduler(decoder)
+    outputs: dict = {}
+    for i in range(5):
+        sched.add(Request(str(i), [1, 2, 3 + i], SamplingParams(max_tokens=10, ignore_eos=True), collect(outputs)))
+    sched.step()
+    assert len(sched.running) == 2 and len(sched.waiting) == 3
+    sched.run_until_idle()
+    assert all(len(outputs[str(i)]["ids"]) == 10 for i in range(5))
+
+
+def test_cancel_frees_the_slot_and_others_continue(tiny, references):
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256, slots=4)
+    sched = Scheduler(decoder)
+    outputs: dict = {}
+    load = workload(24, 7)
+    for i in (0, 1, 2):
+        prompt, m = load[i]
+        sched.add(Request(str(i), prompt, SamplingParams(max_tokens=m, ignore_eos=True), collect(outputs)))
+    sched.add(Request("victim", [9] * 5, SamplingParams(max_tokens=40, ignore_eos=True), collect(outputs)))
+    sched.step()
+    sched.step()
+    used = sched.kv_slots_used
+    sched.cancel("victim")
+    sched.step()
+    assert outputs["victim"]["reason"] == "abort" and outputs["victim"]["final"] == 1
+    assert sched.kv_slots_used <= used - 1
+    sched.run_until_idle()
+    for i in (0, 1, 2):
+        assert outputs[str(i)]["ids"] == references[i]
+
+
+def test_stop_from_callback_ends_only_that_request(tiny):
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256, slots=2)
+    sched = Scheduler(decoder)
+    got: dict = {}
+    sched.add(Request("a", [1, 2], SamplingParams(max_tokens=30, ignore_eos=True),
+                      lambda out: collect(got)(out) or len(got["a"]["ids"]) >= 3))
+    sched.add(Request("b", [1, 2], SamplingParams(max_tokens=30, ignore_eos=True), collect(got)))
+    sched.run_until_idle()
+    assert got["a"]["reason"] == "stop" and 3 <= len(got["a"]["ids"]) < 30
+    assert len(got["b"]["ids"]) == 30 and got["b"]["reason"] == "length"
+
+
+def test_requests_that_cannot_fit_are_refused_not_truncated(tiny):
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=64, slots=2)
+    sched = Scheduler(decoder)
+    with pytest.raises(ConfigError, match="exceeds the maximum sequence length"):
+        sched.add(Request("x", [1] * 50, SamplingParams(max_tokens=20), lambda o: None))
+    with pytest.raises(ConfigError, match="empty"):
+        sched.add(Request("y", [], SamplingParams(max_tokens=2), lambda o: None))
+    assert not sched.has_work
+
+
+def test_a_failing_callback_cancels_only_its_request(tiny):
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=128, slots=2)
+    sched = Scheduler(decoder)
+    got: dict = {}
+
+    def broken(out):
+        raise RuntimeError("client went away")
+
+    sched.add(Request("bad", [1, 2], SamplingParams(max_tokens=20, ignore_eos=True), broken))
+    sched.add(Request("good", [1, 2], SamplingParams(max_tokens=20, ignore_eos=True), collect(got)))
+    sched.run_until_idle()
+    assert len(got["good"]["ids"]) == 20 and decoder.ex.free_slots == 2
