@@ -44,23 +44,96 @@ def resolve_spec(args: argparse.Namespace) -> SpecConfig:
     return SpecConfig(mode, args.num_spec_tokens or 7)
 
 
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos,
+                          stop=tuple(args.stop or ()))
+
+
+def _print_piece(piece: str) -> None:
+    print(piece, end="", flush=True)
+
+
 def cmd_generate(args: argparse.Namespace) -> dict:
+    sources = [x for x in (args.target, args.url, args.repo) if x is not None]
+    if len(sources) != 1:
+        raise ConfigError("pass exactly one of --target DIR (in-process from checkpoints), "
+                          "--repo REPO (in-process from a built repository) or --url HOST:PORT (gRPC)")
+    params = _sampling(args)
+    t0 = time.perf_counter()
+    if args.url:
+        from peagle_trt.serving.client import stream_generate
+
+        result = stream_generate(args.url, args.prompt, params, args.model, _print_piece,
+                                 chat_template=not args.no_chat_template)
+        print(flush=True)
+        return {**result, "generate_s": round(time.perf_counter() - t0, 3)}
+    if args.repo:
+        return _generate_from_repo(args, params)
     from peagle_trt.offline import OfflineEngine
 
     spec = resolve_spec(args)
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                            top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                            ignore_eos=args.ignore_eos, stop=tuple(args.stop or ()))
-    t0 = time.perf_counter()
     engine = OfflineEngine.load(args.target, args.drafter, spec, args.device, args.dtype)
     t1 = time.perf_counter()
     result = engine.generate(args.prompt, params, chat_template=not args.no_chat_template,
-                             on_text=lambda piece: print(piece, end="", flush=True))
+                             on_text=_print_piece)
     t2 = time.perf_counter()
     print(flush=True)
     n = len(result["token_ids"])
     return {**result, "load_s": round(t1 - t0, 3), "generate_s": round(t2 - t1, 3),
             "tokens_per_s": round(n / (t2 - t1), 2) if t2 > t1 else None}
+
+
+def _generate_from_repo(args: argparse.Namespace, params: SamplingParams) -> dict:
+    from peagle_trt.serving.engine import ServingEngine
+    from peagle_trt.serving.repo import model_params
+
+    t0 = time.perf_counter()
+    model_dir, config_params = model_params(args.repo, args.model)
+    engine = ServingEngine.load(model_dir, config_params)
+    t1 = time.perf_counter()
+    out = {"text": [], "token_ids": []}
+
+    def on_event(event):
+        _print_piece(event.text)
+        out["text"].append(event.text)
+        out["token_ids"] += event.token_ids
+        if event.finished:
+            out.update(event.stats or {}, finish_reason=event.finish_reason)
+
+    engine.run_one(args.prompt, params, on_event, chat_template=not args.no_chat_template)
+    print(flush=True)
+    return {**out, "text": "".join(out["text"]), "load_s": round(t1 - t0, 3),
+            "generate_s": round(time.perf_counter() - t1, 3)}
+
+
+def cmd_build(args: argparse.Namespace) -> dict:
+    from peagle_trt.package import RepoSpec, build_repository
+
+    spec = resolve_spec(args)
+    repo = RepoSpec(spec, args.model_name, args.backend, args.max_batch, args.max_seq_len,
+                    args.prefill_chunk, args.device, args.dtype)
+    t0 = time.perf_counter()
+    manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force)
+    return {"repository": str(args.output), "model": args.model_name, "spec_mode": spec.mode,
+            "num_spec_tokens": spec.num_spec_tokens, "files": len(manifest["files"]),
+            "build_s": round(time.perf_counter() - t0, 3)}
+
+
+def cmd_serve(args: argparse.Namespace) -> dict:
+    from peagle_trt.serving.server import ServeSpec, serve_forever
+
+    spec = ServeSpec(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+                     args.ready_timeout)
+
+    def on_ready(server):
+        print(json.dumps({"ready": True, "http": server.http_url, "grpc": server.grpc_url,
+                          "metrics": f"http://{args.host}:{args.metrics_port}/metrics",
+                          "log": str(server.log_path)}), flush=True)
+        print("serving; Ctrl-C to stop", file=sys.stderr, flush=True)
+
+    code = serve_forever(spec, on_ready)
+    return {"stopped": True, "exit_code": code}
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> dict:
@@ -84,22 +157,29 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     return {**result, "workdir": str(args.workdir)}
 
 
+def _spec_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--spec-mode", choices=SPEC_MODES, default=None,
+                   help="none | eagle3 (K sequential drafter passes) | peagle (one parallel pass); "
+                        "default: peagle if the drafter has mask_hidden, else eagle3")
+    p.add_argument("--num-spec-tokens", type=int, default=None, help="K, draft tokens per step (default 7)")
+    p.add_argument("--speculative-config", default=None,
+                   help='vLLM form, e.g. \'{"method":"eagle3","num_speculative_tokens":7,'
+                        '"parallel_drafting":true}\'')
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text in-process (streams text, JSON last line)")
-    g.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
+    g.add_argument("--target", type=Path, help="Hugging Face target model directory (in-process)")
     g.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
+    g.add_argument("--repo", type=Path, help="a built model repository, run in-process")
+    g.add_argument("--url", help="HOST:PORT of a running server's gRPC endpoint (streaming client)")
+    g.add_argument("--model", default="peagle", help="model name in the repository (default peagle)")
     g.add_argument("--prompt", required=True, help="prompt text")
-    g.add_argument("--spec-mode", choices=SPEC_MODES, default=None,
-                   help="none | eagle3 (K sequential drafter passes) | peagle (one parallel pass); "
-                        "default: peagle if the drafter has mask_hidden, else eagle3")
-    g.add_argument("--num-spec-tokens", type=int, default=None, help="K, draft tokens per step (default 7)")
-    g.add_argument("--speculative-config", default=None,
-                   help='vLLM form, e.g. \'{"method":"eagle3","num_speculative_tokens":7,'
-                        '"parallel_drafting":true}\'')
+    _spec_flags(g)
     g.add_argument("--max-tokens", type=int, default=128, help="maximum generated tokens (default 128)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
@@ -112,6 +192,30 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default float32)")
     g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("build", help="render a Triton model repository (atomic, with manifest.json)")
+    b.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
+    b.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
+    b.add_argument("--output", required=True, type=Path, help="repository directory to create")
+    _spec_flags(b)
+    b.add_argument("--backend", default="torch", help="executor: torch (default)")
+    b.add_argument("--model-name", default="peagle", help="Triton model name (default peagle)")
+    b.add_argument("--max-batch", type=int, default=8, help="concurrent requests / KV slots (default 8)")
+    b.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
+    b.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
+    b.add_argument("--device", default="cpu", help="torch device of the served model (default cpu)")
+    b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--force", action="store_true", help="replace an existing repository")
+    b.set_defaults(func=cmd_build)
+
+    s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
+    s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")
+    s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
+    s.add_argument("--http-port", type=int, default=8000)
+    s.add_argument("--grpc-port", type=int, default=8001)
+    s.add_argument("--metrics-port", type=int, default=8002)
+    s.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job on CPU: small models + one streamed request")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write models")

@@ -22,3 +22,15 @@ class PairingError(ConfigError):
 
 class RuntimeInvariantError(PeagleError):
     """An internal invariant of the runtime broke (a bug, never bad user input)."""
+
+
+class BuildError(PeagleError):
+    """A build/package step failed (unwritable output, missing template, ...); nothing was left behind."""
+
+
+class ManifestError(PeagleError):
+    """An artifact directory does not match its manifest.json (edited, truncated or mixed files)."""
+
+
+class ServeError(PeagleError):
+    """The inference server could not be started or did not become ready."""

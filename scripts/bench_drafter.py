@@ -189,6 +189,36 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     return rows
 
 
+def lm_head_probe(name: str, rows_list: list[int], repeats: int) -> list[dict]:
+    """Time the head's lm_head matmul alone for [1, M, H] inputs: on CPU the BLAS kernel choice
+    depends on M, which shows up in the parallel-mode figures (see docs/BENCHMARKS.md)."""
+    c = HEADS[name]["config"]
+    weight = torch.empty(c["draft_vocab_size"], c["hidden_size"]).normal_(0.0, 0.02)
+    out = []
+    for m in rows_list:
+        x = torch.randn(1, m, c["hidden_size"])
+        torch.nn.functional.linear(x, weight)  # warm-up
+        times = [timed(lambda _: torch.nn.functional.linear(x, weight), m) for _ in range(repeats)]
+        out.append(dict(head=name, rows=m, lm_head_ms=statistics.median(times), repeats=repeats))
+        print(f"[{name}] lm_head alone, M={m:<2d} rows: {out[-1]['lm_head_ms']:10.3f} ms", flush=True)
+    return out
+
+
+def cpu_busy(seconds: float = 2.0) -> float:
+    """Fraction of all CPU time not idle over `seconds` (from /proc/stat), before we start work."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+        return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
+    except OSError:
+        return float("nan")
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -201,7 +231,8 @@ def cpu_model() -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    header = f"{'head':<20} {'K':>3} {'parallel ms':>12} {'sequential ms':>14} {'seq/par':>8} {'par K/par K=1':>14}"
+    header = (f"{'head':<20} {'K':>3} {'parallel ms':>12} {'sequential ms':>14} {'seq/par':>8} "
+              f"{'par K/par K=1':>14}")
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -211,7 +242,8 @@ def print_table(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", default="tiny,gpt-oss-20b-peagle",
                         help=f"comma-separated heads from {sorted(HEADS)}")
     parser.add_argument("--ks", default="1,3,7,11", help="comma-separated draft lengths K")
@@ -221,6 +253,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per (head, K, mode)")
     parser.add_argument("--context", type=int, default=512, help="positions already in the KV cache")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
+    parser.add_argument("--lm-head-rows", default="1,2,3,4,5,9,13",
+                        help="also time each head's lm_head matmul alone for these row counts "
+                             "('' to skip)")
     args = parser.parse_args()
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     ks = [int(k) for k in args.ks.split(",")]
@@ -230,29 +265,39 @@ def main() -> None:
     if min(ks) < 1 or args.context < PENDING:
         parser.error(f"K must be >= 1 and --context >= {PENDING}")
 
+    lm_rows = [int(m) for m in args.lm_head_rows.split(",") if m.strip()]
+    busy = cpu_busy()
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     env = dict(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
                threads=torch.get_num_threads(), context=args.context, pending_rows=PENDING,
-               batch=1, dtype="float32", loadavg_start=list(os.getloadavg()))
+               batch=1, dtype="float32", cpu_busy_before=round(busy, 3),
+               loadavg_start=list(os.getloadavg()))
     print(f"torch {env['torch']} | python {env['python']} | CPU {env['cpu']} | "
           f"torch threads {env['threads']} | context {args.context} | pending rows {PENDING}", flush=True)
-    if env["loadavg_start"][0] > 0.5:
-        print(f"WARNING: 1-minute load average is {env['loadavg_start'][0]:.2f} before starting; other "
-              "processes compete for the cores and the figures will be noisy", flush=True)
+    if busy > 0.05:
+        print(f"WARNING: the CPUs were {busy:.0%} busy before starting; other processes compete for "
+              "the cores and the figures will be noisy", flush=True)
 
-    rows = []
+    rows, lm_head = [], []
     with torch.inference_mode():
         for name in heads:
             rows += bench_head(name, ks, args.context, args.repeats, args.warmup)
+            if lm_rows:
+                lm_head += lm_head_probe(name, lm_rows, args.repeats or HEADS[name]["repeats"])
     print()
     print_table(rows)
+    if lm_head:
+        print()
+        print("lm_head matmul alone (ms) by row count M: "
+              + "; ".join(f"{h}: " + ", ".join(f"M={r['rows']} {r['lm_head_ms']:.3f}"
+                                               for r in lm_head if r["head"] == h) for h in heads))
     env["loadavg_end"] = list(os.getloadavg())
     heads_info = {h: dict(config={k: (asdict(v) if isinstance(v, RopeConfig) else v)
                                   for k, v in HEADS[h]["config"].items()},
                           assumed=HEADS[h]["assumed"]) for h in heads}
-    print(json.dumps(dict(**env, heads=heads_info, rows=rows)))
+    print(json.dumps(dict(**env, heads=heads_info, rows=rows, lm_head=lm_head)))
     sys.stdout.flush()
 
 

@@ -1,0 +1,114 @@
+"""Stage package: render a ready Triton model repository from `model_repo/` templates.
+
+    peagle-trt build --target DIR --drafter DIR --output REPO [--num-spec-tokens K] [--backend torch]
+
+The repository is written into a temporary sibling directory and renamed into place at the end,
+so a failed build (bad drafter, unwritable output, interrupted copy) leaves nothing behind.
+`manifest.json` in the model directory hashes every artifact; the model verifies it at load.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import string
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SpecConfig
+from peagle_trt.errors import BuildError
+from peagle_trt.manifest import write_manifest
+
+log = logging.getLogger(__name__)
+BACKENDS = ("torch",)
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                    "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json",
+                    "merges.txt")
+
+
+@dataclass(frozen=True)
+class RepoSpec:
+    spec: SpecConfig
+    model_name: str = "peagle"
+    backend: str = "torch"
+    max_batch: int = 8
+    max_seq_len: int = 2048
+    prefill_chunk: int = 256
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise BuildError(f"backend {self.backend!r} is not available yet; choose from {BACKENDS}")
+        if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1:
+            raise BuildError("max_batch, max_seq_len and prefill_chunk must be positive")
+
+
+def templates_dir() -> Path:
+    here = Path(__file__).resolve().parents[2] / "model_repo"
+    if not (here / "peagle" / "config.pbtxt.tmpl").is_file():
+        raise BuildError(f"Triton templates not found at {here}; install peagle-trt from a source "
+                         "checkout (pip install -e .) so model_repo/ is available")
+    return here
+
+
+def _copy_checkpoint(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True)
+    for p in sorted(src.iterdir()):
+        if p.name in CHECKPOINT_FILES or p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json"):
+            shutil.copy2(p, dst / p.name)
+
+
+def build_repository(target: Path, drafter: Path | None, output: Path, repo: RepoSpec,
+                     force: bool = False) -> dict:
+    """Validate the pair, then write the repository atomically. Returns the manifest."""
+    output = Path(output).absolute()
+    if output.exists() and not force:
+        raise BuildError(f"{output} already exists; pass --force to replace it")
+    pair = load_pair(target, drafter, repo.spec)  # raises before anything is written
+    templates = templates_dir()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BuildError(f"cannot create {output.parent}: {exc.strerror}; choose a writable --output") from exc
+    if not os.access(output.parent, os.W_OK):
+        raise BuildError(f"{output.parent} is not writable; choose a writable --output")
+    tmp = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"
+    try:
+        model_dir = tmp / repo.model_name
+        version = model_dir / "1"
+        version.mkdir(parents=True)
+        shutil.copy2(templates / "peagle" / "1" / "model.py", version / "model.py")
+        log.info("copying target checkpoint %s", target)
+        _copy_checkpoint(Path(target), version / "artifacts" / "target")
+        if pair.drafter is not None:
+            log.info("copying drafter checkpoint %s", drafter)
+            _copy_checkpoint(Path(drafter), version / "artifacts" / "drafter")
+        values = {**asdict(repo), "spec_mode": repo.spec.mode, "num_spec_tokens": repo.spec.num_spec_tokens,
+                  "instance_kind": "GPU" if repo.device.startswith("cuda") else "CPU",
+                  "target_path": "artifacts/target",
+                  "drafter_path": "artifacts/drafter" if pair.drafter is not None else ""}
+        config = string.Template((templates / "peagle" / "config.pbtxt.tmpl").read_text()).substitute(values)
+        (model_dir / "config.pbtxt").write_text(config)
+        manifest = write_manifest(model_dir, {
+            "repo": {k: v for k, v in values.items() if k != "spec"},
+            "target": {"source": str(target), "arch": pair.target.config.arch},
+            "drafter": ({"source": str(drafter), "layout": pair.drafter.config.layout}
+                        if pair.drafter is not None else None),
+            "taps": list(pair.taps)})
+        if output.exists():  # --force: swap in, then remove the old one
+            old = output.parent / f".{output.name}.old-{uuid.uuid4().hex[:8]}"
+            output.rename(old)
+            tmp.rename(output)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(output)
+    except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise BuildError(f"writing the repository failed ({exc}); nothing was left behind") from exc
+        raise
+    return manifest

@@ -1,0 +1,175 @@
+"""The `peagle` Triton Python model: decoupled, `execute` only enqueues; the engine's background
+thread steps the in-flight scheduler and streams through each request's response sender.
+
+Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens`, `stream`,
+`temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
+plus `apply_chat_template`). Each response's `text_output` / `output_ids` hold only the NEW text
+and tokens, so concatenating the responses gives the whole output; the final response also
+carries `finish_reason` and the request's acceptance statistics.
+Bad requests get an error response of their own; other streams are not disturbed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from peagle_trt.config import SamplingParams
+from peagle_trt.errors import ConfigError, PeagleError
+from peagle_trt.serving.engine import Event, ServingEngine
+
+log = logging.getLogger("peagle_trt.triton")
+
+
+def _scalar(pb_utils, request, name: str, default):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    value = tensor.as_numpy().reshape(-1)
+    if value.size != 1:
+        raise ConfigError(f"input {name!r} must hold exactly one value, got {value.size}")
+    return value[0].item() if hasattr(value[0], "item") else value[0]
+
+
+def _text(value, name: str) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+    return str(value)
+
+
+def parse_request(pb_utils, request) -> tuple[str, SamplingParams, dict]:
+    """Triton request -> (prompt, sampling params, options); ConfigError on bad input."""
+    prompt = _text(_scalar(pb_utils, request, "text_input", b""), "text_input")
+    stop_tensor = pb_utils.get_input_tensor_by_name(request, "stop")
+    stop = tuple(_text(s, "stop") for s in stop_tensor.as_numpy().reshape(-1)) if stop_tensor is not None else ()
+    end_id = _scalar(pb_utils, request, "end_id", None)
+    params = SamplingParams(
+        max_tokens=int(_scalar(pb_utils, request, "max_tokens", 64)),
+        temperature=float(_scalar(pb_utils, request, "temperature", 0.0)),
+        top_p=float(_scalar(pb_utils, request, "top_p", 1.0)),
+        top_k=int(_scalar(pb_utils, request, "top_k", 0)),
+        seed=_scalar(pb_utils, request, "seed", None),
+        ignore_eos=bool(_scalar(pb_utils, request, "ignore_eos", False)),
+        stop=stop, end_ids=(int(end_id),) if end_id is not None else ())
+    options = {"stream": bool(_scalar(pb_utils, request, "stream", False)),
+               "echo_prompt": not bool(_scalar(pb_utils, request, "exclude_input_in_output", True)),
+               "chat_template": bool(_scalar(pb_utils, request, "apply_chat_template", False))}
+    return prompt, params, options
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import triton_python_backend_utils as pb_utils
+
+        self.pb = pb_utils
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        model_dir = Path(args["model_repository"])
+        if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
+            model_dir = model_dir / args["model_name"]
+        self.engine = ServingEngine.load(model_dir, params)
+        self.k = int(params["num_spec_tokens"]) if params["spec_mode"] != "none" else 0
+        self._make_metrics()
+        self.engine.on_step = self._update_metrics
+        self._tokens_window: list[tuple[float, int]] = []
+        self.engine.start()
+        log.info("peagle model ready: %s", params)
+
+    # -- requests ----------------------------------------------------------------------------------
+    def execute(self, requests):
+        pb = self.pb
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                prompt, params, options = parse_request(pb, request)
+                state = {"text": [], "ids": []}
+                self.engine.submit(request.request_id() or f"req-{time.monotonic_ns()}", prompt, params,
+                                   lambda event, s=sender, o=options, st=state: self._respond(s, o, st, event),
+                                   is_cancelled=sender.is_cancelled, chat_template=options["chat_template"],
+                                   echo_prompt=options["echo_prompt"])
+            except PeagleError as exc:
+                sender.send(pb.InferenceResponse(error=pb.TritonError(str(exc))),
+                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception as exc:  # never let one request take the model down
+                log.exception("unexpected error while queuing a request")
+                sender.send(pb.InferenceResponse(error=pb.TritonError(f"internal error: {exc}")),
+                            flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+
+    def _respond(self, sender, options: dict, state: dict, event: Event) -> None:
+        pb = self.pb
+        if not options["stream"]:  # one response at the end (HTTP /generate)
+            state["text"].append(event.text)
+            state["ids"] += event.token_ids
+            if not event.finished:
+                return
+            event = Event(event.request_id, "".join(state["text"]), state["ids"], True,
+                          event.finish_reason, event.stats)
+        tensors = [pb.Tensor("text_output", np.array([event.text.encode("utf-8")], dtype=np.object_)),
+                   pb.Tensor("output_ids", np.array(event.token_ids, dtype=np.int32))]
+        if event.finished:
+            s = event.stats or {}
+            tensors += [
+                pb.Tensor("finish_reason", np.array([(event.finish_reason or "").encode()], dtype=np.object_)),
+                pb.Tensor("acceptance_length", np.array([s.get("acceptance_length", 1.0)], dtype=np.float32)),
+                pb.Tensor("accept_rate_per_pos", np.array(s.get("accept_rate_per_pos", []), dtype=np.float32)),
+                pb.Tensor("num_draft_steps", np.array([s.get("steps", 0)], dtype=np.int32)),
+                pb.Tensor("target_forwards", np.array([s.get("target_forwards", 0)], dtype=np.int32)),
+                pb.Tensor("drafter_forwards", np.array([s.get("drafter_forwards", 0)], dtype=np.int32))]
+        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if event.finished else 0
+        try:
+            sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
+        except Exception:  # the client is gone: stop generating for it
+            log.info("client of %s disconnected; cancelling", event.request_id)
+            if not event.finished:
+                self.engine.cancel(event.request_id)
+
+    # -- metrics -------------------------------------------------------------------------------------
+    def _make_metrics(self):
+        pb = self.pb
+
+        self._families = []  # a MetricFamily must outlive its Metric objects
+
+        def family(name, kind, doc):
+            self._families.append(pb.MetricFamily(name=name, description=doc, kind=kind))
+            return self._families[-1]
+
+        gauge, counter = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER
+        self.m_al = family("peagle_acceptance_length", gauge,
+                           "mean tokens per verify step incl. the bonus token (finished requests)").Metric(labels={})
+        pos = family("peagle_accept_rate_per_pos", gauge, "fraction of steps accepting >= i+1 drafts")
+        self.m_pos = [pos.Metric(labels={"position": str(i)}) for i in range(self.k)]
+        self.m_tps = family("peagle_generated_tokens_per_second", gauge,
+                            "generated tokens per second over the last 10 s").Metric(labels={})
+        self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels={})
+        self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels={})
+        self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels={})
+        self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels={})
+        self.m_slots_total.set(self.engine.scheduler.decoder.ex.num_slots)
+        self._last_tokens = 0
+
+    def _update_metrics(self):
+        sched = self.engine.scheduler
+        running = sum(len(r.seq.output) for r in sched.running if r.seq is not None)
+        total = sched.generated_tokens + running
+        now = time.monotonic()
+        self.m_tokens.increment(max(0, total - self._last_tokens))
+        self._last_tokens = total
+        self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 10.0] + [(now, total)]
+        (t0, n0), (t1, n1) = self._tokens_window[0], self._tokens_window[-1]
+        self.m_tps.set((n1 - n0) / (t1 - t0) if t1 > t0 else 0.0)
+        self.m_al.set(sched.stats.acceptance_length)
+        for metric, rate in zip(self.m_pos, sched.stats.accept_rate_per_pos):
+            metric.set(rate)
+        self.m_slots.set(sched.kv_slots_used)
+        self.m_waiting.set(len(sched.waiting))
+
+    def finalize(self):
+        self.engine.stop()
