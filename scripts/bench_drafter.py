@@ -29,9 +29,12 @@ Heads:
                        target_hidden_size 2880. ASSUMED (the real config was not retrievable):
                        intermediate_size 2880 and rope llama3 (theta 150000, factor 32, low 1,
                        high 4, original_max_position_embeddings 4096). Built on the meta device,
-                       then filled with N(0, 0.02) in fp32: about 5.7 GB of weights.
+                       then filled with N(0, 0.02) in fp32: 1.40 G params, 5.2 GiB.
 
-Run (from the repository root; about 5 minutes on 2 cores):
+Also printed: the head's lm_head matmul alone for [1, M, H] inputs (--lm-head-rows), because on CPU
+the BLAS kernel changes with the row count M and that step dominates the big head's cost.
+
+Run (from the repository root; about 1.5 minutes on 2 idle cores, ~6.5 GB peak RSS):
     .venv/bin/python scripts/bench_drafter.py
     .venv/bin/python scripts/bench_drafter.py --heads tiny --ks 1,3,7,11 --repeats 50 --context 512
 Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
@@ -90,7 +93,7 @@ def build_head(name: str, seed: int = 0) -> DrafterModel:
     model = model.to_empty(device="cpu")
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for pname, p in model.named_parameters():
+        for p in model.parameters():
             if p.dim() == 1:  # RMSNorm weights
                 p.fill_(1.0)
             else:

@@ -23,6 +23,8 @@ from peagle_trt.errors import ConfigError, PeagleError
 from peagle_trt.serving.engine import Event, ServingEngine
 
 log = logging.getLogger("peagle_trt.triton")
+INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
+          "ignore_eos", "exclude_input_in_output", "apply_chat_template")
 
 
 def _scalar(pb_utils, request, name: str, default):
@@ -46,6 +48,11 @@ def _text(value, name: str) -> str:
 
 def parse_request(pb_utils, request) -> tuple[str, SamplingParams, dict]:
     """Triton request -> (prompt, sampling params, options); ConfigError on bad input."""
+    # HTTP /generate turns JSON keys that are not inputs into request parameters: refuse them
+    # rather than silently ignoring a misspelled option.
+    unknown = sorted(json.loads(request.parameters() or "{}"))
+    if unknown:
+        raise ConfigError(f"unknown input(s) {unknown}; accepted inputs: {', '.join(INPUTS)}")
     prompt = _text(_scalar(pb_utils, request, "text_input", b""), "text_input")
     stop_tensor = pb_utils.get_input_tensor_by_name(request, "stop")
     stop = tuple(_text(s, "stop") for s in stop_tensor.as_numpy().reshape(-1)) if stop_tensor is not None else ()
