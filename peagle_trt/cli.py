@@ -143,18 +143,40 @@ def cmd_make_tiny(args: argparse.Namespace) -> dict:
 
 
 def cmd_demo(args: argparse.Namespace) -> dict:
-    """The main job on a machine without a GPU: small seeded models, then one streamed request."""
-    from peagle_trt.offline import OfflineEngine
+    """The main job on a machine without GPU/TensorRT: small seeded models -> build a Triton
+    repository -> serve it with a real tritonserver -> one streamed request -> shut down."""
+    import socket
+
+    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.serving.client import stream_generate
+    from peagle_trt.serving.server import ServeSpec, TritonServer
     from peagle_trt.tiny import make_all
 
-    paths = make_all(args.workdir)
-    print(f"[demo] wrote small seeded checkpoints to {args.workdir}", file=sys.stderr)
+    def note(msg: str) -> None:
+        print(f"[demo] {msg}", file=sys.stderr, flush=True)
+
+    def free_port() -> int:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+
+    paths = make_all(args.workdir / "models")
+    note(f"wrote small seeded checkpoints to {args.workdir / 'models'} (random weights: expect low acceptance)")
     spec = SpecConfig("peagle", args.num_spec_tokens)
-    engine = OfflineEngine.load(paths["llama"], paths["aws"], spec)
-    result = engine.generate(args.prompt, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True),
-                             on_text=lambda piece: print(piece, end="", flush=True))
-    print(flush=True)
-    return {**result, "workdir": str(args.workdir)}
+    repo = args.workdir / "repo"
+    build_repository(paths["llama"], paths["aws"], repo, RepoSpec(spec, max_batch=4, max_seq_len=1024),
+                     force=True)
+    note(f"built the Triton model repository {repo}")
+    serve = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port())
+    note("starting tritonserver (loopback only) ...")
+    with TritonServer(serve) as server:
+        note(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}; streaming one request:")
+        result = stream_generate(server.grpc_url, args.prompt,
+                                 SamplingParams(max_tokens=args.max_tokens, ignore_eos=True),
+                                 on_text=_print_piece, chat_template=True)
+        print(flush=True)
+        note("shutting the server down")
+    return {**result, "repository": str(repo), "spec_mode": spec.mode, "num_spec_tokens": spec.num_spec_tokens}
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:

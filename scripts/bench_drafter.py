@@ -169,6 +169,7 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     print(f"[{name}] prefill of {context} positions: {time.perf_counter() - t0:.1f} s", flush=True)
     parallel, sequential = make_steps(model, cache, context, gen)
     rows = []
+    counters = cpu_counters()
     for k in ks:
         for _ in range(warmup):
             parallel(k)
@@ -184,6 +185,12 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
                          repeats=repeats, warmup=warmup))
         print(f"[{name}] K={k:<2d} parallel {rows[-1]['parallel_ms']:9.2f} ms   "
               f"sequential {rows[-1]['sequential_ms']:9.2f} ms", flush=True)
+    share = other_cpu_share(counters, cpu_counters())
+    if share is not None and share > 0.05:
+        print(f"[{name}] WARNING: other processes used {share:.0%} of the CPU time while timing; "
+              "these figures are noisy, rerun on an idle machine", flush=True)
+    for r in rows:
+        r["other_cpu_share"] = None if share is None else round(share, 3)
     base = next((r["parallel_ms"] for r in rows if r["k"] == 1), None)
     for r in rows:
         r["seq_over_par"] = r["sequential_ms"] / r["parallel_ms"]
@@ -207,19 +214,25 @@ def lm_head_probe(name: str, rows_list: list[int], repeats: int) -> list[dict]:
     return out
 
 
-def cpu_busy(seconds: float = 2.0) -> float:
-    """Fraction of all CPU time not idle over `seconds` (from /proc/stat), before we start work."""
-    def sample():
+def cpu_counters() -> tuple[float, float, float] | None:
+    """(all CPUs' total seconds, their non-idle seconds, this process's CPU seconds), or None."""
+    try:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
-        return sum(fields), fields[3] + fields[4]  # total, idle + iowait
-    try:
-        total0, idle0 = sample()
-        time.sleep(seconds)
-        total1, idle1 = sample()
-        return 1.0 - (idle1 - idle0) / max(total1 - total0, 1)
-    except OSError:
-        return float("nan")
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    own = os.times()
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is within user)
+    return total / tick, (total - fields[3] - fields[4]) / tick, own.user + own.system
+
+
+def other_cpu_share(before, after) -> float | None:
+    """Share of all CPU time between two cpu_counters() samples used by OTHER processes (or steal)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    other = (after[1] - before[1]) - (after[2] - before[2])
+    return max(other, 0.0) / (after[0] - before[0])
 
 
 def cpu_model() -> str:
@@ -269,17 +282,19 @@ def main() -> None:
         parser.error(f"K must be >= 1 and --context >= {PENDING}")
 
     lm_rows = [int(m) for m in args.lm_head_rows.split(",") if m.strip()]
-    busy = cpu_busy()
+    counters = cpu_counters()
+    time.sleep(2.0)
+    busy = other_cpu_share(counters, cpu_counters())
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
     env = dict(date=datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
                python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
                threads=torch.get_num_threads(), context=args.context, pending_rows=PENDING,
-               batch=1, dtype="float32", cpu_busy_before=round(busy, 3),
+               batch=1, dtype="float32", other_cpu_share_before=None if busy is None else round(busy, 3),
                loadavg_start=list(os.getloadavg()))
     print(f"torch {env['torch']} | python {env['python']} | CPU {env['cpu']} | "
           f"torch threads {env['threads']} | context {args.context} | pending rows {PENDING}", flush=True)
-    if busy > 0.05:
+    if busy is not None and busy > 0.05:
         print(f"WARNING: the CPUs were {busy:.0%} busy before starting; other processes compete for "
               "the cores and the figures will be noisy", flush=True)
 

@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Benchmark streaming generation through a real tritonserver against the same engine in-process.
+
+What: the same set of greedy requests (default 16 prompts x 64 output tokens, ignore_eos) served
+  triton       by `tritonserver` (the one bundled in nvidia-pytriton, loopback) running the `peagle`
+               Python model of a repository built with `peagle_trt.package.build_repository`,
+               streamed over gRPC with `peagle_trt.serving.client.stream_generate` (the client
+               `peagle-trt generate --url` uses: one gRPC connection + stream per request);
+  in-process   by `ServingEngine.load(*model_params(repo))` on the same repository, started with
+               `engine.start()` (the same background stepping thread) and fed with `engine.submit`.
+Each path is driven as a closed loop at concurrency C (C requests in flight; when one finishes the
+next prompt is submitted), for C = 1 and 8. Reported per path and C: wall time of the whole set,
+output tokens/s (all output tokens / wall), mean TTFT (submit -> first streamed non-empty text,
+the same definition on both paths; in-process the time to the first token ids is also given) and
+mean request latency; then the Triton/in-process ratios of wall time and TTFT. Target: Triton at
+most 10% slower (wall-time ratio <= 1.10). The script also checks that both paths produced the
+same token ids for every prompt (greedy decoding is deterministic).
+
+Why: the Triton model is a thin adapter over ServingEngine; this measures what the serving layer
+(gRPC, Triton's decoupled Python backend, response tensors, IPC to the backend stub) adds.
+
+Models: `peagle_trt.tiny.make_all` (seeded random llama target, hidden 64, 8 layers, vocab 512;
+AWS-layout P-EAGLE drafter), repository with SpecConfig("peagle", 3), max_batch 8,
+max_seq_len 512, float32 on CPU. CAUTION: with such tiny models a decode step costs only a few
+milliseconds on CPU, so fixed per-request and per-response costs (connection setup, tokenization,
+response tensors, IPC) weigh far more than they would next to a real model on a GPU; the ratios
+here are an upper bound of the serving overhead, not a prediction for production.
+Also note tritonserver, its Python-backend stub and the benchmark's client threads share the
+same CPU cores as the model in the Triton path, while in-process only the engine thread runs.
+
+Order: after one untimed warm-up pass per path, --repeats rounds; in each round both paths run at
+each C, alternating which goes first. Reported: the median wall time over rounds; TTFT and
+latency means over all requests of all rounds.
+
+Run (from the repository root; about 2-3 minutes on 2 idle cores, incl. ~20 s server start):
+    .venv/bin/python scripts/bench_serving.py
+    .venv/bin/python scripts/bench_serving.py --prompts 16 --max-tokens 64 --concurrency 1,8 --repeats 3
+Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import queue
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.serving.client import stream_generate
+from peagle_trt.serving.engine import ServingEngine
+from peagle_trt.serving.repo import model_params
+from peagle_trt.serving.server import ServeSpec, TritonServer
+from peagle_trt.tiny import CORPUS, make_all
+
+TARGET_RATIO = 1.10
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_prompts(n: int) -> list[str]:
+    return [f"{CORPUS[i % len(CORPUS)]} Request {i}: continue." for i in range(n)]
+
+
+def run_inprocess(engine: ServingEngine, prompts: list[str], params: SamplingParams, conc: int,
+                  tag: str) -> tuple[float, list[dict]]:
+    """Closed loop over the engine's submit API; returns (wall seconds, per-request records)."""
+    done: queue.Queue = queue.Queue()
+    recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
+
+    def launch(i: int) -> None:
+        rec = recs[i]
+
+        def on_event(ev) -> None:
+            now = time.perf_counter()
+            if ev.token_ids and rec["ids_t"] is None:
+                rec["ids_t"] = now
+            if ev.text and rec["text_t"] is None:
+                rec["text_t"] = now
+            rec["ids"] += ev.token_ids
+            if ev.finished:
+                rec["end"] = now
+                rec["finish_reason"] = ev.finish_reason
+                done.put(i)
+
+        rec["start"] = time.perf_counter()
+        engine.submit(f"{tag}-{i}", prompts[i], params, on_event)
+
+    t0 = time.perf_counter()
+    nxt = min(conc, len(prompts))
+    for i in range(nxt):
+        launch(i)
+    for _ in range(len(prompts)):
+        done.get(timeout=600)
+        if nxt < len(prompts):
+            launch(nxt)
+            nxt += 1
+    wall = time.perf_counter() - t0
+    return wall, [summarize(r) for r in recs]
+
+
+def run_triton(url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
+    """Closed loop: `conc` client threads, each streaming one request at a time with stream_generate."""
+    recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
+    todo: queue.Queue = queue.Queue()
+    for i in range(len(prompts)):
+        todo.put(i)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            rec = recs[i]
+
+            def on_text(piece: str, rec=rec) -> None:
+                if rec["text_t"] is None:
+                    rec["text_t"] = time.perf_counter()
+
+            rec["start"] = time.perf_counter()
+            try:
+                out = stream_generate(url, prompts[i], params, on_text=on_text)
+            except BaseException as exc:  # reported after the join
+                errors.append(exc)
+                return
+            rec["end"] = time.perf_counter()
+            rec["ids"] = out["token_ids"]
+            rec["finish_reason"] = out.get("finish_reason")
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, len(prompts)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, [summarize(r) for r in recs]
+
+
+def summarize(rec: dict) -> dict:
+    start = rec["start"]
+    return {"ids": rec["ids"], "tokens": len(rec["ids"]), "finish_reason": rec.get("finish_reason"),
+            "ttft_s": (rec["text_t"] - start) if rec["text_t"] is not None else None,
+            "ttft_ids_s": (rec["ids_t"] - start) if rec["ids_t"] is not None else None,
+            "latency_s": rec["end"] - start}
+
+
+def mean(values) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.fmean(values) if values else None
+
+
+def cpu_sample() -> tuple[float, float] | None:
+    """(seconds of all CPUs, their busy seconds) from /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    hz = os.sysconf("SC_CLK_TCK")
+    return sum(ticks) / hz, (sum(ticks) - ticks[3] - ticks[4]) / hz
+
+
+def background_cpu(seconds: float = 2.0) -> float | None:
+    """Share of all CPU capacity busy while this process sleeps (load from other processes)."""
+    a = cpu_sample()
+    time.sleep(seconds)
+    b = cpu_sample()
+    if a is None or b is None or b[0] <= a[0]:
+        return None
+    return round((b[1] - a[1]) / (b[0] - a[0]), 3)
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def fmt(v: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
+    return "-" if v is None else format(v * scale, spec)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,8")
+    ap.add_argument("--repeats", type=int, default=3, help="timed rounds per path and concurrency")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep models/repository here (default: temp)")
+    args = ap.parse_args()
+    concs = [int(c) for c in args.concurrency.split(",")]
+    bg = background_cpu()
+
+    work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    work.mkdir(parents=True, exist_ok=True)
+    t_setup = time.perf_counter()
+    tiny = make_all(work / "tiny")
+    repo_root = work / "repo"
+    if repo_root.exists():
+        shutil.rmtree(repo_root)
+    build_repository(tiny["llama"], tiny["aws"], repo_root,
+                     RepoSpec(SpecConfig("peagle", 3), max_batch=8, max_seq_len=512))
+    prompts = make_prompts(args.prompts)
+    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+
+    engine = ServingEngine.load(*model_params(repo_root))
+    engine.start()
+    spec = ServeSpec(repo_root, "127.0.0.1", free_port(), free_port(), free_port(),
+                     ready_timeout_s=180, log_path=work / "tritonserver.log")
+    results: dict[tuple[str, int], list[tuple[float, list[dict]]]] = {}
+    try:
+        with TritonServer(spec) as server:
+            setup_s = time.perf_counter() - t_setup
+            print(f"  server ready after {setup_s:.1f} s of setup", file=sys.stderr, flush=True)
+            # warm-up (untimed): first forwards, first gRPC connection, lazy imports
+            run_inprocess(engine, prompts[:2], params, 2, "warmup")
+            run_triton(server.grpc_url, prompts[:2], params, 2)
+            for rnd in range(args.repeats):
+                for conc in concs:
+                    order = ("inproc", "triton") if (rnd + conc) % 2 == 0 else ("triton", "inproc")
+                    for path in order:
+                        if path == "inproc":
+                            res = run_inprocess(engine, prompts, params, conc, f"r{rnd}c{conc}")
+                        else:
+                            res = run_triton(server.grpc_url, prompts, params, conc)
+                        results.setdefault((path, conc), []).append(res)
+                        print(f"  round {rnd} C={conc} {path}: {res[0]:.2f} s", file=sys.stderr, flush=True)
+    finally:
+        engine.stop()
+
+    # -- figures -------------------------------------------------------------------------------
+    rows, reference, identical = [], None, True
+    mismatches = []
+    for conc in concs:
+        per_path = {}
+        for path in ("inproc", "triton"):
+            runs = results[(path, conc)]
+            reqs = [r for _, rs in runs for r in rs]
+            wall = statistics.median(w for w, _ in runs)
+            tokens = statistics.median(sum(r["tokens"] for r in rs) for _, rs in runs)
+            per_path[path] = {
+                "path": path, "concurrency": conc, "requests": len(prompts), "rounds": len(runs),
+                "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _ in runs],
+                "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 2),
+                "mean_ttft_ms": round(mean(r["ttft_s"] for r in reqs) * 1e3, 2),
+                "mean_ttft_ids_ms": (round(mean(r["ttft_ids_s"] for r in reqs) * 1e3, 2)
+                                     if path == "inproc" else None),
+                "mean_latency_ms": round(mean(r["latency_s"] for r in reqs) * 1e3, 2),
+                "finish_reasons": sorted({r["finish_reason"] for r in reqs})}
+            # token ids: every round of every path must match the first in-process round
+            for rnd, (_, rs) in enumerate(runs):
+                ids = [r["ids"] for r in rs]
+                if reference is None:
+                    reference = ids
+                for i, (a, b) in enumerate(zip(reference, ids)):
+                    if a != b:
+                        identical = False
+                        mismatches.append({"path": path, "concurrency": conc, "round": rnd, "prompt": i})
+        ratio = per_path["triton"]["wall_s"] / per_path["inproc"]["wall_s"]
+        per_path["triton"]["wall_ratio_vs_inproc"] = round(ratio, 3)
+        per_path["triton"]["ttft_ratio_vs_inproc"] = round(
+            per_path["triton"]["mean_ttft_ms"] / per_path["inproc"]["mean_ttft_ms"], 3)
+        per_path["triton"]["target_met"] = ratio <= TARGET_RATIO
+        rows += [per_path["inproc"], per_path["triton"]]
+
+    print(f"Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
+          f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU; "
+          f"median wall of {args.repeats} rounds")
+    head = (f"{'path':<8}{'conc':>5}{'wall s':>9}{'tok/s':>9}{'TTFT ms':>9}{'latency ms':>12}"
+            f"{'wall ratio':>12}{'TTFT ratio':>12}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['path']:<8}{r['concurrency']:>5}{r['wall_s']:>9.2f}{r['tokens_per_s']:>9.1f}"
+              f"{r['mean_ttft_ms']:>9.1f}{r['mean_latency_ms']:>12.1f}"
+              f"{fmt(r.get('wall_ratio_vs_inproc'), spec='.3f'):>12}{fmt(r.get('ttft_ratio_vs_inproc'), spec='.3f'):>12}")
+    print()
+    for r in rows:
+        if r["path"] == "inproc":
+            print(f"in-process C={r['concurrency']}: mean time to first token ids {r['mean_ttft_ids_ms']:.1f} ms "
+                  f"(first non-empty text {r['mean_ttft_ms']:.1f} ms)")
+    all_met = all(r["target_met"] for r in rows if r["path"] == "triton")
+    for r in rows:
+        if r["path"] == "triton":
+            print(f"target Triton wall <= {TARGET_RATIO:.2f}x in-process at C={r['concurrency']}: "
+                  f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_inproc']:.3f}x)")
+    print(f"token ids identical across paths, concurrency levels and rounds: "
+          f"{'YES' if identical else 'NO (' + str(len(mismatches)) + ' mismatching request(s))'}")
+
+    env = {"benchmark": "serving_triton_vs_inprocess",
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_model(),
+           "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "background_cpu_share_before": bg, "prompts": len(prompts), "max_tokens": args.max_tokens,
+           "spec": {"mode": "peagle", "k": 3}, "max_batch": 8, "max_seq_len": 512,
+           "repeats": args.repeats, "target_wall_ratio": TARGET_RATIO, "target_met": all_met,
+           "token_ids_identical": identical, "mismatches": mismatches[:20],
+           "setup_s": round(setup_s, 1)}
+    print(json.dumps(dict(**env, rows=rows)))
+    if args.workdir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
