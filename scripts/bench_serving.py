@@ -28,6 +28,11 @@ here are an upper bound of the serving overhead, not a prediction for production
 Also note tritonserver, its Python-backend stub and the benchmark's client threads share the
 same CPU cores as the model in the Triton path, while in-process only the engine thread runs.
 
+CPU columns (median over rounds): CPU seconds used during a run by the benchmark process (the
+engine in-process; the gRPC client threads for Triton) and by the tritonserver process tree (server
++ Python-backend stub: the engine for Triton); "other CPU" is the largest share of all CPU capacity
+used by anything else during a run (noise: figures with more than a few % should be re-run).
+
 Order: after one untimed warm-up pass per path, --repeats rounds; in each round both paths run at
 each C, alternating which goes first. Reported: the median wall time over rounds; TTFT and
 latency means over all requests of all rounds.
@@ -181,6 +186,52 @@ def cpu_sample() -> tuple[float, float] | None:
     return sum(ticks) / hz, (sum(ticks) - ticks[3] - ticks[4]) / hz
 
 
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of process `root` and its live descendants, from /proc."""
+    hz = os.sysconf("SC_CLK_TCK")
+    parent, used = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                rest = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        parent[int(entry)] = int(rest[1])
+        used[int(entry)] = (int(rest[11]) + int(rest[12])) / hz
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += used.get(pid, 0.0)
+        todo += [c for c, p in parent.items() if p == pid]
+    return total
+
+
+class CpuMeter:
+    """CPU seconds used during a run by this process, by the server's process tree, and the share
+    of all CPU capacity used by anything else (noise: should stay near 0)."""
+
+    def __init__(self, server_pid: int):
+        self.server_pid = server_pid
+
+    def __enter__(self) -> "CpuMeter":
+        t = os.times()
+        self.a, self.own, self.srv = cpu_sample(), t.user + t.system, tree_cpu(self.server_pid)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        t = os.times()
+        b = cpu_sample()
+        self.own_s = t.user + t.system - self.own
+        self.server_s = tree_cpu(self.server_pid) - self.srv
+        if self.a is None or b is None or b[0] <= self.a[0]:
+            self.other_share = None
+        else:
+            other = (b[1] - self.a[1]) - self.own_s - self.server_s
+            self.other_share = max(0.0, other) / (b[0] - self.a[0])
+
+
 def background_cpu(seconds: float = 2.0) -> float | None:
     """Share of all CPU capacity busy while this process sleeps (load from other processes)."""
     a = cpu_sample()
@@ -245,12 +296,15 @@ def main() -> None:
                 for conc in concs:
                     order = ("inproc", "triton") if (rnd + conc) % 2 == 0 else ("triton", "inproc")
                     for path in order:
-                        if path == "inproc":
-                            res = run_inprocess(engine, prompts, params, conc, f"r{rnd}c{conc}")
-                        else:
-                            res = run_triton(server.grpc_url, prompts, params, conc)
-                        results.setdefault((path, conc), []).append(res)
-                        print(f"  round {rnd} C={conc} {path}: {res[0]:.2f} s", file=sys.stderr, flush=True)
+                        with CpuMeter(server.proc.pid) as cpu:
+                            if path == "inproc":
+                                wall, recs = run_inprocess(engine, prompts, params, conc, f"r{rnd}c{conc}")
+                            else:
+                                wall, recs = run_triton(server.grpc_url, prompts, params, conc)
+                        results.setdefault((path, conc), []).append((wall, recs, cpu))
+                        print(f"  round {rnd} C={conc} {path}: {wall:.2f} s, CPU own {cpu.own_s:.2f} s "
+                              f"server {cpu.server_s:.2f} s, other {cpu.other_share or 0:.0%}",
+                              file=sys.stderr, flush=True)
     finally:
         engine.stop()
 
@@ -261,12 +315,16 @@ def main() -> None:
         per_path = {}
         for path in ("inproc", "triton"):
             runs = results[(path, conc)]
-            reqs = [r for _, rs in runs for r in rs]
-            wall = statistics.median(w for w, _ in runs)
-            tokens = statistics.median(sum(r["tokens"] for r in rs) for _, rs in runs)
+            reqs = [r for _, rs, _ in runs for r in rs]
+            wall = statistics.median(w for w, _, _ in runs)
+            tokens = statistics.median(sum(r["tokens"] for r in rs) for _, rs, _ in runs)
+            others = [c.other_share for _, _, c in runs if c.other_share is not None]
             per_path[path] = {
                 "path": path, "concurrency": conc, "requests": len(prompts), "rounds": len(runs),
-                "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _ in runs],
+                "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _, _ in runs],
+                "cpu_s_this_process": round(statistics.median(c.own_s for _, _, c in runs), 3),
+                "cpu_s_server": round(statistics.median(c.server_s for _, _, c in runs), 3),
+                "other_cpu_share_max": round(max(others), 3) if others else None,
                 "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 2),
                 "mean_ttft_ms": round(mean(r["ttft_s"] for r in reqs) * 1e3, 2),
                 "mean_ttft_ids_ms": (round(mean(r["ttft_ids_s"] for r in reqs) * 1e3, 2)
@@ -274,7 +332,7 @@ def main() -> None:
                 "mean_latency_ms": round(mean(r["latency_s"] for r in reqs) * 1e3, 2),
                 "finish_reasons": sorted({r["finish_reason"] for r in reqs})}
             # token ids: every round of every path must match the first in-process round
-            for rnd, (_, rs) in enumerate(runs):
+            for rnd, (_, rs, _) in enumerate(runs):
                 ids = [r["ids"] for r in rs]
                 if reference is None:
                     reference = ids
@@ -293,13 +351,14 @@ def main() -> None:
           f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU; "
           f"median wall of {args.repeats} rounds")
     head = (f"{'path':<8}{'conc':>5}{'wall s':>9}{'tok/s':>9}{'TTFT ms':>9}{'latency ms':>12}"
-            f"{'wall ratio':>12}{'TTFT ratio':>12}")
+            f"{'wall ratio':>12}{'TTFT ratio':>12}{'CPU s proc':>12}{'CPU s srv':>11}{'other CPU':>11}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['path']:<8}{r['concurrency']:>5}{r['wall_s']:>9.2f}{r['tokens_per_s']:>9.1f}"
               f"{r['mean_ttft_ms']:>9.1f}{r['mean_latency_ms']:>12.1f}"
-              f"{fmt(r.get('wall_ratio_vs_inproc'), spec='.3f'):>12}{fmt(r.get('ttft_ratio_vs_inproc'), spec='.3f'):>12}")
+              f"{fmt(r.get('wall_ratio_vs_inproc'), spec='.3f'):>12}{fmt(r.get('ttft_ratio_vs_inproc'), spec='.3f'):>12}"
+              f"{r['cpu_s_this_process']:>12.2f}{r['cpu_s_server']:>11.2f}{fmt(r['other_cpu_share_max'], 100, '.0f'):>10}%")
     print()
     for r in rows:
         if r["path"] == "inproc":

@@ -42,6 +42,10 @@ class CountingExecutor:
         self.drafter_calls += 1
         return self.inner.drafter(*args, **kwargs)
 
+    def draft_parallel(self, *args, **kwargs):  # one drafter forward (assembly + pass + sample)
+        self.drafter_calls += 1
+        return self.inner.draft_parallel(*args, **kwargs)
+
 
 class ScriptedDrafter:
     """A structural drafter that knows the target's greedy continuation of each prompt.

@@ -80,16 +80,25 @@ class DrafterModel(nn.Module):
             aux = self.input_norm(aux)
         return self.fc(aux)
 
-    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        # tokens, positions [B, S] (position -1 = padding row); hidden [B, S, H]; slots [B]
-        # returns draft-vocab logits [B, S, V_d] (float32) and the pre-norm output [B, S, H]
-        e = self.embed_tokens(tokens)
+    def forward_rows(self, e: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                     slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        # e (token embeddings), hidden [B, S, H]; positions [B, S] (-1 = padding); slots [B]
+        # returns the pre-norm output [B, S, H]
         cos, sin = rope_cos_sin(self.inv_freq, self.rope_scale, positions.clamp(min=0), e.dtype)
         x = self.layers[0](e, hidden, cos, sin, cache, slots, positions)
         for i, layer in enumerate(self.layers[1:], start=1):
             x = layer(x, cos, sin, cache, i, slots, positions)
-        return self.lm_head(self.norm(x)).float(), x
+        return x
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(x)).float()  # [..., V_d]
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                slots: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        # tokens, positions [B, S] (position -1 = padding row); hidden [B, S, H]; slots [B]
+        # returns draft-vocab logits [B, S, V_d] (float32) and the pre-norm output [B, S, H]
+        x = self.forward_rows(self.embed_tokens(tokens), hidden, positions, slots, cache)
+        return self.logits(x), x
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

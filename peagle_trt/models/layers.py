@@ -10,6 +10,7 @@ from torch import nn
 
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import apply_rope
+from peagle_trt.ops.reference import kv_attention
 
 
 class RMSNorm(nn.Module):
@@ -47,17 +48,13 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [B, H, S, d]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [B, KV, S, d]
-        length = int(positions.max()) + 1
-        keys, values = cache.write_and_read(layer, slots, positions, k, v.transpose(1, 2), length)
-        # Causal by absolute position: row at q sees cache positions 0..q (stale entries past q,
-        # e.g. rejected drafts of the previous step, are never read and get overwritten).
-        visible = torch.arange(length, device=x.device)[None, None] <= positions[:, :, None]
-        visible[..., 0] |= positions < 0  # padding rows attend to one key so softmax stays finite
-        out = F.scaled_dot_product_attention(q, keys.to(q.dtype), values.to(q.dtype),
-                                             attn_mask=visible[:, None], enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        q = apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, H*d]
+        k = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, KV*d]
+        # PEagleKVAttention: write K/V at each row's absolute position, attend causally by position
+        # (stale entries past a row, e.g. last step's rejected drafts, are never read)
+        out = kv_attention(q, k, v.reshape(b, s, -1), positions, slots, cache.k[layer], cache.v[layer],
+                           self.num_heads, self.num_kv_heads, self.head_dim)
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):

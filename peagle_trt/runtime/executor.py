@@ -1,15 +1,36 @@
 """Executors: the two model forwards the speculative step needs, behind one small interface.
 
-`SpecDecoder` only calls `target(...)`, `drafter(...)`, `project(...)`, `to_target_ids(...)` and
-reads `h_mask` / `mask_token_id`; onnxruntime and TensorRT executors implement the same methods.
+The interface (`Executor` below) is what `SpecDecoder` calls: `target(...)` for prefill and verify,
+`draft_parallel(...)` for the one-pass P-EAGLE draft, `drafter(...)` / `project(...)` /
+`to_target_ids(...)` for sequential EAGLE-3 drafting, plus KV-slot bookkeeping. onnxruntime and
+TensorRT executors implement the same methods.
 KV caches live in the executor, one slot per running sequence, indexed by absolute position.
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from peagle_trt.errors import RuntimeInvariantError
+from peagle_trt.ops.reference import draft_inputs, draft_sample
+
+
+class Executor(Protocol):
+    device: torch.device
+    num_slots: int
+    max_len: int  # KV positions per slot
+
+    def alloc_slot(self) -> int | None: ...
+    def free_slot(self, slot: int) -> None: ...
+    @property
+    def free_slots(self) -> int: ...
+    def target(self, tokens, positions, slots, logit_rows=None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor: ...
+    def drafter(self, tokens, hidden, positions, slots) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def project(self, aux: torch.Tensor) -> torch.Tensor: ...
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...
 
 
 class TorchExecutor:
@@ -56,3 +77,14 @@ class TorchExecutor:
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.drafter_model.to_target_ids(draft_ids)
+
+    @torch.inference_mode()
+    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
+        # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
+        # cur [B] (pending rows sit at cur-n .. cur-1), slots [B] -> draft ids [B, K]: ONE forward
+        d = self.drafter_model
+        embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
+                                                       d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
+        x = d.forward_rows(embeds, hidden, positions, slots, self.drafter_cache)  # [B, P+K-1, H]
+        x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
+        return draft_sample(d.logits(x), d.d2t)

@@ -30,26 +30,19 @@ def pad_stack(rows: list[torch.Tensor], pad: float | int) -> torch.Tensor:
 
 
 class ParallelDrafter:
-    """P-EAGLE: all K drafts of every sequence from one drafter forward."""
+    """P-EAGLE: all K drafts of every sequence from one drafter forward (`Executor.draft_parallel`)."""
 
     def __init__(self, executor):
         self.ex = executor
 
     def propose(self, seqs: list, k: int) -> list[list[int]]:
         ex, dev = self.ex, self.ex.device
-        tokens, hidden, positions, first = [], [], [], []
-        for s in seqs:
-            n = len(s.pending)
-            tokens.append(torch.tensor(s.pending + [ex.mask_token_id] * (k - 1), device=dev))
-            hidden.append(torch.cat([ex.project(s.pending_aux), ex.h_mask.expand(k - 1, -1)]))
-            positions.append(torch.arange(s.cur - n, s.cur + k - 1, device=dev))
-            first.append(n - 1)
+        tokens = pad_stack([torch.tensor(s.pending, device=dev) for s in seqs], 0)  # [B, P]
+        aux = pad_stack([s.pending_aux for s in seqs], 0.0)  # [B, P, 3 * H_t]
+        num_pending = torch.tensor([len(s.pending) for s in seqs], device=dev)  # [B]
+        cur = torch.tensor([s.cur for s in seqs], device=dev)  # [B]
         slots = torch.tensor([s.slot for s in seqs], device=dev)
-        logits, _ = ex.drafter(pad_stack(tokens, 0), pad_stack(hidden, 0.0),
-                               pad_stack(positions, -1), slots)  # [B, S, V_d]
-        rows = torch.tensor(first, device=dev)[:, None] + torch.arange(k, device=dev)  # [B, K]
-        picked = torch.gather(logits, 1, rows[..., None].expand(-1, -1, logits.shape[-1]))
-        drafts = ex.to_target_ids(picked.argmax(dim=-1))  # [B, K]
+        drafts = ex.draft_parallel(tokens, aux, num_pending, cur, slots, k)  # [B, K]
         for s in seqs:
             s.stats.drafter_forwards += 1
         return drafts.tolist()

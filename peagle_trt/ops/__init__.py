@@ -1,0 +1,25 @@
+"""The P-EAGLE custom ops, each kept in three views with one contract:
+
+  torch   `peagle::*` ops (`ops.reference`): the real CPU (and generic CUDA) reference, used by
+          the torch executor at run time and by every test;
+  ONNX    custom nodes in domain `peagle` with a registered `OpSchema` and a model-local
+          FunctionProto holding the same math in standard ONNX ops (`ops.onnx_defs`), so
+          onnxruntime runs the exported file as is;
+  plugin  TensorRT IPluginV3 plugins in plugins/ whose names equal the ONNX op_types.
+
+| op_type            | what                                                                 |
+|--------------------|----------------------------------------------------------------------|
+| PEagleKVAttention  | attention of a few new rows per request over its KV cache slot, causal by absolute position, writing the new K/V in place |
+| PEagleDraftInputs  | the drafter's input rows for a batch: pending real rows + K-1 mask rows, their embeddings, hidden states and positions |
+| PEagleDraftSample  | greedy argmax over the draft vocabulary + d2t mapping to target ids  |
+"""
+
+from peagle_trt.ops.reference import draft_inputs, draft_sample, kv_attention
+
+OP_TYPES = ("PEagleKVAttention", "PEagleDraftInputs", "PEagleDraftSample")
+DOMAIN = "peagle"
+PLUGIN_VERSION = "1"
+PLUGIN_NAMESPACE = ""
+
+__all__ = ["DOMAIN", "OP_TYPES", "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "draft_inputs", "draft_sample",
+           "kv_attention"]

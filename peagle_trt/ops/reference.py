@@ -1,0 +1,79 @@
+"""Reference implementations of the P-EAGLE custom ops (torch; CPU and generic CUDA).
+
+These define the contract the ONNX function bodies and the CUDA/TensorRT plugins must match.
+Cache layout: [num_slots, kv_heads, max_len + 1, head_dim]; position `max_len` is a trash row
+that padding rows (position -1) write to.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None) -> torch.Tensor:
+    """PEagleKVAttention.
+
+    q [B, S, H*d], k/v [B, S, KV*d] (RoPE applied); positions [B, S] int64 (-1 = padding row);
+    slots [B] int64; k_cache/v_cache [N, KV, T+1, d], updated IN PLACE at (slot, position).
+    Row (b, s) attends to cache positions 0..positions[b, s] of slot b (its own new key included,
+    rows of the same request are causal among themselves through their positions).
+    Returns out [B, S, H*d]; padding rows return finite values that callers ignore.
+    """
+    b, s, _ = q.shape
+    trash = k_cache.shape[2] - 1
+    write = torch.where(positions >= 0, positions, trash)  # [B, S]
+    rows = slots[:, None]
+    k_cache[rows, :, write] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
+    v_cache[rows, :, write] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
+    length = int(positions.max()) + 1
+    keys = k_cache[slots, :, :length].to(q.dtype)  # [B, KV, L, d]
+    values = v_cache[slots, :, :length].to(q.dtype)
+    visible = torch.arange(length, device=q.device)[None, None] <= positions[:, :, None]  # [B, S, L]
+    visible[..., 0] |= positions < 0  # keep padding rows' softmax finite
+    qh = q.view(b, s, num_heads, head_dim).transpose(1, 2)  # [B, H, S, d]
+    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=visible[:, None], enable_gqa=True,
+                                         scale=scale)
+    return out.transpose(1, 2).reshape(b, s, num_heads * head_dim)
+
+
+def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num_pending: torch.Tensor,
+                 cur: torch.Tensor, embed_tokens: torch.Tensor, h_mask: torch.Tensor,
+                 num_spec_tokens: int, mask_token_id: int
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PEagleDraftInputs: the rows of one parallel drafting pass for a batch.
+
+    pending_tokens [B, P] int64 (padded), pending_hidden [B, P, H] (fc-projected target taps),
+    num_pending [B] int64 (n >= 1 real rows), cur [B] int64 (pending rows sit at cur-n .. cur-1),
+    embed_tokens [V, H], h_mask [H] = fc(mask_hidden).
+    Returns, with R = P + K - 1 rows per request:
+      embeds [B, R, H], hidden [B, R, H], positions [B, R] int64 (-1 = padding), sample_rows [B, K].
+    Row j < n: (pending_tokens[j], pending_hidden[j]); n <= j < n+K-1: (mask token, h_mask);
+    positions cur-n+j; drafts are read from rows n-1 .. n+K-2 (the NTP row, then the mask rows).
+    Example, K=3, n=2, cur=12: rows (t0,h0,@10) (t1,h1,@11)* (M,hm,@12)* (M,hm,@13)*; sample 1,2,3.
+    """
+    bsz, p = pending_tokens.shape
+    k = num_spec_tokens
+    r = p + k - 1
+    j = torch.arange(r, device=pending_tokens.device)[None]  # [1, R]
+    n = num_pending[:, None]  # [B, 1]
+    real, mask = j < n, (j >= n) & (j < n + k - 1)
+    idx = j.clamp(max=p - 1).expand(bsz, -1)  # [B, R]
+    tokens = torch.where(real, torch.gather(pending_tokens, 1, idx), torch.full_like(idx, mask_token_id))
+    tokens = torch.where(real | mask, tokens, torch.zeros_like(tokens))
+    embeds = F.embedding(tokens, embed_tokens) * (real | mask)[..., None]
+    gathered = torch.gather(pending_hidden, 1, idx[..., None].expand(-1, -1, pending_hidden.shape[-1]))
+    hidden = torch.where(real[..., None], gathered, h_mask.to(gathered.dtype).expand_as(gathered))
+    hidden = hidden * (real | mask)[..., None]
+    positions = torch.where(real | mask, cur[:, None] - n + j, torch.full_like(idx, -1))
+    sample_rows = n - 1 + torch.arange(k, device=pending_tokens.device)[None]  # [B, K]
+    return embeds, hidden, positions, sample_rows
+
+
+def draft_sample(logits: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """PEagleDraftSample: logits [B, K, V_d] -> target-vocabulary ids [B, K] (argmax, then
+    target_id = draft_id + d2t[draft_id])."""
+    draft = logits.argmax(dim=-1)
+    return draft + d2t[draft]
