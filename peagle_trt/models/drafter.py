@@ -121,7 +121,7 @@ class DrafterModel(nn.Module):
                              else torch.zeros(1, 1, aux_width))
         model.inv_freq = config.rope.inv_freq(config.head_dim)[0]
         model.h_mask = torch.zeros(config.hidden_size)
-        model = model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         model.d2t = model.d2t.long()
         with torch.no_grad():  # h_mask = fc(mask_hidden), computed once (spec §1.2)
             model.h_mask = model.project(model.mask_hidden.to(dtype)).reshape(-1)

@@ -64,7 +64,7 @@ class TargetModel(nn.Module):
         load_strict(model, tensors, name)
         inv_freq, _ = config.rope.inv_freq(config.head_dim)
         model.inv_freq = inv_freq
-        return model.to(device=device, dtype=dtype).eval()
+        return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
 def load_strict(model: nn.Module, tensors: dict, what: str) -> None:

@@ -33,20 +33,13 @@ class Executor(Protocol):
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...
 
 
-class TorchExecutor:
-    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA)."""
+class SlotPool:
+    """KV-slot bookkeeping shared by the executors: one slot per running sequence."""
 
-    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048):
-        self.target_model, self.drafter_model = target, drafter
-        self.num_slots, self.max_len = num_slots, max_len
-        self.device = target.lm_head.weight.device
-        self.target_cache = target.new_cache(num_slots, max_len)
-        self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
-        self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
-        self.h_mask = drafter.h_mask if drafter is not None else None  # [H] = fc(mask_hidden)
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
         self._free = list(range(num_slots))[::-1]
 
-    # -- slots ---------------------------------------------------------------------------------
     def alloc_slot(self) -> int | None:
         return self._free.pop() if self._free else None
 
@@ -58,6 +51,19 @@ class TorchExecutor:
     @property
     def free_slots(self) -> int:
         return len(self._free)
+
+
+class TorchExecutor(SlotPool):
+    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA)."""
+
+    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048):
+        super().__init__(num_slots)
+        self.target_model, self.drafter_model = target, drafter
+        self.max_len = max_len
+        self.device = target.lm_head.weight.device
+        self.target_cache = target.new_cache(num_slots, max_len)
+        self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
+        self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
 
     # -- forwards ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -1,0 +1,94 @@
+"""Stage export: the target and drafter as ONNX graphs with `peagle` plugin nodes.
+
+    peagle-trt export --target DIR --drafter DIR --output DIR [--num-spec-tokens K] ...
+
+Writes target.onnx, drafter.onnx (one parallel pass), drafter_step.onnx + drafter_fc.onnx
+(sequential EAGLE-3 drafting), each with external data, a TensorRT copy of each without the
+model-local functions under trt/, and manifest.json. Atomic: a failed export leaves nothing.
+Contract: docs/EXPORT.md.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from peagle_trt.config import SpecConfig
+from peagle_trt.errors import BuildError, ConfigError
+from peagle_trt.manifest import write_manifest
+
+
+@dataclass(frozen=True)
+class ExportSpec:
+    spec: SpecConfig
+    num_slots: int = 8  # KV slots = max concurrent requests
+    max_seq_len: int = 2048
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "float16"):
+            raise ConfigError(f"export dtype {self.dtype!r} is not supported (float32 | float16)")
+
+    @property
+    def max_len(self) -> int:
+        """KV positions per slot: the sequence plus a verify window (as the runtime allocates)."""
+        return self.max_seq_len + self.spec.k + 1
+
+
+def save(model: onnx.ModelProto, path: Path) -> None:
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+
+
+def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict | None = None) -> dict:
+    """Export built torch models (TargetModel, DrafterModel | None) into `out_dir` atomically."""
+    from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
+    from peagle_trt.ops.onnx_defs import register_schemas, strip_functions
+
+    register_schemas()
+    out_dir = Path(out_dir).absolute()
+    if out_dir.exists():
+        raise BuildError(f"{out_dir} already exists; remove it or choose another --output")
+    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
+    timings = {}
+    try:
+        (tmp / "trt").mkdir(parents=True)
+        graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype)}
+        if drafter is not None:
+            if spec.spec.mode == "peagle":
+                graphs["drafter"] = lambda: export_drafter(drafter, spec.num_slots, spec.max_len, spec.spec.k,
+                                                           spec.dtype)
+            graphs["drafter_step"] = lambda: export_drafter_step(drafter, spec.num_slots, spec.max_len, spec.dtype)
+            graphs["drafter_fc"] = lambda: export_drafter_fc(drafter, spec.dtype)
+        if drafter is not None:  # d2t for the sequential path (plain .npy: no pickle)
+            np.save(tmp / "d2t.npy", drafter.d2t.cpu().numpy().astype(np.int64), allow_pickle=False)
+        for name, make in graphs.items():
+            t0 = time.perf_counter()
+            model = make()
+            save(model, tmp / f"{name}.onnx")
+            save(strip_functions(model), tmp / "trt" / f"{name}.onnx")
+            timings[name] = round(time.perf_counter() - t0, 3)
+        manifest = write_manifest(tmp, {"export": {**asdict(spec), "spec": asdict(spec.spec), "max_len": spec.max_len},
+                                        "graphs": sorted(graphs), "export_s": timings, **(info or {})})
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
+def export_pair(target_dir: Path, drafter_dir: Path | None, out_dir: Path, spec: ExportSpec) -> dict:
+    """Load a checkpoint pair (FP8 targets included) and export it."""
+    from peagle_trt.checkpoint import load_pair
+
+    pair = load_pair(target_dir, drafter_dir, spec.spec)
+    target, drafter = pair.build()
+    return export_models(target, drafter, out_dir, spec,
+                         {"target": str(target_dir), "drafter": str(drafter_dir) if drafter_dir else None,
+                          "taps": list(pair.taps)})

@@ -1,0 +1,257 @@
+"""Write the target and drafter as ONNX graphs from the reference torch models.
+
+The graphs are built node by node (no tracing): standard ONNX ops for embeddings, norms, RoPE,
+GEMMs (FP8 Q/DQ when the layer is FP8), MLPs and logits, and `peagle` plugin nodes for the
+P-EAGLE-specific work (KV-cache attention with in-place writes, the parallel draft rows, the
+d2t argmax). I/O names and shapes: docs/EXPORT.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper
+
+from peagle_trt.export.builder import Builder
+from peagle_trt.ops import DOMAIN
+from peagle_trt.ops.onnx_defs import (OPSET, draft_inputs_function, draft_sample_function,
+                                      kv_attention_function, plugin_attrs)
+
+NP = {"float32": np.float32, "float16": np.float16}
+ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
+
+
+class ModelWriter(Builder):
+    def __init__(self, dtype: str):
+        super().__init__()
+        self.dtype, self.np = dtype, NP[dtype]
+        self.inputs: list[onnx.ValueInfoProto] = []
+        self.outputs: list[onnx.ValueInfoProto] = []
+        self.functions: dict[str, onnx.FunctionProto] = {}
+
+    def param(self, name: str, tensor: torch.Tensor) -> str:
+        return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np))
+
+    def input(self, name: str, elem: int, shape: list) -> str:
+        self.inputs.append(helper.make_tensor_value_info(name, elem, shape))
+        return name
+
+    def output(self, name: str, elem: int, shape: list) -> None:
+        self.outputs.append(helper.make_tensor_value_info(name, elem, shape))
+
+    @property
+    def float_type(self) -> int:
+        return ONNX_T[self.dtype]
+
+    def linear(self, x: str, module, name: str) -> str:
+        """x @ W^T (+ b); FP8 layers become QuantizeLinear/DequantizeLinear around an FP8 weight."""
+        weight = module.weight
+        if weight.dtype == torch.float8_e4m3fn:
+            zero = self.weight(f"{name}.fp8_zero", helper.make_tensor(f"{name}.fp8_zero", TensorProto.FLOAT8E4M3FN,
+                                                                         [], [0.0]))
+            in_scale = self.weight(f"{name}.input_scale", np.asarray(float(module.input_scale), np.float32))
+            w_scale = self.weight(f"{name}.weight_scale", np.asarray(float(module.weight_scale), np.float32))
+            raw = weight.detach().t().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+            w_fp8 = self.weight(f"{name}.weight", helper.make_tensor(f"{name}.weight", TensorProto.FLOAT8E4M3FN,
+                                                                      list(weight.shape[::-1]), raw, raw=True))
+            x32 = self.op("Cast", x, to=TensorProto.FLOAT) if self.dtype != "float32" else x
+            xq = self.op("DequantizeLinear", self.op("QuantizeLinear", x32, in_scale, zero), in_scale, zero)
+            y = self.op("MatMul", xq, self.op("DequantizeLinear", w_fp8, w_scale))
+            y = self.op("Cast", y, to=self.float_type) if self.dtype != "float32" else y
+        else:
+            y = self.op("MatMul", x, self.param(f"{name}.weight", weight.t()))
+        if getattr(module, "bias", None) is not None:
+            y = self.op("Add", y, self.param(f"{name}.bias", module.bias))
+        return y
+
+    def norm(self, x: str, module, name: str) -> str:
+        return self.rmsnorm(x, self.param(f"{name}.weight", module.weight), module.eps)
+
+    def rope_tables(self, inv_freq: torch.Tensor, scale: float, max_len: int, positions: str) -> tuple[str, str]:
+        """cos/sin [B, S, 1, d] gathered from tables of max_len + 1 positions (padding -> 0)."""
+        pos = torch.arange(max_len + 1).float()[:, None] * inv_freq.float().cpu()[None]
+        emb = torch.cat((pos, pos), dim=-1)
+        cos = self.param(self.name("rope_cos"), emb.cos() * scale)
+        sin = self.param(self.name("rope_sin"), emb.sin() * scale)
+        clamped = self.op("Max", positions, self.ints(0))
+        return (self.op("Unsqueeze", self.op("Gather", cos, clamped, axis=0), self.ints(2)),
+                self.op("Unsqueeze", self.op("Gather", sin, clamped, axis=0), self.ints(2)))
+
+    def rope(self, x: str, heads: int, head_dim: int, cos: str, sin: str) -> str:
+        x4 = self.op("Reshape", x, self.ints(0, 0, heads, head_dim))  # [B,S,heads,d]
+        x1, x2 = self.op("Split", x4, self.ints(head_dim // 2, head_dim // 2), axis=-1, outputs=2)
+        rotated = self.op("Concat", self.op("Neg", x2), x1, axis=-1)
+        out = self.op("Add", self.op("Mul", x4, cos), self.op("Mul", rotated, sin))
+        return self.op("Reshape", out, self.ints(0, 0, heads * head_dim))
+
+    def attention(self, x: str, attn, layer: int, prefix: str, cos: str, sin: str, positions: str,
+                  slots: str, past: tuple[str, str], present: tuple[str, str]) -> str:
+        h, kv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        q = self.linear(x, attn.q_proj, f"{prefix}.q_proj")
+        k = self.linear(x, attn.k_proj, f"{prefix}.k_proj")
+        v = self.linear(x, attn.v_proj, f"{prefix}.v_proj")
+        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
+            q = self.op("Reshape", self.norm(self.op("Reshape", q, self.ints(0, 0, h, d)), attn.q_norm,
+                                             f"{prefix}.q_norm"), self.ints(0, 0, h * d))
+            k = self.op("Reshape", self.norm(self.op("Reshape", k, self.ints(0, 0, kv, d)), attn.k_norm,
+                                             f"{prefix}.k_norm"), self.ints(0, 0, kv * d))
+        q, k = self.rope(q, h, d, cos, sin), self.rope(k, kv, d, cos, sin)
+        scale = float(d) ** -0.5
+        if "PEagleKVAttention" not in self.functions:
+            self.functions["PEagleKVAttention"] = kv_attention_function(h, kv, d, scale, self.np)
+        out = self.op("PEagleKVAttention", q, k, v, positions, slots, *past, domain=DOMAIN,
+                      outputs=[self.name(f"{prefix}.attn"), *present], name=f"{prefix}.PEagleKVAttention",
+                      **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale))
+        return self.linear(out[0], attn.o_proj, f"{prefix}.o_proj")
+
+    def mlp(self, x: str, mlp, prefix: str) -> str:
+        gate = self.silu(self.linear(x, mlp.gate_proj, f"{prefix}.gate_proj"))
+        return self.linear(self.op("Mul", gate, self.linear(x, mlp.up_proj, f"{prefix}.up_proj")),
+                           mlp.down_proj, f"{prefix}.down_proj")
+
+    def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int):
+        shape = [num_slots, kv_heads, max_len + 1, head_dim]
+        past, present = [], []
+        for i in range(num_layers):
+            pair = (self.input(f"past_key_{i}", self.float_type, shape),
+                    self.input(f"past_value_{i}", self.float_type, shape))
+            past.append(pair)
+            present.append((f"present_key_{i}", f"present_value_{i}"))
+            self.output(f"present_key_{i}", self.float_type, shape)
+            self.output(f"present_value_{i}", self.float_type, shape)
+        return past, present
+
+    def model(self, graph_name: str) -> onnx.ModelProto:
+        graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                        helper.make_opsetid(DOMAIN, 1)],
+                                  functions=list(self.functions.values()), producer_name="peagle-trt")
+        model.ir_version = 10
+        return model
+
+
+def export_target(model, num_slots: int, max_len: int, dtype: str = "float32") -> onnx.ModelProto:
+    """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place."""
+    c, w = model.config, ModelWriter(dtype)
+    ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
+    positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
+    slots = w.input("slots", TensorProto.INT64, ["batch"])
+    logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
+    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
+    x = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
+    cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, max_len, positions)
+    tapped = {}
+    for i, layer in enumerate(model.layers):
+        tapped[i] = x
+        p = f"layers.{i}"
+        h = w.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
+        x = w.op("Add", x, w.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
+                                       past[i], present[i]))
+        x = w.op("Add", x, w.mlp(w.norm(x, layer.post_attention_layernorm, f"{p}.post_attention_layernorm"),
+                                 layer.mlp, f"{p}.mlp"))
+    tapped[c.num_layers] = x
+    if model.taps:
+        w.op("Concat", *[tapped[t] for t in model.taps], axis=-1, outputs=["aux_hidden"])
+    else:  # no drafter: an empty [B, S, 0] tensor keeps the interface uniform
+        w.op("Slice", x, w.ints(0), w.ints(0), w.ints(-1), outputs=["aux_hidden"])
+    w.output("aux_hidden", w.float_type, ["batch", "rows", len(model.taps) * c.hidden_size])
+    rows = w.op("Expand", w.op("Unsqueeze", logit_rows, w.ints(2)),
+                w.op("Concat", w.op("Shape", logit_rows), w.ints(c.hidden_size), axis=0))
+    xs = w.op("GatherElements", x, rows, axis=1)
+    logits = w.linear(w.norm(xs, model.norm, "norm"), model.lm_head, "lm_head")
+    w.op("Cast", logits, to=TensorProto.FLOAT, outputs=["logits"])
+    w.output("logits", TensorProto.FLOAT, ["batch", "logit_rows", c.vocab_size])
+    return w.model("peagle_target")
+
+
+def _drafter_layers(w: ModelWriter, model, e: str, g: str, positions: str, slots: str, past, present) -> str:
+    cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, model_max_len(past, w), positions)
+    first = model.layers[0]
+    g_normed = w.norm(g, first.hidden_norm, "layers.0.hidden_norm")
+    residual = g_normed if first.norm_before_residual else g
+    x = w.op("Concat", w.norm(e, first.input_layernorm, "layers.0.input_layernorm"), g_normed, axis=-1)
+    x = w.op("Add", residual, w.attention(x, first.self_attn, 0, "layers.0.self_attn", cos, sin, positions,
+                                          slots, past[0], present[0]))
+    x = w.op("Add", x, w.mlp(w.norm(x, first.post_attention_layernorm, "layers.0.post_attention_layernorm"),
+                             first.mlp, "layers.0.mlp"))
+    for i, layer in enumerate(model.layers[1:], start=1):
+        p = f"layers.{i}"
+        h = w.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
+        x = w.op("Add", x, w.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
+                                       past[i], present[i]))
+        x = w.op("Add", x, w.mlp(w.norm(x, layer.post_attention_layernorm, f"{p}.post_attention_layernorm"),
+                                 layer.mlp, f"{p}.mlp"))
+    return x
+
+
+def model_max_len(past, w: ModelWriter) -> int:
+    shape = next(v for v in w.inputs if v.name == past[0][0]).type.tensor_type.shape
+    return shape.dim[2].dim_value - 1
+
+
+def _project(w: ModelWriter, model, aux: str) -> str:
+    c = model.config
+    if c.fc_norm:
+        chunks = w.op("Split", aux, w.ints(*[c.target_hidden_size] * c.num_aux), axis=-1, outputs=c.num_aux)
+        chunks = [chunks] if c.num_aux == 1 else chunks
+        aux = w.op("Concat", *[w.norm(ch, norm, f"fc_norm.{i}") for i, (ch, norm) in
+                               enumerate(zip(chunks, model.fc_norm))], axis=-1)
+    if c.norm_before_fc:
+        aux = w.norm(aux, model.input_norm, "input_norm")
+    return w.linear(aux, model.fc, "fc")
+
+
+def export_drafter(model, num_slots: int, max_len: int, k: int, dtype: str = "float32") -> onnx.ModelProto:
+    """drafter.onnx: ONE parallel P-EAGLE pass -> K draft ids."""
+    c, w = model.config, ModelWriter(dtype)
+    ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
+    aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])
+    n = w.input("num_pending", TensorProto.INT64, ["batch"])
+    cur = w.input("cur", TensorProto.INT64, ["batch"])
+    slots = w.input("slots", TensorProto.INT64, ["batch"])
+    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
+    w.functions["PEagleDraftInputs"] = draft_inputs_function(k, c.mask_token_id)
+    w.functions["PEagleDraftSample"] = draft_sample_function()
+    embeds, hidden, positions, rows = w.op(
+        "PEagleDraftInputs", ids, _project(w, model, aux), n, cur,
+        w.param("embed_tokens.weight", model.embed_tokens.weight), w.param("h_mask", model.h_mask),
+        domain=DOMAIN, outputs=4, name="PEagleDraftInputs",
+        **plugin_attrs(num_spec_tokens=k, mask_token_id=c.mask_token_id))
+    x = _drafter_layers(w, model, embeds, hidden, positions, slots, past, present)
+    gather = w.op("Expand", w.op("Unsqueeze", rows, w.ints(2)),
+                  w.op("Concat", w.op("Shape", rows), w.ints(c.hidden_size), axis=0))
+    xs = w.op("GatherElements", x, gather, axis=1)  # [B, K, H]
+    logits = w.op("Cast", w.linear(w.norm(xs, model.norm, "norm"), model.lm_head, "lm_head"), to=TensorProto.FLOAT)
+    d2t = w.weight("d2t", model.d2t.cpu().numpy().astype(np.int64))
+    w.op("PEagleDraftSample", logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name="PEagleDraftSample",
+         **plugin_attrs())
+    w.output("draft_ids", TensorProto.INT64, ["batch", k])
+    return w.model("peagle_drafter")
+
+
+def export_drafter_step(model, num_slots: int, max_len: int, dtype: str = "float32") -> onnx.ModelProto:
+    """drafter_step.onnx: generic rows -> draft-vocab logits + pre-norm hidden (sequential EAGLE-3)."""
+    c, w = model.config, ModelWriter(dtype)
+    ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
+    hidden = w.input("hidden", w.float_type, ["batch", "rows", c.hidden_size])
+    positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
+    slots = w.input("slots", TensorProto.INT64, ["batch"])
+    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
+    e = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
+    x = _drafter_layers(w, model, e, hidden, positions, slots, past, present)
+    w.op("Identity", x, outputs=["prenorm"])
+    w.op("Cast", w.linear(w.norm(x, model.norm, "norm"), model.lm_head, "lm_head"), to=TensorProto.FLOAT,
+         outputs=["logits"])
+    w.output("logits", TensorProto.FLOAT, ["batch", "rows", c.draft_vocab_size])
+    w.output("prenorm", w.float_type, ["batch", "rows", c.hidden_size])
+    return w.model("peagle_drafter_step")
+
+
+def export_drafter_fc(model, dtype: str = "float32") -> onnx.ModelProto:
+    """drafter_fc.onnx: target taps -> drafter hidden input."""
+    c, w = model.config, ModelWriter(dtype)
+    aux = w.input("aux", w.float_type, ["batch", "rows", c.num_aux * c.target_hidden_size])
+    w.op("Identity", _project(w, model, aux), outputs=["hidden"])
+    w.output("hidden", w.float_type, ["batch", "rows", c.hidden_size])
+    return w.model("peagle_drafter_fc")

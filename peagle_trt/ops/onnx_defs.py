@@ -1,0 +1,152 @@
+"""The ONNX view of the custom ops: `OpSchema`s in domain `peagle` (registered with onnx so
+`onnx.checker` accepts the nodes) and model-local FunctionProtos whose bodies compute the same
+math as `ops.reference` in standard ONNX ops, so onnxruntime runs an exported file as is.
+
+Each body is specialised for one model (head counts, K, mask token id are constants inside it);
+the node also carries them as attributes for the TensorRT plugin. TensorRT must NOT see the
+functions (its parser would inline them instead of calling the plugin): `strip_functions`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import defs, helper
+
+from peagle_trt.export.builder import Builder
+from peagle_trt.ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
+
+OPSET = 18
+_P = defs.OpSchema.FormalParameter
+_A = defs.OpSchema.Attribute
+_T = defs.OpSchema.AttrType
+_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+
+
+def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
+    plugin = [_A("plugin_version", _T.STRING, "TensorRT plugin version"),
+              _A("plugin_namespace", _T.STRING, "TensorRT plugin namespace")]
+    return defs.OpSchema(
+        name, DOMAIN, 1, doc,
+        inputs=[_P(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
+        type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices")],
+        attributes=[_A(a, kind, d) for a, kind, d in attrs] + plugin)
+
+
+SCHEMAS = [
+    _schema("PEagleKVAttention", "attention of new rows over a per-request KV cache slot, in-place writes",
+            [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("slots", "I"), ("k_cache", "T"),
+             ("v_cache", "T")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
+            [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
+             ("scale", _T.FLOAT, "softmax scale")]),
+    _schema("PEagleDraftInputs", "drafter rows of one parallel pass: pending rows + K-1 mask rows",
+            [("pending_ids", "I"), ("pending_hidden", "T"), ("num_pending", "I"), ("cur", "I"),
+             ("embed_tokens", "T"), ("h_mask", "T")],
+            [("embeds", "T"), ("hidden", "T"), ("positions", "I"), ("sample_rows", "I")],
+            [("num_spec_tokens", _T.INT, "K"), ("mask_token_id", _T.INT, "mask token id")]),
+    _schema("PEagleDraftSample", "greedy argmax over the draft vocabulary, mapped to target ids by d2t",
+            [("logits", "T"), ("d2t", "I")], [("draft_ids", "I")], []),
+]
+
+
+def register_schemas() -> None:
+    for schema in SCHEMAS:
+        if not defs.has(schema.name, DOMAIN):
+            defs.register_schema(schema)
+
+
+def plugin_attrs(**attrs) -> dict:
+    return {**attrs, "plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
+
+
+def _function(name: str, b: Builder, inputs: list[str], outputs: list[str], attrs: list[str]) -> onnx.FunctionProto:
+    return helper.make_function(DOMAIN, name, inputs, outputs, b.nodes,
+                                [helper.make_opsetid("", OPSET)], attributes=attrs + ["plugin_version",
+                                                                                      "plugin_namespace"])
+
+
+def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+                          dtype=np.float32) -> onnx.FunctionProto:
+    """Body of PEagleKVAttention (cache layout [N, KV, T+1, d]; row T is the trash row)."""
+    b = Builder("att_")
+    group = num_heads // num_kv_heads
+    # 1. write K/V at (slot, position); padding rows (position < 0) write the trash row T
+    t1 = b.op("Gather", b.op("Shape", "k_cache"), b.ints(2), axis=0)  # [1] = T+1
+    trash = b.op("Sub", t1, b.ints(1))
+    write = b.op("Where", b.op("GreaterOrEqual", "positions", b.ints(0)), "positions", trash)  # [B,S]
+    slot_bs = b.op("Expand", b.op("Unsqueeze", "slots", b.ints(1)), b.op("Shape", "positions"))
+    index = b.op("Concat", b.op("Unsqueeze", slot_bs, b.ints(2)), b.op("Unsqueeze", write, b.ints(2)), axis=2)
+    rows = b.ints(0, 0, num_kv_heads, head_dim)
+
+    def scatter(cache: str, new: str, out: str) -> None:
+        transposed = b.op("Transpose", cache, perm=[0, 2, 1, 3])  # [N, T+1, KV, d]
+        updated = b.op("ScatterND", transposed, index, b.op("Reshape", new, rows))
+        b.op("Transpose", updated, perm=[0, 2, 1, 3], outputs=[out])
+
+    scatter("k_cache", "k", "k_cache_out")
+    scatter("v_cache", "v", "v_cache_out")
+    # 2. attention of each row over its slot, causal by absolute position, GQA by broadcasting
+    keys = b.op("Unsqueeze", b.op("Gather", "k_cache_out", "slots", axis=0), b.ints(2))  # [B,KV,1,T1,d]
+    values = b.op("Unsqueeze", b.op("Gather", "v_cache_out", "slots", axis=0), b.ints(2))
+    q = b.op("Reshape", "q", b.ints(0, 0, num_kv_heads, group, head_dim))  # [B,S,KV,G,d]
+    q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])),
+                  b.const(np.asarray(scale, dtype=dtype)))  # [B,KV,G,S,T1]
+    key_pos = b.op("Range", b.const(np.int64(0)),
+                   b.op("Squeeze", t1, b.ints(0)), b.const(np.int64(1)))  # [T1]
+    pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
+    visible = b.op("LessOrEqual", key_pos, pos)  # [B,S,T1]
+    first_key = b.op("Equal", key_pos, b.const(np.int64(0)))
+    padding = b.op("Less", pos, b.ints(0))
+    visible = b.op("Or", visible, b.op("And", first_key, padding))  # keep padding rows finite
+    bias = b.op("Where", visible, b.const(np.asarray(0, dtype=dtype)), b.const(np.asarray(-np.inf, dtype=dtype)))
+    scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))
+    out = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)  # [B,KV,G,S,d]
+    out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
+    b.op("Reshape", out, b.ints(0, 0, num_heads * head_dim), outputs=["out"])
+    return _function("PEagleKVAttention", b, ["q", "k", "v", "positions", "slots", "k_cache", "v_cache"],
+                     ["out", "k_cache_out", "v_cache_out"], ["num_heads", "num_kv_heads", "head_dim", "scale"])
+
+
+def draft_inputs_function(num_spec_tokens: int, mask_token_id: int) -> onnx.FunctionProto:
+    """Body of PEagleDraftInputs (see ops.reference.draft_inputs for the row layout)."""
+    b = Builder("din_")
+    k = num_spec_tokens
+    p = b.op("Gather", b.op("Shape", "pending_ids"), b.ints(1), axis=0)  # [1]
+    r = b.op("Add", p, b.ints(k - 1))
+    j = b.op("Range", b.const(np.int64(0)), b.op("Squeeze", r, b.ints(0)), b.const(np.int64(1)))  # [R]
+    n = b.op("Unsqueeze", "num_pending", b.ints(1))  # [B,1]
+    real = b.op("Less", j, n)  # [B,R]
+    mask = b.op("And", b.op("Not", real), b.op("Less", j, b.op("Add", n, b.ints(k - 1))))
+    valid = b.op("Or", real, mask)
+    batch = b.op("Gather", b.op("Shape", "pending_ids"), b.ints(0), axis=0)
+    idx = b.op("Expand", b.op("Min", j, b.op("Sub", p, b.ints(1))), b.op("Concat", batch, r, axis=0))  # [B,R]
+    tokens = b.op("Where", real, b.op("GatherElements", "pending_ids", idx, axis=1), b.ints(mask_token_id))
+    tokens = b.op("Where", valid, tokens, b.ints(0))
+    valid_f = b.op("Unsqueeze", b.op("CastLike", valid, "h_mask"), b.ints(2))  # [B,R,1]
+    b.op("Mul", b.op("Gather", "embed_tokens", tokens, axis=0), valid_f, outputs=["embeds"])
+    hidden_idx = b.op("Expand", b.op("Unsqueeze", idx, b.ints(2)), b.op("Shape", b.op("Mul", valid_f, "h_mask")))
+    gathered = b.op("GatherElements", "pending_hidden", hidden_idx, axis=1)  # [B,R,H]
+    hidden = b.op("Where", b.op("Unsqueeze", real, b.ints(2)), gathered, "h_mask")
+    b.op("Mul", hidden, valid_f, outputs=["hidden"])
+    pos = b.op("Add", b.op("Sub", b.op("Unsqueeze", "cur", b.ints(1)), n), j)
+    b.op("Where", valid, pos, b.ints(-1), outputs=["positions"])
+    b.op("Add", b.op("Sub", n, b.ints(1)), b.ints(*range(k)), outputs=["sample_rows"])
+    return _function("PEagleDraftInputs", b, ["pending_ids", "pending_hidden", "num_pending", "cur",
+                                              "embed_tokens", "h_mask"],
+                     ["embeds", "hidden", "positions", "sample_rows"], ["num_spec_tokens", "mask_token_id"])
+
+
+def draft_sample_function() -> onnx.FunctionProto:
+    b = Builder("dsm_")
+    draft = b.op("ArgMax", "logits", axis=-1, keepdims=0)  # [B,K]
+    b.op("Add", draft, b.op("Gather", "d2t", draft, axis=0), outputs=["draft_ids"])
+    return _function("PEagleDraftSample", b, ["logits", "d2t"], ["draft_ids"], [])
+
+
+def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The TensorRT copy: same graph, no model-local functions (plugins resolve by op_type)."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    del copy.functions[:]
+    return copy
