@@ -107,15 +107,40 @@ def _generate_from_repo(args: argparse.Namespace, params: SamplingParams) -> dic
             "generate_s": round(time.perf_counter() - t1, 3)}
 
 
+def resolve_backend(name: str) -> str:
+    """`auto`: TensorRT where it is installed, else onnxruntime (said on stderr, never silently)."""
+    if name != "auto":
+        return name
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        return "tensorrt"
+    print("[build] TensorRT is not installed here: using the onnxruntime backend (pass --backend "
+          "tensorrt inside an NGC TensorRT container)", file=sys.stderr)
+    return "onnxruntime"
+
+
+def cmd_export(args: argparse.Namespace) -> dict:
+    from peagle_trt.export import ExportSpec, export_pair
+
+    spec = resolve_spec(args)
+    t0 = time.perf_counter()
+    manifest = export_pair(args.target, args.drafter, args.output,
+                           ExportSpec(spec, args.max_batch, args.max_seq_len, args.dtype))
+    return {"output": str(args.output), "graphs": manifest["graphs"], "export_s": manifest["export_s"],
+            "total_s": round(time.perf_counter() - t0, 3)}
+
+
 def cmd_build(args: argparse.Namespace) -> dict:
     from peagle_trt.package import RepoSpec, build_repository
 
     spec = resolve_spec(args)
-    repo = RepoSpec(spec, args.model_name, args.backend, args.max_batch, args.max_seq_len,
+    backend = resolve_backend(args.backend)
+    repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype)
     t0 = time.perf_counter()
     manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force)
-    return {"repository": str(args.output), "model": args.model_name, "spec_mode": spec.mode,
+    return {"repository": str(args.output), "model": args.model_name, "backend": backend, "spec_mode": spec.mode,
             "num_spec_tokens": spec.num_spec_tokens, "files": len(manifest["files"]),
             "build_s": round(time.perf_counter() - t0, 3)}
 
@@ -164,9 +189,10 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     note(f"wrote small seeded checkpoints to {args.workdir / 'models'} (random weights: expect low acceptance)")
     spec = SpecConfig("peagle", args.num_spec_tokens)
     repo = args.workdir / "repo"
-    build_repository(paths["llama"], paths["aws"], repo, RepoSpec(spec, max_batch=4, max_seq_len=1024),
-                     force=True)
-    note(f"built the Triton model repository {repo}")
+    backend = resolve_backend("auto")
+    build_repository(paths["llama"], paths["aws"], repo,
+                     RepoSpec(spec, backend=backend, max_batch=4, max_seq_len=1024), force=True)
+    note(f"built the Triton model repository {repo} (backend {backend})")
     serve = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port())
     note("starting tritonserver (loopback only) ...")
     with TritonServer(serve) as server:
@@ -176,7 +202,8 @@ def cmd_demo(args: argparse.Namespace) -> dict:
                                  on_text=_print_piece, chat_template=True)
         print(flush=True)
         note("shutting the server down")
-    return {**result, "repository": str(repo), "spec_mode": spec.mode, "num_spec_tokens": spec.num_spec_tokens}
+    return {**result, "repository": str(repo), "backend": backend, "spec_mode": spec.mode,
+            "num_spec_tokens": spec.num_spec_tokens}
 
 
 def _spec_flags(p: argparse.ArgumentParser) -> None:
@@ -220,7 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
     b.add_argument("--output", required=True, type=Path, help="repository directory to create")
     _spec_flags(b)
-    b.add_argument("--backend", default="torch", help="executor: torch (default)")
+    b.add_argument("--backend", default="auto", choices=["auto", "tensorrt", "onnxruntime", "torch"],
+                   help="executor of the served model; auto = tensorrt where installed, else onnxruntime")
     b.add_argument("--model-name", default="peagle", help="Triton model name (default peagle)")
     b.add_argument("--max-batch", type=int, default=8, help="concurrent requests / KV slots (default 8)")
     b.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
@@ -229,6 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     b.add_argument("--force", action="store_true", help="replace an existing repository")
     b.set_defaults(func=cmd_build)
+
+    e = sub.add_parser("export", help="write the ONNX graphs with peagle plugin nodes (+ TensorRT copies)")
+    e.add_argument("--target", required=True, type=Path, help="Hugging Face (or FP8) target directory")
+    e.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
+    e.add_argument("--output", required=True, type=Path, help="export directory to create")
+    _spec_flags(e)
+    e.add_argument("--max-batch", type=int, default=8, help="KV slots (default 8)")
+    e.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    e.set_defaults(func=cmd_export)
 
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")

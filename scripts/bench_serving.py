@@ -12,7 +12,8 @@ Each path is driven as a closed loop at concurrency C (C requests in flight; whe
 next prompt is submitted), for C = 1 and 8. Reported per path and C: wall time of the whole set,
 output tokens/s (all output tokens / wall), mean TTFT (submit -> first streamed non-empty text,
 the same definition on both paths; in-process the time to the first token ids is also given) and
-mean request latency; then the Triton/in-process ratios of wall time and TTFT. Target: Triton at
+mean request latency; then the Triton/in-process ratios of wall time (ratio of the medians; the
+per-round ratios are printed too) and of TTFT. Target: Triton at
 most 10% slower (wall-time ratio <= 1.10). The script also checks that both paths produced the
 same token ids for every prompt (greedy decoding is deterministic).
 
@@ -25,6 +26,10 @@ max_seq_len 512, float32 on CPU. CAUTION: with such tiny models a decode step co
 milliseconds on CPU, so fixed per-request and per-response costs (connection setup, tokenization,
 response tensors, IPC) weigh far more than they would next to a real model on a GPU; the ratios
 here are an upper bound of the serving overhead, not a prediction for production.
+Torch threads: both paths run with ONE intra-op thread by default (--torch-threads 1; the server
+gets OMP_NUM_THREADS=1, checked in its processes' environment and reported). On this 2-core VM
+torch's default (2 threads) made the tiny-model engine about 1.2-2.5x slower and its run-to-run
+times vary 2x (OpenMP overhead on tiny ops), which swamped the effect being measured.
 Also note tritonserver, its Python-backend stub and the benchmark's client threads share the
 same CPU cores as the model in the Triton path, while in-process only the engine thread runs.
 
@@ -186,6 +191,38 @@ def cpu_sample() -> tuple[float, float] | None:
     return sum(ticks) / hz, (sum(ticks) - ticks[3] - ticks[4]) / hz
 
 
+def descendants(root: int) -> list[int]:
+    parent = {}
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                parent[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += [c for c, p in parent.items() if p == pid]
+    return out
+
+
+def server_threads_env(root: int) -> dict[str, str | None]:
+    """OMP_NUM_THREADS as seen by each process of the server tree (checks that it was inherited)."""
+    out = {}
+    for pid in descendants(root):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(v.split(b"=", 1) for v in f.read().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        value = env.get(b"OMP_NUM_THREADS")
+        out[name] = value.decode() if value is not None else None
+    return out
+
+
 def tree_cpu(root: int) -> float:
     """CPU seconds (user + system) of process `root` and its live descendants, from /proc."""
     hz = os.sysconf("SC_CLK_TCK")
@@ -264,7 +301,13 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per path and concurrency")
     ap.add_argument("--workdir", type=Path, default=None, help="keep models/repository here (default: temp)")
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch intra-op threads on BOTH paths (OMP_NUM_THREADS for the server); "
+                         "0 keeps torch's default (one per core)")
     args = ap.parse_args()
+    if args.torch_threads > 0:  # before the server starts: its Python-backend stub inherits it
+        os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
+        torch.set_num_threads(args.torch_threads)
     concs = [int(c) for c in args.concurrency.split(",")]
     bg = background_cpu()
 
@@ -289,6 +332,7 @@ def main() -> None:
         with TritonServer(spec) as server:
             setup_s = time.perf_counter() - t_setup
             print(f"  server ready after {setup_s:.1f} s of setup", file=sys.stderr, flush=True)
+            server_env = server_threads_env(server.proc.pid)
             # warm-up (untimed): first forwards, first gRPC connection, lazy imports
             run_inprocess(engine, prompts[:2], params, 2, "warmup")
             run_triton(server.grpc_url, prompts[:2], params, 2)
@@ -342,14 +386,17 @@ def main() -> None:
                         mismatches.append({"path": path, "concurrency": conc, "round": rnd, "prompt": i})
         ratio = per_path["triton"]["wall_s"] / per_path["inproc"]["wall_s"]
         per_path["triton"]["wall_ratio_vs_inproc"] = round(ratio, 3)
+        paired = [t[0] / i[0] for t, i in zip(results[("triton", conc)], results[("inproc", conc)])]
+        per_path["triton"]["paired_wall_ratios"] = [round(x, 3) for x in paired]  # same round
+        per_path["triton"]["median_paired_wall_ratio"] = round(statistics.median(paired), 3)
         per_path["triton"]["ttft_ratio_vs_inproc"] = round(
             per_path["triton"]["mean_ttft_ms"] / per_path["inproc"]["mean_ttft_ms"], 3)
         per_path["triton"]["target_met"] = ratio <= TARGET_RATIO
         rows += [per_path["inproc"], per_path["triton"]]
 
     print(f"Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
-          f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU; "
-          f"median wall of {args.repeats} rounds")
+          f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
+          f"torch threads {torch.get_num_threads()}; median wall of {args.repeats} rounds")
     head = (f"{'path':<8}{'conc':>5}{'wall s':>9}{'tok/s':>9}{'TTFT ms':>9}{'latency ms':>12}"
             f"{'wall ratio':>12}{'TTFT ratio':>12}{'CPU s proc':>12}{'CPU s srv':>11}{'other CPU':>11}")
     print(head)
@@ -368,7 +415,8 @@ def main() -> None:
     for r in rows:
         if r["path"] == "triton":
             print(f"target Triton wall <= {TARGET_RATIO:.2f}x in-process at C={r['concurrency']}: "
-                  f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_inproc']:.3f}x)")
+                  f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_inproc']:.3f}x; per-round "
+                  f"ratios {r['paired_wall_ratios']}, median {r['median_paired_wall_ratio']:.3f}x)")
     print(f"token ids identical across paths, concurrency levels and rounds: "
           f"{'YES' if identical else 'NO (' + str(len(mismatches)) + ' mismatching request(s))'}")
 
@@ -376,6 +424,7 @@ def main() -> None:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_model(),
            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+           "server_omp_num_threads": server_env,
            "background_cpu_share_before": bg, "prompts": len(prompts), "max_tokens": args.max_tokens,
            "spec": {"mode": "peagle", "k": 3}, "max_batch": 8, "max_seq_len": 512,
            "repeats": args.repeats, "target_wall_ratio": TARGET_RATIO, "target_met": all_met,

@@ -71,8 +71,9 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
         for name, make in graphs.items():
             t0 = time.perf_counter()
             model = make()
+            trt_copy = strip_functions(model)  # before saving: saving moves tensor data out of the proto
             save(model, tmp / f"{name}.onnx")
-            save(strip_functions(model), tmp / "trt" / f"{name}.onnx")
+            save(trt_copy, tmp / "trt" / f"{name}.onnx")
             timings[name] = round(time.perf_counter() - t0, 3)
         manifest = write_manifest(tmp, {"export": {**asdict(spec), "spec": asdict(spec.spec), "max_len": spec.max_len},
                                         "graphs": sorted(graphs), "export_s": timings, **(info or {})})

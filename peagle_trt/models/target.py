@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from peagle_trt.checkpoint.arch import TargetConfig
+from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import DecoderLayer, RMSNorm
 from peagle_trt.models.rope import rope_cos_sin
@@ -61,6 +62,8 @@ class TargetModel(nn.Module):
                      device="cpu", dtype=torch.float32, name: str = "target") -> "TargetModel":
         with torch.device("meta"):
             model = cls(config, taps)
+        # FP8 checkpoints (`peagle-trt quantize`): FP8 linears become FP8Linear; no-op otherwise
+        fp8_swap(model, tensors, name)
         load_strict(model, tensors, name)
         inv_freq, _ = config.rope.inv_freq(config.head_dim)
         model.inv_freq = inv_freq

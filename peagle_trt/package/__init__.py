@@ -1,6 +1,10 @@
 """Stage package: render a ready Triton model repository from `model_repo/` templates.
 
-    peagle-trt build --target DIR --drafter DIR --output REPO [--num-spec-tokens K] [--backend torch]
+    peagle-trt build --target DIR --drafter DIR --output REPO [--num-spec-tokens K]
+                     [--backend onnxruntime|torch]
+
+Backends: `torch` copies the checkpoints and serves them with the reference torch executor;
+`onnxruntime` exports the ONNX graphs (docs/EXPORT.md) and serves them with onnxruntime.
 
 The repository is written into a temporary sibling directory and renamed into place at the end,
 so a failed build (bad drafter, unwritable output, interrupted copy) leaves nothing behind.
@@ -23,7 +27,7 @@ from peagle_trt.errors import BuildError
 from peagle_trt.manifest import write_manifest
 
 log = logging.getLogger(__name__)
-BACKENDS = ("torch",)
+BACKENDS = ("torch", "onnxruntime")
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json",
                     "merges.txt")
@@ -55,11 +59,33 @@ def templates_dir() -> Path:
     return here
 
 
-def _copy_checkpoint(src: Path, dst: Path) -> None:
+def _copy_checkpoint(src: Path, dst: Path, weights: bool = True) -> None:
     dst.mkdir(parents=True)
     for p in sorted(src.iterdir()):
-        if p.name in CHECKPOINT_FILES or p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json"):
+        is_weight = p.suffix == ".safetensors" or p.name.endswith(".safetensors.index.json")
+        if p.name in CHECKPOINT_FILES or p.name == "hf_quant_config.json" or (weights and is_weight):
             shutil.copy2(p, dst / p.name)
+
+
+def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path, repo: "RepoSpec") -> dict:
+    """Copy or generate the backend's artifacts under version/artifacts; returns config paths."""
+    artifacts = version / "artifacts"
+    if repo.backend == "torch":
+        log.info("copying target checkpoint %s", target)
+        _copy_checkpoint(Path(target), artifacts / "target")
+        if pair.drafter is not None:
+            log.info("copying drafter checkpoint %s", drafter)
+            _copy_checkpoint(Path(drafter), artifacts / "drafter")
+        return {"target_path": "artifacts/target",
+                "drafter_path": "artifacts/drafter" if pair.drafter is not None else "", "onnx_path": ""}
+    from peagle_trt.export import ExportSpec, export_models
+
+    _copy_checkpoint(Path(target), artifacts / "tokenizer", weights=False)
+    target_model, drafter_model = pair.build()
+    log.info("exporting ONNX graphs")
+    export_models(target_model, drafter_model, artifacts / "onnx",
+                  ExportSpec(repo.spec, repo.max_batch, repo.max_seq_len, "float32"))
+    return {"target_path": "artifacts/tokenizer", "drafter_path": "", "onnx_path": "artifacts/onnx"}
 
 
 def build_repository(target: Path, drafter: Path | None, output: Path, repo: RepoSpec,
@@ -82,15 +108,9 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
         version = model_dir / "1"
         version.mkdir(parents=True)
         shutil.copy2(templates / "peagle" / "1" / "model.py", version / "model.py")
-        log.info("copying target checkpoint %s", target)
-        _copy_checkpoint(Path(target), version / "artifacts" / "target")
-        if pair.drafter is not None:
-            log.info("copying drafter checkpoint %s", drafter)
-            _copy_checkpoint(Path(drafter), version / "artifacts" / "drafter")
+        paths = _write_artifacts(pair, target, drafter, version, repo)
         values = {**asdict(repo), "spec_mode": repo.spec.mode, "num_spec_tokens": repo.spec.num_spec_tokens,
-                  "instance_kind": "GPU" if repo.device.startswith("cuda") else "CPU",
-                  "target_path": "artifacts/target",
-                  "drafter_path": "artifacts/drafter" if pair.drafter is not None else ""}
+                  "instance_kind": "GPU" if repo.device.startswith("cuda") else "CPU", **paths}
         config = string.Template((templates / "peagle" / "config.pbtxt.tmpl").read_text()).substitute(values)
         (model_dir / "config.pbtxt").write_text(config)
         manifest = write_manifest(model_dir, {

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 from peagle_trt.checkpoint import load_pair
+from peagle_trt.checkpoint.target import load_target_config
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
@@ -38,6 +39,25 @@ class Event:
     stats: dict | None = None  # on the final event
 
 
+def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int, max_len: int):
+    """The executor a model directory's `backend` parameter asks for."""
+    backend = params.get("backend", "torch")
+    if backend == "torch":
+        drafter = version / params["drafter_path"] if params.get("drafter_path") else None
+        pair = load_pair(version / params["target_path"], drafter, spec)
+        target, drafter_model = pair.build(params.get("device", "cpu"), DTYPES[params.get("dtype", "float32")])
+        return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len)
+    if backend == "onnxruntime":
+        from peagle_trt.runtime.ort_executor import OrtExecutor
+
+        executor = OrtExecutor(version / params["onnx_path"], verify=False)  # the repo manifest covers it
+        if (executor.num_slots, executor.max_len) != (num_slots, max_len):
+            raise ConfigError(f"{version}: the ONNX export was made for {executor.num_slots} slots x "
+                              f"{executor.max_len} positions, config.pbtxt asks {num_slots} x {max_len}; rebuild")
+        return executor
+    raise ConfigError(f"backend {backend!r} is not supported by this build (torch | onnxruntime)")
+
+
 class ServingEngine:
     def __init__(self, codec: TextCodec, scheduler: Scheduler, params: dict):
         self.codec, self.scheduler, self.params = codec, scheduler, params
@@ -54,14 +74,10 @@ class ServingEngine:
             verify_manifest(model_dir)
         version = model_dir / "1"
         spec = SpecConfig(params["spec_mode"], int(params["num_spec_tokens"]))
-        drafter = version / params["drafter_path"] if params.get("drafter_path") else None
-        pair = load_pair(version / params["target_path"], drafter, spec)
-        device, dtype = params.get("device", "cpu"), DTYPES[params.get("dtype", "float32")]
-        target, drafter_model = pair.build(device, dtype)
         max_batch, max_seq_len = int(params["max_batch"]), int(params["max_seq_len"])
-        executor = TorchExecutor(target, drafter_model, num_slots=max_batch, max_len=max_seq_len + spec.k + 1)
+        executor = make_executor(params, version, spec, max_batch, max_seq_len + spec.k + 1)
         codec = TextCodec(version / params["target_path"])
-        eos = tuple(sorted(set(codec.eos_ids) | set(pair.target.config.eos_token_ids)))
+        eos = tuple(sorted(set(codec.eos_ids) | set(load_target_config(version / params["target_path"]).eos_token_ids)))
         decoder = SpecDecoder(executor, spec, eos)
         scheduler = Scheduler(decoder, max_batch, int(params.get("prefill_chunk", 256)))
         return cls(codec, scheduler, params)

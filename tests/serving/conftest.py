@@ -1,5 +1,6 @@
-"""A real tritonserver (bundled in nvidia-pytriton), loopback only, serving three models built from
-the tiny checkpoints: `peagle` (P-EAGLE, K=3), `peagle_eagle3` (sequential, K=3), `peagle_none`."""
+"""A real tritonserver (bundled in nvidia-pytriton), loopback only, serving models built from the
+tiny checkpoints: `peagle` (P-EAGLE, K=3), `peagle_eagle3` (sequential, K=3), `peagle_none` on the
+torch backend, and `peagle_ort` (P-EAGLE, K=3) on the onnxruntime backend."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from peagle_trt.package import RepoSpec, build_repository
 
 MODELS = {"peagle": SpecConfig("peagle", 3), "peagle_eagle3": SpecConfig("eagle3", 3),
           "peagle_none": SpecConfig("none", 1)}
+BACKENDS = {"peagle_ort": "onnxruntime"}  # the others: torch
 MAX_BATCH, MAX_SEQ_LEN = 8, 256
 
 
@@ -25,11 +27,11 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def repo(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("repo")
-    for name, spec in MODELS.items():
+    for name, spec in {**MODELS, "peagle_ort": SpecConfig("peagle", 3)}.items():
         out = root / f"build-{name}"
         build_repository(tiny["llama"], tiny["aws"], out,
-                         RepoSpec(spec, model_name=name, max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN,
-                                  prefill_chunk=32))
+                         RepoSpec(spec, model_name=name, backend=BACKENDS.get(name, "torch"), max_batch=MAX_BATCH,
+                                  max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
         shutil.move(str(out / name), str(root / "models" / name) if (root / "models").exists()
                     else _mkdir(root / "models") / name)
     return root / "models"

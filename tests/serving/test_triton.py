@@ -206,3 +206,13 @@ def _tensor_api_errors(server):
     extra.set_data_from_numpy(np.array([1], dtype=np.int32))
     assert "unexpected inference input 'no_such_input'" in send([text([b"hi"]), extra])
     assert "not valid UTF-8" in send([text([b"\xff\xfe bad"])])
+
+
+def test_onnxruntime_backend_streams_the_torch_backends_tokens(server, offline):
+    """build --backend onnxruntime -> serve -> a streamed request gives the torch backend's tokens."""
+    for prompt in PROMPTS:
+        params = SamplingParams(max_tokens=24, ignore_eos=True)
+        ort = stream_generate(server.grpc_url, prompt, params, model="peagle_ort")
+        torch_backend = stream_generate(server.grpc_url, prompt, params, model="peagle")
+        assert ort["token_ids"] == torch_backend["token_ids"] == offline(prompt, 24)
+        assert ort["drafter_forwards"] == ort["steps"]

@@ -26,6 +26,21 @@ def token_ids(value) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
+def quantization(cfg: dict, where: str) -> str | None:
+    """config.json `quantization_config` -> None or "fp8" (ModelOpt FP8, as `peagle-trt quantize`
+    writes it; the weights load through peagle_trt/models/fp8.py)."""
+    q = cfg.get("quantization_config")
+    if q is None:
+        return None
+    method = q.get("quant_method") if isinstance(q, dict) else None
+    algo = q.get("quant_algo") if isinstance(q, dict) else None
+    if method == "modelopt" and str(algo).upper() == "FP8":
+        return "fp8"
+    raise ConfigError(f"{where}: quantization_config (quant_method={method!r}, quant_algo={algo!r}) is "
+                      "not supported; supported: ModelOpt per-tensor FP8 as written by `peagle-trt "
+                      "quantize`. Start from the unquantized checkpoint and run `peagle-trt quantize`")
+
+
 @dataclass(frozen=True)
 class TargetConfig:
     arch: str  # adapter name
@@ -44,6 +59,7 @@ class TargetConfig:
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    quantization: str | None = None  # None (unquantized) or "fp8" (ModelOpt per-tensor FP8)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -88,6 +104,7 @@ class TargetAdapter:
             qk_norm=self.qk_norm,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=token_ids(cfg.get("eos_token_id")),
+            quantization=quantization(cfg, where),
             **self.extra_fields(cfg, where),
         )
 

@@ -1,0 +1,163 @@
+"""FP8 (E4M3) linear layers for checkpoints quantized by ModelOpt (`peagle-trt quantize`).
+
+A ModelOpt FP8 checkpoint (per-tensor, static scales) stores, for every quantized `nn.Linear` X:
+
+    X.weight        float8_e4m3fn [out, in]   = W / weight_scale, rounded to E4M3
+    X.weight_scale  float32 scalar            = amax(W) / 448
+    X.input_scale   float32 scalar            = calibrated amax(x) / 448
+    X.k_scale / X.v_scale (k_proj / v_proj, FP8 KV cache only): scale of the cached K / V
+
+`FP8Linear` computes what ModelOpt's fake quantization computes, written the way ONNX
+QuantizeLinear / DequantizeLinear define it (docs/EXPORT.md, "FP8"):
+
+    x_q = fp8(clamp(x / input_scale, -448, 448)) * input_scale
+    y   = x_q @ (float(weight) * weight_scale)^T (+ bias)
+
+`fp8_swap(model, tensors)` replaces the `nn.Linear` modules whose checkpoint weight is FP8 by
+`FP8Linear` modules (meta device included), so `load_strict` then checks the weights and the
+scales by name and shape like any other parameter. The FP8 weight and its fp32 scales keep
+their dtypes when the model is cast (`.to(dtype)`); only the bias follows the model dtype.
+
+The KV-cache scales are kept (`FP8Linear.kv_scale`) for the exporters but are NOT applied by the
+reference attention: the reference KV cache stays in the model dtype.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peagle_trt.errors import CheckpointError
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = 448.0  # largest finite E4M3 value
+KV_SCALE_NAMES = ("k_scale", "v_scale")
+
+
+def is_fp8(tensor: torch.Tensor) -> bool:
+    """True for any 8-bit float dtype (E4M3, E5M2, their fnuz variants, E8M0)."""
+    return tensor.is_floating_point() and tensor.element_size() == 1
+
+
+def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Quantize to E4M3 with a per-tensor scale and dequantize again (in float32; result in x.dtype)."""
+    q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return (q.float() * scale).to(x.dtype)
+
+
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class FP8Linear(nn.Module):
+    """y = fakequant(x) @ dequant(weight)^T + bias, with ModelOpt's per-tensor FP8 scales.
+
+    Attributes (read by the ONNX exporter): `weight` float8_e4m3fn [out, in], `weight_scale` and
+    `input_scale` float32 scalars, `kv_scale` (float32 scalar or None, k_proj / v_proj of an FP8
+    KV cache), `bias` (model dtype or None)."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False,
+                 kv_scale_name: str | None = None, scale_shapes: dict | None = None):
+        # scale_shapes: stored shape of each scale, () or (1,) (default ()); load_strict checks it
+        super().__init__()
+        shapes = scale_shapes or {}
+        self.in_features, self.out_features = in_features, out_features
+        self.weight = _frozen(torch.empty(out_features, in_features, dtype=FP8_DTYPE))
+        self.weight_scale = _frozen(torch.empty(shapes.get("weight_scale", ()), dtype=torch.float32))
+        self.input_scale = _frozen(torch.empty(shapes.get("input_scale", ()), dtype=torch.float32))
+        self.bias = _frozen(torch.empty(out_features)) if bias else None
+        self.kv_scale_name = kv_scale_name
+        if kv_scale_name is not None:  # registered under the checkpoint's name (k_scale / v_scale)
+            setattr(self, kv_scale_name,
+                    _frozen(torch.empty(shapes.get(kv_scale_name, ()), dtype=torch.float32)))
+
+    @property
+    def kv_scale(self) -> torch.Tensor | None:
+        return getattr(self, self.kv_scale_name) if self.kv_scale_name else None
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """float32 [out, in] = weight * weight_scale (what ModelOpt's fake-quant weight holds)."""
+        return self.weight.float() * self.weight_scale.float()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = fake_quant_fp8(x, self.input_scale)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
+
+    def _apply(self, fn, recurse: bool = True):
+        # Module.to(dtype) / .half() would cast every floating tensor, FP8 weight and fp32 scales
+        # included (fp32 -> bf16 loses scale precision). Here only the bias goes through `fn`;
+        # the others follow `fn`'s device, read off a probe tensor.
+        device = fn(torch.empty(0, device=self.weight.device)).device
+        for name, p in list(self._parameters.items()):
+            if p is not None:
+                self._parameters[name] = _frozen(fn(p) if name == "bias" else p.to(device))
+        return self
+
+    def extra_repr(self) -> str:
+        kv = f", {self.kv_scale_name}" if self.kv_scale_name else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, fp8_e4m3{kv}")
+
+
+def fp8_swap(model: nn.Module, tensors: dict, what: str = "checkpoint") -> list[str]:
+    """Replace each `nn.Linear` of `model` whose `tensors[f"{name}.weight"]` is FP8 by an
+    `FP8Linear` on the same device (meta included); the weights are loaded afterwards (e.g. by
+    `load_strict`). Returns the swapped module names ([] for an unquantized checkpoint: no-op).
+
+    Raises CheckpointError for FP8 layouts other than ModelOpt's per-tensor E4M3 (block-scaled
+    `weight_scale_inv` checkpoints, per-channel scales, E5M2) and for FP8 tensors that are not
+    the weight of a linear layer."""
+    block = sorted(k for k in tensors if k.endswith(".weight_scale_inv"))
+    if block:
+        raise CheckpointError(
+            f"{what}: block-scaled FP8 weights ({block[0]!r}, ...) are not supported; quantize the "
+            "unquantized model with `peagle-trt quantize` (ModelOpt per-tensor FP8) instead")
+    fp8_names = {k for k, t in tensors.items() if is_fp8(t)}
+    if not fp8_names:
+        return []
+    swapped = []
+    for name, module in list(model.named_modules()):
+        key = f"{name}.weight"
+        if type(module) is not nn.Linear or key not in fp8_names:
+            continue
+        weight = tensors[key]
+        if weight.dtype != FP8_DTYPE:
+            raise CheckpointError(f"{what}: {key!r} is {weight.dtype}; only float8_e4m3fn weights "
+                                  "(ModelOpt FP8) are supported")
+        shapes = {}
+        for scale in ("weight_scale", "input_scale", *KV_SCALE_NAMES):
+            s = tensors.get(f"{name}.{scale}")
+            if s is None:
+                if scale in KV_SCALE_NAMES:
+                    continue
+                raise CheckpointError(f"{what}: FP8 weight {key!r} has no {f'{name}.{scale}'!r}; "
+                                      "the checkpoint is incomplete (re-run `peagle-trt quantize`)")
+            if s.numel() != 1:
+                raise CheckpointError(
+                    f"{what}: {f'{name}.{scale}'!r} has shape {tuple(s.shape)}; only per-tensor "
+                    "(scalar) FP8 scales are supported (ModelOpt FP8_DEFAULT_CFG)")
+            if not bool(torch.isfinite(s.float()).all()) or float(s) <= 0:
+                raise CheckpointError(f"{what}: {f'{name}.{scale}'!r} = {float(s)} is not a positive "
+                                      "finite scale; the checkpoint is corrupt (re-run the quantization)")
+            shapes[scale] = tuple(s.shape)
+        kv = [s for s in KV_SCALE_NAMES if f"{name}.{s}" in tensors]
+        if len(kv) > 1:
+            raise CheckpointError(f"{what}: {name!r} carries both k_scale and v_scale")
+        with torch.device(module.weight.device):
+            new = FP8Linear(module.in_features, module.out_features, module.bias is not None,
+                            kv[0] if kv else None, shapes)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+        swapped.append(name)
+        fp8_names.discard(key)
+    if fp8_names:
+        raise CheckpointError(f"{what}: {sorted(fp8_names)[:3]} are FP8 but are not the weight of a "
+                              "linear layer; only linear layers can be FP8 (embeddings, norms and "
+                              "lm_head stay unquantized)")
+    return swapped
+
+
+def fp8_layers(model: nn.Module) -> dict[str, FP8Linear]:
+    """The FP8 layers of a model, by module name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, FP8Linear)}

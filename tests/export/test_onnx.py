@@ -1,0 +1,117 @@
+"""The exported graphs: plugin nodes with their attributes, valid schemas, TensorRT copies without
+local functions; the onnxruntime executor equals the torch reference (logits, taps, drafts, and
+whole greedy generations in every spec mode)."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+import torch
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.export import ExportSpec, export_models
+from peagle_trt.ops import DOMAIN, OP_TYPES
+from peagle_trt.ops.onnx_defs import register_schemas
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.runtime.ort_executor import OrtExecutor
+from peagle_trt.spec.decoder import SpecDecoder
+from peagle_trt.spec.generate import generate
+
+K, SLOTS, SEQ = 3, 3, 120
+
+
+@pytest.fixture(scope="module")
+def exported(tiny, tmp_path_factory):
+    """(torch models, export dir) per (family, mode)."""
+    cache = {}
+
+    def get(family: str, mode: str):
+        key = (family, mode)
+        if key not in cache:
+            drafter = {"llama": "aws", "qwen3": "speculators"}[family]
+            spec = SpecConfig(mode, K)
+            pair = load_pair(tiny[family], tiny[drafter], spec)
+            target, draft = pair.build()
+            out = tmp_path_factory.mktemp("export") / f"{family}-{mode}"
+            export_models(target, draft, out, ExportSpec(spec, SLOTS, SEQ))
+            cache[key] = (target, draft, out, spec)
+        return cache[key]
+
+    return get
+
+
+def test_graphs_hold_plugin_nodes_and_pass_the_full_checker(exported):
+    register_schemas()
+    _, _, out, _ = exported("llama", "peagle")
+    expected = {"target.onnx": {"PEagleKVAttention": 8}, "drafter.onnx": {
+        "PEagleKVAttention": 2, "PEagleDraftInputs": 1, "PEagleDraftSample": 1},
+        "drafter_step.onnx": {"PEagleKVAttention": 2}}
+    for name, counts in expected.items():
+        onnx.checker.check_model(str(out / name), full_check=True)
+        model = onnx.load(str(out / name))
+        nodes = [n for n in model.graph.node if n.domain == DOMAIN]
+        assert {t: sum(n.op_type == t for n in nodes) for t in counts} == counts
+        for node in nodes:
+            attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+            assert attrs["plugin_version"] == b"1" and attrs["plugin_namespace"] == b""
+            if node.op_type == "PEagleKVAttention":
+                assert (attrs["num_heads"], attrs["num_kv_heads"]) == ((4, 2) if name == "target.onnx" else (4, 2))
+                assert attrs["head_dim"] in (32, 16) and attrs["scale"] == pytest.approx(attrs["head_dim"] ** -0.5)
+            if node.op_type == "PEagleDraftInputs":
+                assert attrs["num_spec_tokens"] == K and attrs["mask_token_id"] == 3
+        assert {f.name for f in model.functions} == set(counts)  # reference bodies for onnxruntime
+        trt = onnx.load(str(out / "trt" / name))
+        assert len(trt.functions) == 0  # TensorRT resolves the plugins by op_type
+        assert sum(n.domain == DOMAIN for n in trt.graph.node) == sum(counts.values())
+    assert all(t in OP_TYPES for t in ("PEagleKVAttention", "PEagleDraftInputs", "PEagleDraftSample"))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_ort_target_matches_torch_for_prefill_decode_and_verify(exported, family):
+    target, _, out, _ = exported(family, "peagle")
+    torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
+    slots = torch.tensor([2, 0])
+    steps = [(torch.randint(0, 500, (2, 13)), torch.tensor([list(range(13)), list(range(9)) + [-1] * 4])),  # prefill
+             (torch.randint(0, 500, (2, 1)), torch.tensor([[13], [9]])),  # decode
+             (torch.randint(0, 500, (2, K + 1)), torch.tensor([list(range(14, 18)), list(range(10, 14))]))]  # verify
+    for tokens, positions in steps:
+        a_logits, a_aux = torch_ex.target(tokens, positions, slots)
+        b_logits, b_aux = ort_ex.target(tokens, positions, slots)
+        valid = positions >= 0
+        torch.testing.assert_close(b_logits[valid], a_logits[valid], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b_aux[valid], a_aux[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_ort_parallel_drafts_equal_torch(exported):
+    target, drafter, out, _ = exported("llama", "peagle")
+    torch_ex = TorchExecutor(target, drafter, SLOTS, SEQ + K + 1)
+    ort_ex = OrtExecutor(out)
+    pending = torch.randint(0, 500, (2, 6))
+    aux = torch.randn(2, 6, 192)
+    n, cur, slots = torch.tensor([6, 2]), torch.tensor([30, 11]), torch.tensor([1, 2])
+    for _ in range(2):  # twice: the second pass reads the KV written by the first
+        a = torch_ex.draft_parallel(pending, aux, n, cur, slots, K)
+        b = ort_ex.draft_parallel(pending, aux, n, cur, slots, K)
+        assert a.tolist() == b.tolist()
+        cur = cur + 2
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+@pytest.mark.parametrize("mode", ["none", "eagle3", "peagle"])
+def test_greedy_generation_identical_across_torch_and_onnxruntime(exported, family, mode):
+    target, drafter, out, spec = exported(family, mode)
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    for prompt in ([5], list(range(7, 30)), list(range(100, 160))):
+        ref = generate(SpecDecoder(TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), spec), prompt, params)
+        got = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
+        assert got.output == ref.output
+        assert got.stats.drafter_forwards == ref.stats.drafter_forwards
+
+
+def test_export_refuses_to_overwrite(exported):
+    from peagle_trt.errors import BuildError
+
+    target, drafter, out, spec = exported("llama", "peagle")
+    with pytest.raises(BuildError, match="already exists"):
+        export_models(target, drafter, out, ExportSpec(spec, SLOTS, SEQ))
