@@ -137,7 +137,8 @@ def cmd_build(args: argparse.Namespace) -> dict:
     spec = resolve_spec(args)
     backend = resolve_backend(args.backend)
     repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
-                    args.prefill_chunk, args.device, args.dtype)
+                    args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
+                    str(args.plugin_library) if args.plugin_library else None)
     t0 = time.perf_counter()
     manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force)
     return {"repository": str(args.output), "model": args.model_name, "backend": backend, "spec_mode": spec.mode,
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
     b.add_argument("--device", default="cpu", help="torch device of the served model (default cpu)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--gpu-arch", default="sm_90", choices=["sm_90", "sm_100"],
+                   help="tensorrt backend: sm_90 (H100/H200) or sm_100 (B200); build on that GPU")
+    b.add_argument("--plugin-library", type=Path, default=None, help="tensorrt backend: PEagle plugin .so")
     b.add_argument("--force", action="store_true", help="replace an existing repository")
     b.set_defaults(func=cmd_build)
 
@@ -267,6 +271,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     e.set_defaults(func=cmd_export)
+
+    from peagle_trt.build.cli import add_parser as add_engine_parser
+    from peagle_trt.quantize.cli import add_parser as add_quantize_parser
+
+    add_engine_parser(sub)
+    add_quantize_parser(sub)
 
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")

@@ -4,7 +4,8 @@
                      [--backend onnxruntime|torch]
 
 Backends: `torch` copies the checkpoints and serves them with the reference torch executor;
-`onnxruntime` exports the ONNX graphs (docs/EXPORT.md) and serves them with onnxruntime.
+`onnxruntime` exports the ONNX graphs (docs/EXPORT.md) and serves them with onnxruntime;
+`tensorrt` also builds TensorRT plans from them (needs TensorRT and a GPU: NGC containers).
 
 The repository is written into a temporary sibling directory and renamed into place at the end,
 so a failed build (bad drafter, unwritable output, interrupted copy) leaves nothing behind.
@@ -27,7 +28,7 @@ from peagle_trt.errors import BuildError
 from peagle_trt.manifest import write_manifest
 
 log = logging.getLogger(__name__)
-BACKENDS = ("torch", "onnxruntime")
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                     "special_tokens_map.json", "chat_template.jinja", "tokenizer.model", "vocab.json",
                     "merges.txt")
@@ -43,6 +44,8 @@ class RepoSpec:
     prefill_chunk: int = 256
     device: str = "cpu"
     dtype: str = "float32"
+    gpu_arch: str = "sm_90"  # tensorrt backend: sm_90 (H100/H200) | sm_100 (B200)
+    plugin_library: str | None = None  # tensorrt backend: libpeagle plugins (.so)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -83,9 +86,18 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path, re
     _copy_checkpoint(Path(target), artifacts / "tokenizer", weights=False)
     target_model, drafter_model = pair.build()
     log.info("exporting ONNX graphs")
+    dtype = "float32" if repo.backend == "onnxruntime" else "float16"
     export_models(target_model, drafter_model, artifacts / "onnx",
-                  ExportSpec(repo.spec, repo.max_batch, repo.max_seq_len, "float32"))
-    return {"target_path": "artifacts/tokenizer", "drafter_path": "", "onnx_path": "artifacts/onnx"}
+                  ExportSpec(repo.spec, repo.max_batch, repo.max_seq_len, dtype))
+    paths = {"target_path": "artifacts/tokenizer", "drafter_path": "", "onnx_path": "artifacts/onnx"}
+    if repo.backend == "tensorrt":
+        from peagle_trt.build import EngineSpec, build_engines
+
+        build_engines(artifacts / "onnx", artifacts / "engines",
+                      EngineSpec(repo.gpu_arch, repo.max_batch, repo.max_seq_len, repo.spec.k, repo.prefill_chunk,
+                                 Path(repo.plugin_library) if repo.plugin_library else None))
+        paths["engine_path"] = "artifacts/engines"
+    return paths
 
 
 def build_repository(target: Path, drafter: Path | None, output: Path, repo: RepoSpec,
@@ -95,6 +107,10 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
     if output.exists() and not force:
         raise BuildError(f"{output} already exists; pass --force to replace it")
     pair = load_pair(target, drafter, repo.spec)  # raises before anything is written
+    if repo.backend == "tensorrt":
+        from peagle_trt.build import import_tensorrt
+
+        import_tensorrt()  # fail fast, with the NGC container to use, before any export work
     templates = templates_dir()
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +126,8 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
         shutil.copy2(templates / "peagle" / "1" / "model.py", version / "model.py")
         paths = _write_artifacts(pair, target, drafter, version, repo)
         values = {**asdict(repo), "spec_mode": repo.spec.mode, "num_spec_tokens": repo.spec.num_spec_tokens,
-                  "instance_kind": "GPU" if repo.device.startswith("cuda") else "CPU", **paths}
+                  "instance_kind": "GPU" if repo.device.startswith("cuda") or repo.backend == "tensorrt" else "CPU",
+                  "engine_path": "", **paths}
         config = string.Template((templates / "peagle" / "config.pbtxt.tmpl").read_text()).substitute(values)
         (model_dir / "config.pbtxt").write_text(config)
         manifest = write_manifest(model_dir, {

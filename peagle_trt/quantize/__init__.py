@@ -158,7 +158,8 @@ def calibrate(target_dir: str | Path, spec: QuantSpec, progress: Progress | None
 def export_checkpoint(model, export_dir: Path) -> None:
     """ModelOpt's unified HF export (FP8 weights + scales, hf_quant_config.json, config.json)."""
     _, export_hf_checkpoint, _ = _modelopt()
-    with contextlib.redirect_stdout(sys.stderr):
+    with contextlib.redirect_stdout(sys.stderr), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="To copy construct from a tensor")  # modelopt-internal
         export_hf_checkpoint(model, export_dir=export_dir)
 
 

@@ -57,7 +57,7 @@ class _Runner:
         self.outputs = [n for n in names if not is_input[n] and not n.startswith(PRESENT)]
         for name in self.kv:  # allocate once; a second plan over the same model shares them
             shape = tuple(engine.get_tensor_shape(name))
-            if min(shape) < 0:  # left dynamic in the graph: the build fixed min = opt = max
+            if min(shape, default=0) < 0:  # left dynamic in the graph: the build fixed min = opt = max
                 shape = tuple(engine.get_tensor_profile_shape(name, 0)[2])
             if name not in caches:
                 caches[name] = torch.zeros(shape, dtype=self.dtypes[name], device=device)
@@ -69,7 +69,7 @@ class _Runner:
         if unpaired:
             raise RuntimeInvariantError(f"{path}: {unpaired} have no present_* output to alias "
                                         "(docs/EXPORT.md)")
-        dynamic = [n for n in self.inputs if min(tuple(engine.get_tensor_shape(n))) < 0]
+        dynamic = [n for n in self.inputs if min(tuple(engine.get_tensor_shape(n)), default=0) < 0]
         self.ranges = []  # per profile: {input: (min, max)}
         for p in range(engine.num_optimization_profiles):
             bounds = {n: engine.get_tensor_profile_shape(n, p) for n in dynamic}
@@ -77,25 +77,26 @@ class _Runner:
         # try the smallest profile first (decode before prefill)
         self.order = sorted(range(len(self.ranges)),
                             key=lambda p: sum(_volume(hi) for _, hi in self.ranges[p].values()))
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = _stream(device)
         self.contexts = []
         for p in range(max(1, len(self.ranges))):
             ctx = engine.create_execution_context()
             if p and not ctx.set_optimization_profile_async(p, stream):
                 raise RuntimeInvariantError(f"{path}: cannot select optimization profile {p}")
             for name, cache in self.caches.items():
-                if min(tuple(engine.get_tensor_shape(name))) < 0:
+                if min(tuple(engine.get_tensor_shape(name)), default=0) < 0:
                     ctx.set_input_shape(name, tuple(cache.shape))
                 # in place: the plugin reads past_* and writes present_* through the same pointer
                 ctx.set_tensor_address(name, cache.data_ptr())
                 ctx.set_tensor_address(PRESENT + name[len(PAST):], cache.data_ptr())
             self.contexts.append(ctx)
-        torch.cuda.current_stream(device).synchronize()
+        if device.type == "cuda":
+            torch.cuda.current_stream(device).synchronize()
 
     def _profile(self, shapes: dict[str, tuple]) -> int:
         for p in self.order:
-            if all(all(lo <= s <= hi for s, lo, hi in zip(shapes[n], *self.ranges[p][n]))
-                   for n in self.ranges[p]):
+            if all(len(shapes[n]) == len(lo) and all(a <= s <= b for s, a, b in zip(shapes[n], lo, hi))
+                   for n, (lo, hi) in self.ranges[p].items()):
                 return p
         if not self.ranges:
             return 0
@@ -122,9 +123,14 @@ class _Runner:
             outs[name] = torch.empty(shape, dtype=self.dtypes[name], device=self.device)
             ctx.set_tensor_address(name, outs[name].data_ptr())
         # inputs stay referenced until enqueued; torch's allocator orders their reuse on this stream
-        if not ctx.execute_async_v3(torch.cuda.current_stream(self.device).cuda_stream):
+        if not ctx.execute_async_v3(_stream(self.device)):
             raise RuntimeInvariantError(f"{self.path.name}: execute_async_v3 failed (see the TensorRT log)")
         return outs
+
+
+def _stream(device: torch.device) -> int:
+    """The handle of torch's current CUDA stream (0 off CUDA: only fakes run there, in tests)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 def _volume(shape) -> int:
@@ -156,7 +162,7 @@ class TensorRTExecutor:
         if library is not None:  # before deserializing: the plans reference the plugin creators
             trt.get_plugin_registry().load_library(str(library))
         self.device = torch.device(device)
-        if self.device.index is None:
+        if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self._logger = trt.Logger(trt.Logger.WARNING)
         runtime = trt.Runtime(self._logger)

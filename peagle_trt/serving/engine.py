@@ -55,7 +55,17 @@ def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int,
             raise ConfigError(f"{version}: the ONNX export was made for {executor.num_slots} slots x "
                               f"{executor.max_len} positions, config.pbtxt asks {num_slots} x {max_len}; rebuild")
         return executor
-    raise ConfigError(f"backend {backend!r} is not supported by this build (torch | onnxruntime)")
+    if backend == "tensorrt":
+        import numpy as np
+        import torch
+
+        from peagle_trt.runtime.trt_executor import TensorRTExecutor
+
+        d2t_path = version / params["onnx_path"] / "d2t.npy"
+        d2t = torch.from_numpy(np.load(d2t_path, allow_pickle=False)) if d2t_path.is_file() else None
+        return TensorRTExecutor(version / params["engine_path"], arch=params.get("gpu_arch") or None, d2t=d2t,
+                                verify=False)
+    raise ConfigError(f"backend {backend!r} is not supported (torch | onnxruntime | tensorrt)")
 
 
 class ServingEngine:
