@@ -139,9 +139,15 @@ def cmd_build(args: argparse.Namespace) -> dict:
     repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
                     str(args.plugin_library) if args.plugin_library else None)
+    quant = None
+    if args.quantization == "fp8":
+        from peagle_trt.quantize import QuantSpec
+
+        quant = QuantSpec(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data)
     t0 = time.perf_counter()
-    manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force)
-    return {"repository": str(args.output), "model": args.model_name, "backend": backend, "spec_mode": spec.mode,
+    manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force, quant=quant)
+    return {"repository": str(args.output), "model": args.model_name, "backend": backend,
+            "quantization": args.quantization, "spec_mode": spec.mode,
             "num_spec_tokens": spec.num_spec_tokens, "files": len(manifest["files"]),
             "build_s": round(time.perf_counter() - t0, 3)}
 
@@ -256,6 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
     b.add_argument("--device", default="cpu", help="torch device of the served model (default cpu)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--quantization", default="none", choices=["none", "fp8"],
+                   help="fp8: FP8 (E4M3) post-training quantization of the target with ModelOpt first")
+    b.add_argument("--kv-cache-fp8", action="store_true", help="with --quantization fp8: also calibrate KV scales")
+    b.add_argument("--calib-data", type=Path, default=None,
+                   help="with --quantization fp8: calibration prompts, JSONL with 'prompt' or 'text' keys")
     b.add_argument("--gpu-arch", default="sm_90", choices=["sm_90", "sm_100"],
                    help="tensorrt backend: sm_90 (H100/H200) or sm_100 (B200); build on that GPU")
     b.add_argument("--plugin-library", type=Path, default=None, help="tensorrt backend: PEagle plugin .so")

@@ -16,7 +16,7 @@ from onnx import defs, helper
 from peagle_trt.export.builder import Builder
 from peagle_trt.ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
-OPSET = 18
+OPSET = 19  # FP8 QuantizeLinear / DequantizeLinear need opset >= 19
 _P = defs.OpSchema.FormalParameter
 _A = defs.OpSchema.Attribute
 _T = defs.OpSchema.AttrType

@@ -101,11 +101,21 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path, re
 
 
 def build_repository(target: Path, drafter: Path | None, output: Path, repo: RepoSpec,
-                     force: bool = False) -> dict:
-    """Validate the pair, then write the repository atomically. Returns the manifest."""
+                     force: bool = False, quant=None) -> dict:
+    """Validate the pair, then write the repository atomically. Returns the manifest.
+    `quant` (a `quantize.QuantSpec`): quantize the target to FP8 first (ModelOpt)."""
     output = Path(output).absolute()
     if output.exists() and not force:
         raise BuildError(f"{output} already exists; pass --force to replace it")
+    if quant is not None:
+        import tempfile
+
+        from peagle_trt.quantize import quantize_target
+
+        with tempfile.TemporaryDirectory(prefix=".peagle-fp8-", dir=output.parent if output.parent.exists()
+                                         else None) as tmp:
+            quantize_target(target, Path(tmp) / "target-fp8", quant)
+            return build_repository(Path(tmp) / "target-fp8", drafter, output, repo, force)
     pair = load_pair(target, drafter, repo.spec)  # raises before anything is written
     if repo.backend == "tensorrt":
         from peagle_trt.build import import_tensorrt

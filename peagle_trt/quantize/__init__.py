@@ -185,12 +185,15 @@ def quantize_target(target_dir: str | Path, out_dir: str | Path, spec: QuantSpec
     target_dir, output = Path(target_dir), Path(out_dir).absolute()
     if output.exists() and not force:
         raise BuildError(f"{output} already exists; pass --force to replace it")
+    if output.resolve() == target_dir.resolve():
+        raise ConfigError(f"--output {output} is the target directory itself; choose another directory")
     model, calib = calibrate(target_dir, spec, progress)  # all input errors raise before any write
     calib_s = time.perf_counter() - t0
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise BuildError(f"cannot create {output.parent}: {exc.strerror}; choose a writable --output") from exc
+        raise BuildError(f"cannot create {output.parent}: {exc.strerror}; "
+                         "choose a writable --output") from exc
     tmp = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"
     try:
         tmp.mkdir()
@@ -220,7 +223,8 @@ def quantize_target(target_dir: str | Path, out_dir: str | Path, spec: QuantSpec
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(exc, OSError):
-            raise BuildError(f"writing the quantized checkpoint failed ({exc}); nothing was left behind") from exc
+            raise BuildError(f"writing the quantized checkpoint failed ({exc}); "
+                             "nothing was left behind") from exc
         raise
     return manifest
 

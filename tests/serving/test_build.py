@@ -129,3 +129,20 @@ def test_cli_build_json(tiny, tmp_path, capsys):
                  str(tmp_path / "r"), "--num-spec-tokens", "4"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and result["spec_mode"] == "peagle" and result["num_spec_tokens"] == 4
+
+
+def test_build_with_fp8_quantization_serves_the_fp8_target(tiny, tmp_path, capsys):
+    pytest.importorskip("modelopt")
+    from peagle_trt.cli import main
+    from peagle_trt.config import SamplingParams
+
+    code = main(["build", "--target", str(tiny["llama"]), "--drafter", str(tiny["aws"]), "--output",
+                 str(tmp_path / "r"), "--num-spec-tokens", "3", "--max-batch", "2", "--max-seq-len", "96",
+                 "--backend", "onnxruntime", "--quantization", "fp8"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and result["quantization"] == "fp8"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # the temporary FP8 checkpoint is gone
+    engine = ServingEngine.load(*model_params(tmp_path / "r"))
+    events = []
+    engine.run_one("hi", SamplingParams(max_tokens=5, ignore_eos=True), events.append, chat_template=False)
+    assert sum(len(e.token_ids) for e in events) == 5

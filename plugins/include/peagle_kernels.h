@@ -1,0 +1,112 @@
+/*
+ * peagle_kernels.h: C API of the P-EAGLE CUDA kernels (libpeagle_kernels.so).
+ *
+ * One entry point per custom op of docs/EXPORT.md; the semantics are those of
+ * peagle_trt/ops/reference.py. Every function takes device pointers, plain sizes and a stream,
+ * enqueues its kernels asynchronously on that stream and returns the launch status
+ * (cudaSuccess, cudaErrorInvalidValue for bad arguments, or the first launch error).
+ * Nothing here allocates or synchronizes. Tensors are dense row-major (contiguous).
+ *
+ * Used by the TensorRT plugins (plugins/src/plugins) and by peagle_trt/plugins.py (ctypes).
+ */
+#ifndef PEAGLE_KERNELS_H
+#define PEAGLE_KERNELS_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PEAGLE_KERNELS_API __attribute__((visibility("default")))
+
+/* Element types of activations and caches. */
+typedef enum peagle_dtype
+{
+    PEAGLE_F32 = 0,
+    PEAGLE_F16 = 1,
+    PEAGLE_BF16 = 2,
+    PEAGLE_FP8_E4M3 = 3 /* KV cache only: stored = value / scale, read back as stored * scale */
+} peagle_dtype_t;
+
+/* peagle_kv_attention flags */
+#define PEAGLE_ATTN_FORCE_SIMPLE 1 /* use the simple (CUDA-core, one block per row) kernel */
+
+/* ---------------------------------------------------------------------------------------------
+ * PEagleKVAttention
+ *
+ *   q        [B, S, H*d]    act_dtype      k, v [B, S, KV*d] act_dtype (RoPE applied)
+ *   positions [B, S] int64  (-1 = padding row: writes the trash row T, attends to key 0)
+ *   slots    [B] int64      KV slot of each request
+ *   k_cache, v_cache [N, KV, T1, d] cache_dtype (T1 = T + 1; row T is the trash row), updated IN PLACE
+ *   out      [B, S, H*d]    act_dtype
+ *
+ * First writes every row's k/v at (slot, kv_head, position) (FP8: value / k_scale, saturating),
+ * then row (b, s) of head h attends over cache positions 0..positions[b, s] of kv head
+ * h / (H / KV) of its slot (causal by absolute position, GQA), softmax(q.k * scale) with fp32
+ * accumulation; FP8 caches are read back as stored * k_scale / v_scale.
+ *
+ * act_dtype: F16 or BF16 (fast tensor-core path), or F32 (simple path).
+ * cache_dtype: act_dtype or FP8_E4M3. k_scale / v_scale are ignored unless cache_dtype is FP8.
+ * head_dim 16, 32, 64, 128 take the fast path; any head_dim that is a multiple of 8 up to 512
+ * takes the simple path. The fast path splits long contexts over several blocks (flash-decoding)
+ * when `workspace` is large enough (see peagle_kv_attention_workspace_size); with a smaller or
+ * NULL workspace it uses fewer (or no) splits, which is correct but slower.
+ * Pointers must be 16-byte aligned; positions must be < T1 - 1 and slots in [0, N) (values out of
+ * range are clamped / skipped so that nothing is written out of bounds).
+ * ------------------------------------------------------------------------------------------- */
+PEAGLE_KERNELS_API cudaError_t peagle_kv_attention(void const* q, void const* k, void const* v,
+    int64_t const* positions, int64_t const* slots, void* k_cache, void* v_cache, void* out, int32_t batch,
+    int32_t rows, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t num_slots,
+    int32_t cache_len, float scale, float k_scale, float v_scale, peagle_dtype_t act_dtype,
+    peagle_dtype_t cache_dtype, void* workspace, size_t workspace_size, int32_t flags, cudaStream_t stream);
+
+/* Workspace (bytes) that lets peagle_kv_attention use its full split-K parallelism for any
+ * problem with batch <= max_batch and rows <= max_rows (monotone in both). */
+PEAGLE_KERNELS_API size_t peagle_kv_attention_workspace_size(
+    int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t cache_len);
+
+/* ---------------------------------------------------------------------------------------------
+ * PEagleDraftInputs (R = P + K - 1 rows per request, K = num_spec_tokens)
+ *
+ *   pending_ids [B, P] int64, pending_hidden [B, P, Hs] dtype, num_pending [B] int64 (n >= 1),
+ *   cur [B] int64 (pending rows sit at cur-n .. cur-1), embed_tokens [V, Hs] dtype, h_mask [Hs] dtype
+ *   -> embeds [B, R, Hs], hidden [B, R, Hs] (dtype), positions [B, R] int64, sample_rows [B, K] int64
+ *
+ * Row j < n: (embed[pending_ids[j]], pending_hidden[j]); n <= j < n+K-1: (embed[mask_token_id],
+ * h_mask); other rows zero with position -1. positions = cur - n + j; sample_rows = n-1 .. n+K-2.
+ * Token ids are clamped to [0, V) before the gather.
+ * ------------------------------------------------------------------------------------------- */
+PEAGLE_KERNELS_API cudaError_t peagle_draft_inputs(int64_t const* pending_ids, void const* pending_hidden,
+    int64_t const* num_pending, int64_t const* cur, void const* embed_tokens, void const* h_mask, void* embeds,
+    void* hidden, int64_t* positions, int64_t* sample_rows, int32_t batch, int32_t pending, int32_t hidden_size,
+    int64_t vocab, int32_t num_spec_tokens, int64_t mask_token_id, peagle_dtype_t dtype, cudaStream_t stream);
+
+/* ---------------------------------------------------------------------------------------------
+ * PEagleDraftSample
+ *
+ *   logits [rows, V] (F32, F16 or BF16), d2t [V] int64 (NULL = identity) -> draft_ids [rows] int64
+ *
+ * draft = argmax over V (ties -> lowest index; NaN counts as the maximum, as torch.argmax),
+ * draft_ids = draft + d2t[draft]. Large V is split over several blocks when `workspace` holds
+ * peagle_draft_sample_workspace_size(rows, V) bytes (else one block per row).
+ * ------------------------------------------------------------------------------------------- */
+PEAGLE_KERNELS_API cudaError_t peagle_draft_sample(void const* logits, int64_t const* d2t, int64_t* draft_ids,
+    int32_t rows, int64_t vocab, peagle_dtype_t logits_dtype, void* workspace, size_t workspace_size,
+    cudaStream_t stream);
+
+PEAGLE_KERNELS_API size_t peagle_draft_sample_workspace_size(int32_t max_rows, int64_t vocab);
+
+/* Human-readable name of a cudaError_t (cudaGetErrorString of the library's runtime). */
+PEAGLE_KERNELS_API char const* peagle_error_string(cudaError_t err);
+
+/* Library version (bumped when the C API changes). */
+PEAGLE_KERNELS_API int32_t peagle_kernels_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PEAGLE_KERNELS_H */

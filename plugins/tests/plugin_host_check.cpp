@@ -1,0 +1,370 @@
+// Host-side check of the plugin wrappers against the interface stub (trt_stub/NvInferRuntime.h):
+// creators and names, attribute parsing, serialization round trip, output types and shapes,
+// format support, KV aliasing, workspace sizes, argument errors. Needs no GPU and no TensorRT;
+// nothing here launches a kernel. Built and run by tests/plugins/test_kernels_build.py:
+//   g++ -std=c++17 -Iplugins/tests/trt_stub -Iplugins/include -Iplugins/src/plugins -I<cuda>/include
+//       plugins/tests/plugin_host_check.cpp plugins/src/plugins/*.cpp -Lplugins/build -lpeagle_kernels ...
+#include "peaglePlugins.h"
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+using namespace nvinfer1;
+
+// ---- a toy expression builder: every dimension is a known constant
+namespace
+{
+struct TestExpr : IDimensionExpr
+{
+    explicit TestExpr(int64_t v)
+        : value(v)
+    {
+    }
+    ~TestExpr() noexcept override = default;
+    bool isConstant() const noexcept override
+    {
+        return true;
+    }
+    int64_t getConstantValue() const noexcept override
+    {
+        return value;
+    }
+    int64_t value;
+};
+std::vector<TestExpr*> gExprs;
+TestExpr const* expr(int64_t v)
+{
+    gExprs.push_back(new TestExpr(v));
+    return gExprs.back();
+}
+struct TestBuilder : IExprBuilder
+{
+    ~TestBuilder() noexcept override = default;
+    IDimensionExpr const* constant(int64_t value) noexcept override
+    {
+        return expr(value);
+    }
+    IDimensionExpr const* operation(
+        DimensionOperation op, IDimensionExpr const& a, IDimensionExpr const& b) noexcept override
+    {
+        int64_t const x = a.getConstantValue(), y = b.getConstantValue();
+        switch (op)
+        {
+        case DimensionOperation::kSUM: return expr(x + y);
+        case DimensionOperation::kPROD: return expr(x * y);
+        case DimensionOperation::kSUB: return expr(x - y);
+        default: return nullptr;
+        }
+    }
+};
+} // namespace
+
+extern "C" IPluginRegistry* getPluginRegistry() noexcept
+{
+    return nullptr;
+}
+
+extern "C" void setLoggerFinder(ILoggerFinder* finder);
+extern "C" IPluginCreatorInterface* const* getCreators(int32_t& nbCreators);
+
+namespace
+{
+int gFailures = 0;
+#define CHECK(cond)                                                                                                    \
+    do                                                                                                                 \
+    {                                                                                                                  \
+        if (!(cond))                                                                                                   \
+        {                                                                                                              \
+            std::printf("FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);                                                \
+            ++gFailures;                                                                                               \
+        }                                                                                                              \
+    } while (0)
+
+struct CaptureLogger : ILogger
+{
+    void log(Severity, AsciiChar const* msg) noexcept override
+    {
+        last = msg;
+        ++count;
+    }
+    std::string last;
+    int count = 0;
+};
+struct Finder : ILoggerFinder
+{
+    ILogger* findLogger() override
+    {
+        return &logger;
+    }
+    CaptureLogger logger;
+};
+
+IPluginCreatorV3One* creator(char const* name)
+{
+    int32_t n = 0;
+    IPluginCreatorInterface* const* list = getCreators(n);
+    for (int32_t i = 0; i < n; ++i)
+    {
+        auto* c = static_cast<IPluginCreatorV3One*>(list[i]);
+        if (std::strcmp(c->getPluginName(), name) == 0)
+            return c;
+    }
+    return nullptr;
+}
+
+DimsExprs dimsExprs(std::vector<int64_t> const& v)
+{
+    DimsExprs d{};
+    d.nbDims = static_cast<int32_t>(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+        d.d[i] = expr(v[i]);
+    return d;
+}
+
+Dims dims(std::vector<int64_t> const& v)
+{
+    Dims d{};
+    d.nbDims = static_cast<int32_t>(v.size());
+    for (size_t i = 0; i < v.size(); ++i)
+        d.d[i] = v[i];
+    return d;
+}
+
+DynamicPluginTensorDesc desc(DataType t, std::vector<int64_t> const& shape)
+{
+    DynamicPluginTensorDesc d{};
+    d.desc.type = t;
+    d.desc.format = TensorFormat::kLINEAR;
+    d.desc.dims = dims(shape);
+    d.min = d.max = d.opt = d.desc.dims;
+    return d;
+}
+
+bool allSupported(IPluginV3OneBuild* b, std::vector<DynamicPluginTensorDesc> const& io, int32_t nbIn)
+{
+    bool ok = true;
+    for (int32_t pos = 0; pos < static_cast<int32_t>(io.size()); ++pos)
+        ok = b->supportsFormatCombination(pos, io.data(), nbIn, static_cast<int32_t>(io.size()) - nbIn) && ok;
+    return ok;
+}
+
+void checkKvAttention()
+{
+    IPluginCreatorV3One* c = creator("PEagleKVAttention");
+    CHECK(c != nullptr);
+    if (!c)
+        return;
+    CHECK(std::strcmp(c->getPluginVersion(), "1") == 0 && std::strcmp(c->getPluginNamespace(), "") == 0);
+    CHECK(std::strcmp(c->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0);
+    PluginFieldCollection const* names = c->getFieldNames();
+    CHECK(names->nbFields == 6 && std::strcmp(names->fields[0].name, "num_heads") == 0);
+
+    int32_t const heads = 8, kvHeads = 2, headDim = 64;
+    float const scale = 0.125f;
+    std::vector<PluginField> f = {{"num_heads", &heads, PluginFieldType::kINT32, 1},
+        {"num_kv_heads", &kvHeads, PluginFieldType::kINT32, 1}, {"head_dim", &headDim, PluginFieldType::kINT32, 1},
+        {"scale", &scale, PluginFieldType::kFLOAT32, 1}};
+    PluginFieldCollection fc{static_cast<int32_t>(f.size()), f.data()};
+    IPluginV3* p = c->createPlugin("attn", &fc, TensorRTPhase::kBUILD);
+    CHECK(p != nullptr);
+    if (!p)
+        return;
+
+    PluginFieldCollection missing{2, f.data()};
+    CHECK(c->createPlugin("bad", &missing, TensorRTPhase::kBUILD) == nullptr);
+
+    auto* core = static_cast<IPluginV3OneCore*>(p->getCapabilityInterface(PluginCapabilityType::kCORE));
+    auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    CHECK(std::strcmp(core->getPluginName(), "PEagleKVAttention") == 0);
+    CHECK(std::strcmp(core->getPluginVersion(), "1") == 0);
+    CHECK(build->getNbOutputs() == 3);
+    CHECK(build->getAliasedInput(0) == -1 && build->getAliasedInput(1) == 5 && build->getAliasedInput(2) == 6);
+
+    DataType in[7] = {DataType::kBF16, DataType::kBF16, DataType::kBF16, DataType::kINT64, DataType::kINT64,
+        DataType::kFP8, DataType::kFP8};
+    DataType out[3];
+    CHECK(build->getOutputDataTypes(out, 3, in, 7) == 0);
+    CHECK(out[0] == DataType::kBF16 && out[1] == DataType::kFP8 && out[2] == DataType::kFP8);
+
+    int64_t const B = 4, S = 8, N = 6, T1 = 4097;
+    DimsExprs inShapes[7] = {dimsExprs({B, S, heads * headDim}), dimsExprs({B, S, kvHeads * headDim}),
+        dimsExprs({B, S, kvHeads * headDim}), dimsExprs({B, S}), dimsExprs({B}),
+        dimsExprs({N, kvHeads, T1, headDim}), dimsExprs({N, kvHeads, T1, headDim})};
+    DimsExprs outShapes[3];
+    TestBuilder eb;
+    CHECK(build->getOutputShapes(inShapes, 7, nullptr, 0, outShapes, 3, eb) == 0);
+    CHECK(outShapes[0].nbDims == 3 && outShapes[0].d[2]->getConstantValue() == heads * headDim);
+    CHECK(outShapes[1].nbDims == 4 && outShapes[1].d[2]->getConstantValue() == T1);
+
+    for (DataType act : {DataType::kHALF, DataType::kBF16, DataType::kFLOAT})
+        for (DataType cache : {act, DataType::kFP8})
+        {
+            std::vector<DynamicPluginTensorDesc> io = {desc(act, {B, S, heads * headDim}),
+                desc(act, {B, S, kvHeads * headDim}), desc(act, {B, S, kvHeads * headDim}),
+                desc(DataType::kINT64, {B, S}), desc(DataType::kINT64, {B}),
+                desc(cache, {N, kvHeads, T1, headDim}), desc(cache, {N, kvHeads, T1, headDim}),
+                desc(act, {B, S, heads * headDim}), desc(cache, {N, kvHeads, T1, headDim}),
+                desc(cache, {N, kvHeads, T1, headDim})};
+            CHECK(allSupported(build, io, 7));
+            CHECK(build->configurePlugin(io.data(), 7, io.data() + 7, 3) == 0);
+            size_t const ws = build->getWorkspaceSize(io.data(), 7, io.data() + 7, 3);
+            CHECK(ws == peagle_kv_attention_workspace_size(B, S, heads, headDim, T1));
+            io[3].desc.type = DataType::kINT32; // positions must be int64
+            CHECK(!build->supportsFormatCombination(3, io.data(), 7, 3));
+            io[3].desc.type = DataType::kINT64;
+            io[1].desc.type = act == DataType::kHALF ? DataType::kBF16 : DataType::kHALF; // k must match q
+            CHECK(!build->supportsFormatCombination(1, io.data(), 7, 3));
+        }
+    {
+        std::vector<DynamicPluginTensorDesc> io = {desc(DataType::kHALF, {B, S, heads * headDim}),
+            desc(DataType::kHALF, {B, S, 1}), desc(DataType::kHALF, {B, S, 1}), desc(DataType::kINT64, {B, S}),
+            desc(DataType::kINT64, {B}), desc(DataType::kHALF, {N, kvHeads + 1, T1, headDim}),
+            desc(DataType::kHALF, {N, kvHeads + 1, T1, headDim})};
+        CHECK(build->configurePlugin(io.data(), 7, io.data(), 3) != 0); // KV heads disagree with the attribute
+    }
+
+    // serialization round trip through the creator (runtime phase)
+    PluginFieldCollection const* ser = runtime->getFieldsToSerialize();
+    CHECK(ser != nullptr && ser->nbFields == 6);
+    IPluginV3* q = c->createPlugin("attn", ser, TensorRTPhase::kRUNTIME);
+    CHECK(q != nullptr);
+    if (q)
+    {
+        auto* qr = static_cast<IPluginV3OneRuntime*>(q->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginFieldCollection const* ser2 = qr->getFieldsToSerialize();
+        for (int32_t i = 0; i < ser->nbFields && i < ser2->nbFields; ++i)
+        {
+            CHECK(std::strcmp(ser->fields[i].name, ser2->fields[i].name) == 0);
+            CHECK(std::memcmp(ser->fields[i].data, ser2->fields[i].data, 4) == 0);
+        }
+        double v = 0;
+        CHECK(peagle::trt::readNumber(ser2, "scale", v) && v == 0.125);
+        CHECK(peagle::trt::readNumber(ser2, "k_scale", v) && v == 1.0);
+        delete q;
+    }
+    IPluginV3* cl = runtime->attachToContext(nullptr);
+    CHECK(cl != nullptr && cl != p);
+    delete cl;
+
+    // enqueue rejects a type the kernels do not take, without launching anything
+    PluginTensorDesc rd[7];
+    for (int i = 0; i < 7; ++i)
+        rd[i] = desc(DataType::kINT32, {1, 1, 1, 1}).desc;
+    void const* nullIn[7] = {};
+    void* nullOut[3] = {};
+    CHECK(runtime->enqueue(rd, rd, nullIn, nullOut, nullptr, nullptr) != 0);
+    delete p;
+}
+
+void checkDraftInputs()
+{
+    IPluginCreatorV3One* c = creator("PEagleDraftInputs");
+    CHECK(c != nullptr);
+    if (!c)
+        return;
+    int32_t const k = 7, mask = 128000;
+    std::vector<PluginField> f
+        = {{"num_spec_tokens", &k, PluginFieldType::kINT32, 1}, {"mask_token_id", &mask, PluginFieldType::kINT32, 1}};
+    PluginFieldCollection fc{2, f.data()};
+    IPluginV3* p = c->createPlugin("di", &fc, TensorRTPhase::kBUILD);
+    CHECK(p != nullptr);
+    if (!p)
+        return;
+    auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    CHECK(build->getNbOutputs() == 4);
+    CHECK(build->getAliasedInput(0) == -1);
+
+    int64_t const B = 3, P = 5, H = 256, V = 1000;
+    DimsExprs in[6] = {dimsExprs({B, P}), dimsExprs({B, P, H}), dimsExprs({B}), dimsExprs({B}), dimsExprs({V, H}),
+        dimsExprs({H})};
+    DimsExprs out[4];
+    TestBuilder eb;
+    CHECK(build->getOutputShapes(in, 6, nullptr, 0, out, 4, eb) == 0);
+    CHECK(out[0].nbDims == 3 && out[0].d[1]->getConstantValue() == P + k - 1 && out[0].d[2]->getConstantValue() == H);
+    CHECK(out[1].nbDims == 3 && out[1].d[1]->getConstantValue() == P + k - 1);
+    CHECK(out[2].nbDims == 2 && out[2].d[1]->getConstantValue() == P + k - 1);
+    CHECK(out[3].nbDims == 2 && out[3].d[0]->getConstantValue() == B && out[3].d[1]->getConstantValue() == k);
+
+    DataType it[6] = {DataType::kINT64, DataType::kBF16, DataType::kINT64, DataType::kINT64, DataType::kBF16,
+        DataType::kBF16};
+    DataType ot[4];
+    CHECK(build->getOutputDataTypes(ot, 4, it, 6) == 0);
+    CHECK(ot[0] == DataType::kBF16 && ot[1] == DataType::kBF16 && ot[2] == DataType::kINT64
+        && ot[3] == DataType::kINT64);
+
+    int64_t const R = P + k - 1;
+    std::vector<DynamicPluginTensorDesc> io = {desc(DataType::kINT64, {B, P}), desc(DataType::kHALF, {B, P, H}),
+        desc(DataType::kINT64, {B}), desc(DataType::kINT64, {B}), desc(DataType::kHALF, {V, H}),
+        desc(DataType::kHALF, {H}), desc(DataType::kHALF, {B, R, H}), desc(DataType::kHALF, {B, R, H}),
+        desc(DataType::kINT64, {B, R}), desc(DataType::kINT64, {B, k})};
+    CHECK(allSupported(build, io, 6));
+    io[4].desc.type = DataType::kFLOAT; // the embedding table must share the hidden dtype
+    CHECK(!build->supportsFormatCombination(4, io.data(), 6, 4));
+
+    PluginFieldCollection const* ser = runtime->getFieldsToSerialize();
+    double v = 0;
+    CHECK(peagle::trt::readNumber(ser, "num_spec_tokens", v) && v == k);
+    CHECK(peagle::trt::readNumber(ser, "mask_token_id", v) && v == mask);
+    IPluginV3* q = c->createPlugin("di", ser, TensorRTPhase::kRUNTIME);
+    CHECK(q != nullptr);
+    delete q;
+    PluginFieldCollection none{0, nullptr};
+    CHECK(c->createPlugin("bad", &none, TensorRTPhase::kBUILD) == nullptr);
+    delete p;
+}
+
+void checkDraftSample()
+{
+    IPluginCreatorV3One* c = creator("PEagleDraftSample");
+    CHECK(c != nullptr);
+    if (!c)
+        return;
+    CHECK(c->getFieldNames()->nbFields == 0);
+    IPluginV3* p = c->createPlugin("ds", nullptr, TensorRTPhase::kBUILD);
+    CHECK(p != nullptr);
+    if (!p)
+        return;
+    auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    int64_t const B = 8, K = 7, V = 201088;
+    DimsExprs in[2] = {dimsExprs({B, K, V}), dimsExprs({V})};
+    DimsExprs out[1];
+    TestBuilder eb;
+    CHECK(build->getOutputShapes(in, 2, nullptr, 0, out, 1, eb) == 0);
+    CHECK(out[0].nbDims == 2 && out[0].d[0]->getConstantValue() == B && out[0].d[1]->getConstantValue() == K);
+    DataType it[2] = {DataType::kFLOAT, DataType::kINT64};
+    DataType ot[1];
+    CHECK(build->getOutputDataTypes(ot, 1, it, 2) == 0 && ot[0] == DataType::kINT64);
+    std::vector<DynamicPluginTensorDesc> io
+        = {desc(DataType::kFLOAT, {B, K, V}), desc(DataType::kINT64, {V}), desc(DataType::kINT64, {B, K})};
+    CHECK(allSupported(build, io, 2));
+    CHECK(build->getWorkspaceSize(io.data(), 2, io.data() + 2, 1) == peagle_draft_sample_workspace_size(B * K, V));
+    CHECK(build->getWorkspaceSize(io.data(), 2, io.data() + 2, 1) > 0);
+    CHECK(runtime->getFieldsToSerialize()->nbFields == 0);
+    io[1].desc.type = DataType::kINT32;
+    CHECK(!build->supportsFormatCombination(1, io.data(), 2, 1));
+    delete p;
+}
+} // namespace
+
+int main()
+{
+    Finder finder;
+    setLoggerFinder(&finder);
+    int32_t n = 0;
+    getCreators(n);
+    CHECK(n == 3);
+    checkKvAttention();
+    checkDraftInputs();
+    checkDraftSample();
+    CHECK(finder.logger.count > 0); // the rejected calls above were logged through the finder
+    for (TestExpr* e : gExprs)
+        delete e;
+    if (gFailures == 0)
+        std::printf("plugin_host_check: OK\n");
+    return gFailures == 0 ? 0 : 1;
+}

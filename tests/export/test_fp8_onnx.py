@@ -1,0 +1,57 @@
+"""FP8 targets through the export: standard Q/DQ around every quantized GEMM with FP8 weight
+initializers, and onnxruntime generation identical to the torch FP8 reference."""
+
+from __future__ import annotations
+
+import onnx
+import pytest
+
+pytest.importorskip("modelopt")
+
+from peagle_trt.checkpoint import load_pair  # noqa: E402
+from peagle_trt.config import SamplingParams, SpecConfig  # noqa: E402
+from peagle_trt.export import ExportSpec, export_models  # noqa: E402
+from peagle_trt.quantize import QuantSpec, quantize_target  # noqa: E402
+from peagle_trt.runtime.executor import TorchExecutor  # noqa: E402
+from peagle_trt.runtime.ort_executor import OrtExecutor  # noqa: E402
+from peagle_trt.spec.decoder import SpecDecoder  # noqa: E402
+from peagle_trt.spec.generate import generate  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def fp8_export(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("fp8x")
+    quantize_target(tiny["llama"], root / "llama-fp8", QuantSpec(num_calib=4))
+    spec = SpecConfig("peagle", 3)
+    pair = load_pair(root / "llama-fp8", tiny["aws"], spec)
+    target, drafter = pair.build()
+    export_models(target, drafter, root / "export", ExportSpec(spec, 2, 100))
+    return target, drafter, root / "export", spec
+
+
+def test_every_quantized_gemm_has_fp8_qdq(fp8_export):
+    _, _, out, _ = fp8_export
+    model = onnx.load(str(out / "target.onnx"))
+    inits = {t.name: t for t in model.graph.initializer}
+    fp8_weights = [n for n, t in inits.items() if t.data_type == onnx.TensorProto.FLOAT8E4M3FN
+                   and n.endswith(".weight")]
+    assert len(fp8_weights) == 8 * 7  # q k v o gate up down in each of 8 layers
+    assert "lm_head.weight" not in fp8_weights and "embed_tokens.weight" not in fp8_weights
+    producers = {o: n for n in model.graph.node for o in n.output}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul"]
+    quantized = 0
+    for mm in matmuls:
+        act, weight = (producers.get(i) for i in mm.input)
+        if weight is not None and weight.op_type == "DequantizeLinear" and weight.input[0] in fp8_weights:
+            assert act.op_type == "DequantizeLinear" and producers[act.input[0]].op_type == "QuantizeLinear"
+            quantized += 1
+    assert quantized == len(fp8_weights)
+
+
+def test_fp8_greedy_identical_across_torch_and_onnxruntime(fp8_export):
+    target, drafter, out, spec = fp8_export
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    for prompt in ([3, 4, 5], list(range(40, 70))):
+        ref = generate(SpecDecoder(TorchExecutor(target, drafter, 2, 104), spec), prompt, params)
+        got = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
+        assert got.output == ref.output

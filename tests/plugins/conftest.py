@@ -1,0 +1,59 @@
+"""Shared helpers of the plugin tests: locating nvcc / cmake and building plugins/ with CMake."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BUILD_SCRIPT = REPO / "scripts" / "build_plugins.sh"
+DEFAULT_BUILD_DIR = REPO / "plugins" / "build"
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("CUDACXX"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def cuda_root() -> Path | None:
+    """The CUDA toolkit prefix (include/cuda_runtime_api.h), for compiling host code against it."""
+    nvcc = find_nvcc()
+    cands = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"),
+             str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda"]
+    for cand in cands:
+        if cand and (Path(cand) / "include" / "cuda_runtime_api.h").is_file():
+            return Path(cand)
+    return None
+
+
+def build_tools_missing() -> str | None:
+    """Why the CUDA build cannot run here (None when it can)."""
+    if find_nvcc() is None:
+        return "nvcc not found"
+    if shutil.which("cmake") is None:
+        return "cmake not found"
+    if cuda_root() is None:
+        return "CUDA toolkit headers not found"
+    return None
+
+
+def run_build(build_dir: Path = DEFAULT_BUILD_DIR, archs: str | None = None, tensorrt_root: Path | None = None,
+              timeout: int = 900) -> subprocess.CompletedProcess:
+    """scripts/build_plugins.sh into `build_dir`; raises with the build log on failure."""
+    env = dict(os.environ, CUDACXX=find_nvcc() or "", PEAGLE_PLUGINS_BUILD_DIR=str(build_dir))
+    if archs:
+        env["PEAGLE_CUDA_ARCHITECTURES"] = archs
+    if tensorrt_root is not None:
+        env["TENSORRT_ROOT"] = str(tensorrt_root)
+    else:
+        env.pop("TENSORRT_ROOT", None)
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"plugins build failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}\n"
+                             f"{proc.stderr[-6000:]}")
+    return proc
