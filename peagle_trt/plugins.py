@@ -77,18 +77,18 @@ def load() -> ctypes.CDLL:
 
 def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64, f32, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
-    lib.peagle_kv_attention.argtypes = [p, p, p, p, p, p, p, p, i32, i32, i32, i32, i32, i32, i32, f32, f32, f32,
-                                        ctypes.c_int, ctypes.c_int, p, sz, i32, p]
+    enum = ctypes.c_int
+    lib.peagle_kv_attention.argtypes = [p] * 8 + [i32] * 7 + [f32] * 3 + [enum, enum, p, sz, i32, p]
     lib.peagle_kv_attention.restype = ctypes.c_int
     lib.peagle_kv_attention_workspace_size.argtypes = [i32, i32, i32, i32, i32]
     lib.peagle_kv_attention_workspace_size.restype = sz
-    lib.peagle_draft_inputs.argtypes = [p, p, p, p, p, p, p, p, p, p, i32, i32, i32, i64, i32, i64, ctypes.c_int, p]
+    lib.peagle_draft_inputs.argtypes = [p] * 10 + [i32, i32, i32, i64, i32, i64, enum, p]
     lib.peagle_draft_inputs.restype = ctypes.c_int
-    lib.peagle_draft_sample.argtypes = [p, p, p, i32, i64, ctypes.c_int, p, sz, p]
+    lib.peagle_draft_sample.argtypes = [p, p, p, i32, i64, enum, p, sz, p]
     lib.peagle_draft_sample.restype = ctypes.c_int
     lib.peagle_draft_sample_workspace_size.argtypes = [i32, i64]
     lib.peagle_draft_sample_workspace_size.restype = sz
-    lib.peagle_error_string.argtypes = [ctypes.c_int]
+    lib.peagle_error_string.argtypes = [enum]
     lib.peagle_error_string.restype = ctypes.c_char_p
     lib.peagle_kernels_version.argtypes = []
     lib.peagle_kernels_version.restype = i32
@@ -146,8 +146,10 @@ def _workspace(nbytes: int, device: torch.device) -> torch.Tensor | None:
 def _out(out: torch.Tensor | None, shape, dtype, device, what: str) -> torch.Tensor:
     if out is None:
         return torch.empty(shape, dtype=dtype, device=device)
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device or not out.is_contiguous():
-        raise ValueError(f"{what}: out must be a contiguous {dtype} tensor of shape {tuple(shape)} on {device}")
+    if (tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != device
+            or not out.is_contiguous()):
+        raise ValueError(f"{what}: out must be a contiguous {dtype} tensor of shape {tuple(shape)} "
+                         f"on {device}")
     return out
 
 
@@ -157,10 +159,11 @@ def _i64(t: torch.Tensor) -> torch.Tensor:
 
 # -- the ops --------------------------------------------------------------------------------------
 
-def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                 k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                 scale: float | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0,
-                 out: torch.Tensor | None = None, simple: bool = False, split: bool = True) -> torch.Tensor:
+def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                 num_kv_heads: int, head_dim: int, scale: float | None = None, *, k_scale: float = 1.0,
+                 v_scale: float = 1.0, out: torch.Tensor | None = None, simple: bool = False,
+                 split: bool = True) -> torch.Tensor:
     """PEagleKVAttention on the GPU; see `reference.kv_attention`. Writes k/v into the caches in place.
 
     q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
@@ -169,11 +172,13 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     """
     lib = _cuda_lib(q, k, v, positions, slots, k_cache, v_cache)
     b, s, _ = q.shape
-    if q.shape[-1] != num_heads * head_dim or k.shape != (b, s, num_kv_heads * head_dim) or v.shape != k.shape:
+    if (q.shape[-1] != num_heads * head_dim or k.shape != (b, s, num_kv_heads * head_dim)
+            or v.shape != k.shape):
         raise ValueError(f"kv_attention: q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)} do not "
                          f"match num_heads={num_heads}, num_kv_heads={num_kv_heads}, head_dim={head_dim}")
     n, kvh, t1, d = k_cache.shape
-    if kvh != num_kv_heads or d != head_dim or v_cache.shape != k_cache.shape or v_cache.dtype != k_cache.dtype:
+    if (kvh != num_kv_heads or d != head_dim or v_cache.shape != k_cache.shape
+            or v_cache.dtype != k_cache.dtype):
         raise ValueError(f"kv_attention: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("kv_attention: the caches are updated in place and must be contiguous")
@@ -190,8 +195,8 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
         stream = torch.cuda.current_stream(q.device).cuda_stream
         err = lib.peagle_kv_attention(
             _ptr(q), _ptr(k), _ptr(v), _ptr(positions), _ptr(slots), _ptr(k_cache), _ptr(v_cache), _ptr(out),
-            b, s, num_heads, num_kv_heads, head_dim, n, t1, float(scale or 0.0), float(k_scale), float(v_scale),
-            act, cache, _ptr(ws), ws_bytes, _ATTN_FORCE_SIMPLE if simple else 0, stream)
+            b, s, num_heads, num_kv_heads, head_dim, n, t1, float(scale or 0.0), float(k_scale),
+            float(v_scale), act, cache, _ptr(ws), ws_bytes, _ATTN_FORCE_SIMPLE if simple else 0, stream)
     _check(lib, err, "kv_attention")
     return out
 
@@ -209,8 +214,8 @@ def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num
         raise ValueError("draft_inputs: inconsistent shapes")
     dtype = _dtype_code(pending_hidden, "draft_inputs hidden")
     if embed_tokens.dtype != pending_hidden.dtype:
-        raise TypeError(f"draft_inputs: embed_tokens ({embed_tokens.dtype}) must share pending_hidden's dtype "
-                        f"({pending_hidden.dtype})")
+        raise TypeError(f"draft_inputs: embed_tokens ({embed_tokens.dtype}) must share pending_hidden's "
+                        f"dtype ({pending_hidden.dtype})")
     k = int(num_spec_tokens)
     r = p + k - 1
     dev = pending_hidden.device
@@ -226,7 +231,8 @@ def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num
         stream = torch.cuda.current_stream(dev).cuda_stream
         err = lib.peagle_draft_inputs(
             _ptr(tokens), _ptr(hid), _ptr(n), _ptr(c), _ptr(emb), _ptr(hm), _ptr(embeds), _ptr(hidden),
-            _ptr(positions), _ptr(sample_rows), bsz, p, hs, emb.shape[0], k, int(mask_token_id), dtype, stream)
+            _ptr(positions), _ptr(sample_rows), bsz, p, hs, emb.shape[0], k, int(mask_token_id), dtype,
+            stream)
     _check(lib, err, "draft_inputs")
     return embeds, hidden, positions, sample_rows
 
@@ -263,9 +269,10 @@ def _kv_attention_dispatch(q, k, v, positions, slots, k_cache, v_cache, num_head
                            scale=None):
     if (_on_cuda(q, k_cache) and q.dtype in _DTYPES and q.dtype != _FP8 and k_cache.dtype == q.dtype
             and k_cache.is_contiguous() and v_cache.is_contiguous()):
-        return kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale)
-    return reference.kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
-                                  scale)
+        return kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
+                            scale)
+    return reference.kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads,
+                                  head_dim, scale)
 
 
 def _draft_inputs_dispatch(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,

@@ -5,21 +5,23 @@ What: the wall time of `Scheduler.step()` (runtime/scheduler.py) when the execut
 no-ops. One decode step then measures only the Python/host work around the models:
   scheduler bookkeeping (cancellation check, admission, prefill/decode split, `_report` and the
   per-request `on_output` callback), SpecDecoder.step (verify-input assembly, per-sequence greedy
-  verification, commit), and ParallelDrafter.propose (drafter-input assembly: per-sequence token,
-  hidden, position rows, padding, gather, argmax, `.tolist()`).
-The no-op executor implements the interface SpecDecoder calls (`target`, `drafter`, `project`,
-`to_target_ids`, `device`, `max_len`, `num_slots`, `mask_token_id`, `h_mask`, the slot methods of
-TorchExecutor) and returns slices of preallocated zero tensors with a tiny vocabulary (V = 64) and
-hidden size (H = 8, aux = 3H), so no model compute is timed.
+  verification, commit), and ParallelDrafter.propose (host side of the drafter inputs: padded
+  pending tokens and target taps, num_pending / cur / slot tensors, `.tolist()` of the drafts).
+The no-op executor implements the `Executor` interface of runtime/executor.py (`target`,
+`draft_parallel`, `drafter`, `project`, `to_target_ids`, `device`, `max_len`, `num_slots`, the slot
+methods) and returns slices of preallocated zero tensors with a tiny vocabulary (V = 64) and hidden
+size (H = 8, aux = 3H), so no model compute is timed. Since the P-EAGLE drafter inputs (token /
+hidden / position rows) are built inside `Executor.draft_parallel` (device ops in the torch, ORT
+and TensorRT executors), the host-side drafting work timed here is ParallelDrafter.propose:
+padding the pending tokens and target taps, the per-batch index tensors and `.tolist()`.
 
 Why: on a GPU the model forwards of a step take a few milliseconds; the host work of the step must
 stay well below that or the GPU idles between steps. Target: <= 0.3 ms per step at batch 64
 (peagle, K = 7).
 
-Acceptance is fixed so every step does the same work: drafts are always token 0 (zero drafter
-logits); the target's argmax is 0 for rows < A and 1 at row A, so exactly A drafts are accepted
+Acceptance is fixed so every step does the same work: drafts are always token 0; the target's argmax is 0 for rows < A and 1 at row A, so exactly A drafts are accepted
 per step (A = --accept, default 3, i.e. acceptance length 4; A >= K means all K accepted). A
-changes the drafter input length (A+1 pending rows + K-1 mask rows per sequence).
+changes the pending length (A+1 tokens and target taps per sequence).
 
 Method per configuration: a fresh scheduler; B long-running greedy requests (ignore_eos,
 max_tokens large enough never to finish) are added and prefilled (16-token prompts), the batch is
@@ -32,7 +34,7 @@ Configurations: peagle K=7 at B = 1, 16, 64 (the target), plus peagle K=3, spec 
 K=7 with 0 and all drafts accepted, at B = 64, for context. With --profile (default on) the
 B=64 K=7 configuration is also run under cProfile and the top functions by own time are printed.
 
-Run (from the repository root; about 1 minute on 2 idle cores):
+Run (from the repository root; about 10 seconds on 2 idle cores):
     .venv/bin/python scripts/bench_scheduler.py
     .venv/bin/python scripts/bench_scheduler.py --steps 500 --warmup 50 --accept 3 --no-profile
 Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
@@ -79,6 +81,7 @@ class NoOpExecutor:
         self._aux = torch.zeros(num_slots, max_rows, 3 * HIDDEN)
         self._d_logits = torch.zeros(num_slots, max_rows, VOCAB)  # drafts: always token 0
         self._prenorm = torch.zeros(num_slots, max_rows, HIDDEN)
+        self._drafts = torch.zeros(num_slots, max_rows, dtype=torch.long)  # draft ids: token 0
 
     # -- slots (same contract as TorchExecutor) --------------------------------------------------
     def alloc_slot(self) -> int | None:
@@ -98,7 +101,12 @@ class NoOpExecutor:
             return self._t_logits[:b, s - 1:s].expand(b, logit_rows.shape[1], VOCAB), self._aux[:b, :s]
         return self._t_logits[:b, :s], self._aux[:b, :s]
 
-    def drafter(self, tokens, hidden, positions, slots):
+    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k):
+        # P-EAGLE one-pass draft: input rows, drafter forward and sampling all happen in the
+        # executor (device ops in a real one) -> draft ids [B, K]
+        return self._drafts[:tokens.shape[0], :k]
+
+    def drafter(self, tokens, hidden, positions, slots):  # sequential (EAGLE-3) drafting only
         b, s = tokens.shape
         return self._d_logits[:b, :s], self._prenorm[:b, :s]
 

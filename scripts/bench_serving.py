@@ -51,6 +51,7 @@ Output: a table on stdout, then as the LAST line one JSON object (env info + `ro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -314,12 +315,13 @@ def main() -> None:
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-serving-"))
     work.mkdir(parents=True, exist_ok=True)
     t_setup = time.perf_counter()
-    tiny = make_all(work / "tiny")
     repo_root = work / "repo"
-    if repo_root.exists():
-        shutil.rmtree(repo_root)
-    build_repository(tiny["llama"], tiny["aws"], repo_root,
-                     RepoSpec(SpecConfig("peagle", 3), max_batch=8, max_seq_len=512))
+    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the table + JSON
+        tiny = make_all(work / "tiny")
+        if repo_root.exists():
+            shutil.rmtree(repo_root)
+        build_repository(tiny["llama"], tiny["aws"], repo_root,
+                         RepoSpec(SpecConfig("peagle", 3), max_batch=8, max_seq_len=512))
     prompts = make_prompts(args.prompts)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 

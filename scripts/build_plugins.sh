@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Configure and build the P-EAGLE CUDA kernels (and the TensorRT plugins when TensorRT is found)
 # into plugins/build (Release). Needs cmake >= 3.24 and nvcc (CUDA 12.8+; 13.0 here); no GPU needed.
+# Without cmake (or with PEAGLE_BUILD_WITH=nvcc) it builds libpeagle_kernels.so alone with one nvcc command.
 #   scripts/build_plugins.sh                      # sm_90a + sm_100a SASS, compute_90 PTX
 #   TENSORRT_ROOT=/opt/tensorrt scripts/build_plugins.sh
 #   PEAGLE_CUDA_ARCHITECTURES="90a-real" scripts/build_plugins.sh    # faster, Hopper only
@@ -13,10 +14,28 @@ if [ ! -x "$NVCC" ]; then
     echo "build_plugins.sh: nvcc not found (set CUDACXX or put nvcc on PATH)" >&2
     exit 2
 fi
-args=(-S plugins -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC")
-if [ -n "${PEAGLE_CUDA_ARCHITECTURES:-}" ]; then
-    args+=(-DCMAKE_CUDA_ARCHITECTURES="$PEAGLE_CUDA_ARCHITECTURES")
+# passed on every configure, so a build directory never keeps an older architecture list
+ARCHS="${PEAGLE_CUDA_ARCHITECTURES:-90a-real;100a-real;90-virtual}"
+if [ "${PEAGLE_BUILD_WITH:-cmake}" = nvcc ] || ! command -v cmake >/dev/null 2>&1; then
+    # no CMake (e.g. a bare GPU machine): the kernel library alone, straight from nvcc
+    echo "build_plugins.sh: building libpeagle_kernels.so with nvcc only (no cmake: no TensorRT plugins)" >&2
+    gencode=()
+    IFS=';' read -ra list <<< "$ARCHS"
+    for a in "${list[@]}"; do
+        case "$a" in
+            *-real) gencode+=(-gencode "arch=compute_${a%-real},code=sm_${a%-real}") ;;
+            *-virtual) gencode+=(-gencode "arch=compute_${a%-virtual},code=compute_${a%-virtual}") ;;
+            *) gencode+=(-gencode "arch=compute_${a},code=[sm_${a},compute_${a}]") ;;
+        esac
+    done
+    mkdir -p "$BUILD_DIR"
+    "$NVCC" -O3 -std=c++17 -shared -cudart static -lineinfo -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
+        -Iplugins/include "${gencode[@]}" plugins/src/kernels/*.cu -o "$BUILD_DIR/libpeagle_kernels.so"
+    echo "build_plugins.sh: built $BUILD_DIR/libpeagle_kernels.so"
+    exit 0
 fi
+args=(-S plugins -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC"
+      -DPEAGLE_CUDA_ARCHITECTURES="$ARCHS")
 if [ -n "${TENSORRT_ROOT:-}" ]; then
     args+=(-DTENSORRT_ROOT="$TENSORRT_ROOT")
 fi

@@ -41,8 +41,8 @@ def build_tools_missing() -> str | None:
     return None
 
 
-def run_build(build_dir: Path = DEFAULT_BUILD_DIR, archs: str | None = None, tensorrt_root: Path | None = None,
-              timeout: int = 900) -> subprocess.CompletedProcess:
+def run_build(build_dir: Path = DEFAULT_BUILD_DIR, archs: str | None = None,
+              tensorrt_root: Path | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
     """scripts/build_plugins.sh into `build_dir`; raises with the build log on failure."""
     env = dict(os.environ, CUDACXX=find_nvcc() or "", PEAGLE_PLUGINS_BUILD_DIR=str(build_dir))
     if archs:

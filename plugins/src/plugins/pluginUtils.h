@@ -36,7 +36,9 @@ inline bool readNumber(nvinfer1::PluginFieldCollection const* fc, char const* na
         case nvinfer1::PluginFieldType::kINT8: out = *static_cast<int8_t const*>(f.data); return true;
         case nvinfer1::PluginFieldType::kINT16: out = *static_cast<int16_t const*>(f.data); return true;
         case nvinfer1::PluginFieldType::kINT32: out = *static_cast<int32_t const*>(f.data); return true;
-        case nvinfer1::PluginFieldType::kINT64: out = static_cast<double>(*static_cast<int64_t const*>(f.data)); return true;
+        case nvinfer1::PluginFieldType::kINT64:
+            out = static_cast<double>(*static_cast<int64_t const*>(f.data));
+            return true;
         case nvinfer1::PluginFieldType::kFLOAT32: out = *static_cast<float const*>(f.data); return true;
         case nvinfer1::PluginFieldType::kFLOAT64: out = *static_cast<double const*>(f.data); return true;
         default: return false;
