@@ -85,6 +85,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send everything written to stdout, also by native code on fd 1, to stderr for a while."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def make_prompts(n: int) -> list[str]:
     return [f"{CORPUS[i % len(CORPUS)]} Request {i}: continue." for i in range(n)]
 
@@ -316,7 +330,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     t_setup = time.perf_counter()
     repo_root = work / "repo"
-    with contextlib.redirect_stdout(sys.stderr):  # keep stdout for the table + JSON
+    with stdout_to_stderr():  # keep stdout for the table + JSON (the tokenizer trainer writes to fd 1)
         tiny = make_all(work / "tiny")
         if repo_root.exists():
             shutil.rmtree(repo_root)

@@ -10,15 +10,14 @@ Contract: docs/EXPORT.md.
 
 from __future__ import annotations
 
-import shutil
 import time
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 
+from peagle_trt.atomic import staged_dir
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError, ConfigError
 from peagle_trt.manifest import write_manifest
@@ -55,9 +54,8 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
     out_dir = Path(out_dir).absolute()
     if out_dir.exists():
         raise BuildError(f"{out_dir} already exists; remove it or choose another --output")
-    tmp = out_dir.parent / f".{out_dir.name}.tmp-{uuid.uuid4().hex[:8]}"
     timings = {}
-    try:
+    with staged_dir(out_dir, "the export") as tmp:
         (tmp / "trt").mkdir(parents=True)
         graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype)}
         if drafter is not None:
@@ -77,10 +75,6 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
             timings[name] = round(time.perf_counter() - t0, 3)
         manifest = write_manifest(tmp, {"export": {**asdict(spec), "spec": asdict(spec.spec), "max_len": spec.max_len},
                                         "graphs": sorted(graphs), "export_s": timings, **(info or {})})
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return manifest
 
 

@@ -110,6 +110,16 @@ class ModelWriter(Builder):
         return self.linear(self.op("Mul", gate, self.linear(x, mlp.up_proj, f"{prefix}.up_proj")),
                            mlp.down_proj, f"{prefix}.down_proj")
 
+    def decoder_layer(self, x: str, layer, i: int, cos: str, sin: str, positions: str, slots: str,
+                      past: tuple[str, str], present: tuple[str, str]) -> str:
+        """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+        p = f"layers.{i}"
+        h = self.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
+        x = self.op("Add", x, self.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
+                                             past, present))
+        return self.op("Add", x, self.mlp(self.norm(x, layer.post_attention_layernorm,
+                                                    f"{p}.post_attention_layernorm"), layer.mlp, f"{p}.mlp"))
+
     def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int):
         shape = [num_slots, kv_heads, max_len + 1, head_dim]
         past, present = [], []
@@ -144,12 +154,7 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32") -
     tapped = {}
     for i, layer in enumerate(model.layers):
         tapped[i] = x
-        p = f"layers.{i}"
-        h = w.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
-        x = w.op("Add", x, w.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
-                                       past[i], present[i]))
-        x = w.op("Add", x, w.mlp(w.norm(x, layer.post_attention_layernorm, f"{p}.post_attention_layernorm"),
-                                 layer.mlp, f"{p}.mlp"))
+        x = w.decoder_layer(x, layer, i, cos, sin, positions, slots, past[i], present[i])
     tapped[c.num_layers] = x
     if model.taps:
         w.op("Concat", *[tapped[t] for t in model.taps], axis=-1, outputs=["aux_hidden"])
@@ -176,12 +181,7 @@ def _drafter_layers(w: ModelWriter, model, e: str, g: str, positions: str, slots
     x = w.op("Add", x, w.mlp(w.norm(x, first.post_attention_layernorm, "layers.0.post_attention_layernorm"),
                              first.mlp, "layers.0.mlp"))
     for i, layer in enumerate(model.layers[1:], start=1):
-        p = f"layers.{i}"
-        h = w.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
-        x = w.op("Add", x, w.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
-                                       past[i], present[i]))
-        x = w.op("Add", x, w.mlp(w.norm(x, layer.post_attention_layernorm, f"{p}.post_attention_layernorm"),
-                                 layer.mlp, f"{p}.mlp"))
+        x = w.decoder_layer(x, layer, i, cos, sin, positions, slots, past[i], present[i])
     return x
 
 

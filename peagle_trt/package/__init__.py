@@ -15,14 +15,13 @@ so a failed build (bad drafter, unwritable output, interrupted copy) leaves noth
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import string
-import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from peagle_trt.checkpoint import load_pair
+from peagle_trt.atomic import staged_dir
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError
 from peagle_trt.manifest import write_manifest
@@ -122,14 +121,7 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
 
         import_tensorrt()  # fail fast, with the NGC container to use, before any export work
     templates = templates_dir()
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BuildError(f"cannot create {output.parent}: {exc.strerror}; choose a writable --output") from exc
-    if not os.access(output.parent, os.W_OK):
-        raise BuildError(f"{output.parent} is not writable; choose a writable --output")
-    tmp = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
+    with staged_dir(output, "the repository") as tmp:
         model_dir = tmp / repo.model_name
         version = model_dir / "1"
         version.mkdir(parents=True)
@@ -146,16 +138,4 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
             "drafter": ({"source": str(drafter), "layout": pair.drafter.config.layout}
                         if pair.drafter is not None else None),
             "taps": list(pair.taps)})
-        if output.exists():  # --force: swap in, then remove the old one
-            old = output.parent / f".{output.name}.old-{uuid.uuid4().hex[:8]}"
-            output.rename(old)
-            tmp.rename(output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(output)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise BuildError(f"writing the repository failed ({exc}); nothing was left behind") from exc
-        raise
     return manifest

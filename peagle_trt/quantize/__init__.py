@@ -26,12 +26,12 @@ import copy
 import shutil
 import sys
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from peagle_trt.atomic import staged_dir
 from peagle_trt.errors import BuildError, ConfigError
 from peagle_trt.manifest import write_manifest
 
@@ -189,14 +189,7 @@ def quantize_target(target_dir: str | Path, out_dir: str | Path, spec: QuantSpec
         raise ConfigError(f"--output {output} is the target directory itself; choose another directory")
     model, calib = calibrate(target_dir, spec, progress)  # all input errors raise before any write
     calib_s = time.perf_counter() - t0
-    try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise BuildError(f"cannot create {output.parent}: {exc.strerror}; "
-                         "choose a writable --output") from exc
-    tmp = output.parent / f".{output.name}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        tmp.mkdir()
+    with staged_dir(output, "the quantized checkpoint") as tmp:
         export_checkpoint(model, tmp)
         del model
         for name in TOKENIZER_FILES:
@@ -213,19 +206,6 @@ def quantize_target(target_dir: str | Path, out_dir: str | Path, spec: QuantSpec
             "calibration": calib,
             "timings": {"calibrate_s": round(calib_s, 3), "total_s": round(time.perf_counter() - t0, 3)},
         })
-        if output.exists():  # --force: swap in, then remove the old one
-            old = output.parent / f".{output.name}.old-{uuid.uuid4().hex[:8]}"
-            output.rename(old)
-            tmp.rename(output)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(output)
-    except BaseException as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(exc, OSError):
-            raise BuildError(f"writing the quantized checkpoint failed ({exc}); "
-                             "nothing was left behind") from exc
-        raise
     return manifest
 
 

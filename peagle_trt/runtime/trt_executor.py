@@ -21,6 +21,7 @@ import torch
 
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
 from peagle_trt.manifest import verify_manifest
+from peagle_trt.runtime.executor import SlotPool
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +141,7 @@ def _volume(shape) -> int:
     return v
 
 
-class TensorRTExecutor:
+class TensorRTExecutor(SlotPool):
     """Executor over TensorRT plans built by `peagle-trt engine` (one directory, one GPU arch)."""
 
     def __init__(self, engine_dir: str | Path, arch: str | None = None,
@@ -177,20 +178,7 @@ class TensorRTExecutor:
         self.num_slots, self.max_len = kv.shape[0], kv.shape[2] - 1
         self.num_spec_tokens = entry["spec"]["num_spec_tokens"]
         self.d2t = d2t.to(self.device) if d2t is not None else None
-        self._free = list(range(self.num_slots))[::-1]
-
-    # -- slots ---------------------------------------------------------------------------------
-    def alloc_slot(self) -> int | None:
-        return self._free.pop() if self._free else None
-
-    def free_slot(self, slot: int) -> None:
-        if slot in self._free or not 0 <= slot < self.num_slots:
-            raise RuntimeInvariantError(f"slot {slot} freed twice or out of range")
-        self._free.append(slot)
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
+        SlotPool.__init__(self, self.num_slots)
 
     # -- forwards ------------------------------------------------------------------------------
     def _runner(self, graph: str) -> _Runner:
