@@ -19,7 +19,8 @@ Why: on a GPU the model forwards of a step take a few milliseconds; the host wor
 stay well below that or the GPU idles between steps. Target: <= 0.3 ms per step at batch 64
 (peagle, K = 7).
 
-Acceptance is fixed so every step does the same work: drafts are always token 0; the target's argmax is 0 for rows < A and 1 at row A, so exactly A drafts are accepted
+Acceptance is fixed so every step does the same work: drafts are always token 0; the target's
+argmax is 0 for rows < A and 1 at row A, so exactly A drafts are accepted
 per step (A = --accept, default 3, i.e. acceptance length 4; A >= K means all K accepted). A
 changes the pending length (A+1 tokens and target taps per sequence).
 
@@ -171,9 +172,11 @@ def profile_config(mode: str, k: int, batch: int, accept: int, steps: int, warmu
     stats = pstats.Stats(prof, stream=buf).sort_stats("tottime")
     stats.print_stats(top)
     rows = []
-    for (file, line, func), (cc, nc, tt, ct, _) in sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]:
+    by_own_time = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    for (file, line, func), (cc, nc, tt, ct, _) in by_own_time:
         rows.append({"function": f"{os.path.relpath(file) if file.startswith('/') else file}:{line}({func})",
-                     "calls_per_step": round(nc / steps, 1), "tottime_us_per_step": round(tt / steps * 1e6, 1),
+                     "calls_per_step": round(nc / steps, 1),
+                     "tottime_us_per_step": round(tt / steps * 1e6, 1),
                      "cumtime_us_per_step": round(ct / steps * 1e6, 1)})
     return buf.getvalue(), rows
 
@@ -209,13 +212,14 @@ def cpu_model() -> str:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = f"{'mode':<7}{'K':>3}{'batch':>7}{'acc/step':>9}{'median ms':>11}{'p90 ms':>9}{'µs/request':>12}{'tok/req/step':>14}{'other CPU':>11}"
+    head = (f"{'mode':<7}{'K':>3}{'batch':>7}{'acc/step':>9}{'median ms':>11}{'p90 ms':>9}{'µs/request':>12}"
+            f"{'tok/req/step':>14}{'other CPU':>11}")
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['mode']:<7}{r['k']:>3}{r['batch']:>7}{r['accepted_per_step']:>9}{r['median_ms']:>11.3f}"
               f"{r['p90_ms']:>9.3f}{r['per_request_us']:>12.1f}{r['tokens_per_step']:>14.2f}"
-              f"{'' if r['other_cpu_share'] is None else format(r['other_cpu_share'], '.0%'):>11}")
+              f"{'-' if r['other_cpu_share'] is None else format(r['other_cpu_share'], '.0%'):>11}")
 
 
 def main() -> None:
@@ -256,7 +260,8 @@ def main() -> None:
               f"(per step; cProfile inflates Python-call-heavy code):")
         print(f"{'own µs/step':>12}{'cum µs/step':>12}{'calls/step':>11}  function")
         for p in profile:
-            print(f"{p['tottime_us_per_step']:>12.1f}{p['cumtime_us_per_step']:>12.1f}{p['calls_per_step']:>11.1f}  "
+            print(f"{p['tottime_us_per_step']:>12.1f}{p['cumtime_us_per_step']:>12.1f}"
+                  f"{p['calls_per_step']:>11.1f}  "
                   f"{p['function']}")
 
     env = {"benchmark": "scheduler_step_host_overhead",

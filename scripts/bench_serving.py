@@ -42,7 +42,7 @@ Order: after one untimed warm-up pass per path, --repeats rounds; in each round 
 each C, alternating which goes first. Reported: the median wall time over rounds; TTFT and
 latency means over all requests of all rounds.
 
-Run (from the repository root; about 2-3 minutes on 2 idle cores, incl. ~20 s server start):
+Run (from the repository root; about 1 minute on 2 idle cores, incl. ~7 s model build + server start):
     .venv/bin/python scripts/bench_serving.py
     .venv/bin/python scripts/bench_serving.py --prompts 16 --max-tokens 64 --concurrency 1,8 --repeats 3
 Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
@@ -325,9 +325,16 @@ def main() -> None:
         torch.set_num_threads(args.torch_threads)
     concs = [int(c) for c in args.concurrency.split(",")]
     bg = background_cpu()
-
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-serving-"))
     work.mkdir(parents=True, exist_ok=True)
+    try:
+        bench(args, concs, bg, work)
+    finally:
+        if args.workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
     t_setup = time.perf_counter()
     repo_root = work / "repo"
     with stdout_to_stderr():  # keep stdout for the table + JSON (the tokenizer trainer writes to fd 1)
@@ -420,12 +427,15 @@ def main() -> None:
     for r in rows:
         print(f"{r['path']:<8}{r['concurrency']:>5}{r['wall_s']:>9.2f}{r['tokens_per_s']:>9.1f}"
               f"{r['mean_ttft_ms']:>9.1f}{r['mean_latency_ms']:>12.1f}"
-              f"{fmt(r.get('wall_ratio_vs_inproc'), spec='.3f'):>12}{fmt(r.get('ttft_ratio_vs_inproc'), spec='.3f'):>12}"
-              f"{r['cpu_s_this_process']:>12.2f}{r['cpu_s_server']:>11.2f}{fmt(r['other_cpu_share_max'], 100, '.0f'):>10}%")
+              f"{fmt(r.get('wall_ratio_vs_inproc'), spec='.3f'):>12}"
+              f"{fmt(r.get('ttft_ratio_vs_inproc'), spec='.3f'):>12}"
+              f"{r['cpu_s_this_process']:>12.2f}{r['cpu_s_server']:>11.2f}"
+              f"{fmt(r['other_cpu_share_max'], 100, '.0f'):>10}%")
     print()
     for r in rows:
         if r["path"] == "inproc":
-            print(f"in-process C={r['concurrency']}: mean time to first token ids {r['mean_ttft_ids_ms']:.1f} ms "
+            print(f"in-process C={r['concurrency']}: mean time to first token ids "
+                  f"{r['mean_ttft_ids_ms']:.1f} ms "
                   f"(first non-empty text {r['mean_ttft_ms']:.1f} ms)")
     all_met = all(r["target_met"] for r in rows if r["path"] == "triton")
     for r in rows:
@@ -447,8 +457,6 @@ def main() -> None:
            "token_ids_identical": identical, "mismatches": mismatches[:20],
            "setup_s": round(setup_s, 1)}
     print(json.dumps(dict(**env, rows=rows)))
-    if args.workdir is None:
-        shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -57,9 +57,9 @@ class ScriptedDrafter:
         self.refs, self.vocab, self.correct = references, vocab, correct
         self.rng = torch.Generator().manual_seed(seed)
 
-    def propose(self, seqs, k):
+    def propose(self, batch, k):
         out = []
-        for s in seqs:
+        for s in batch.seqs:
             ref, at = self.refs[tuple(s.prompt)], len(s.output)
             drafts = []
             for i in range(k):
@@ -67,7 +67,7 @@ class ScriptedDrafter:
                 drafts.append(truth if self.correct(i, self.rng) else (truth + 1) % self.vocab)
             s.stats.drafter_forwards += 1
             out.append(drafts)
-        return out
+        return torch.tensor(out, dtype=torch.long).reshape(len(out), k)
 
 
 def reference_outputs(decoder_none: SpecDecoder, prompts: list[list[int]], n: int) -> dict:

@@ -104,11 +104,11 @@ class Scheduler:
     def step(self) -> None:
         self._drop_cancelled()
         self._admit()
-        prefilling = [r.seq for r in self.running if not r.seq.prefilled]
+        prefilling, decoding = [], []
+        for r in self.running:  # split before prefilling: a prompt finishing now decodes next step
+            (decoding if r.seq.num_computed == len(r.seq.prompt) else prefilling).append(r.seq)
         if prefilling:
             self.decoder.prefill(prefilling, self.prefill_chunk)
-        decoding = [r.seq for r in self.running if r.seq.prefilled and r.seq.output and not r.seq.finished
-                    and r.seq not in prefilling]
         if decoding:
             self.decoder.step(decoding)
         self._report()
@@ -142,9 +142,11 @@ class Scheduler:
     def _report(self) -> None:
         for r in list(self.running):
             seq = r.seq
+            if len(seq.output) == r.sent and seq.finish_reason is None:
+                continue
             new = seq.output[r.sent:]
             r.sent = len(seq.output)
-            if new and not seq.finished:
+            if new and seq.finish_reason is None:
                 if self._emit(r, RequestOutput(r.request_id, new)):
                     seq.finish_reason = "stop"
                     self._finish(r, "stop", already_sent=True)

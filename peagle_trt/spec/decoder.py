@@ -1,12 +1,14 @@
 """The speculate-verify loop over a batch of sequences, on any executor.
 
-    prefill(seqs): target over each prompt -> first token; drafter over the prompt -> K drafts
+    prefill(seqs): target over each prompt (chunk) -> first token; drafter over it -> K drafts
     step(seqs):    verify [last, d_1..d_K] in one target forward -> accept a drafts + 1 token
                    -> draft the next K in one drafter forward (or K, in eagle3 mode)
 
 With K = 0 (spec mode "none") the same step is plain decoding: one target row, one token.
 Greedy output equals the target's own greedy output token for token; sampled output has the
 target's distribution (spec/verify.py). Requests may join (prefill) and leave between steps.
+The hot path keeps the batch in tensors: verification is one argmax/compare over [B, K+1] and the
+drafter gets the verify outputs as they are (`DraftBatch`), with no per-sequence tensor work.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.spec.drafting import ParallelDrafter, SequentialDrafter, pad_stack
+from peagle_trt.spec.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.spec.sampling import make_generator
 from peagle_trt.spec.stats import SpecStats
 from peagle_trt.spec.verify import verify
@@ -30,8 +32,6 @@ class Sequence:
     slot: int
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)  # generated ids (prompt excluded)
-    pending: list[int] = field(default_factory=list)  # tokens not yet run through the drafter
-    pending_aux: torch.Tensor | None = None  # [len(pending), 3 * H_t] target taps paired with them
     drafts: list[int] = field(default_factory=list)  # [K] proposals for positions cur+1..cur+K
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -39,6 +39,7 @@ class Sequence:
     # position of the token the next verify starts from: the last generated token once decoding
     # (sampled, not yet run through the target); during chunked prefill, the next prompt token
     cur: int = 0
+    stop_ids: frozenset = frozenset()  # EOS / end ids that finish this sequence
 
     @property
     def prefilled(self) -> bool:
@@ -66,7 +67,8 @@ class SpecDecoder:
             raise ConfigError(f"the prompt has {len(prompt)} tokens but the maximum sequence length "
                               f"is {self.max_seq_len}; shorten it or raise the maximum")
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
-        return Sequence(list(prompt), params, slot, generator, stats=SpecStats(self.k))
+        stop_ids = frozenset() if params.ignore_eos else frozenset(self.eos_ids) | frozenset(params.end_ids)
+        return Sequence(list(prompt), params, slot, generator, stats=SpecStats(self.k), stop_ids=stop_ids)
 
     def prefill(self, seqs: list[Sequence], chunk: int | None = None) -> None:
         """Run the next `chunk` prompt tokens (all when None) of each sequence through the target
@@ -76,28 +78,30 @@ class SpecDecoder:
         tokens prompt[a+1 .. b] (the next chunk's first token acts as the bonus, its drafts are
         discarded) and the last chunk feeds prompt[a+1 ..] + the sampled first token."""
         ex, dev = self.ex, self.ex.device
-        ends = [len(s.prompt) if chunk is None else min(len(s.prompt), s.num_computed + chunk) for s in seqs]
-        tokens = pad_stack([torch.tensor(s.prompt[s.num_computed:b], device=dev)
-                            for s, b in zip(seqs, ends)], 0)  # [B, C_max]
-        positions = pad_stack([torch.arange(s.num_computed, b, device=dev) for s, b in zip(seqs, ends)], -1)
-        last = torch.tensor([[b - s.num_computed - 1] for s, b in zip(seqs, ends)], device=dev)  # [B, 1]
+        starts = [s.num_computed for s in seqs]
+        ends = [len(s.prompt) if chunk is None else min(len(s.prompt), a + chunk) for s, a in zip(seqs, starts)]
+        tokens = pad_stack([torch.tensor(s.prompt[a:b], device=dev) for s, a, b in zip(seqs, starts, ends)], 0)
+        positions = pad_stack([torch.arange(a, b, device=dev) for a, b in zip(starts, ends)], -1)  # [B, C]
+        last = torch.tensor([[b - a - 1] for a, b in zip(starts, ends)], device=dev)  # [B, 1]
         slots = torch.tensor([s.slot for s in seqs], device=dev)
-        logits, aux = ex.target(tokens, positions, slots, last)  # [B, 1, V], [B, C_max, A]
-        partial, done = [], []
-        for i, (s, b) in enumerate(zip(seqs, ends)):
+        logits, aux = ex.target(tokens, positions, slots, last)  # [B, 1, V], [B, C, A]
+        pending = []  # drafter tokens per sequence, paired row by row with aux
+        for i, (s, a, b) in enumerate(zip(seqs, starts, ends)):
             s.stats.target_forwards += 1
-            a, s.num_computed, s.cur = s.num_computed, b, b
+            s.num_computed = s.cur = b
             if b < len(s.prompt):
-                s.pending, s.pending_aux = s.prompt[a + 1:b + 1], aux[i, :b - a]
-                partial.append(s)
+                pending.append(s.prompt[a + 1:b + 1])
                 continue
             first = verify([], logits[i], s.params, s.generator)  # one sampled token, no drafts
-            s.pending, s.pending_aux = s.prompt[a + 1:] + first, aux[i, :b - a]
+            pending.append(s.prompt[a + 1:] + first)
             self._commit(s, first)
-            done.append(s)
-        if partial and self.k:
-            self.proposer.propose(partial, 1)  # fills the drafter KV cache; the draft is discarded
-        self._draft([s for s in done if not s.finished])
+        if not self.k:
+            return
+        batch = DraftBatch.build(seqs, pending, aux, dev)
+        partial = [i for i, s in enumerate(seqs) if not s.prefilled]
+        if partial:  # fills the drafter KV cache for the chunk; the draft is discarded
+            self.proposer.propose(batch.select(partial), 1)
+        self._draft(batch.select([i for i, s in enumerate(seqs) if s.prefilled and not s.finished]))
 
     def step(self, seqs: list[Sequence]) -> None:
         """One speculate-verify iteration for every unfinished sequence of `seqs`."""
@@ -106,41 +110,45 @@ class SpecDecoder:
             return
         ex, dev, k = self.ex, self.ex.device, self.k
         # 1. verify: rows [last generated, d_1..d_K] at positions cur..cur+K, one target forward
-        tokens = torch.tensor([[s.output[-1]] + s.drafts for s in seqs], device=dev)  # [B, K+1]
-        cur = torch.tensor([s.cur for s in seqs], device=dev)
+        tokens = ints([[s.output[-1]] + s.drafts for s in seqs], dev)  # [B, K+1]
+        cur = ints([s.cur for s in seqs], dev)  # [B]
         positions = cur[:, None] + torch.arange(k + 1, device=dev)  # [B, K+1]
-        slots = torch.tensor([s.slot for s in seqs], device=dev)
+        slots = ints([s.slot for s in seqs], dev)
         logits, aux = ex.target(tokens, positions, slots)  # [B, K+1, V], [B, K+1, A]
-        # 2. accept: a drafts + one correction/bonus token; emitted token j pairs with aux[j]
+        # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
+        target_ids = logits.argmax(dim=-1)  # [B, K+1]
+        accepted = (tokens[:, 1:] == target_ids[:, :k]).cumprod(dim=1).sum(dim=1)  # [B]
+        emitted = [row[:a + 1] for row, a in zip(target_ids.tolist(), accepted.tolist())]
         for i, s in enumerate(seqs):
+            if not s.params.greedy:  # lossless rejection sampling, per sequence
+                emitted[i] = verify(s.drafts, logits[i], s.params, s.generator)
             s.stats.target_forwards += 1
-            emitted = verify(s.drafts, logits[i], s.params, s.generator)
             if k:
-                s.stats.record_step(k, len(emitted) - 1)
-            s.pending, s.pending_aux = emitted, aux[i, :len(emitted)]
-            self._commit(s, emitted)
-        # 3. draft the next K for the sequences still running (target KV past cur is stale and
-        #    is overwritten by the next verify: no rollback)
-        self._draft([s for s in seqs if not s.finished])
+                s.stats.record_step(k, len(emitted[i]) - 1)
+            self._commit(s, emitted[i])
+        # 3. draft the next K from the emitted tokens, paired row by row with the verify's taps
+        #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
+        #    by the next verify: no rollback
+        if k:
+            num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
+            batch = DraftBatch(seqs, ints([e + [0] * (k + 1 - len(e)) for e in emitted], dev), aux, num,
+                               cur + num, slots)
+            self._draft(batch.select([i for i, s in enumerate(seqs) if s.finish_reason is None]))
 
-    def _draft(self, seqs: list[Sequence]) -> None:
-        if not self.k or not seqs:
-            for s in seqs:
-                s.drafts = []
+    def _draft(self, batch: DraftBatch) -> None:
+        if not batch.seqs:
             return
-        for s, drafts in zip(seqs, self.proposer.propose(seqs, self.k)):
+        for s, drafts in zip(batch.seqs, self.proposer.propose(batch, self.k).tolist()):
             s.drafts = drafts
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
         """Append emitted tokens, stopping at an end id, max_tokens or the maximum length."""
-        p = s.params
-        for token in emitted:
-            s.output.append(token)
-            s.cur = len(s.prompt) + len(s.output) - 1
-            s.stats.tokens += 1
-            if not p.ignore_eos and (token in self.eos_ids or token in p.end_ids):
-                s.finish_reason = "stop"
-            elif len(s.output) >= p.max_tokens or s.cur + 1 >= self.max_seq_len:
-                s.finish_reason = "length"
-            if s.finished:
-                return
+        room = min(s.params.max_tokens - len(s.output), self.max_seq_len - len(s.prompt) - len(s.output))
+        stop_at = next((j for j, t in enumerate(emitted) if t in s.stop_ids), None) if s.stop_ids else None
+        if stop_at is not None and stop_at < room:
+            emitted, s.finish_reason = emitted[:stop_at + 1], "stop"
+        elif len(emitted) >= room:
+            emitted, s.finish_reason = emitted[:room], "length"
+        s.output += emitted
+        s.stats.tokens += len(emitted)
+        s.cur = len(s.prompt) + len(s.output) - 1

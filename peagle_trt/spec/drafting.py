@@ -17,16 +17,47 @@ Every row writes its K/V at its own position, overwriting last step's speculativ
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import torch
+
+
+def ints(values: list, device) -> torch.Tensor:
+    """An int64 tensor from (nested, rectangular) Python lists, through numpy (much faster than
+    torch.tensor on lists)."""
+    return torch.from_numpy(np.asarray(values, dtype=np.int64)).to(device)
 
 
 def pad_stack(rows: list[torch.Tensor], pad: float | int) -> torch.Tensor:
     """Ragged [n_i, ...] tensors -> [B, max n_i, ...] padded with `pad`."""
-    width = max(r.shape[0] for r in rows)
-    out = rows[0].new_full((len(rows), width, *rows[0].shape[1:]), pad)
-    for i, r in enumerate(rows):
-        out[i, :r.shape[0]] = r
-    return out
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad)
+
+
+@dataclass
+class DraftBatch:
+    """The pending rows of B sequences for one drafting pass, padded (row j of `tokens` pairs
+    with row j of `aux`; rows past num_pending are padding)."""
+    seqs: list
+    tokens: torch.Tensor  # [B, P] pending ids: accepted drafts + bonus (or a prompt chunk)
+    aux: torch.Tensor  # [B, P, 3 * H_t] the target taps paired with them
+    num_pending: torch.Tensor  # [B]
+    cur: torch.Tensor  # [B] pending rows sit at positions cur-n .. cur-1
+    slots: torch.Tensor  # [B]
+
+    @classmethod
+    def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, device) -> "DraftBatch":
+        width = aux.shape[1]
+        tokens = ints([p + [0] * (width - len(p)) for p in pending], device)
+        return cls(seqs, tokens, aux, ints([len(p) for p in pending], device), ints([s.cur for s in seqs], device),
+                   ints([s.slot for s in seqs], device))
+
+    def select(self, rows: list[int]) -> "DraftBatch":
+        if len(rows) == len(self.seqs):
+            return self
+        idx = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
+        return DraftBatch([self.seqs[i] for i in rows], self.tokens[idx], self.aux[idx], self.num_pending[idx],
+                          self.cur[idx], self.slots[idx])
 
 
 class ParallelDrafter:
@@ -35,17 +66,11 @@ class ParallelDrafter:
     def __init__(self, executor):
         self.ex = executor
 
-    def propose(self, seqs: list, k: int) -> list[list[int]]:
-        ex, dev = self.ex, self.ex.device
-        tokens = pad_stack([torch.tensor(s.pending, device=dev) for s in seqs], 0)  # [B, P]
-        aux = pad_stack([s.pending_aux for s in seqs], 0.0)  # [B, P, 3 * H_t]
-        num_pending = torch.tensor([len(s.pending) for s in seqs], device=dev)  # [B]
-        cur = torch.tensor([s.cur for s in seqs], device=dev)  # [B]
-        slots = torch.tensor([s.slot for s in seqs], device=dev)
-        drafts = ex.draft_parallel(tokens, aux, num_pending, cur, slots, k)  # [B, K]
-        for s in seqs:
+    def propose(self, b: DraftBatch, k: int) -> torch.Tensor:
+        drafts = self.ex.draft_parallel(b.tokens, b.aux, b.num_pending, b.cur, b.slots, k)  # [B, K]
+        for s in b.seqs:
             s.stats.drafter_forwards += 1
-        return drafts.tolist()
+        return drafts
 
 
 class SequentialDrafter:
@@ -54,23 +79,23 @@ class SequentialDrafter:
     def __init__(self, executor):
         self.ex = executor
 
-    def propose(self, seqs: list, k: int) -> list[list[int]]:
+    def propose(self, b: DraftBatch, k: int) -> torch.Tensor:
         ex, dev = self.ex, self.ex.device
-        slots = torch.tensor([s.slot for s in seqs], device=dev)
-        last = torch.tensor([len(s.pending) - 1 for s in seqs], device=dev)  # NTP row per sequence
-        tokens = pad_stack([torch.tensor(s.pending, device=dev) for s in seqs], 0)
-        hidden = pad_stack([ex.project(s.pending_aux) for s in seqs], 0.0)
-        positions = pad_stack([torch.arange(s.cur - len(s.pending), s.cur, device=dev) for s in seqs], -1)
+        j = torch.arange(b.tokens.shape[1], device=dev)[None]
+        n = b.num_pending[:, None]
+        tokens, hidden = b.tokens, ex.project(b.aux)  # [B, P], [B, P, H]
+        positions = torch.where(j < n, b.cur[:, None] - n + j, torch.full_like(j, -1))  # [B, P]
+        last = b.num_pending - 1  # the NTP row of each sequence
+        rows = torch.arange(len(b.seqs), device=dev)
         out = []
         for step in range(k):
-            logits, prenorm = ex.drafter(tokens, hidden, positions, slots)  # [B, S, V_d], [B, S, H]
+            logits, prenorm = ex.drafter(tokens, hidden, positions, b.slots)  # [B, S, V_d], [B, S, H]
             idx = last if step == 0 else torch.zeros_like(last)
-            rows = torch.arange(len(seqs), device=dev)
             draft = ex.to_target_ids(logits[rows, idx].argmax(dim=-1))  # [B]
             out.append(draft)
             # next pass: one row (previous draft, its pre-norm hidden) at the next position
             tokens, hidden = draft[:, None], prenorm[rows, idx][:, None]
-            positions = torch.tensor([[s.cur + step] for s in seqs], device=dev)
-        for s in seqs:
+            positions = (b.cur + step)[:, None]
+        for s in b.seqs:
             s.stats.drafter_forwards += k
-        return torch.stack(out, dim=1).tolist()  # [B, K]
+        return torch.stack(out, dim=1)  # [B, K]

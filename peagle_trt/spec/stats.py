@@ -5,6 +5,8 @@ Formulas (vLLM conventions; "step" = one verify of K drafts):
   draft_accept_rate      = accepted / drafted               (drafted = steps * K)
   accept_rate_per_pos[i] = accepted_at_pos[i] / steps        (joint: >= i+1 drafts accepted)
 Identity: acceptance_length = 1 + sum(accept_rate_per_pos).
+Recording a step is one histogram increment (the hot path); the per-position counts derive
+from it: accepted_at_pos[i] = number of steps that accepted more than i drafts.
 """
 
 from __future__ import annotations
@@ -17,28 +19,30 @@ class SpecStats:
     num_spec_tokens: int = 0
     steps: int = 0  # verify steps that carried drafts
     drafted: int = 0
-    accepted: int = 0
-    accepted_at_pos: list[int] = field(default_factory=list)
+    histogram: dict = field(default_factory=dict)  # drafts accepted in a step -> number of steps
     target_forwards: int = 0
     drafter_forwards: int = 0
     tokens: int = 0  # generated tokens
 
     def record_step(self, num_drafts: int, num_accepted: int) -> None:
-        if len(self.accepted_at_pos) < num_drafts:
-            self.accepted_at_pos += [0] * (num_drafts - len(self.accepted_at_pos))
         self.steps += 1
         self.drafted += num_drafts
-        self.accepted += num_accepted
-        for i in range(num_accepted):
-            self.accepted_at_pos[i] += 1
+        self.histogram[num_accepted] = self.histogram.get(num_accepted, 0) + 1
 
     def merge(self, other: "SpecStats") -> None:
-        for i, n in enumerate(other.accepted_at_pos):
-            if i >= len(self.accepted_at_pos):
-                self.accepted_at_pos.append(0)
-            self.accepted_at_pos[i] += n
-        for name in ("steps", "drafted", "accepted", "target_forwards", "drafter_forwards", "tokens"):
+        for a, n in other.histogram.items():
+            self.histogram[a] = self.histogram.get(a, 0) + n
+        for name in ("steps", "drafted", "target_forwards", "drafter_forwards", "tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+
+    @property
+    def accepted(self) -> int:
+        return sum(a * n for a, n in self.histogram.items())
+
+    @property
+    def accepted_at_pos(self) -> list[int]:
+        depth = max([self.num_spec_tokens, *self.histogram]) if self.histogram else self.num_spec_tokens
+        return [sum(n for a, n in self.histogram.items() if a > i) for i in range(depth)]
 
     @property
     def acceptance_length(self) -> float:

@@ -32,8 +32,8 @@ class RandomDrafter:
     def __init__(self, seed: int):
         self.rng = torch.Generator().manual_seed(seed)
 
-    def propose(self, seqs, k):
-        return [torch.randint(0, V, (k,), generator=self.rng).tolist() for _ in seqs]
+    def propose(self, batch, k):
+        return torch.randint(0, V, (len(batch.seqs), k), generator=self.rng)
 
 
 def chi_square_of_first_tokens(k: int, runs: int, temperature: float = 1.0) -> tuple[float, int]:
