@@ -73,7 +73,7 @@ class ServingEngine:
         self.codec, self.scheduler, self.params = codec, scheduler, params
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
-        self.on_step: Callable[[], None] | None = None  # e.g. metrics refresh, after every step
+        self.on_step: Callable[[], None] | None = None  # e.g. metrics refresh (throttled by the callee)
         self.step_error: Exception | None = None
 
     @classmethod
@@ -137,16 +137,15 @@ class ServingEngine:
             with sched.wakeup:
                 if not sched.has_work:
                     sched.wakeup.wait(0.05)  # also wakes up to poll client cancellations
-            if not sched.has_work:
-                continue
-            try:
-                sched.step()
-            except Exception as exc:  # keep serving: fail the running requests, not the server
-                log.exception("scheduler step failed; aborting the running requests")
-                self.step_error = exc
-                for r in list(sched.running):
-                    sched.cancel(r.request_id)
-            if self.on_step is not None:
+            if sched.has_work:
+                try:
+                    sched.step()
+                except Exception as exc:  # keep serving: fail the running requests, not the server
+                    log.exception("scheduler step failed; aborting the running requests")
+                    self.step_error = exc
+                    for r in list(sched.running):
+                        sched.cancel(r.request_id)
+            if self.on_step is not None:  # after steps and while idle (metrics stay fresh)
                 self.on_step()
 
     def run_one(self, prompt: str, params: SamplingParams, on_event: Callable[[Event], None],

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -86,6 +88,11 @@ class TritonPythonModel:
         self._make_metrics()
         self.engine.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
+        self._next_metrics = 0.0
+        # Responses go out from their own thread so the scheduler never waits on the transport.
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sender_thread = threading.Thread(target=self._send_loop, name="peagle-sender", daemon=True)
+        self._sender_thread.start()
         self.engine.start()
         log.info("peagle model ready: %s", params)
 
@@ -131,12 +138,20 @@ class TritonPythonModel:
                 pb.Tensor("target_forwards", np.array([s.get("target_forwards", 0)], dtype=np.int32)),
                 pb.Tensor("drafter_forwards", np.array([s.get("drafter_forwards", 0)], dtype=np.int32))]
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if event.finished else 0
-        try:
-            sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
-        except Exception:  # the client is gone: stop generating for it
-            log.info("client of %s disconnected; cancelling", event.request_id)
-            if not event.finished:
-                self.engine.cancel(event.request_id)
+        self._outbox.put((sender, pb.InferenceResponse(output_tensors=tensors), flags, event))
+
+    def _send_loop(self) -> None:
+        while True:
+            item = self._outbox.get()
+            if item is None:
+                return
+            sender, response, flags, event = item
+            try:
+                sender.send(response, flags=flags)
+            except Exception:  # the client is gone: stop generating for it
+                log.info("client of %s disconnected; cancelling", event.request_id)
+                if not event.finished:
+                    self.engine.cancel(event.request_id)
 
     # -- metrics -------------------------------------------------------------------------------------
     def _make_metrics(self):
@@ -163,10 +178,13 @@ class TritonPythonModel:
         self._last_tokens = 0
 
     def _update_metrics(self):
+        now = time.monotonic()
+        if now < self._next_metrics:  # refresh at most twice a second: metric calls cross into C++
+            return
+        self._next_metrics = now + 0.5
         sched = self.engine.scheduler
         running = sum(len(r.seq.output) for r in sched.running if r.seq is not None)
         total = sched.generated_tokens + running
-        now = time.monotonic()
         self.m_tokens.increment(max(0, total - self._last_tokens))
         self._last_tokens = total
         self._tokens_window = [(t, n) for t, n in self._tokens_window if now - t < 10.0] + [(now, total)]
@@ -180,3 +198,5 @@ class TritonPythonModel:
 
     def finalize(self):
         self.engine.stop()
+        self._outbox.put(None)
+        self._sender_thread.join(5)
