@@ -115,6 +115,9 @@ def resolve_backend(name: str) -> str:
 
     if importlib.util.find_spec("tensorrt") is not None:
         return "tensorrt"
+    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
+        raise ConfigError("neither TensorRT nor onnxruntime is installed: pip install 'peagle-trt[export]' "
+                          "for the onnxruntime backend, or pass --backend torch")
     print("[build] TensorRT is not installed here: using the onnxruntime backend (pass --backend "
           "tensorrt inside an NGC TensorRT container)", file=sys.stderr)
     return "onnxruntime"
