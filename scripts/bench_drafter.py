@@ -169,8 +169,8 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     print(f"[{name}] prefill of {context} positions: {time.perf_counter() - t0:.1f} s", flush=True)
     parallel, sequential = make_steps(model, cache, context, gen)
     rows = []
-    counters = cpu_counters()
     for k in ks:
+        counters = cpu_counters()
         for _ in range(warmup):
             parallel(k)
             sequential(k)
@@ -183,14 +183,13 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
                          parallel_ms_min=min(par), sequential_ms_min=min(seq),
                          parallel_rows=PENDING + k - 1, sequential_forwards=k,
                          repeats=repeats, warmup=warmup))
+        share = other_cpu_share(counters, cpu_counters())
+        rows[-1]["other_cpu_share"] = None if share is None else round(share, 3)
         print(f"[{name}] K={k:<2d} parallel {rows[-1]['parallel_ms']:9.2f} ms   "
               f"sequential {rows[-1]['sequential_ms']:9.2f} ms", flush=True)
-    share = other_cpu_share(counters, cpu_counters())
-    if share is not None and share > 0.05:
-        print(f"[{name}] WARNING: other processes used {share:.0%} of the CPU time while timing; "
-              "these figures are noisy, rerun on an idle machine", flush=True)
-    for r in rows:
-        r["other_cpu_share"] = None if share is None else round(share, 3)
+        if share is not None and share > 0.05:
+            print(f"[{name}] K={k:<2d} WARNING: other processes used {share:.0%} of the CPU time while "
+                  "timing; these figures are noisy, rerun on an idle machine", flush=True)
     base = next((r["parallel_ms"] for r in rows if r["k"] == 1), None)
     for r in rows:
         r["seq_over_par"] = r["sequential_ms"] / r["parallel_ms"]
@@ -207,10 +206,15 @@ def lm_head_probe(name: str, rows_list: list[int], repeats: int) -> list[dict]:
     out = []
     for m in rows_list:
         x = torch.randn(1, m, c["hidden_size"])
+        counters = cpu_counters()
         torch.nn.functional.linear(x, weight)  # warm-up
         times = [timed(lambda _: torch.nn.functional.linear(x, weight), m) for _ in range(repeats)]
-        out.append(dict(head=name, rows=m, lm_head_ms=statistics.median(times), repeats=repeats))
-        print(f"[{name}] lm_head alone, M={m:<2d} rows: {out[-1]['lm_head_ms']:10.3f} ms", flush=True)
+        share = other_cpu_share(counters, cpu_counters())
+        out.append(dict(head=name, rows=m, lm_head_ms=statistics.median(times), repeats=repeats,
+                        other_cpu_share=None if share is None else round(share, 3)))
+        noisy = "  (noisy: other processes busy)" if share is not None and share > 0.05 else ""
+        print(f"[{name}] lm_head alone, M={m:<2d} rows: {out[-1]['lm_head_ms']:10.3f} ms{noisy}",
+              flush=True)
     return out
 
 
@@ -251,10 +255,15 @@ def print_table(rows: list[dict]) -> None:
               f"{'par K/par K=1':>14}")
     print(header)
     print("-" * len(header))
+    noisy = False
     for r in rows:
         ratio = f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a"
+        flag = " *" if (r["other_cpu_share"] or 0) > 0.05 else ""
+        noisy |= bool(flag)
         print(f"{r['head']:<20} {r['k']:>3} {r['parallel_ms']:>12.2f} {r['sequential_ms']:>14.2f} "
-              f"{r['seq_over_par']:>7.2f}x {ratio:>14}")
+              f"{r['seq_over_par']:>7.2f}x {ratio:>14}{flag}")
+    if noisy:
+        print("* other processes used > 5% of the CPU time while this row was timed: noisy figure")
 
 
 def main() -> None:
