@@ -65,7 +65,7 @@ HEADS = {
         config=dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
                     intermediate_size=128, vocab_size=512, draft_vocab_size=384, target_hidden_size=64,
                     rope=RopeConfig()),
-        repeats=50, warmup=3, assumed=[]),
+        repeats=300, warmup=10, assumed=[]),
     "gpt-oss-20b-peagle": dict(
         config=dict(hidden_size=2880, num_layers=4, num_heads=64, num_kv_heads=8, head_dim=64,
                     intermediate_size=2880, vocab_size=201088, draft_vocab_size=201088,
@@ -169,6 +169,7 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     print(f"[{name}] prefill of {context} positions: {time.perf_counter() - t0:.1f} s", flush=True)
     parallel, sequential = make_steps(model, cache, context, gen)
     rows = []
+    head_counters = cpu_counters()
     for k in ks:
         counters = cpu_counters()
         for _ in range(warmup):
@@ -190,6 +191,14 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
         if share is not None and share > 0.05:
             print(f"[{name}] K={k:<2d} WARNING: other processes used {share:.0%} of the CPU time while "
                   "timing; these figures are noisy, rerun on an idle machine", flush=True)
+    head_share = other_cpu_share(head_counters, cpu_counters())
+    for r in rows:  # per-K share when the K took long enough to measure, else the whole head's
+        r["other_cpu_share_head"] = None if head_share is None else round(head_share, 3)
+        share = r["other_cpu_share"] if r["other_cpu_share"] is not None else r["other_cpu_share_head"]
+        r["noisy"] = share is not None and share > 0.05
+    if head_share is not None and head_share > 0.05:
+        print(f"[{name}] WARNING: other processes used {head_share:.0%} of the CPU time while timing "
+              "this head; rerun on an idle machine", flush=True)
     base = next((r["parallel_ms"] for r in rows if r["k"] == 1), None)
     for r in rows:
         r["seq_over_par"] = r["sequential_ms"] / r["parallel_ms"]
@@ -231,9 +240,12 @@ def cpu_counters() -> tuple[float, float, float] | None:
     return total / tick, (total - fields[3] - fields[4]) / tick, own.user + own.system
 
 
-def other_cpu_share(before, after) -> float | None:
-    """Share of all CPU time between two cpu_counters() samples used by OTHER processes (or steal)."""
-    if before is None or after is None or after[0] <= before[0]:
+def other_cpu_share(before, after, min_wall_s: float = 1.0) -> float | None:
+    """Share of all CPU time between two cpu_counters() samples used by OTHER processes (or steal);
+    None when unknown or when the interval is too short for the 10 ms /proc/stat ticks."""
+    if before is None or after is None:
+        return None
+    if (after[0] - before[0]) / (os.cpu_count() or 1) < min_wall_s:
         return None
     other = (after[1] - before[1]) - (after[2] - before[2])
     return max(other, 0.0) / (after[0] - before[0])
@@ -258,7 +270,7 @@ def print_table(rows: list[dict]) -> None:
     noisy = False
     for r in rows:
         ratio = f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a"
-        flag = " *" if (r["other_cpu_share"] or 0) > 0.05 else ""
+        flag = " *" if r["noisy"] else ""
         noisy |= bool(flag)
         print(f"{r['head']:<20} {r['k']:>3} {r['parallel_ms']:>12.2f} {r['sequential_ms']:>14.2f} "
               f"{r['seq_over_par']:>7.2f}x {ratio:>14}{flag}")
