@@ -80,6 +80,7 @@ from peagle_trt.export import ExportSpec, export_pair
 from peagle_trt.quantize import QuantSpec, quantize_target
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.ort_executor import OrtExecutor
+from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 K = 7
 NUM_SLOTS = 4
@@ -304,15 +305,6 @@ def version(dist: str) -> str | None:
         return None
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def mem_gib() -> float | None:

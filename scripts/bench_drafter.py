@@ -57,6 +57,7 @@ import torch
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import RopeConfig
+from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token
 
@@ -251,15 +252,6 @@ def other_cpu_share(before, after, min_wall_s: float = 1.0) -> float | None:
     return max(other, 0.0) / (after[0] - before[0])
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def print_table(rows: list[dict]) -> None:

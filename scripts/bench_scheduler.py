@@ -60,6 +60,7 @@ import torch
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.spec.decoder import SpecDecoder
+from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 VOCAB, HIDDEN = 64, 8
 TARGET_MS = 0.3
@@ -200,15 +201,6 @@ def busy_elsewhere(a, b) -> float | None:
     return round(max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0]), 3)
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def print_table(rows: list[dict]) -> None:

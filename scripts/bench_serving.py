@@ -75,6 +75,7 @@ from peagle_trt.serving.engine import ServingEngine
 from peagle_trt.serving.repo import model_params
 from peagle_trt.serving.server import ServeSpec, TritonServer
 from peagle_trt.tiny import CORPUS, make_all
+from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 TARGET_RATIO = 1.10
 
@@ -294,15 +295,6 @@ def background_cpu(seconds: float = 2.0) -> float | None:
     return round((b[1] - a[1]) / (b[0] - a[0]), 3)
 
 
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def fmt(v: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
