@@ -3,12 +3,14 @@
 
 What: the wall time of the drafter forwards that produce K draft tokens for one sequence
 (batch 1) in the middle of a decode, for K = 1, 3, 7, 11 by default.
-  parallel    (P-EAGLE, spec/drafting.py ParallelDrafter): ONE forward over the n pending rows
-              plus K-1 mask rows (token = mask_token_id, hidden = h_mask).
-  sequential  (EAGLE-3, SequentialDrafter): K forwards; the first over the n pending rows, then
-              K-1 forwards of one row each (previous draft + its pre-norm output).
-Both modes include the fc projection of the pending target taps, the lm_head, the argmax and the
-d2t mapping, exactly as the drafting classes do; the model is called directly with their layouts.
+  parallel    (P-EAGLE, spec/drafting.py ParallelDrafter -> TorchExecutor.draft_parallel): ONE
+              forward over the n pending rows plus K-1 mask rows (token = mask_token_id,
+              hidden = h_mask), the lm_head on the K sampled rows only, argmax + d2t.
+  sequential  (EAGLE-3, SequentialDrafter): K forwards; the first over the n pending rows (lm_head
+              on all n), then K-1 forwards of one row each (previous draft + its pre-norm output).
+Both run through the real drafting classes and TorchExecutor's drafting methods (fc projection of
+the pending target taps, row assembly, forwards, argmax, d2t), on an executor holding only the
+drafter (no target model is needed to draft).
 
 Why: P-EAGLE's claim is that drafting cost stays nearly flat in K (one forward whose row count
 grows by K-1), while EAGLE-3's cost grows about K-fold. This measures both on the reference
@@ -51,12 +53,15 @@ import statistics
 import sys
 import time
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import torch
 
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import RopeConfig
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.spec.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
 from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token
@@ -116,34 +121,34 @@ def prefill(model: DrafterModel, cache, context: int, gen: torch.Generator) -> N
     model(tokens, hidden, positions, torch.zeros(1, dtype=torch.long), cache)
 
 
+class DrafterOnlyExecutor:
+    """TorchExecutor's drafting methods over a drafter and its cache, without a target model."""
+
+    draft_parallel = TorchExecutor.draft_parallel
+    drafter = TorchExecutor.drafter
+    project = TorchExecutor.project
+    to_target_ids = TorchExecutor.to_target_ids
+
+    def __init__(self, model: DrafterModel, cache):
+        self.drafter_model, self.drafter_cache = model, cache
+        self.mask_token_id = model.config.mask_token_id
+        self.device = model.fc.weight.device
+
+
 def make_steps(model: DrafterModel, cache, context: int, gen: torch.Generator):
-    """Closures running one drafting step of K tokens in each mode; both return [K] target ids."""
+    """Closures running one drafting step of K tokens in each mode; both return [1, K] target ids."""
     c = model.config
-    slots = torch.zeros(1, dtype=torch.long)
-    pending = torch.randint(0, c.vocab_size - 1, (PENDING,), generator=gen)
-    pending_aux = torch.randn(PENDING, c.num_aux * c.target_hidden_size, generator=gen)
-    cur = context  # pending rows at cur-n .. cur-1
-
-    def parallel(k: int) -> torch.Tensor:
-        tokens = torch.cat([pending, pending.new_full((k - 1,), c.mask_token_id)])[None]
-        hidden = torch.cat([model.project(pending_aux), model.h_mask.expand(k - 1, -1)])[None]
-        positions = torch.arange(cur - PENDING, cur + k - 1)[None]
-        logits, _ = model(tokens, hidden, positions, slots, cache)  # [1, n+K-1, V_d]
-        return model.to_target_ids(logits[0, PENDING - 1:].argmax(dim=-1))  # [K]
-
-    def sequential(k: int) -> torch.Tensor:
-        tokens, hidden = pending[None], model.project(pending_aux)[None]
-        positions = torch.arange(cur - PENDING, cur)[None]
-        idx, out = PENDING - 1, []
-        for step in range(k):
-            logits, prenorm = model(tokens, hidden, positions, slots, cache)
-            draft_id = logits[0, idx].argmax(dim=-1)
-            out.append(model.to_target_ids(draft_id))
-            tokens, hidden = draft_id.view(1, 1), prenorm[:, idx:idx + 1]
-            positions, idx = torch.tensor([[cur + step]]), 0
-        return torch.stack(out)
-
-    return parallel, sequential
+    ex = DrafterOnlyExecutor(model, cache)
+    seq = SimpleNamespace(stats=SimpleNamespace(drafter_forwards=0))
+    batch = DraftBatch(
+        seqs=[seq],
+        tokens=torch.randint(0, c.vocab_size - 1, (1, PENDING), generator=gen),
+        aux=torch.randn(1, PENDING, c.num_aux * c.target_hidden_size, generator=gen),
+        num_pending=torch.tensor([PENDING]),
+        cur=torch.tensor([context]),  # pending rows at cur-n .. cur-1
+        slots=torch.zeros(1, dtype=torch.long))
+    parallel, sequential = ParallelDrafter(ex), SequentialDrafter(ex)
+    return (lambda k: parallel.propose(batch, k)), (lambda k: sequential.propose(batch, k))
 
 
 def timed(fn, k: int) -> float:
@@ -250,8 +255,6 @@ def other_cpu_share(before, after, min_wall_s: float = 1.0) -> float | None:
         return None
     other = (after[1] - before[1]) - (after[2] - before[2])
     return max(other, 0.0) / (after[0] - before[0])
-
-
 
 
 def print_table(rows: list[dict]) -> None:
