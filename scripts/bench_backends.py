@@ -305,8 +305,6 @@ def version(dist: str) -> str | None:
         return None
 
 
-
-
 def mem_gib() -> float | None:
     try:
         with open("/proc/meminfo") as f:

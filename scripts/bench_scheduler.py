@@ -201,8 +201,6 @@ def busy_elsewhere(a, b) -> float | None:
     return round(max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0]), 3)
 
 
-
-
 def print_table(rows: list[dict]) -> None:
     head = (f"{'mode':<7}{'K':>3}{'batch':>7}{'acc/step':>9}{'median ms':>11}{'p90 ms':>9}{'µs/request':>12}"
             f"{'tok/req/step':>14}{'other CPU':>11}")

@@ -295,8 +295,6 @@ def background_cpu(seconds: float = 2.0) -> float | None:
     return round((b[1] - a[1]) / (b[0] - a[0]), 3)
 
 
-
-
 def fmt(v: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
     return "-" if v is None else format(v * scale, spec)
 

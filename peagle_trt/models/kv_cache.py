@@ -22,6 +22,3 @@ class KVCache:
     @property
     def trash(self) -> int:
         return self.max_len
-
-    def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2

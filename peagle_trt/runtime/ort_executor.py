@@ -74,23 +74,13 @@ class OrtExecutor(SlotPool):
     def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
         if self.g_drafter is None:
             raise ConfigError("this export has no drafter.onnx (parallel drafting); re-export in peagle mode")
-        if k not in (self.k, 1) or (k == 1 and self.k != 1):
-            return self._draft_rows(tokens, aux, num_pending, cur, slots, k)
+        # The graph drafts the K fixed at export; a smaller k (the k=1 pass of a partial prefill
+        # chunk) keeps the first k: the extra mask rows only write KV positions the next pass overwrites.
+        if k > self.k:
+            raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for K={k}; re-export")
         out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
                                   "num_pending": num_pending.numpy(), "cur": cur.numpy(), "slots": slots.numpy()})
-        return torch.from_numpy(out["draft_ids"])
-
-    def _draft_rows(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
-        """A pass with another K than exported (the 1-row pass of chunked prefill): the generic
-        step graph over the same rows (pending rows only, as for K=1)."""
-        if k != 1:
-            raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for K={k}; re-export")
-        n = num_pending[:, None]
-        j = torch.arange(tokens.shape[1])[None]
-        positions = torch.where(j < n, cur[:, None] - n + j, torch.full_like(j, -1))
-        logits, _ = self.drafter(tokens, self.project(aux), positions, slots)
-        rows = (num_pending - 1)[:, None, None].expand(-1, 1, logits.shape[-1])
-        return self.to_target_ids(torch.gather(logits, 1, rows).argmax(-1))
+        return torch.from_numpy(out["draft_ids"][:, :k])
 
     def drafter(self, tokens, hidden, positions, slots):
         out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),

@@ -115,3 +115,19 @@ def test_export_refuses_to_overwrite(exported):
     target, drafter, out, spec = exported("llama", "peagle")
     with pytest.raises(BuildError, match="already exists"):
         export_models(target, drafter, out, ExportSpec(spec, SLOTS, SEQ))
+
+
+def test_chunked_prefill_identical_across_torch_and_onnxruntime(exported):
+    """Partial prefill chunks run a k=1 drafter pass (its draft discarded) on every backend."""
+    target, drafter, out, spec = exported("llama", "peagle")
+    prompt = list(range(200, 237))
+    outputs = []
+    for ex in (TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), OrtExecutor(out)):
+        decoder = SpecDecoder(ex, spec)
+        seq = decoder.new_sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True), ex.alloc_slot())
+        while not seq.prefilled:
+            decoder.prefill([seq], chunk=8)
+        while not seq.finished:
+            decoder.step([seq])
+        outputs.append(seq.output)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 20
