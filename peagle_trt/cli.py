@@ -286,7 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     e.set_defaults(func=cmd_export)
 
-    from peagle_trt.build.cli import add_parser as add_engine_parser
+    from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
 
     add_engine_parser(sub)

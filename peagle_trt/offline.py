@@ -15,8 +15,8 @@ import torch
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.spec.decoder import SpecDecoder
-from peagle_trt.spec.generate import generate
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.generate import generate
 from peagle_trt.tokenizer import TextCodec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -3,7 +3,7 @@
 
 What: the wall time of the drafter forwards that produce K draft tokens for one sequence
 (batch 1) in the middle of a decode, for K = 1, 3, 7, 11 by default.
-  parallel    (P-EAGLE, spec/drafting.py ParallelDrafter -> TorchExecutor.draft_parallel): ONE
+  parallel    (P-EAGLE, speculative/drafting.py ParallelDrafter -> TorchExecutor.draft_parallel): ONE
               forward over the n pending rows plus K-1 mask rows (token = mask_token_id,
               hidden = h_mask), the lm_head on the K sampled rows only, argmax + d2t.
   sequential  (EAGLE-3, SequentialDrafter): K forwards; the first over the n pending rows (lm_head
@@ -61,7 +61,7 @@ from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import RopeConfig
 from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.spec.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
+from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
 from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token

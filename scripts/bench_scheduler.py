@@ -59,7 +59,7 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
-from peagle_trt.spec.decoder import SpecDecoder
+from peagle_trt.speculative.decoder import SpecDecoder
 from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 VOCAB, HIDDEN = 64, 8

@@ -90,7 +90,7 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path, re
                   ExportSpec(repo.spec, repo.max_batch, repo.max_seq_len, dtype))
     paths = {"target_path": "artifacts/tokenizer", "drafter_path": "", "onnx_path": "artifacts/onnx"}
     if repo.backend == "tensorrt":
-        from peagle_trt.build import EngineSpec, build_engines
+        from peagle_trt.engine import EngineSpec, build_engines
 
         build_engines(artifacts / "onnx", artifacts / "engines",
                       EngineSpec(repo.gpu_arch, repo.max_batch, repo.max_seq_len, repo.spec.k, repo.prefill_chunk,
@@ -117,7 +117,7 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
             return build_repository(Path(tmp) / "target-fp8", drafter, output, repo, force)
     pair = load_pair(target, drafter, repo.spec)  # raises before anything is written
     if repo.backend == "tensorrt":
-        from peagle_trt.build import import_tensorrt
+        from peagle_trt.engine import import_tensorrt
 
         import_tensorrt()  # fail fast, with the NGC container to use, before any export work
     templates = templates_dir()

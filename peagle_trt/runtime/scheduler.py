@@ -27,8 +27,8 @@ from typing import Callable
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError
-from peagle_trt.spec.decoder import Sequence, SpecDecoder
-from peagle_trt.spec.stats import SpecStats
+from peagle_trt.speculative.decoder import Sequence, SpecDecoder
+from peagle_trt.speculative.stats import SpecStats
 
 log = logging.getLogger(__name__)
 

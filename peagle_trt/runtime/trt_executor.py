@@ -147,7 +147,7 @@ class TensorRTExecutor(SlotPool):
     def __init__(self, engine_dir: str | Path, arch: str | None = None,
                  plugin_library: str | Path | None = None, d2t: torch.Tensor | None = None,
                  device: str | torch.device = "cuda", verify: bool = True):
-        from peagle_trt.build import import_tensorrt, visible_gpu
+        from peagle_trt.engine import import_tensorrt, visible_gpu
 
         trt = import_tensorrt()
         engine_dir = Path(engine_dir)

@@ -22,7 +22,7 @@ from peagle_trt.manifest import verify_manifest
 from peagle_trt.offline import DTYPES
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
-from peagle_trt.spec.decoder import SpecDecoder
+from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 
 log = logging.getLogger(__name__)

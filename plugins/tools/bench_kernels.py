@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from peagle_trt import plugins  # noqa: E402
+from peagle_trt.ops import kernels as plugins  # noqa: E402
 
 
 def bench(fn, iters: int) -> float:

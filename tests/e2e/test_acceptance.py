@@ -13,8 +13,8 @@ import math
 import pytest
 import torch
 
-from peagle_trt.spec.generate import generate
-from peagle_trt.spec.stats import SpecStats
+from peagle_trt.speculative.generate import generate
+from peagle_trt.speculative.stats import SpecStats
 from tests.helpers import CountingExecutor, ScriptedDrafter, greedy, make_decoder, reference_outputs
 
 PROMPTS = [[5, 9, 13], [100, 3, 77, 21, 8, 400], list(range(30, 52))]

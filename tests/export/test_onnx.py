@@ -15,8 +15,8 @@ from peagle_trt.ops import DOMAIN, OP_TYPES
 from peagle_trt.ops.onnx_defs import register_schemas
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.ort_executor import OrtExecutor
-from peagle_trt.spec.decoder import SpecDecoder
-from peagle_trt.spec.generate import generate
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.generate import generate
 
 K, SLOTS, SEQ = 3, 3, 120
 

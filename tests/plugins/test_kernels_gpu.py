@@ -1,4 +1,4 @@
-"""The CUDA kernels (libpeagle_kernels.so through peagle_trt.plugins) against the CPU reference
+"""The CUDA kernels (libpeagle_kernels.so through peagle_trt.ops.kernels) against the CPU reference
 (peagle_trt.ops.reference), on a GPU.
 
 Fresh random inputs on every run (the seed is printed and kept in the test report; set
@@ -37,8 +37,8 @@ CONTEXTS = [0, 1, 5, 63, 64, 65, 255, 256, 257, 1000, 4095, 8000]
 
 @pytest.fixture(scope="module")
 def pl():
-    """peagle_trt.plugins with the library freshly (incrementally) built when nvcc is here."""
-    from peagle_trt import plugins
+    """peagle_trt.ops.kernels with the library freshly (incrementally) built when nvcc is here."""
+    from peagle_trt.ops import kernels as plugins
 
     if not os.environ.get(plugins.ENV_LIB) and find_nvcc() is not None:
         try:
@@ -56,7 +56,7 @@ def pl():
 
 @pytest.fixture(autouse=True)
 def poisoned_workspace(monkeypatch):
-    from peagle_trt import plugins
+    from peagle_trt.ops import kernels as plugins
 
     monkeypatch.setattr(plugins, "_POISON_WORKSPACE", True)
 
@@ -317,8 +317,8 @@ def test_enable_routes_the_torch_executor(pl, tiny, monkeypatch):
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.config import SpecConfig
     from peagle_trt.runtime.executor import TorchExecutor
-    from peagle_trt.spec.decoder import SpecDecoder
-    from peagle_trt.spec.generate import generate
+    from peagle_trt.speculative.decoder import SpecDecoder
+    from peagle_trt.speculative.generate import generate
     from tests.helpers import greedy
 
     spec = SpecConfig("peagle", 3)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.spec import verify as verify_mod
-from peagle_trt.spec.decoder import SpecDecoder
-from peagle_trt.spec.generate import generate
-from peagle_trt.spec.sampling import probabilities
+from peagle_trt.speculative import verify as verify_mod
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.generate import generate
+from peagle_trt.speculative.sampling import probabilities
 from tests.helpers import MarkovExecutor
 
 V = 4

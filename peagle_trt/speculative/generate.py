@@ -6,7 +6,7 @@ from typing import Callable
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import RuntimeInvariantError
-from peagle_trt.spec.decoder import Sequence, SpecDecoder
+from peagle_trt.speculative.decoder import Sequence, SpecDecoder
 
 
 def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from peagle_trt import build as stage
-from peagle_trt.build import EngineSpec, build_engines, profiles_for
+from peagle_trt.engine import EngineSpec, build_engines, profiles_for
 from peagle_trt.errors import BuildError, RuntimeInvariantError
 from peagle_trt.manifest import sha256, verify_manifest, write_manifest
 
@@ -448,7 +448,7 @@ def test_drafter_k_must_match_the_export(env):
 
 
 def test_cli_parser_and_command(env):
-    from peagle_trt.build.cli import add_parser
+    from peagle_trt.engine.cli import add_parser
 
     parser = argparse.ArgumentParser()
     add_parser(parser.add_subparsers(dest="command"))

@@ -20,7 +20,7 @@ PLUGIN_ENV = "PEAGLE_TRT_PLUGIN_LIBRARY"  # default --plugin-library (set by doc
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `engine` on an argparse subparsers object; sets func=cmd_engine."""
-    from peagle_trt.build import ARCHES
+    from peagle_trt.engine import ARCHES
 
     e = sub.add_parser("engine", help="build TensorRT plans from an export directory (needs TensorRT + GPU)")
     e.add_argument("--export-dir", required=True, type=Path, help="export directory (holds trt/*.onnx)")
@@ -46,7 +46,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_engine(args: argparse.Namespace) -> dict:
-    from peagle_trt.build import EngineSpec, build_engines
+    from peagle_trt.engine import EngineSpec, build_engines
 
     spec = EngineSpec(args.gpu_arch, args.max_batch, args.max_seq_len, args.num_spec_tokens,
                       args.prefill_chunk, Path(args.plugin_library) if args.plugin_library else None,

@@ -30,7 +30,7 @@ import torch
 from peagle_trt.ops import reference
 
 ENV_LIB = "PEAGLE_KERNELS_LIB"
-DEFAULT_LIB = Path(__file__).resolve().parent.parent / "plugins" / "build" / "libpeagle_kernels.so"
+DEFAULT_LIB = Path(__file__).resolve().parents[2] / "plugins" / "build" / "libpeagle_kernels.so"
 
 # peagle_dtype_t of include/peagle_kernels.h
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}

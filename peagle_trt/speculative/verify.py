@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.spec.sampling import probabilities, sample
+from peagle_trt.speculative.sampling import probabilities, sample
 
 
 def verify_greedy(drafts: list[int], logits: torch.Tensor) -> list[int]:

@@ -6,7 +6,7 @@
 
 With K = 0 (spec mode "none") the same step is plain decoding: one target row, one token.
 Greedy output equals the target's own greedy output token for token; sampled output has the
-target's distribution (spec/verify.py). Requests may join (prefill) and leave between steps.
+target's distribution (speculative/verify.py). Requests may join (prefill) and leave between steps.
 The hot path keeps the batch in tensors: verification is one argmax/compare over [B, K+1] and the
 drafter gets the verify outputs as they are (`DraftBatch`), with no per-sequence tensor work.
 """
@@ -19,10 +19,10 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.spec.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
-from peagle_trt.spec.sampling import make_generator
-from peagle_trt.spec.stats import SpecStats
-from peagle_trt.spec.verify import verify
+from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
+from peagle_trt.speculative.sampling import make_generator
+from peagle_trt.speculative.stats import SpecStats
+from peagle_trt.speculative.verify import verify
 
 
 @dataclass(eq=False)
