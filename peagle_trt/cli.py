@@ -41,7 +41,10 @@ def resolve_spec(args: argparse.Namespace) -> SpecConfig:
         else:
             names = tensor_names(Path(args.drafter))
             mode = "peagle" if {"mask_hidden", "model.mask_hidden"} & names else "eagle3"
-    return SpecConfig(mode, args.num_spec_tokens or 7)
+    if args.num_spec_tokens is not None and args.num_spec_tokens < 1 and mode != "none":
+        raise ConfigError(f"--num-spec-tokens must be >= 1, got {args.num_spec_tokens}; pass --spec-mode none "
+                          "to generate without speculation")
+    return SpecConfig(mode, 7 if args.num_spec_tokens is None else max(args.num_spec_tokens, 1))
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -55,28 +58,22 @@ def _print_piece(piece: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:
+    """One request, streamed to stdout, through the serving engine (in-process from checkpoints or
+    a built repository) or a running server (gRPC); the same JSON shape for all three."""
     sources = [x for x in (args.target, args.url, args.repo) if x is not None]
     if len(sources) != 1:
         raise ConfigError("pass exactly one of --target DIR (in-process from checkpoints), "
                           "--repo REPO (in-process from a built repository) or --url HOST:PORT (gRPC)")
-    params = _sampling(args)
+    params, chat_template = _sampling(args), not args.no_chat_template
     t0 = time.perf_counter()
-    if args.url:
+    engine = None if args.url else _load_engine(args)
+    t1 = time.perf_counter()
+    if engine is None:
         from peagle_trt.serving.client import stream_generate
 
-        result = stream_generate(args.url, args.prompt, params, args.model, _print_piece,
-                                 chat_template=not args.no_chat_template)
-        print(flush=True)
-        return {**result, "generate_s": round(time.perf_counter() - t0, 3)}
-    if args.repo:
-        return _generate_from_repo(args, params)
-    from peagle_trt.offline import OfflineEngine
-
-    spec = resolve_spec(args)
-    engine = OfflineEngine.load(args.target, args.drafter, spec, args.device, args.dtype)
-    t1 = time.perf_counter()
-    result = engine.generate(args.prompt, params, chat_template=not args.no_chat_template,
-                             on_text=_print_piece)
+        result = stream_generate(args.url, args.prompt, params, args.model, _print_piece, chat_template)
+    else:
+        result = engine.generate(args.prompt, params, lambda event: _print_piece(event.text), chat_template)
     t2 = time.perf_counter()
     print(flush=True)
     n = len(result["token_ids"])
@@ -84,27 +81,15 @@ def cmd_generate(args: argparse.Namespace) -> dict:
             "tokens_per_s": round(n / (t2 - t1), 2) if t2 > t1 else None}
 
 
-def _generate_from_repo(args: argparse.Namespace, params: SamplingParams) -> dict:
+def _load_engine(args: argparse.Namespace):
     from peagle_trt.serving.engine import ServingEngine
-    from peagle_trt.serving.repo import model_params
 
-    t0 = time.perf_counter()
-    model_dir, config_params = model_params(args.repo, args.model)
-    engine = ServingEngine.load(model_dir, config_params)
-    t1 = time.perf_counter()
-    out = {"text": [], "token_ids": []}
+    if args.repo:
+        from peagle_trt.serving.repo import model_params
 
-    def on_event(event):
-        _print_piece(event.text)
-        out["text"].append(event.text)
-        out["token_ids"] += event.token_ids
-        if event.finished:
-            out.update(event.stats or {}, finish_reason=event.finish_reason)
-
-    engine.run_one(args.prompt, params, on_event, chat_template=not args.no_chat_template)
-    print(flush=True)
-    return {**out, "text": "".join(out["text"]), "load_s": round(t1 - t0, 3),
-            "generate_s": round(time.perf_counter() - t1, 3)}
+        return ServingEngine.load(*model_params(args.repo, args.model))
+    return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
+                                          args.max_seq_len)
 
 
 def resolve_backend(name: str) -> str:
@@ -250,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default float32)")
+    g.add_argument("--max-seq-len", type=int, default=4096,
+                   help="with --target: prompt + output tokens the KV cache holds (default 4096)")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("build", help="render a Triton model repository (atomic, with manifest.json)")

@@ -6,9 +6,9 @@ import torch
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.runtime.executor import SlotPool, TorchExecutor
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
 
 PAIRS = {"llama": "aws", "qwen3": "speculators"}  # target -> its P-EAGLE drafter
 
@@ -74,20 +74,15 @@ def reference_outputs(decoder_none: SpecDecoder, prompts: list[list[int]], n: in
     return {tuple(p): generate(decoder_none, p, greedy(n)).output for p in prompts}
 
 
-class MarkovExecutor:
+class MarkovExecutor(SlotPool):
     """A target whose next-token distribution depends only on the current token:
     p(next | token) = T[token]. No drafter; aux is empty. For exact distribution tests."""
 
     def __init__(self, transition: torch.Tensor, max_len: int = 64):
+        super().__init__(num_slots=1)
         self.logT = transition.log()
-        self.device, self.max_len, self.num_slots = torch.device("cpu"), max_len, 1
+        self.device, self.max_len = torch.device("cpu"), max_len
         self.mask_token_id = self.h_mask = None
-
-    def alloc_slot(self):
-        return 0
-
-    def free_slot(self, slot):
-        pass
 
     def target(self, tokens, positions, slots, logit_rows=None):
         logits = self.logT[tokens]  # [B, S, V]

@@ -14,6 +14,8 @@ cannot fit (prompt + max_tokens > max_seq_len) is refused at `add`, never trunca
 slot is taken new requests wait in the queue.
 
 `add` and `cancel` are thread-safe; `step` runs on one thread (the server's loop).
+`generate(decoder, prompt, params)` runs one request through a scheduler on the calling thread:
+tests and benchmarks use it, so they exercise the code that serves.
 """
 
 from __future__ import annotations
@@ -176,3 +178,18 @@ class Scheduler:
     def run_until_idle(self) -> None:
         while self.has_work:
             self.step()
+
+
+def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
+             on_tokens: Callable[[list[int]], bool | None] | None = None, prefill_chunk: int = 256) -> Sequence:
+    """One request through the in-flight scheduler, stepped to completion on the calling thread.
+    `on_tokens` gets each step's new ids and returns True to end the request there (a stop
+    string was seen). Raises ConfigError when the request can never fit (nothing runs)."""
+    def on_output(out: RequestOutput) -> bool:
+        return bool(on_tokens(out.new_token_ids)) if on_tokens and out.new_token_ids else False
+
+    request = Request("local", list(prompt), params, on_output)
+    scheduler = Scheduler(decoder, max_batch=1, prefill_chunk=prefill_chunk)
+    scheduler.add(request)
+    scheduler.run_until_idle()
+    return request.seq

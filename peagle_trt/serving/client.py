@@ -10,6 +10,7 @@ import numpy as np
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import PeagleError, ServeError
+from peagle_trt.serving.protocol import FINAL_OUTPUTS, generate_result
 
 
 def build_inputs(prompt: str, params: SamplingParams, stream: bool = True, chat_template: bool = False):
@@ -64,12 +65,7 @@ def stream_generate(url: str, prompt: str, params: SamplingParams, model: str = 
                 if on_text and piece:
                     on_text(piece)
             if result.as_numpy("finish_reason") is not None:
-                final = {"finish_reason": result.as_numpy("finish_reason")[0].decode(),
-                         "acceptance_length": float(result.as_numpy("acceptance_length")[0]),
-                         "accept_rate_per_pos": [round(float(x), 4) for x in result.as_numpy("accept_rate_per_pos")],
-                         "steps": int(result.as_numpy("num_draft_steps")[0]),
-                         "target_forwards": int(result.as_numpy("target_forwards")[0]),
-                         "drafter_forwards": int(result.as_numpy("drafter_forwards")[0])}
+                final = final_stats(result)
             if response.parameters["triton_final_response"].bool_param:
                 break
     except InferenceServerException as exc:
@@ -81,4 +77,22 @@ def stream_generate(url: str, prompt: str, params: SamplingParams, model: str = 
             client.stop_stream()
         finally:
             client.close()
-    return {"token_ids": ids, "text": "".join(text), **final}
+    if not final:
+        raise ServeError(f"the stream from {url} ended without a final response")
+    return generate_result("".join(text), ids, final.pop("finish_reason"), final)
+
+
+def final_stats(result) -> dict:
+    """The final response's statistics, keyed as the engine's (`generate_result`)."""
+    stats = {"finish_reason": result.as_numpy("finish_reason")[0].decode()}
+    for name, (key, _) in FINAL_OUTPUTS.items():
+        value = result.as_numpy(name)
+        if value is None:
+            raise ServeError(f"the final response lacks {name!r}; rebuild the repository with this peagle-trt")
+        if name == "accept_rate_per_pos":
+            stats[key] = [round(float(x), 4) for x in value]
+        elif name == "spec_mode":
+            stats[key] = value[0].decode()
+        else:
+            stats[key] = round(float(value[0]), 4) if value.dtype.kind == "f" else int(value[0])
+    return stats

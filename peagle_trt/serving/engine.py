@@ -1,8 +1,13 @@
-"""The serving engine of a built model directory: tokenizer + executor + in-flight scheduler,
-stepped by a background thread, with text streaming and stop strings per request.
+"""The serving engine: tokenizer + executor + in-flight scheduler, with text streaming and stop
+strings per request. Every generate path runs it, so they all run the code that serves:
 
-The Triton model (`triton_model.py`) is a thin adapter over this class; `peagle-trt generate
---repo` runs the same class in-process, so both paths produce the same tokens.
+    Triton model (`triton_model.py`)     ServingEngine.load(REPO/peagle, params) + start() (background thread)
+    peagle-trt generate --repo REPO     ServingEngine.load(...).generate(...)   (calling thread)
+    peagle-trt generate --target DIR    ServingEngine.from_checkpoints(...).generate(...)
+
+`from_checkpoints` describes the checkpoints with the same parameters a built repository's
+config.pbtxt carries (torch backend), so both constructors are one (`from_params`).
+Tested by tests/serving/ (through tritonserver) and tests/e2e/test_cli.py (in-process).
 """
 
 from __future__ import annotations
@@ -14,18 +19,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.checkpoint.target import load_target_config
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
-from peagle_trt.offline import DTYPES
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
+from peagle_trt.serving.protocol import generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 
 log = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -57,7 +65,6 @@ def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int,
         return executor
     if backend == "tensorrt":
         import numpy as np
-        import torch
 
         from peagle_trt.runtime.trt_executor import TensorRTExecutor
 
@@ -82,12 +89,29 @@ class ServingEngine:
         model_dir = Path(model_dir)
         if verify:
             verify_manifest(model_dir)
-        version = model_dir / "1"
+        return cls.from_params(model_dir / "1", params)
+
+    @classmethod
+    def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
+                         device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
+                         max_batch: int = 1, prefill_chunk: int = 256) -> "ServingEngine":
+        """Serve checkpoint directories in-process on the torch backend (`generate --target`)."""
+        params = {"backend": "torch", "spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),
+                  "max_batch": str(max_batch), "max_seq_len": str(max_seq_len),
+                  "prefill_chunk": str(prefill_chunk), "device": device, "dtype": dtype,
+                  "target_path": str(Path(target_dir).absolute()),
+                  "drafter_path": str(Path(drafter_dir).absolute()) if drafter_dir else ""}
+        return cls.from_params(Path("."), params)
+
+    @classmethod
+    def from_params(cls, version: Path, params: dict[str, str]) -> "ServingEngine":
+        """The one constructor: model paths in `params` are relative to `version` (or absolute)."""
         spec = SpecConfig(params["spec_mode"], int(params["num_spec_tokens"]))
         max_batch, max_seq_len = int(params["max_batch"]), int(params["max_seq_len"])
         executor = make_executor(params, version, spec, max_batch, max_seq_len + spec.k + 1)
-        codec = TextCodec(version / params["target_path"])
-        eos = tuple(sorted(set(codec.eos_ids) | set(load_target_config(version / params["target_path"]).eos_token_ids)))
+        target_dir = version / params["target_path"]
+        codec = TextCodec(target_dir)
+        eos = tuple(sorted(set(codec.eos_ids) | set(load_target_config(target_dir).eos_token_ids)))
         decoder = SpecDecoder(executor, spec, eos)
         scheduler = Scheduler(decoder, max_batch, int(params.get("prefill_chunk", 256)))
         return cls(codec, scheduler, params)
@@ -109,7 +133,8 @@ class ServingEngine:
                 text += stream.finish()
             head_text, head_ids = prefix
             prefix[:] = ["", []]
-            stats = dict(out.stats.to_dict(), prompt_tokens=len(ids)) if out.finished else None
+            stats = dict(out.stats.to_dict(), prompt_tokens=len(ids), spec_mode=self.params["spec_mode"]) \
+                if out.finished else None
             on_event(Event(request_id, head_text + text, head_ids + out.new_token_ids, out.finished,
                            out.finish_reason, stats))
             return stream.stopped
@@ -148,16 +173,20 @@ class ServingEngine:
             if self.on_step is not None:  # after steps and while idle (metrics stay fresh)
                 self.on_step()
 
-    def run_one(self, prompt: str, params: SamplingParams, on_event: Callable[[Event], None],
-                chat_template: bool = True) -> None:
-        """Serve one request on the calling thread (for `generate --repo`)."""
-        done = threading.Event()
+    def generate(self, prompt: str, params: SamplingParams, on_event: Callable[[Event], None] | None = None,
+                 chat_template: bool = True) -> dict:
+        """Serve one request on the calling thread (no background thread running); returns its
+        result in the JSON shape of `generate_result` (timings are the caller's)."""
+        events: list[Event] = []
 
         def relay(event: Event) -> None:
-            on_event(event)
-            if event.finished:
-                done.set()
+            events.append(event)
+            if on_event is not None:
+                on_event(event)
 
         self.submit(f"local-{time.monotonic_ns()}", prompt, params, relay, chat_template=chat_template)
-        while not done.is_set():
+        while not (events and events[-1].finished):
             self.scheduler.step()
+        final = events[-1]
+        return generate_result("".join(e.text for e in events), [t for e in events for t in e.token_ids],
+                               final.finish_reason, final.stats or {})

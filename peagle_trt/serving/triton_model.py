@@ -23,10 +23,9 @@ import numpy as np
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError, PeagleError
 from peagle_trt.serving.engine import Event, ServingEngine
+from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS
 
 log = logging.getLogger("peagle_trt.triton")
-INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
-          "ignore_eos", "exclude_input_in_output", "apply_chat_template")
 
 
 def _scalar(pb_utils, request, name: str, default):
@@ -71,6 +70,15 @@ def parse_request(pb_utils, request) -> tuple[str, SamplingParams, dict]:
                "echo_prompt": not bool(_scalar(pb_utils, request, "exclude_input_in_output", True)),
                "chat_template": bool(_scalar(pb_utils, request, "apply_chat_template", False))}
     return prompt, params, options
+
+
+def final_tensors(pb, finish_reason: str | None, stats: dict) -> list:
+    tensors = [pb.Tensor("finish_reason", np.array([(finish_reason or "").encode()], dtype=np.object_))]
+    for name, (key, dtype) in FINAL_OUTPUTS.items():
+        value = stats[key]
+        value = [v.encode() for v in [value]] if dtype is np.object_ else value
+        tensors.append(pb.Tensor(name, np.array(value if isinstance(value, list) else [value], dtype=dtype)))
+    return tensors
 
 
 class TritonPythonModel:
@@ -129,14 +137,7 @@ class TritonPythonModel:
         tensors = [pb.Tensor("text_output", np.array([event.text.encode("utf-8")], dtype=np.object_)),
                    pb.Tensor("output_ids", np.array(event.token_ids, dtype=np.int32))]
         if event.finished:
-            s = event.stats or {}
-            tensors += [
-                pb.Tensor("finish_reason", np.array([(event.finish_reason or "").encode()], dtype=np.object_)),
-                pb.Tensor("acceptance_length", np.array([s.get("acceptance_length", 1.0)], dtype=np.float32)),
-                pb.Tensor("accept_rate_per_pos", np.array(s.get("accept_rate_per_pos", []), dtype=np.float32)),
-                pb.Tensor("num_draft_steps", np.array([s.get("steps", 0)], dtype=np.int32)),
-                pb.Tensor("target_forwards", np.array([s.get("target_forwards", 0)], dtype=np.int32)),
-                pb.Tensor("drafter_forwards", np.array([s.get("drafter_forwards", 0)], dtype=np.int32))]
+            tensors += final_tensors(pb, event.finish_reason, event.stats or {})
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if event.finished else 0
         self._outbox.put((sender, pb.InferenceResponse(output_tensors=tensors), flags, event))
 

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.stats import SpecStats
 from tests.helpers import CountingExecutor, ScriptedDrafter, greedy, make_decoder, reference_outputs
 

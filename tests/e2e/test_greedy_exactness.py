@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from tests.helpers import PAIRS, greedy, make_decoder
 
 PROMPT_LENGTHS_AND_MAX_TOKENS = [(1, 9), (5, 30), (17, 41), (40, 64)]

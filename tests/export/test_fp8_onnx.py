@@ -15,7 +15,7 @@ from peagle_trt.quantize import QuantSpec, quantize_target  # noqa: E402
 from peagle_trt.runtime.executor import TorchExecutor  # noqa: E402
 from peagle_trt.runtime.ort_executor import OrtExecutor  # noqa: E402
 from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
-from peagle_trt.speculative.generate import generate  # noqa: E402
+from peagle_trt.runtime.scheduler import generate  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from peagle_trt.ops.onnx_defs import register_schemas
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.ort_executor import OrtExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 
 K, SLOTS, SEQ = 3, 3, 120
 

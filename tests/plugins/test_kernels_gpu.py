@@ -318,7 +318,7 @@ def test_enable_routes_the_torch_executor(pl, tiny, monkeypatch):
     from peagle_trt.config import SpecConfig
     from peagle_trt.runtime.executor import TorchExecutor
     from peagle_trt.speculative.decoder import SpecDecoder
-    from peagle_trt.speculative.generate import generate
+    from peagle_trt.runtime.scheduler import generate
     from tests.helpers import greedy
 
     spec = SpecConfig("peagle", 3)

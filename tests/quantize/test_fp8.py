@@ -31,7 +31,7 @@ from peagle_trt.models.fp8 import FP8Linear, fake_quant_fp8, fp8_layers  # noqa:
 from peagle_trt.models.target import TargetModel  # noqa: E402
 from peagle_trt.quantize import QuantSpec, calibrate, quantize_target  # noqa: E402
 from peagle_trt.quantize.calib import BUILTIN, read_calib_file  # noqa: E402
-from peagle_trt.speculative.generate import generate  # noqa: E402
+from peagle_trt.runtime.scheduler import generate  # noqa: E402
 from peagle_trt.tokenizer import TextCodec  # noqa: E402
 from tests.helpers import greedy, make_decoder  # noqa: E402
 

@@ -10,7 +10,7 @@ import pytest
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError
 from peagle_trt.runtime.scheduler import Request, Scheduler
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from tests.helpers import make_decoder
 
 

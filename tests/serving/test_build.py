@@ -44,7 +44,7 @@ def test_built_repository_runs_in_process(tiny, tmp_path):
     build(tiny, tmp_path / "repo")
     engine = ServingEngine.load(*model_params(tmp_path / "repo"))
     events = []
-    engine.run_one("hello", SamplingParams(max_tokens=6, ignore_eos=True), events.append, chat_template=False)
+    engine.generate("hello", SamplingParams(max_tokens=6, ignore_eos=True), events.append, chat_template=False)
     assert sum(len(e.token_ids) for e in events) == 6 and events[-1].finished
     assert events[-1].stats["drafter_forwards"] == events[-1].stats["steps"]
 
@@ -144,5 +144,5 @@ def test_build_with_fp8_quantization_serves_the_fp8_target(tiny, tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # the temporary FP8 checkpoint is gone
     engine = ServingEngine.load(*model_params(tmp_path / "r"))
     events = []
-    engine.run_one("hi", SamplingParams(max_tokens=5, ignore_eos=True), events.append, chat_template=False)
+    engine.generate("hi", SamplingParams(max_tokens=5, ignore_eos=True), events.append, chat_template=False)
     assert sum(len(e.token_ids) for e in events) == 5

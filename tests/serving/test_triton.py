@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.offline import OfflineEngine
 from peagle_trt.serving.client import build_inputs, stream_generate
+from peagle_trt.serving.engine import ServingEngine
 from tests.serving.conftest import MAX_SEQ_LEN, MODELS
 
 pytestmark = pytest.mark.triton
@@ -25,7 +25,7 @@ PROMPTS = ["Hello there", "Write a poem about the sea", "x", "def fibonacci(n):\
 
 @pytest.fixture(scope="module")
 def offline(tiny):
-    engines = {name: OfflineEngine.load(tiny["llama"], tiny["aws"], spec, max_len=MAX_SEQ_LEN + 8)
+    engines = {name: ServingEngine.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN)
                for name, spec in MODELS.items()}
 
     def reference(prompt: str, max_tokens: int, model: str = "peagle") -> list[int]:
@@ -216,3 +216,26 @@ def test_onnxruntime_backend_streams_the_torch_backends_tokens(server, offline):
         torch_backend = stream_generate(server.grpc_url, prompt, params, model="peagle")
         assert ort["token_ids"] == torch_backend["token_ids"] == offline(prompt, 24)
         assert ort["drafter_forwards"] == ort["steps"]
+
+
+def test_generate_prints_one_json_shape_for_target_repo_and_url(server, repo, tiny, capsys):
+    """`generate --target`, `--repo` and `--url` run the same engine and print the same keys, in
+    the same order, with the same tokens and statistics."""
+    from peagle_trt.cli import main
+    from peagle_trt.serving.protocol import RESULT_KEYS
+
+    common = ["generate", "--prompt", "Write a poem", "--max-tokens", "12", "--ignore-eos", "--no-chat-template"]
+    sources = {"target": ["--target", str(tiny["llama"]), "--drafter", str(tiny["aws"]), "--spec-mode", "peagle",
+                          "--num-spec-tokens", "3"],
+               "repo": ["--repo", str(repo)],
+               "url": ["--url", server.grpc_url]}
+    results = {}
+    for name, flags in sources.items():
+        assert main(common + flags) == 0, name
+        results[name] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for name, result in results.items():
+        assert list(result)[:len(RESULT_KEYS)] == list(RESULT_KEYS), name
+        assert list(result)[len(RESULT_KEYS):] == ["load_s", "generate_s", "tokens_per_s"], name
+    same = {k: results["target"][k] for k in RESULT_KEYS}
+    assert {k: results["repo"][k] for k in RESULT_KEYS} == same
+    assert {k: results["url"][k] for k in RESULT_KEYS} == same
