@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 import traceback
@@ -301,10 +302,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_third_party_progress(verbose: bool) -> None:
+    """transformers / huggingface_hub progress bars ("Loading weights", "Writing model shards") only
+    with --verbose; our own long stages keep their progress. The environment variable also reaches
+    child processes (the Triton model loading its checkpoints)."""
+    if verbose:
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    if "transformers" in sys.modules:  # already imported: its progress flag was read at import
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    quiet_third_party_progress(args.verbose)
     try:
         result = args.func(args)
     except PeagleError as exc:

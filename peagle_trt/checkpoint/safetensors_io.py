@@ -20,6 +20,8 @@ INDEX_FILE = "model.safetensors.index.json"
 
 def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:
     """Map each safetensors file of `model_dir` to the tensor names the index assigns it (None: all)."""
+    if not model_dir.is_dir():
+        raise CheckpointError(f"{model_dir}: no such checkpoint directory")
     index = model_dir / INDEX_FILE
     if index.is_file():
         try:

@@ -93,3 +93,21 @@ def test_console_script_runs_as_a_module(tiny):
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["spec_mode"] == "peagle" and len(result["token_ids"]) <= 5
+
+
+def test_third_party_progress_bars_only_with_verbose(tmp_path):
+    """transformers' "Writing model shards" / "Loading weights" bars are silenced unless --verbose."""
+    def stderr_of(*flags):
+        proc = subprocess.run([sys.executable, "-m", "peagle_trt.cli", *flags, "make-tiny", str(tmp_path / str(len(flags)))],
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    assert "model shards" not in stderr_of()
+    assert "model shards" in stderr_of("--verbose")
+
+
+def test_missing_checkpoint_directory_is_a_clear_error(tmp_path, capsys):
+    code, _, result = run_cli(capsys, "generate", "--target", str(tmp_path / "nope"), "--drafter",
+                              str(tmp_path / "nope2"), "--prompt", "x")
+    assert code == 2 and result["error_type"] == "CheckpointError" and "no such checkpoint directory" in result["error"]
