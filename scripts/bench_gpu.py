@@ -401,6 +401,8 @@ def main(argv=None) -> dict:
                 results["skipped"].append("target:fp8 (CPU smoke: no FP8 matmul timing on CPU)")
                 break
             run("convert:fp8", lambda: to_fp8(model))
+            if "convert:fp8" in results["errors"] or "convert:fp8" in results["skipped"]:
+                break  # never time a half-converted model under the fp8 label
         for kern in kernel_modes:
             ex = TorchExecutor(model, drafter, slots, max_len, kernels=kern)
             run(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs, device))

@@ -14,7 +14,8 @@
 #                                                                                -> gpu_tests.log, gpu_tests.xml
 #   4 bench   scripts/bench_gpu.py                                               -> bench_gpu.{json,md,*.png}
 # Then gpu_validate.json + gpu_validate.md (stage status, seconds, test counts, benchmark targets),
-# and the LAST stdout line is the JSON summary. Nothing is shipped prebuilt: the kernels are built here.
+# and the LAST stdout line is the JSON summary; exit status 0 only when every stage and test passed.
+# Nothing is shipped prebuilt: the kernels are built here.
 # Knobs: PEAGLE_PYTHON (default python3), GPU_VALIDATE_BUDGET_S (default 540).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -124,4 +125,6 @@ for t in bench.get("targets", []):
     md.append(f"- {t['target']}: {t['value']} (goal {t['goal']}, met: {t['met']})")
 (out / "gpu_validate.md").write_text("\n".join(md) + "\n")
 print(json.dumps(summary))
+ok = all(v["state"] == "ok" for k, v in stages.items() if k != "build" or "build_no_werror" not in stages)
+sys.exit(0 if ok and not failed and counts.get("failed", 0) == 0 else 1)
 EOF
