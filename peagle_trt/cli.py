@@ -127,7 +127,7 @@ def cmd_build(args: argparse.Namespace) -> dict:
     backend = resolve_backend(args.backend)
     repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
-                    str(args.plugin_library) if args.plugin_library else None)
+                    str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantSpec
@@ -253,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
     b.add_argument("--device", default="cpu", help="torch device of the served model (default cpu)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--kernels", default="reference", choices=["reference", "cuda"],
+                   help="torch backend: the custom ops in torch (reference) or on the CUDA kernels of "
+                        "plugins/ (cuda: needs --device cuda and scripts/build_plugins.sh)")
     b.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: FP8 (E4M3) post-training quantization of the target with ModelOpt first")
     b.add_argument("--kv-cache-fp8", action="store_true", help="with --quantization fp8: also calibrate KV scales")

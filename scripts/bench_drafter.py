@@ -45,6 +45,7 @@ Output: a table on stdout, then as the LAST line one JSON object (env info + `ro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -133,6 +134,7 @@ class DrafterOnlyExecutor:
         self.drafter_model, self.drafter_cache = model, cache
         self.mask_token_id = model.config.mask_token_id
         self.device = model.fc.weight.device
+        self._ops = contextlib.nullcontext  # the custom ops on their torch references
 
 
 def make_steps(model: DrafterModel, cache, context: int, gen: torch.Generator):

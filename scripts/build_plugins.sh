@@ -5,6 +5,7 @@
 #   scripts/build_plugins.sh                      # sm_90a + sm_100a SASS, compute_90 PTX
 #   TENSORRT_ROOT=/opt/tensorrt scripts/build_plugins.sh
 #   PEAGLE_CUDA_ARCHITECTURES="90a-real" scripts/build_plugins.sh    # faster, Hopper only
+#   PEAGLE_WERROR=OFF scripts/build_plugins.sh    # warnings of our sources stay warnings (default: errors)
 # Extra arguments go to the configure step (e.g. -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +17,7 @@ if [ ! -x "$NVCC" ]; then
 fi
 # passed on every configure, so a build directory never keeps an older architecture list
 ARCHS="${PEAGLE_CUDA_ARCHITECTURES:-90a-real;100a-real;90-virtual}"
+WERROR="${PEAGLE_WERROR:-ON}"
 if [ "${PEAGLE_BUILD_WITH:-cmake}" = nvcc ] || ! command -v cmake >/dev/null 2>&1; then
     # no CMake (e.g. a bare GPU machine): the kernel library alone, straight from nvcc
     echo "build_plugins.sh: building libpeagle_kernels.so with nvcc only (no cmake: no TensorRT plugins)" >&2
@@ -28,14 +30,18 @@ if [ "${PEAGLE_BUILD_WITH:-cmake}" = nvcc ] || ! command -v cmake >/dev/null 2>&
             *) gencode+=(-gencode "arch=compute_${a},code=[sm_${a},compute_${a}]") ;;
         esac
     done
+    werror=()
+    xwerror=""
+    if [ "$WERROR" = ON ]; then werror=(--Werror=all-warnings); xwerror=",-Werror"; fi
     mkdir -p "$BUILD_DIR"
-    "$NVCC" -O3 -std=c++17 -shared -cudart static -lineinfo -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra \
+    "$NVCC" -O3 -std=c++17 -shared -cudart static -lineinfo "${werror[@]}" \
+        -Xcompiler "-fPIC,-fvisibility=hidden,-Wall,-Wextra$xwerror" \
         -Iplugins/include "${gencode[@]}" plugins/src/kernels/*.cu -o "$BUILD_DIR/libpeagle_kernels.so"
     echo "build_plugins.sh: built $BUILD_DIR/libpeagle_kernels.so"
     exit 0
 fi
 args=(-S plugins -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_COMPILER="$NVCC"
-      -DPEAGLE_CUDA_ARCHITECTURES="$ARCHS")
+      -DPEAGLE_CUDA_ARCHITECTURES="$ARCHS" -DPEAGLE_WERROR="$WERROR")
 if [ -n "${TENSORRT_ROOT:-}" ]; then
     args+=(-DTENSORRT_ROOT="$TENSORRT_ROOT")
 fi

@@ -249,20 +249,52 @@ def _make_logger(trt):
 
 
 def load_plugins(trt, library: Path, ops: list[str]) -> None:
-    """Load the plugin library into TensorRT's registry and check it registers every op used."""
+    """Load the plugin library into TensorRT's registry and check it registers every op used.
+
+    `IPluginRegistry::loadLibrary` returns nullptr (Python: None) when any of the library's plugins is
+    already registered, e.g. on a second build in one process: a registry that already serves every
+    op is used as it is."""
     if not Path(library).is_file():
         raise BuildError(f"plugin library {library} not found; build it with CMake from plugins/ "
                          "(docker/Dockerfile does) and pass --plugin-library")
     registry = trt.get_plugin_registry()
+
+    def missing() -> list[str]:
+        return [op for op in ops if registry.get_creator(op, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None]
+
+    if ops and not missing():
+        log.info("the PEagle plugins are already registered; not loading %s again", library)
+        return
     try:
-        registry.load_library(str(library))
+        handle = registry.load_library(str(library))
     except Exception as exc:  # the binding raises on a library TensorRT cannot load
         raise BuildError(f"TensorRT could not load the plugin library {library} ({exc}); rebuild it "
                          "against this TensorRT version") from exc
-    missing = [op for op in ops if registry.get_creator(op, PLUGIN_VERSION, PLUGIN_NAMESPACE) is None]
-    if missing:
-        raise BuildError(f"plugin library {library} registers no creator for {missing} (version "
+    if handle is None:  # loadLibrary's nullptr
+        raise BuildError(f"TensorRT refused the plugin library {library} (loadLibrary returned no handle: "
+                         "another library already registers one of its plugins, or it was built against "
+                         "another TensorRT); see the TensorRT log above")
+    if missing():
+        raise BuildError(f"plugin library {library} registers no creator for {missing()} (version "
                          f"{PLUGIN_VERSION!r}, namespace {PLUGIN_NAMESPACE!r}); rebuild plugins/")
+
+
+def parser_errors(parser) -> list[str]:
+    """Every error of an OnnxParser (nvonnxparser::IParserError: code, desc, node index, node name and
+    operator), one line each; plain str() where the binding lacks an accessor."""
+    out = []
+    for i in range(parser.num_errors):
+        err = parser.get_error(i)
+        try:
+            where = f"node {err.node()}"
+            name = getattr(err, "node_name", lambda: "")()
+            op = getattr(err, "node_operator", lambda: "")()
+            where += f" {name!r}" if name else ""
+            where += f" ({op})" if op else ""
+            out.append(f"{where}: {err.code()}: {err.desc()}")
+        except AttributeError:
+            out.append(str(err))
+    return out
 
 
 # -- one graph ---------------------------------------------------------------------------------------
@@ -271,13 +303,16 @@ def _build_plan(trt, logger, graph: str, onnx_path: Path, spec: EngineSpec, cach
     """Parse, profile and build one graph -> (serialized plan, timing cache bytes, profiles)."""
     logger.errors.clear()  # the errors of this graph only, for the messages below
     builder = trt.Builder(logger)
-    flags = 0  # strongly typed: the flag in TensorRT 10; always on (flag deprecated) in 11
-    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
+    flags = 0  # strongly typed: the flag in TensorRT 10; always on in 11 (kSTRONGLY_TYPED deprecated, ignored)
+    if _major(trt) < 11 and hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED"):
         flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)  # owns the weights: keep it alive until the build ends
+    # parseFromFile (not parse(bytes)): the path lets the parser resolve <graph>.onnx.data. The PEagle ops
+    # are not ONNX operators, so the parser's plugin fallback finds their creators by op_type with no
+    # OnnxParserFlag (kENABLE_PLUGIN_OVERRIDE is only for plugins named like ONNX operators).
     if not parser.parse_from_file(str(onnx_path)):
-        errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+        errors = parser_errors(parser)
         for e in errors:
             log.error("ONNX parser: %s", e)
         raise BuildError(f"TensorRT could not parse {onnx_path}:\n  " + "\n  ".join(errors or logger.errors))
@@ -310,6 +345,13 @@ def _build_plan(trt, logger, graph: str, onnx_path: Path, spec: EngineSpec, cach
         raise BuildError(f"TensorRT could not build {graph} from {onnx_path}:\n  "
                          + "\n  ".join(logger.errors or ["(no error logged; rerun with -v)"]))
     return plan, bytes(memoryview(config.get_timing_cache().serialize())), profiles
+
+
+def _major(trt) -> int:
+    try:
+        return int(str(trt.__version__).split(".")[0])
+    except ValueError:
+        return 0
 
 
 def aliased_plugin_io(trt) -> bool:

@@ -10,23 +10,38 @@ tensors, on torch's current stream:
 plus keyword-only extras: `out=` buffers (tests poison them), FP8 caches (`k_scale=`, `v_scale=`;
 stored = value / scale), `simple=True` (the CUDA-core attention kernel), `split=False` (no split-K).
 
-`enable()` routes the torch executor through the kernels: it swaps the reference functions that
-`peagle_trt.models.layers` and `peagle_trt.runtime.executor` call for dispatchers that use the kernels
-on CUDA tensors and fall back to the reference elsewhere; `disable()` restores them.
+Routing the torch executor through the kernels. The models call the op functions of
+`peagle_trt.models.layers` and `peagle_trt.runtime.executor` by module-global name; `install()` swaps
+those names for dispatchers (once per process). A dispatcher runs the kernel when either
+
+- it is inside `routed()`, which `TorchExecutor(kernels="cuda")` enters around each of its forwards:
+  the kernel ALWAYS runs there (no fallback: an input the kernel cannot take raises its TypeError /
+  ValueError), and only that executor is affected; or
+- `enable()` was called (process-wide, for experiments and tests): the kernel runs on CUDA tensors of
+  a supported dtype, and the reference serves everything else (CPU tensors, FP8 activations, a cache
+  dtype other than q's). `disable()` undoes `enable()`.
+
+Everywhere else the dispatchers call the reference, so installing them changes nothing by itself.
 
 The library is found at $PEAGLE_KERNELS_LIB, else plugins/build/libpeagle_kernels.so (built by
 scripts/build_plugins.sh). Without it, or without a CUDA device, calls raise `KernelsUnavailable`.
+How to test: tests/plugins/test_kernels_gpu.py (`pytest -m gpu`, every kernel against the reference);
+tests/plugins/test_kernels_option.py (the option's plumbing and errors, CPU).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import ctypes
+import importlib
 import os
 import threading
 from pathlib import Path
 
 import torch
 
+from peagle_trt.errors import ConfigError
 from peagle_trt.ops import reference
 
 ENV_LIB = "PEAGLE_KERNELS_LIB"
@@ -45,7 +60,7 @@ _lib: ctypes.CDLL | None = None
 _lock = threading.Lock()
 
 
-class KernelsUnavailable(RuntimeError):
+class KernelsUnavailable(ConfigError):
     """libpeagle_kernels.so is missing / unloadable, or there is no CUDA device."""
 
 
@@ -261,35 +276,37 @@ def draft_sample(logits: torch.Tensor, d2t: torch.Tensor | None, *, out: torch.T
 
 # -- routing the torch executor through the kernels -----------------------------------------------
 
-def _on_cuda(*tensors: torch.Tensor) -> bool:
-    return all(t is None or t.is_cuda for t in tensors) and available()
+_ROUTED = contextvars.ContextVar("peagle_kernels_routed", default=False)  # inside routed()
+_GLOBAL = False  # enable() was called
+
+
+def _use_kernel(supported: bool) -> bool:
+    if _ROUTED.get():
+        return True  # kernels="cuda": always the kernel; it raises on what it cannot take
+    return _GLOBAL and supported and available()
 
 
 def _kv_attention_dispatch(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
                            scale=None):
-    if (_on_cuda(q, k_cache) and q.dtype in _DTYPES and q.dtype != _FP8 and k_cache.dtype == q.dtype
-            and k_cache.is_contiguous() and v_cache.is_contiguous()):
-        return kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
-                            scale)
-    return reference.kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads,
-                                  head_dim, scale)
+    supported = (q.is_cuda and k_cache.is_cuda and q.dtype in _DTYPES and q.dtype != _FP8
+                 and k_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous())
+    op = kv_attention if _use_kernel(supported) else reference.kv_attention
+    return op(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale)
 
 
 def _draft_inputs_dispatch(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,
                            num_spec_tokens, mask_token_id):
-    if (_on_cuda(pending_hidden, embed_tokens) and pending_hidden.dtype in (torch.float32, torch.float16,
-                                                                            torch.bfloat16)
-            and embed_tokens.dtype == pending_hidden.dtype):
-        return draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,
-                            num_spec_tokens, mask_token_id)
-    return reference.draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,
-                                  num_spec_tokens, mask_token_id)
+    supported = (pending_hidden.is_cuda and embed_tokens.is_cuda and embed_tokens.dtype == pending_hidden.dtype
+                 and pending_hidden.dtype in (torch.float32, torch.float16, torch.bfloat16))
+    op = draft_inputs if _use_kernel(supported) else reference.draft_inputs
+    return op(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, num_spec_tokens,
+              mask_token_id)
 
 
 def _draft_sample_dispatch(logits, d2t):
-    if _on_cuda(logits) and logits.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return draft_sample(logits, d2t)
-    return reference.draft_sample(logits, d2t)
+    supported = logits.is_cuda and logits.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    op = draft_sample if _use_kernel(supported) else reference.draft_sample
+    return op(logits, d2t)
 
 
 _PATCHES = (("peagle_trt.models.layers", "kv_attention", _kv_attention_dispatch),
@@ -298,29 +315,61 @@ _PATCHES = (("peagle_trt.models.layers", "kv_attention", _kv_attention_dispatch)
 _saved: dict[tuple[str, str], object] = {}
 
 
-def enable() -> None:
-    """Route the torch executor's custom ops through the CUDA kernels (CUDA tensors only; the
-    reference keeps serving CPU tensors and unsupported dtypes). Raises KernelsUnavailable if the
-    library or the GPU is missing."""
-    import importlib
+def install() -> None:
+    """Swap the models' op names for the dispatchers (idempotent; alone, it changes no result)."""
+    with _lock:
+        for module, name, fn in _PATCHES:
+            mod = importlib.import_module(module)
+            if getattr(mod, name) is not fn:
+                _saved.setdefault((module, name), getattr(mod, name))
+                setattr(mod, name, fn)
 
+
+def require(device: torch.device) -> None:
+    """Raise KernelsUnavailable unless the kernels can run on `device` (a CUDA device, library loaded)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise KernelsUnavailable(f"kernels='cuda' needs the model on a CUDA device, got {device}; pass "
+                                 "--device cuda (or kernels='reference' on CPU)")
+    if not torch.cuda.is_available():
+        raise KernelsUnavailable("kernels='cuda' but no CUDA device is visible (torch.cuda.is_available() "
+                                 "is False); the P-EAGLE kernels run on NVIDIA GPUs only")
+    load()
+
+
+@contextlib.contextmanager
+def routed():
+    """Within this block (this thread / context only), the ops called by the torch models run on the
+    CUDA kernels, with no fallback. Used by `TorchExecutor(kernels="cuda")` around its forwards."""
+    install()
+    token = _ROUTED.set(True)
+    try:
+        yield
+    finally:
+        _ROUTED.reset(token)
+
+
+def enable() -> None:
+    """Route every CUDA call of the ops through the kernels, process-wide (CUDA tensors of supported
+    dtypes only; the reference keeps serving the rest). Raises KernelsUnavailable if the library or
+    the GPU is missing."""
+    global _GLOBAL
     if not torch.cuda.is_available():
         raise KernelsUnavailable("no CUDA device: the P-EAGLE kernels run on NVIDIA GPUs only")
     load()
-    for module, name, fn in _PATCHES:
-        mod = importlib.import_module(module)
-        _saved.setdefault((module, name), getattr(mod, name))
-        setattr(mod, name, fn)
+    install()
+    _GLOBAL = True
 
 
 def disable() -> None:
-    """Undo `enable()`."""
-    import importlib
-
-    for (module, name), fn in list(_saved.items()):
-        setattr(importlib.import_module(module), name, fn)
-        del _saved[(module, name)]
+    """Undo `enable()` and restore the reference functions."""
+    global _GLOBAL
+    _GLOBAL = False
+    with _lock:
+        for (module, name), fn in list(_saved.items()):
+            setattr(importlib.import_module(module), name, fn)
+            del _saved[(module, name)]
 
 
 def enabled() -> bool:
-    return bool(_saved)
+    return _GLOBAL

@@ -25,6 +25,7 @@ from peagle_trt.atomic import staged_dir
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError
 from peagle_trt.manifest import write_manifest
+from peagle_trt.runtime.executor import KERNELS
 
 log = logging.getLogger(__name__)
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -45,10 +46,17 @@ class RepoSpec:
     dtype: str = "float32"
     gpu_arch: str = "sm_90"  # tensorrt backend: sm_90 (H100/H200) | sm_100 (B200)
     plugin_library: str | None = None  # tensorrt backend: libpeagle plugins (.so)
+    kernels: str = "reference"  # torch backend: custom ops in torch | on the CUDA kernels ("cuda")
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise BuildError(f"backend {self.backend!r} is not available yet; choose from {BACKENDS}")
+        if self.kernels not in KERNELS:
+            raise BuildError(f"kernels {self.kernels!r} is not one of {KERNELS}")
+        if self.kernels == "cuda" and (self.backend != "torch" or not self.device.startswith("cuda")):
+            raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the CUDA kernels: it needs "
+                             f"--backend torch --device cuda (got backend {self.backend!r}, device "
+                             f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
         if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1:
             raise BuildError("max_batch, max_seq_len and prefill_chunk must be positive")
 

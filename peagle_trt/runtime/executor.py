@@ -5,16 +5,21 @@ The interface (`Executor` below) is what `SpecDecoder` calls: `target(...)` for 
 `to_target_ids(...)` for sequential EAGLE-3 drafting, plus KV-slot bookkeeping. onnxruntime and
 TensorRT executors implement the same methods.
 KV caches live in the executor, one slot per running sequence, indexed by absolute position.
+`TorchExecutor(kernels="cuda")` runs the three custom ops on the CUDA kernels of plugins/
+(peagle_trt.ops.kernels.routed()) instead of their torch references.
 """
 
 from __future__ import annotations
 
+import contextlib
 from typing import Protocol
 
 import torch
 
-from peagle_trt.errors import RuntimeInvariantError
+from peagle_trt.errors import ConfigError, RuntimeInvariantError
 from peagle_trt.ops.reference import draft_inputs, draft_sample
+
+KERNELS = ("reference", "cuda")  # the custom ops: torch references | CUDA kernels (plugins/)
 
 
 class Executor(Protocol):
@@ -53,14 +58,30 @@ class SlotPool:
         return len(self._free)
 
 
-class TorchExecutor(SlotPool):
-    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA)."""
+def check_kernels(kernels: str) -> str:
+    if kernels not in KERNELS:
+        raise ConfigError(f"kernels={kernels!r} is not one of {KERNELS}: 'reference' runs the custom ops "
+                          "in torch (any device), 'cuda' on the CUDA kernels of plugins/ (GPU)")
+    return kernels
 
-    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048):
+
+class TorchExecutor(SlotPool):
+    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA). kernels="cuda": the
+    custom ops (KV attention, draft-input assembly, draft sampling) run on the CUDA kernels; raises
+    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so."""
+
+    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048, kernels: str = "reference"):
         super().__init__(num_slots)
         self.target_model, self.drafter_model = target, drafter
         self.max_len = max_len
         self.device = target.lm_head.weight.device
+        self.kernels = check_kernels(kernels)
+        self._ops = contextlib.nullcontext
+        if kernels == "cuda":
+            from peagle_trt.ops import kernels as cuda_kernels
+
+            cuda_kernels.require(self.device)
+            self._ops = cuda_kernels.routed
         self.target_cache = target.new_cache(num_slots, max_len)
         self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
@@ -70,12 +91,14 @@ class TorchExecutor(SlotPool):
     def target(self, tokens, positions, slots, logit_rows=None):
         # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None
         # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
-        return self.target_model(tokens, positions, slots, self.target_cache, logit_rows)
+        with self._ops():
+            return self.target_model(tokens, positions, slots, self.target_cache, logit_rows)
 
     @torch.inference_mode()
     def drafter(self, tokens, hidden, positions, slots):
         # tokens, positions [B, S]; hidden [B, S, H] -> draft logits [B, S, V_d], pre-norm [B, S, H]
-        return self.drafter_model(tokens, hidden, positions, slots, self.drafter_cache)
+        with self._ops():
+            return self.drafter_model(tokens, hidden, positions, slots, self.drafter_cache)
 
     @torch.inference_mode()
     def project(self, aux: torch.Tensor) -> torch.Tensor:
@@ -89,8 +112,9 @@ class TorchExecutor(SlotPool):
         # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
         # cur [B] (pending rows sit at cur-n .. cur-1), slots [B] -> draft ids [B, K]: ONE forward
         d = self.drafter_model
-        embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
-                                                       d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
-        x = d.forward_rows(embeds, hidden, positions, slots, self.drafter_cache)  # [B, P+K-1, H]
-        x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
-        return draft_sample(d.logits(x), d.d2t)
+        with self._ops():
+            embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
+                                                           d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
+            x = d.forward_rows(embeds, hidden, positions, slots, self.drafter_cache)  # [B, P+K-1, H]
+            x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
+            return draft_sample(d.logits(x), d.d2t)

@@ -1,37 +1,61 @@
-// Host-side check of the plugin wrappers against the interface stub (trt_stub/NvInferRuntime.h):
-// creators and names, attribute parsing, serialization round trip, output types and shapes,
-// format support, KV aliasing, workspace sizes, argument errors. Needs no GPU and no TensorRT;
-// nothing here launches a kernel. Built and run by tests/plugins/test_kernels_build.py:
-//   g++ -std=c++17 -Iplugins/tests/trt_stub -Iplugins/include -Iplugins/src/plugins -I<cuda>/include
+// Host-side check of the plugin wrappers compiled against TensorRT's real public headers
+// (TensorRT 11.1, ../shared/third_party/tensorrt-11.1/include): creators and names, attribute parsing,
+// serialization round trip, output types and shapes, format support, KV aliasing, workspace sizes,
+// argument errors. Needs no GPU and no TensorRT library (getPluginRegistry is defined below; nothing
+// here launches a kernel). Built with -Werror and run by tests/plugins/test_kernels_build.py:
+//   g++ -std=c++17 -isystem <trt>/include -Iplugins/include -Iplugins/src/plugins -isystem <cuda>/include
 //       plugins/tests/plugin_host_check.cpp plugins/src/plugins/*.cpp -Lplugins/build -lpeagle_kernels ...
 #include "peaglePlugins.h"
 
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace nvinfer1;
 
-// ---- a toy expression builder: every dimension is a known constant
+// Compile-time proof that every pure virtual of IPluginV3 / IPluginV3OneCore / IPluginV3OneBuildV2 /
+// IPluginV3OneRuntime / IPluginCreatorV3One is implemented (the `override`s prove the signatures).
+static_assert(NV_TENSORRT_MAJOR >= 10, "the IPluginV3 plugins need TensorRT >= 10");
+static_assert(!std::is_abstract<peagle::trt::KVAttentionPlugin>::value, "PEagleKVAttention is abstract");
+static_assert(!std::is_abstract<peagle::trt::DraftInputsPlugin>::value, "PEagleDraftInputs is abstract");
+static_assert(!std::is_abstract<peagle::trt::DraftSamplePlugin>::value, "PEagleDraftSample is abstract");
+static_assert(!std::is_abstract<peagle::trt::KVAttentionPluginCreator>::value, "creator is abstract");
+static_assert(!std::is_abstract<peagle::trt::DraftInputsPluginCreator>::value, "creator is abstract");
+static_assert(!std::is_abstract<peagle::trt::DraftSamplePluginCreator>::value, "creator is abstract");
+static_assert(std::is_base_of<IPluginV3OneBuildV2, peagle::trt::PluginBase>::value, "build capability V2");
+
+// ---- a toy expression builder: every dimension is a known constant. TensorRT's IDimensionExpr and
+// IExprBuilder are thin wrappers over the library's apiv::VDimensionExpr / apiv::VExprBuilder (their
+// protected mImpl); the doubles implement those interfaces and point mImpl at them.
 namespace
 {
-struct TestExpr : IDimensionExpr
+struct ConstantImpl : apiv::VDimensionExpr
 {
-    explicit TestExpr(int64_t v)
-        : value(v)
-    {
-    }
-    ~TestExpr() noexcept override = default;
-    bool isConstant() const noexcept override
+    bool isConstant() const override
     {
         return true;
     }
-    int64_t getConstantValue() const noexcept override
+    int64_t getConstantValue() const override
     {
         return value;
     }
-    int64_t value;
+    bool isSizeTensor() const override
+    {
+        return false;
+    }
+    int64_t value = 0;
+};
+struct TestExpr : IDimensionExpr
+{
+    explicit TestExpr(int64_t v)
+    {
+        impl.value = v;
+        mImpl = &impl;
+    }
+    ~TestExpr() noexcept override = default;
+    ConstantImpl impl;
 };
 std::vector<TestExpr*> gExprs;
 TestExpr const* expr(int64_t v)
@@ -39,15 +63,13 @@ TestExpr const* expr(int64_t v)
     gExprs.push_back(new TestExpr(v));
     return gExprs.back();
 }
-struct TestBuilder : IExprBuilder
+struct BuilderImpl : apiv::VExprBuilder
 {
-    ~TestBuilder() noexcept override = default;
-    IDimensionExpr const* constant(int64_t value) noexcept override
+    IDimensionExpr const* constant(int64_t value) override
     {
         return expr(value);
     }
-    IDimensionExpr const* operation(
-        DimensionOperation op, IDimensionExpr const& a, IDimensionExpr const& b) noexcept override
+    IDimensionExpr const* operation(DimensionOperation op, IDimensionExpr const& a, IDimensionExpr const& b) override
     {
         int64_t const x = a.getConstantValue(), y = b.getConstantValue();
         switch (op)
@@ -58,6 +80,19 @@ struct TestBuilder : IExprBuilder
         default: return nullptr;
         }
     }
+    IDimensionExpr const* declareSizeTensor(int32_t, IDimensionExpr const&, IDimensionExpr const&) override
+    {
+        return nullptr;
+    }
+};
+struct TestBuilder : IExprBuilder
+{
+    TestBuilder()
+    {
+        mImpl = &impl;
+    }
+    ~TestBuilder() noexcept override = default;
+    BuilderImpl impl;
 };
 } // namespace
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from peagle_trt import build as stage
+from peagle_trt import engine as stage
 from peagle_trt.engine import EngineSpec, build_engines, profiles_for
 from peagle_trt.errors import BuildError, RuntimeInvariantError
 from peagle_trt.manifest import sha256, verify_manifest, write_manifest
@@ -26,10 +26,11 @@ T1 = 32 + 3 + 2  # T + 1 rows per KV slot
 
 
 # -- a fake tensorrt that records calls -----------------------------------------------------------
-def fake_tensorrt(calls: list, parse_errors=(), fail_build=False, creators=stage.PLUGIN_OPS):
+def fake_tensorrt(calls: list, parse_errors=(), fail_build=False, creators=stage.PLUGIN_OPS,
+                  version="10.99.0", refuse_library=False):
     trt = types.ModuleType("tensorrt")
     plans = {}  # plan bytes -> (onnx path, profiles): what a deserialized engine declares
-    trt.__version__ = "10.99.0"
+    trt.__version__ = version
     ns = types.SimpleNamespace
     trt.NetworkDefinitionCreationFlag = ns(STRONGLY_TYPED=1)
     trt.MemoryPoolType = ns(WORKSPACE="WORKSPACE")
@@ -46,9 +47,12 @@ def fake_tensorrt(calls: list, parse_errors=(), fail_build=False, creators=stage
         def __init__(self):
             self.loaded = False
 
-        def load_library(self, path):
+        def load_library(self, path):  # IPluginRegistry::loadLibrary: a handle, nullptr if refused
             calls.append(("load_library", path))
+            if refuse_library:
+                return None
             self.loaded = True
+            return object()
 
         def get_creator(self, name, version, namespace):
             calls.append(("get_creator", name, version, namespace))
@@ -408,6 +412,48 @@ def test_parse_errors_are_each_reported_and_nothing_is_left(env):
         build_engines(env.export, env.out, env.spec)
     assert "UNSUPPORTED_NODE: plugin not found" in str(err.value) and "INVALID_GRAPH" in str(err.value)
     assert not env.out.exists() and _leftovers(env.root) == []
+
+
+class FakeParserError:
+    """tensorrt.ParserError's accessors (nvonnxparser::IParserError)."""
+
+    def code(self):
+        return "ErrorCode.UNSUPPORTED_NODE"
+
+    def desc(self):
+        return "creator not found"
+
+    def node(self):
+        return 3
+
+    def node_name(self):
+        return "attn_0"
+
+    def node_operator(self):
+        return "PEagleKVAttention"
+
+
+def test_parser_error_accessors_are_reported(env):
+    env.monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(env.calls, parse_errors=[FakeParserError()]))
+    with pytest.raises(BuildError, match=r"node 3 'attn_0' \(PEagleKVAttention\): ErrorCode.UNSUPPORTED_NODE: "
+                                         r"creator not found"):
+        build_engines(env.export, env.out, env.spec)
+
+
+def test_tensorrt_11_networks_take_no_strongly_typed_flag(env):
+    env.monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(env.calls, version="11.1.0"))
+    build_engines(env.export, env.out, env.spec)
+    assert [c for c in env.calls if c[0] == "create_network"] == [("create_network", 0)] * 2
+
+
+def test_plugins_already_registered_are_not_loaded_twice_and_a_refusal_is_an_error(env):
+    build_engines(env.export, env.out, env.spec)
+    env.calls.clear()
+    stage.load_plugins(sys.modules["tensorrt"], env.spec.plugin_library, list(stage.PLUGIN_OPS))
+    assert not [c for c in env.calls if c[0] == "load_library"]  # loadLibrary would return nullptr
+    env.monkeypatch.setitem(sys.modules, "tensorrt", fake_tensorrt(env.calls, refuse_library=True))
+    with pytest.raises(BuildError, match="refused the plugin library"):
+        build_engines(env.export, env.out, env.spec)
 
 
 def test_failed_build_keeps_the_previous_engines(env):

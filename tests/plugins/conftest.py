@@ -1,4 +1,4 @@
-"""Shared helpers of the plugin tests: locating nvcc / cmake and building plugins/ with CMake."""
+"""Shared helpers of the plugin tests: locating nvcc / cmake / TensorRT's headers and building plugins/."""
 
 from __future__ import annotations
 
@@ -10,6 +10,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "scripts" / "build_plugins.sh"
 DEFAULT_BUILD_DIR = REPO / "plugins" / "build"
+# TensorRT's public headers (unmodified), beside the repository in CI and in the worktrees
+ENV_TRT_INCLUDE = "PEAGLE_TENSORRT_INCLUDE"
+DEFAULT_TRT_INCLUDE = REPO.parent / "shared" / "third_party" / "tensorrt-11.1" / "include"
+
+
+def tensorrt_include() -> Path:
+    """The TensorRT include directory the plugin wrappers are compiled against ($PEAGLE_TENSORRT_INCLUDE,
+    else ../shared/third_party/tensorrt-11.1/include relative to the repository root)."""
+    env = os.environ.get(ENV_TRT_INCLUDE)
+    return Path(env) if env else DEFAULT_TRT_INCLUDE
 
 
 def find_nvcc() -> str | None:
@@ -42,8 +52,10 @@ def build_tools_missing() -> str | None:
 
 
 def run_build(build_dir: Path = DEFAULT_BUILD_DIR, archs: str | None = None,
-              tensorrt_root: Path | None = None, timeout: int = 900) -> subprocess.CompletedProcess:
-    """scripts/build_plugins.sh into `build_dir`; raises with the build log on failure."""
+              tensorrt_root: Path | None = None, timeout: int = 900,
+              cmake_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    """scripts/build_plugins.sh into `build_dir` (extra `cmake_args` go to the configure step);
+    raises with the build log on failure."""
     env = dict(os.environ, CUDACXX=find_nvcc() or "", PEAGLE_PLUGINS_BUILD_DIR=str(build_dir))
     if archs:
         env["PEAGLE_CUDA_ARCHITECTURES"] = archs
@@ -51,7 +63,7 @@ def run_build(build_dir: Path = DEFAULT_BUILD_DIR, archs: str | None = None,
         env["TENSORRT_ROOT"] = str(tensorrt_root)
     else:
         env.pop("TENSORRT_ROOT", None)
-    proc = subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=REPO, env=env, capture_output=True, text=True,
+    proc = subprocess.run(["bash", str(BUILD_SCRIPT), *cmake_args], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"plugins build failed (rc={proc.returncode}):\n{proc.stdout[-6000:]}\n"

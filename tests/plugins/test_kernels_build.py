@@ -1,8 +1,12 @@
-"""plugins/ builds without a GPU: the CUDA kernels compile for sm_90a and sm_100a (plus compute_90 PTX)
-into libpeagle_kernels.so with the C API exported; the TensorRT plugin wrappers compile and behave
-(creators, attributes, shapes, types, KV aliasing, serialization) against an interface stub of
-TensorRT's headers; and CMake builds libpeagle_plugins.so when it finds TensorRT. Nothing here runs a
-kernel (see test_kernels_gpu.py). Skipped when nvcc / cmake / g++ are missing.
+"""plugins/ builds without a GPU: the CUDA kernels compile (warnings as errors) for sm_90a and sm_100a
+(plus compute_90 PTX) into libpeagle_kernels.so with the C API exported; the TensorRT plugin wrappers
+compile with -Werror against TensorRT's REAL public headers (TensorRT 11.1, in
+../shared/third_party/tensorrt-11.1/include beside the checkout, or $PEAGLE_TENSORRT_INCLUDE) and
+behave (creators, attributes, shapes, types, KV aliasing, serialization); and CMake builds
+libpeagle_plugins.so when it finds TensorRT. Nothing here runs a kernel (see test_kernels_gpu.py).
+
+Missing TensorRT headers FAIL these tests (they are what proves the wrappers match TensorRT's API);
+missing nvcc / cmake / g++ skip the tests that need them.
 
 Timing on the 2-core CI machine: ~25 s from scratch (the kernel build dominates), ~10 s when
 scripts/build_plugins.sh already built plugins/build.
@@ -11,6 +15,7 @@ scripts/build_plugins.sh already built plugins/build.
 from __future__ import annotations
 
 import ctypes
+import re
 import shutil
 import struct
 import subprocess
@@ -18,16 +23,78 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.conftest import DEFAULT_BUILD_DIR, REPO, build_tools_missing, cuda_root, run_build
-
-pytestmark = pytest.mark.skipif(build_tools_missing() is not None, reason=str(build_tools_missing()))
+from tests.plugins.conftest import (DEFAULT_BUILD_DIR, ENV_TRT_INCLUDE, REPO, build_tools_missing, cuda_root,
+                                    run_build, tensorrt_include)
 
 PLUGINS = REPO / "plugins"
-STUB = PLUGINS / "tests" / "trt_stub"
 API = ("peagle_kv_attention", "peagle_kv_attention_workspace_size", "peagle_draft_inputs",
        "peagle_draft_sample", "peagle_draft_sample_workspace_size", "peagle_error_string",
        "peagle_kernels_version")
 CUDA_ERROR_INVALID_VALUE = 1
+# what CMake uses for the plugin sources (plugins/CMakeLists.txt, PEAGLE_HOST_WARNINGS)
+HOST_WARNINGS = ("-Wall", "-Wextra", "-Wpedantic", "-Wsuggest-override", "-Woverloaded-virtual",
+                 "-Wnon-virtual-dtor", "-Werror")
+needs_build_tools = pytest.mark.skipif(build_tools_missing() is not None, reason=str(build_tools_missing()))
+
+
+@pytest.fixture(scope="module")
+def trt_include() -> Path:
+    """TensorRT's public include directory; a test FAILURE (not a skip) when it is missing."""
+    inc = tensorrt_include()
+    missing = [h for h in ("NvInferRuntime.h", "NvInferPluginBase.h", "NvInferVersion.h", "NvOnnxParser.h")
+               if not (inc / h).is_file()]
+    if missing:
+        pytest.fail(f"TensorRT's public headers are missing: {missing} not in {inc}. The plugin wrappers "
+                    "are compiled against them in CI; put the TensorRT 11.1 headers at "
+                    f"../shared/third_party/tensorrt-11.1/include beside the checkout or set ${ENV_TRT_INCLUDE}")
+    return inc
+
+
+@pytest.fixture(scope="module")
+def compilers() -> tuple[str, Path]:
+    """(g++, CUDA toolkit prefix) for host code; skips without them."""
+    gxx = shutil.which("g++") or shutil.which("c++")
+    cuda = cuda_root()
+    if gxx is None or cuda is None:
+        pytest.skip("no C++ compiler" if gxx is None else "CUDA toolkit headers not found")
+    return gxx, cuda
+
+
+@pytest.fixture(scope="module")
+def plugin_objects(trt_include, compilers, tmp_path_factory) -> list[Path]:
+    """The plugin sources and plugin_host_check.cpp compiled to objects against the real headers
+    (TensorRT's and CUDA's as -isystem, our own sources with -Werror)."""
+    gxx, cuda = compilers
+    out = tmp_path_factory.mktemp("plugin_objs")
+    sources = sorted((PLUGINS / "src" / "plugins").glob("*.cpp")) + [PLUGINS / "tests" / "plugin_host_check.cpp"]
+    objs = []
+    for src in sources:
+        obj = out / (src.stem + ".o")
+        cmd = [gxx, "-std=c++17", *HOST_WARNINGS, "-O1", "-fPIC", "-isystem", str(trt_include),
+               "-isystem", str(cuda / "include"), f"-I{PLUGINS / 'include'}", f"-I{PLUGINS / 'src' / 'plugins'}",
+               "-c", str(src), "-o", str(obj)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, f"{src.name} does not compile against {trt_include}:\n{proc.stderr[-6000:]}"
+        objs.append(obj)
+    return objs
+
+
+def test_the_headers_are_tensorrt_11_1(trt_include):
+    version = (trt_include / "NvInferVersion.h").read_text()
+    major = re.search(r"#define TRT_MAJOR_ENTERPRISE (\d+)", version)
+    minor = re.search(r"#define TRT_MINOR_ENTERPRISE (\d+)", version)
+    assert major and minor and (int(major[1]), int(minor[1])) == (11, 1), "expected TensorRT 11.1 headers"
+    api = (trt_include / "NvInferRuntime.h").read_text()
+    for cls in ("class IPluginV3OneCore", "class IPluginV3OneBuild", "class IPluginV3OneRuntime",
+                "class IPluginCreatorV3One", "using IPluginV3OneBuildV2"):
+        assert cls in api, cls
+
+
+def test_plugin_wrappers_compile_against_tensorrt_headers(plugin_objects):
+    """Every override (`override` + `noexcept` on each) matches IPluginV3OneCore / IPluginV3OneBuildV2 /
+    IPluginV3OneRuntime / IPluginCreatorV3One of the real headers, no plugin class is abstract
+    (static_asserts in plugin_host_check.cpp), and our sources compile without a warning."""
+    assert len(plugin_objects) == 5 and all(o.stat().st_size > 0 for o in plugin_objects)
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +139,7 @@ def fatbin_entries(path: Path) -> list[tuple[str, int]]:
     return out
 
 
+@needs_build_tools
 def test_kernels_compile_for_sm90a_and_sm100a(kernels_lib):
     entries = fatbin_entries(kernels_lib)
     # three translation units, each with Hopper and Blackwell SASS and compute_90 PTX
@@ -79,8 +147,10 @@ def test_kernels_compile_for_sm90a_and_sm100a(kernels_lib):
     assert entries.count(("ptx", 90)) == 3, entries
     flags = " ".join(p.read_text() for p in (DEFAULT_BUILD_DIR / "CMakeFiles").rglob("flags.make"))
     assert "sm_90a" in flags and "sm_100a" in flags and "compute_90" in flags
+    assert "-Werror" in flags and "--Werror=all-warnings" in flags  # our warnings are errors
 
 
+@needs_build_tools
 def test_c_api_is_exported_and_validates_arguments(kernels_lib):
     lib = ctypes.CDLL(str(kernels_lib))  # loads without a GPU (static CUDA runtime)
     for sym in API:
@@ -123,46 +193,41 @@ def test_c_api_is_exported_and_validates_arguments(kernels_lib):
     assert attn(*empty) == 0
 
 
-def test_plugin_wrappers_against_the_interface_stub(kernels_lib, tmp_path):
-    """Compile the IPluginV3 sources against trt_stub/NvInferRuntime.h (TensorRT 10 signatures) and run
+@needs_build_tools
+def test_plugin_wrappers_behave(plugin_objects, compilers, kernels_lib, tmp_path):
+    """Link the wrappers (compiled against the real headers) with libpeagle_kernels.so and run
     plugin_host_check.cpp: names, attributes, output shapes/types, formats, aliasing, serialization."""
-    gxx = shutil.which("g++") or shutil.which("c++")
-    if gxx is None:
-        pytest.skip("no C++ compiler")
-    cuda = cuda_root()
+    gxx, cuda = compilers
     cudalib = next((d for d in (cuda / "lib64", cuda / "lib") if (d / "libcudart_static.a").is_file()),
                    cuda / "lib64")
-    sources = sorted(str(f) for f in (PLUGINS / "src" / "plugins").glob("*.cpp"))
     exe = tmp_path / "plugin_host_check"
-    cmd = [gxx, "-std=c++17", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-O1", f"-I{STUB}",
-           f"-I{PLUGINS / 'include'}", f"-I{PLUGINS / 'src' / 'plugins'}", f"-I{cuda / 'include'}",
-           str(PLUGINS / "tests" / "plugin_host_check.cpp"), *sources,
-           f"-L{kernels_lib.parent}", "-lpeagle_kernels", f"-Wl,-rpath,{kernels_lib.parent}",
-           f"-L{cudalib}", "-lcudart_static", "-ldl", "-lpthread", "-lrt", "-o", str(exe)]
+    cmd = [gxx, *map(str, plugin_objects), f"-L{kernels_lib.parent}", "-lpeagle_kernels",
+           f"-Wl,-rpath,{kernels_lib.parent}", f"-L{cudalib}", "-lcudart_static", "-ldl", "-lpthread", "-lrt",
+           "-o", str(exe)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-6000:]
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0 and "plugin_host_check: OK" in run.stdout, run.stdout + run.stderr
 
 
-def test_cmake_builds_the_plugin_library_when_tensorrt_is_found(tmp_path):
-    """A fake TensorRT prefix (the stub header as NvInfer.h/NvInferRuntime.h, a dummy libnvinfer.so)
-    makes CMake take the plugin branch; the library exports getCreators/setLoggerFinder with 3 creators."""
-    gxx = shutil.which("g++") or shutil.which("c++")
-    if gxx is None:
-        pytest.skip("no C++ compiler")
-    trt = tmp_path / "tensorrt"
-    (trt / "include").mkdir(parents=True)
-    (trt / "lib").mkdir()
-    shutil.copy(STUB / "NvInferRuntime.h", trt / "include" / "NvInferRuntime.h")
-    (trt / "include" / "NvInfer.h").write_text('#pragma once\n#include "NvInferRuntime.h"\n')
+@needs_build_tools
+def test_cmake_builds_the_plugin_library_when_tensorrt_is_found(trt_include, compilers, tmp_path):
+    """CMake pointed at the real headers and a dummy libnvinfer.so takes the plugin branch and builds the
+    wrappers with -Werror (TensorRT's headers as -isystem); the library exports getCreators /
+    setLoggerFinder with 3 creators."""
+    gxx, _ = compilers
     src = tmp_path / "nvinfer_stub.cpp"
     src.write_text('extern "C" void* getPluginRegistry() noexcept { return nullptr; }\n')
-    subprocess.run([gxx, "-shared", "-fPIC", str(src), "-o", str(trt / "lib" / "libnvinfer.so")], check=True)
+    nvinfer = tmp_path / "lib" / "libnvinfer.so"
+    nvinfer.parent.mkdir()
+    subprocess.run([gxx, "-shared", "-fPIC", str(src), "-o", str(nvinfer)], check=True)
 
     build = tmp_path / "build"
-    proc = run_build(build, archs="90a-real", tensorrt_root=trt)  # one arch keeps this test short
+    proc = run_build(build, archs="90a-real",  # one arch keeps this test short
+                     cmake_args=(f"-DTENSORRT_INCLUDE_DIR={trt_include}", f"-DTENSORRT_NVINFER_LIB={nvinfer}"))
     assert "TensorRT found" in proc.stdout
+    flags = (build / "CMakeFiles" / "peagle_plugins.dir" / "flags.make").read_text()
+    assert f"-isystem {trt_include}" in flags and "-Werror" in flags, flags
     lib = build / "libpeagle_plugins.so"
     assert lib.is_file()
 

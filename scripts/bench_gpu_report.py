@@ -1,0 +1,137 @@
+"""The report of scripts/bench_gpu.py: markdown tables, plots and the issue-15 target checks.
+
+`write_report(results, out_dir)` writes out_dir/bench_gpu.md and out_dir/bench_gpu_*.png (when matplotlib
+is installed) from the results dict that bench_gpu.py builds, and returns the one-line JSON summary.
+Tested through tests/plugins/test_bench_gpu_smoke.py (the --smoke run).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _pick(rows, **want):
+    return [r for r in rows if all(r.get(k) == v for k, v in want.items())]
+
+
+def _one(rows, **want):
+    got = _pick(rows, **want)
+    return got[0] if got else None
+
+
+def check_targets(res: dict) -> list[dict]:
+    """Issue 15's targets, evaluated on what was measured ("n/a" when a figure is missing)."""
+    kern = res.get("kernels_used")
+    head = res["heads"][0]
+    drafts, target, iters = res.get("drafter", []), res.get("target", []), res.get("iteration", [])
+    out = []
+
+    def add(name, value, ok, goal):
+        out.append({"target": name, "goal": goal, "value": None if value is None else round(value, 3),
+                    "met": None if value is None else bool(ok(value))})
+
+    p1, p7 = (_one(drafts, head=head, kernels=kern, batch=1, k=k) for k in (1, 7))
+    add("parallel draft K=7 / K=1 (batch 1)", p7 and p1 and p7["parallel_ms"] / p1["parallel_ms"],
+        lambda v: v <= 1.2, "<= 1.2")
+    add("sequential K=7 / parallel K=7 (batch 1)", p7 and p7["sequential_ms"] / p7["parallel_ms"],
+        lambda v: v >= 4.0, ">= 4")
+    v = _one(target, weights="fp8", kernels=kern, batch=1, k=7)
+    add("FP8 verify K=7 batch 1: fraction of the bandwidth floor", v and v["mbu"], lambda x: x >= 0.7, ">= 0.7")
+    for b, goal in ((1, 0.3), (64, 1.0)):
+        it = _one(iters, mode="peagle", batch=b)
+        add(f"iteration overhead, peagle, batch {b} (ms)", it and it["overhead_ms"], lambda x, g=goal: x <= g,
+            f"<= {goal}")
+    return out
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    fmt = lambda x: f"{x:.3f}" if isinstance(x, float) else ("" if x is None else str(x))  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return lines + ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
+
+
+def _plots(res: dict, out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    files = []
+    drafts = _pick(res.get("drafter", []), head=res["heads"][0], kernels=res.get("kernels_used"))
+    if drafts:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for b in sorted({r["batch"] for r in drafts}):
+            rs = sorted(_pick(drafts, batch=b), key=lambda r: r["k"])
+            ax.plot([r["k"] for r in rs], [r["parallel_ms"] for r in rs], "o-", label=f"parallel B={b}")
+            ax.plot([r["k"] for r in rs], [r["sequential_ms"] for r in rs], "s--", label=f"sequential B={b}")
+        ax.set(xlabel="K (draft tokens)", ylabel="ms per drafting step", title=f"drafter {res['heads'][0]}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "bench_gpu_drafter.png", dpi=110)
+        plt.close(fig)
+        files.append("bench_gpu_drafter.png")
+    target = _pick(res.get("target", []), kernels=res.get("kernels_used"))
+    if target:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for w in sorted({r["weights"] for r in target}):
+            for b in sorted({r["batch"] for r in target}):
+                rs = sorted(_pick(target, weights=w, batch=b), key=lambda r: r["k"])
+                ax.plot([r["k"] + 1 for r in rs], [r["ms"] for r in rs], "o-", label=f"{w} B={b}")
+        ax.set(xlabel="rows per sequence (1 = decode, K+1 = verify)", ylabel="ms per target forward",
+               title=f"target {res['target_shape']}")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(out / "bench_gpu_target.png", dpi=110)
+        plt.close(fig)
+        files.append("bench_gpu_target.png")
+    return files
+
+
+def write_report(res: dict, out: Path) -> dict:
+    out = Path(out)
+    env = res["env"]
+    targets = check_targets(res)
+    md = [f"# GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if res['smoke'] else 'real shapes'})",
+          "", f"- date {env['date']}, commit {env.get('commit')}, load average {env['load_avg']}",
+          f"- device {env['device']}: {env.get('gpu', 'CPU')} (sm {env.get('sm')}, driver {env.get('driver')}), "
+          f"CUDA {env['cuda']}, torch {env['torch']}, python {env['python']}",
+          f"- random weights, {res['dtype']}; target {res['target_shape']}, heads {res['heads']}, "
+          f"context {res['context']} cached positions; custom ops: {res['kernel_modes']} "
+          f"(kernel library loaded: {env['kernels_library']})"]
+    md += [f"- assumed shapes: {h}: {a}" for h, a in res["assumed"].items() if a]
+    if res.get("copy"):
+        c = res["copy"][0]
+        md.append(f"- copy bandwidth (read + write) {c['gb_per_s']:.0f} GB/s: the MBU reference")
+    md += ["", "## Targets (issue 15)", ""]
+    md += _table(["target", "goal", "measured", "met"],
+                 [[t["target"], t["goal"], t["value"], {True: "yes", False: "NO", None: "n/a"}[t["met"]]]
+                  for t in targets])
+    md += ["", "## Drafting step: parallel (P-EAGLE, one pass) vs sequential (EAGLE-3, K passes), ms", ""]
+    md += _table(["head", "ops", "batch", "K", "parallel", "sequential", "seq/par"],
+                 [[r["head"], r["kernels"], r["batch"], r["k"], r["parallel_ms"], r["sequential_ms"],
+                   r["sequential_ms"] / r["parallel_ms"]] for r in res.get("drafter", [])])
+    md += ["", "## Target forward: decode (K=0) and verify (K+1 rows), ms and MBU", ""]
+    md += _table(["weights", "ops", "batch", "K", "ms", "floor ms", "MBU"],
+                 [[r["weights"], r["kernels"], r["batch"], r["k"], r["ms"], r["floor_ms"], r["mbu"]]
+                  for r in res.get("target", [])])
+    md += ["", "## Iteration overhead: one SpecDecoder.step minus its verify and draft forwards, ms", ""]
+    md += _table(["mode", "K", "batch", "step", "verify", "draft", "overhead", "host syncs / step"],
+                 [[r["mode"], r["k"], r["batch"], r["step_ms"], r["verify_ms"], r["draft_ms"], r["overhead_ms"],
+                   r["host_syncs"]] for r in res.get("iteration", [])])
+    syncs = sorted({s for r in res.get("iteration", []) for s in (r.get("sync_examples") or [])})
+    md += [f"- sync example: `{s}`" for s in syncs]
+    md += ["", f"## PROJECTION: end-to-end tokens/s (acceptance: {res.get('acceptance_source')})", ""]
+    md += _table(["mode", "batch", "K", "AL", "ms / step", "tokens/s (projected)"],
+                 [[r["mode"], r["batch"], r["k"], r["acceptance_length"], r["step_ms"], r["tokens_per_s"]]
+                  for r in res.get("projection", [])])
+    if res["skipped"] or res["errors"]:
+        md += ["", "## Not measured", ""] + [f"- skipped: {s}" for s in res["skipped"]]
+        md += [f"- FAILED {k}: {v}" for k, v in res["errors"].items()]
+    plots = _plots(res, out)
+    md += [""] + [f"![{p}]({p})" for p in plots]
+    (out / "bench_gpu.md").write_text("\n".join(md) + "\n")
+    return {"bench_gpu": "done", "smoke": res["smoke"], "device": env.get("gpu", env["device"]),
+            "wall_s": res.get("wall_s"), "targets": targets, "errors": res["errors"], "skipped": res["skipped"],
+            "files": ["bench_gpu.json", "bench_gpu.md", *plots], "out": str(out)}
