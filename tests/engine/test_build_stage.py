@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from peagle_trt import build as stage
+from peagle_trt import engine as stage
 from peagle_trt.engine import EngineSpec, build_engines, profiles_for
 from peagle_trt.errors import BuildError, RuntimeInvariantError
 from peagle_trt.manifest import sha256, verify_manifest, write_manifest
