@@ -6,6 +6,8 @@
 #                                                dependency added to pyproject.toml) at the newest
 #                                                version that fits
 #   scripts/lock_deps.sh onnxruntime==1.33.0     move pins deliberately (any number of NAME==VERSION)
+#   scripts/lock_deps.sh pydantic                unpin NAME: the newest version that fits (e.g. when
+#                                                a new dependency needs a newer one than the pin)
 #   scripts/lock_deps.sh --fresh                 re-resolve everything to the newest allowed versions
 #
 # Then run the README's test command with the new file and commit constraints.txt together with
@@ -24,9 +26,9 @@ moves=()
 for arg in "$@"; do
     case "$arg" in
         --fresh) fresh=1 ;;
-        -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
-        *==*) moves+=("$arg") ;;
-        *) echo "lock_deps.sh: expected --fresh or NAME==VERSION, got '$arg'" >&2; exit 2 ;;
+        -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+        *==*|[A-Za-z0-9]*) moves+=("$arg") ;;
+        *) echo "lock_deps.sh: expected --fresh, NAME==VERSION or NAME, got '$arg'" >&2; exit 2 ;;
     esac
 done
 
@@ -42,6 +44,7 @@ canon = lambda n: re.sub(r"[-_.]+", "-", n).lower()
 pyproject = open("pyproject.toml").read()
 direct = {canon(m) for m in re.findall(r'"([A-Za-z0-9_.-]+)(?:\[[^\]]*\])?\s*==', pyproject)}
 moved = {canon(m.split("==")[0]) for m in moves}
+moves = [m for m in moves if "==" in m]  # a bare NAME is only unpinned
 keep = []
 if not fresh:
     for line in open("constraints.txt"):
@@ -58,8 +61,8 @@ echo "lock_deps: resolving in a fresh venv (dry run: nothing is installed) ..." 
 if ! "$tmp/venv/bin/python" -m pip install --dry-run --ignore-installed --quiet --report "$tmp/report.json" \
         -c "$tmp/keep.txt" "$TORCH_SPEC" -e '.[dev]' 2>"$tmp/pip.err"; then
     cat "$tmp/pip.err" >&2
-    echo "lock_deps: pip cannot satisfy pyproject.toml together with the kept pins; move the conflicting" \
-         "pin (scripts/lock_deps.sh NAME==VERSION) or re-resolve all (--fresh)" >&2
+    echo "lock_deps: pip cannot satisfy pyproject.toml together with the kept pins; unpin or move the" \
+         "conflicting ones named above (scripts/lock_deps.sh NAME or NAME==VERSION) or re-resolve all (--fresh)" >&2
     exit 1
 fi
 
