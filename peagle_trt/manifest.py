@@ -63,9 +63,8 @@ def _read_own_manifest(path: Path) -> dict | None:
         manifest = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
-    if isinstance(manifest, dict) and "peagle_trt_version" in manifest and isinstance(manifest.get("files"), dict):
-        return manifest
-    return None
+    ours = isinstance(manifest, dict) and "peagle_trt_version" in manifest
+    return manifest if ours and isinstance(manifest.get("files"), dict) else None
 
 
 def foreign_files(root: Path, limit: int = 5) -> list[str]:
@@ -73,10 +72,12 @@ def foreign_files(root: Path, limit: int = 5) -> list[str]:
 
     An output is a directory whose every file is listed in a peagle-trt manifest.json at its top or
     one level down (a model repository keeps it in the model directory), or is such a manifest.
-    __pycache__ folders (written when Triton imports model.py) are ignored. Reads names only."""
+    __pycache__ folders (written when Triton imports model.py) are ignored. Reads the manifests and
+    file names, never file contents."""
     root = Path(root)
     owned: set[Path] = set()
-    for path in [root / MANIFEST] + sorted(d / MANIFEST for d in root.iterdir() if d.is_dir() and not d.is_symlink()):
+    subdirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
+    for path in [root / MANIFEST] + [d / MANIFEST for d in subdirs]:
         manifest = _read_own_manifest(path) if path.is_file() else None
         if manifest is not None:
             owned.add(path)
@@ -86,7 +87,8 @@ def foreign_files(root: Path, limit: int = 5) -> list[str]:
     foreign = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d != "__pycache__"]
-        for name in sorted(filenames) + sorted(d for d in dirnames if os.path.islink(os.path.join(dirpath, d))):
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]  # not walked: listed or foreign
+        for name in sorted(filenames) + sorted(links):
             path = Path(dirpath) / name
             if path not in owned:
                 foreign.append(f"{path.relative_to(root)} is not listed in its {MANIFEST}")

@@ -16,8 +16,8 @@ from peagle_trt.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
-NO_PICKLE = ("peagle-trt never unpickles checkpoints (a pickle can run code); convert them to "
-             "safetensors, e.g. model.save_pretrained(DIR, safe_serialization=True), in an environment you trust.")
+NO_PICKLE = ("peagle-trt never unpickles checkpoints (a pickle can run code); convert them to safetensors, "
+             "e.g. model.save_pretrained(DIR, safe_serialization=True), in an environment you trust.")
 
 
 def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:

@@ -122,7 +122,7 @@ def test_greedy_generation_near_equal_across_torch_and_onnxruntime(exported, fam
 def test_speculative_equals_target_only_within_onnxruntime(exported, mode):
     """The hard gate on one backend: speculative output is the target's own greedy output, exactly."""
     _, _, out, spec = exported("llama", mode)
-    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt in PROMPTS:
         spec_run = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
         target_only = generate(SpecDecoder(OrtExecutor(out), SpecConfig("none", K)), prompt, params)
