@@ -115,7 +115,7 @@ def cmd_export(args: argparse.Namespace) -> dict:
     spec = resolve_spec(args)
     t0 = time.perf_counter()
     manifest = export_pair(args.target, args.drafter, args.output,
-                           ExportSpec(spec, args.max_batch, args.max_seq_len, args.dtype))
+                           ExportSpec(spec, args.max_batch, args.max_seq_len, args.dtype), args.force)
     return {"output": str(args.output), "graphs": manifest["graphs"], "export_s": manifest["export_s"],
             "total_s": round(time.perf_counter() - t0, 3)}
 
@@ -264,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--gpu-arch", default="sm_90", choices=["sm_90", "sm_100"],
                    help="tensorrt backend: sm_90 (H100/H200) or sm_100 (B200); build on that GPU")
     b.add_argument("--plugin-library", type=Path, default=None, help="tensorrt backend: PEagle plugin .so")
-    b.add_argument("--force", action="store_true", help="replace an existing repository")
+    b.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     b.set_defaults(func=cmd_build)
 
     e = sub.add_parser("export", help="write the ONNX graphs with peagle plugin nodes (+ TensorRT copies)")
@@ -275,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--max-batch", type=int, default=8, help="KV slots (default 8)")
     e.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    e.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     e.set_defaults(func=cmd_export)
 
     from peagle_trt.engine.cli import add_parser as add_engine_parser

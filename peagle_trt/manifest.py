@@ -1,13 +1,16 @@
 """manifest.json: what an artifact directory holds (sha256 of every file) and how it was made.
 
 Writers call `write_manifest(root, files, info)` last; loaders call `verify_manifest(root)` first
-and refuse a directory whose files were edited, truncated, added to or removed.
+and refuse a directory whose files were edited, truncated, added to or removed. `foreign_files(dir)`
+says whether a directory is a previous peagle-trt output, the only kind `--force` may replace
+(peagle_trt/atomic.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -52,3 +55,43 @@ def verify_manifest(root: Path) -> dict:
             raise ManifestError(f"{root}: {rel} does not match its hash in {MANIFEST} (edited or "
                                 "corrupted after the build); rebuild the repository")
     return manifest
+
+
+def _read_own_manifest(path: Path) -> dict | None:
+    """The parsed manifest at `path` if it is one peagle-trt wrote, else None."""
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    ours = isinstance(manifest, dict) and "peagle_trt_version" in manifest
+    return manifest if ours and isinstance(manifest.get("files"), dict) else None
+
+
+def foreign_files(root: Path, limit: int = 5) -> list[str]:
+    """Why `root` is not a previous peagle-trt output: up to `limit` reasons; [] when it is one.
+
+    An output is a directory whose every file is listed in a peagle-trt manifest.json at its top or
+    one level down (a model repository keeps it in the model directory), or is such a manifest.
+    __pycache__ folders (written when Triton imports model.py) are ignored. Reads the manifests and
+    file names, never file contents."""
+    root = Path(root)
+    owned: set[Path] = set()
+    subdirs = sorted(d for d in root.iterdir() if d.is_dir() and not d.is_symlink())
+    for path in [root / MANIFEST] + [d / MANIFEST for d in subdirs]:
+        manifest = _read_own_manifest(path) if path.is_file() else None
+        if manifest is not None:
+            owned.add(path)
+            owned.update(path.parent / rel for rel in manifest["files"])
+    if not owned:
+        return [f"it holds no {MANIFEST} written by peagle-trt"]
+    foreign = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d != "__pycache__"]
+        links = [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]  # not walked: listed or foreign
+        for name in sorted(filenames) + sorted(links):
+            path = Path(dirpath) / name
+            if path not in owned:
+                foreign.append(f"{path.relative_to(root)} is not listed in its {MANIFEST}")
+                if len(foreign) >= limit:
+                    return foreign
+    return foreign

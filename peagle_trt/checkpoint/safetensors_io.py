@@ -16,6 +16,8 @@ from peagle_trt.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+NO_PICKLE = ("peagle-trt never unpickles checkpoints (a pickle can run code); convert them to safetensors, "
+             "e.g. model.save_pretrained(DIR, safe_serialization=True), in an environment you trust.")
 
 
 def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:
@@ -32,6 +34,10 @@ def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:
         files: dict[Path, list[str]] = {}
         for name, shard in weight_map.items():
             files.setdefault(model_dir / shard, []).append(name)
+        pickled = sorted({p.name for p in files if not p.name.endswith(".safetensors")})
+        if pickled:
+            raise CheckpointError(f"{index}: maps tensors to {pickled[:3]}, which are not safetensors files; "
+                                  f"{NO_PICKLE}")
         return files
     if (model_dir / SINGLE_FILE).is_file():
         return {model_dir / SINGLE_FILE: None}
@@ -41,10 +47,18 @@ def weight_files(model_dir: Path) -> dict[Path, list[str] | None]:
     if found:
         raise CheckpointError(f"{model_dir}: found {len(found)} safetensors shards but no {INDEX_FILE}; "
                               "restore the index file that maps tensors to shards")
-    pickled = sorted(p.name for p in model_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth"))
-    hint = (f" Found pickled weights {pickled}: peagle-trt never unpickles checkpoints; convert "
-            "them to safetensors (e.g. save_pretrained(..., safe_serialization=True))." if pickled else "")
+    pickled = sorted(p.name for p in model_dir.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    hint = f" Found pickled weights {pickled}: {NO_PICKLE}" if pickled else ""
     raise CheckpointError(f"{model_dir}: no weights found; expected {SINGLE_FILE} or {INDEX_FILE}.{hint}")
+
+
+def require_safetensors(model_dir: Path) -> None:
+    """CheckpointError unless `model_dir` holds safetensors weights; reads file names, never weights.
+    Stages that load weights with another library (ModelOpt calibration through transformers) call
+    this first, so a pickled checkpoint is refused before anything opens it."""
+    if not Path(model_dir).is_dir():
+        raise CheckpointError(f"{model_dir}: not a directory; pass a Hugging Face model directory")
+    weight_files(Path(model_dir))
 
 
 def load_tensors(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -26,7 +26,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from peagle_trt.atomic import staged_dir
+from peagle_trt.atomic import check_output, staged_dir
 from peagle_trt.errors import BuildError
 from peagle_trt.manifest import MANIFEST, sha256, verify_manifest, write_manifest
 
@@ -391,8 +391,11 @@ def _carry_over(out_dir: Path, tmp: Path, arch: str, export_hash: str) -> dict:
 
 def build_engines(export_dir: Path, out_dir: Path, spec: EngineSpec) -> dict:
     """Build every graph of `export_dir/trt/` for `spec.gpu_arch` into `out_dir`. Returns the manifest."""
+    # An existing out_dir is updated (plans of other architectures kept) only when it is a previous
+    # peagle-trt output; it never is, holds or lies inside an input. Checked before anything else.
+    out_dir = check_output(out_dir, [export_dir, spec.plugin_library, spec.timing_cache_path()], force=True)
     trt = import_tensorrt()
-    export_dir, out_dir = Path(export_dir).absolute(), Path(out_dir).absolute()
+    export_dir = Path(export_dir).absolute()
     export_manifest = verify_manifest(export_dir)
     graphs = {g: export_dir / "trt" / f"{g}.onnx" for g in GRAPHS}
     graphs = {g: p for g, p in graphs.items() if p.is_file()}

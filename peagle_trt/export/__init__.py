@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from peagle_trt.atomic import staged_dir
+from peagle_trt.atomic import check_output, staged_dir
 from peagle_trt.config import SpecConfig
-from peagle_trt.errors import BuildError, ConfigError
+from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import write_manifest
 
 
@@ -45,15 +45,15 @@ def save(model: onnx.ModelProto, path: Path) -> None:
                     location=path.name + ".data", size_threshold=1024)
 
 
-def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict | None = None) -> dict:
-    """Export built torch models (TargetModel, DrafterModel | None) into `out_dir` atomically."""
+def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict | None = None,
+                  force: bool = False) -> dict:
+    """Export built torch models (TargetModel, DrafterModel | None) into `out_dir` atomically.
+    `force` replaces a previous peagle-trt output there (peagle_trt/atomic.py), nothing else."""
     from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
     from peagle_trt.ops.onnx_defs import register_schemas, strip_functions
 
     register_schemas()
-    out_dir = Path(out_dir).absolute()
-    if out_dir.exists():
-        raise BuildError(f"{out_dir} already exists; remove it or choose another --output")
+    out_dir = check_output(out_dir, (), force)
     timings = {}
     with staged_dir(out_dir, "the export") as tmp:
         (tmp / "trt").mkdir(parents=True)
@@ -78,12 +78,14 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
     return manifest
 
 
-def export_pair(target_dir: Path, drafter_dir: Path | None, out_dir: Path, spec: ExportSpec) -> dict:
+def export_pair(target_dir: Path, drafter_dir: Path | None, out_dir: Path, spec: ExportSpec,
+                force: bool = False) -> dict:
     """Load a checkpoint pair (FP8 targets included) and export it."""
     from peagle_trt.checkpoint import load_pair
 
+    check_output(out_dir, [target_dir, drafter_dir], force)  # before loading anything
     pair = load_pair(target_dir, drafter_dir, spec.spec)
     target, drafter = pair.build()
     return export_models(target, drafter, out_dir, spec,
                          {"target": str(target_dir), "drafter": str(drafter_dir) if drafter_dir else None,
-                          "taps": list(pair.taps)})
+                          "taps": list(pair.taps)}, force)

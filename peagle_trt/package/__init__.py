@@ -9,6 +9,8 @@ Backends: `torch` copies the checkpoints and serves them with the reference torc
 
 The repository is written into a temporary sibling directory and renamed into place at the end,
 so a failed build (bad drafter, unwritable output, interrupted copy) leaves nothing behind.
+`--force` replaces only a previous peagle-trt output, never an input (peagle_trt/atomic.py); a
+pickled checkpoint is refused before any weight is read, quantization included.
 `manifest.json` in the model directory hashes every artifact; the model verifies it at load.
 """
 
@@ -21,7 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from peagle_trt.checkpoint import load_pair
-from peagle_trt.atomic import staged_dir
+from peagle_trt.atomic import check_output, staged_dir
+from peagle_trt.checkpoint.safetensors_io import require_safetensors
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError
 from peagle_trt.manifest import write_manifest
@@ -111,13 +114,16 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
                      force: bool = False, quant=None) -> dict:
     """Validate the pair, then write the repository atomically. Returns the manifest.
     `quant` (a `quantize.QuantSpec`): quantize the target to FP8 first (ModelOpt)."""
-    output = Path(output).absolute()
-    if output.exists() and not force:
-        raise BuildError(f"{output} already exists; pass --force to replace it")
+    inputs = [target, drafter, repo.plugin_library, quant.calib_data if quant is not None else None]
+    output = check_output(output, inputs, force)  # before any work: never over an input or a foreign dir
     if quant is not None:
         import tempfile
 
         from peagle_trt.quantize import quantize_target
+
+        for model_dir in (target, drafter):  # refuse pickles before the (long) quantization reads anything
+            if model_dir is not None:
+                require_safetensors(Path(model_dir))
 
         with tempfile.TemporaryDirectory(prefix=".peagle-fp8-", dir=output.parent if output.parent.exists()
                                          else None) as tmp:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from peagle_trt.atomic import staged_dir
+from peagle_trt.atomic import check_output, staged_dir
 from peagle_trt.errors import BuildError, ConfigError
 from peagle_trt.manifest import write_manifest
 
@@ -107,11 +107,13 @@ def quant_config(mtq, kv_cache_fp8: bool) -> dict:
 
 def check_target(target_dir: Path):
     """The target's TargetConfig; ConfigError unless it is an unquantized model we can serve."""
+    from peagle_trt.checkpoint.safetensors_io import require_safetensors
     from peagle_trt.checkpoint.target import load_target_config
 
     if not (target_dir / "config.json").is_file():
         raise ConfigError(f"target {target_dir}: no config.json; pass a Hugging Face model directory")
     config = load_target_config(target_dir)
+    require_safetensors(target_dir)  # names only: a pickled checkpoint is refused before it is read
     if config.quantization is not None:
         raise ConfigError(f"target {target_dir} is already quantized ({config.quantization}); "
                           "quantize the unquantized checkpoint")
@@ -136,7 +138,7 @@ def calibrate(target_dir: str | Path, spec: QuantSpec, progress: Progress | None
 
     try:
         model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32, local_files_only=True,
-                                                     trust_remote_code=False)
+                                                     trust_remote_code=False, use_safetensors=True)
     except (OSError, ValueError) as exc:
         raise ConfigError(f"target {target_dir}: transformers cannot load it ({exc})") from exc
     model = model.to(spec.device).eval()
@@ -183,10 +185,9 @@ def quantize_target(target_dir: str | Path, out_dir: str | Path, spec: QuantSpec
     """FP8-quantize the HF target in `target_dir` into `out_dir` (atomically). Returns the manifest."""
     t0 = time.perf_counter()
     target_dir, output = Path(target_dir), Path(out_dir).absolute()
-    if output.exists() and not force:
-        raise BuildError(f"{output} already exists; pass --force to replace it")
     if output.resolve() == target_dir.resolve():
         raise ConfigError(f"--output {output} is the target directory itself; choose another directory")
+    output = check_output(output, [target_dir, spec.calib_data], force)
     model, calib = calibrate(target_dir, spec, progress)  # all input errors raise before any write
     calib_s = time.perf_counter() - t0
     with staged_dir(output, "the quantized checkpoint") as tmp:

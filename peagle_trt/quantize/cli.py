@@ -39,6 +39,6 @@ def add_parser(sub) -> argparse.ArgumentParser:
     q.add_argument("--num-calib", type=int, default=64, help="calibration samples (default 64)")
     q.add_argument("--max-calib-len", type=int, default=512, help="tokens per sample (default 512)")
     q.add_argument("--device", default="cpu", help="calibration device (default cpu; cuda if available)")
-    q.add_argument("--force", action="store_true", help="replace an existing output directory")
+    q.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     q.set_defaults(func=cmd_quantize)
     return q

@@ -1,5 +1,7 @@
 """FP8 targets through the export: standard Q/DQ around every quantized GEMM with FP8 weight
-initializers, and onnxruntime generation identical to the torch FP8 reference."""
+initializers; onnxruntime logits within FP8_LOGIT_TOL of the torch FP8 reference and greedy tokens
+equal wherever the margin allows (tests/export/crossbackend.py); speculative == target-only within
+each backend, exactly."""
 
 from __future__ import annotations
 
@@ -16,6 +18,14 @@ from peagle_trt.runtime.executor import TorchExecutor  # noqa: E402
 from peagle_trt.runtime.ort_executor import OrtExecutor  # noqa: E402
 from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
 from peagle_trt.runtime.scheduler import generate  # noqa: E402
+from tests.export.crossbackend import check_greedy_near_equal  # noqa: E402
+
+# |logit| error bound torch vs onnxruntime for the tiny FP8 llama. A float32 rounding difference
+# that moves one activation across an E4M3 rounding boundary changes it by up to 1/8 of its
+# binade; measured max 0.086 for logits in [-3.2, 2.8], the same on onnxruntime 1.31.1 and 1.32.0
+# (docs/EXPORT.md, "Cross-backend numerics").
+FP8_LOGIT_TOL = 0.2
+PROMPTS = ([3, 4, 5], list(range(40, 70)))
 
 
 @pytest.fixture(scope="module")
@@ -48,10 +58,27 @@ def test_every_quantized_gemm_has_fp8_qdq(fp8_export):
     assert quantized == len(fp8_weights)
 
 
-def test_fp8_greedy_identical_across_torch_and_onnxruntime(fp8_export):
+def test_fp8_greedy_near_equal_across_torch_and_onnxruntime(fp8_export):
     target, drafter, out, spec = fp8_export
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    for prompt in ([3, 4, 5], list(range(40, 70))):
+    for prompt in PROMPTS:
         ref = generate(SpecDecoder(TorchExecutor(target, drafter, 2, 104), spec), prompt, params)
         got = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
-        assert got.output == ref.output
+        check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, 104), lambda: OrtExecutor(out),
+                                prompt, ref.output, got.output, FP8_LOGIT_TOL)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_fp8_speculative_equals_target_only_within_each_backend(fp8_export, backend):
+    """The hard gate: on one backend, P-EAGLE output is the target's own greedy output, exactly."""
+    target, drafter, out, spec = fp8_export
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+
+    def run(mode_spec):
+        ex = TorchExecutor(target, drafter, 2, 104) if backend == "torch" else OrtExecutor(out)
+        return generate(SpecDecoder(ex, mode_spec), prompt, params)
+
+    for prompt in PROMPTS:
+        spec_run, target_only = run(spec), run(SpecConfig("none", spec.num_spec_tokens))
+        assert spec_run.output == target_only.output
+        assert spec_run.stats.drafter_forwards > 0 == target_only.stats.drafter_forwards  # it did speculate

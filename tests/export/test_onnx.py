@@ -1,6 +1,8 @@
 """The exported graphs: plugin nodes with their attributes, valid schemas, TensorRT copies without
-local functions; the onnxruntime executor equals the torch reference (logits, taps, drafts, and
-whole greedy generations in every spec mode)."""
+local functions; the onnxruntime executor is near the torch reference (logits and taps within a
+tolerance, greedy tokens equal wherever the top-2 margin exceeds what the tolerance can flip:
+tests/export/crossbackend.py) in every spec mode; within onnxruntime, speculative and chunked
+decoding equal target-only decoding exactly."""
 
 from __future__ import annotations
 
@@ -17,8 +19,13 @@ from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.ort_executor import OrtExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
+from tests.export.crossbackend import check_greedy_near_equal
 
 K, SLOTS, SEQ = 3, 3, 120
+# |logit| error bound torch vs onnxruntime for the float32 graphs (measured: about 1e-6; see
+# docs/EXPORT.md, "Cross-backend numerics").
+LOGIT_TOL = 1e-4
+PROMPTS = ([5], list(range(7, 30)), list(range(100, 160)))
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +106,28 @@ def test_ort_parallel_drafts_equal_torch(exported):
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 @pytest.mark.parametrize("mode", ["none", "eagle3", "peagle"])
-def test_greedy_generation_identical_across_torch_and_onnxruntime(exported, family, mode):
+def test_greedy_generation_near_equal_across_torch_and_onnxruntime(exported, family, mode):
     target, drafter, out, spec = exported(family, mode)
     params = SamplingParams(max_tokens=40, ignore_eos=True)
-    for prompt in ([5], list(range(7, 30)), list(range(100, 160))):
+    for prompt in PROMPTS:
         ref = generate(SpecDecoder(TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), spec), prompt, params)
         got = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
-        assert got.output == ref.output
-        assert got.stats.drafter_forwards == ref.stats.drafter_forwards
+        agreement = check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, SEQ + K + 1),
+                                            lambda: OrtExecutor(out), prompt, ref.output, got.output, LOGIT_TOL)
+        if agreement.divergence_margin is None:  # same tokens: the same drafting work too
+            assert got.stats.drafter_forwards == ref.stats.drafter_forwards
+
+
+@pytest.mark.parametrize("mode", ["eagle3", "peagle"])
+def test_speculative_equals_target_only_within_onnxruntime(exported, mode):
+    """The hard gate on one backend: speculative output is the target's own greedy output, exactly."""
+    _, _, out, spec = exported("llama", mode)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    for prompt in PROMPTS:
+        spec_run = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
+        target_only = generate(SpecDecoder(OrtExecutor(out), SpecConfig("none", K)), prompt, params)
+        assert spec_run.output == target_only.output
+        assert spec_run.stats.drafter_forwards > 0
 
 
 def test_export_refuses_to_overwrite(exported):
@@ -117,17 +138,24 @@ def test_export_refuses_to_overwrite(exported):
         export_models(target, drafter, out, ExportSpec(spec, SLOTS, SEQ))
 
 
-def test_chunked_prefill_identical_across_torch_and_onnxruntime(exported):
-    """Partial prefill chunks run a k=1 drafter pass (its draft discarded) on every backend."""
+def test_chunked_prefill_equals_whole_prefill_within_each_backend(exported):
+    """Partial prefill chunks run a k=1 drafter pass (its draft discarded) on every backend: chunked
+    prefill gives the same tokens as target-only decoding with a whole prefill, on each backend
+    (exact); across the two backends the usual near-equality holds."""
     target, drafter, out, spec = exported("llama", "peagle")
     prompt = list(range(200, 237))
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
     outputs = []
-    for ex in (TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), OrtExecutor(out)):
+    for make in (lambda: TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), lambda: OrtExecutor(out)):
+        ex = make()
         decoder = SpecDecoder(ex, spec)
-        seq = decoder.new_sequence(prompt, SamplingParams(max_tokens=20, ignore_eos=True), ex.alloc_slot())
+        seq = decoder.new_sequence(prompt, params, ex.alloc_slot())
         while not seq.prefilled:
             decoder.prefill([seq], chunk=8)
         while not seq.finished:
             decoder.step([seq])
+        assert len(seq.output) == 20
+        assert seq.output == generate(SpecDecoder(make(), SpecConfig("none", K)), prompt, params).output
         outputs.append(seq.output)
-    assert outputs[0] == outputs[1] and len(outputs[0]) == 20
+    check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, SEQ + K + 1), lambda: OrtExecutor(out),
+                            prompt, outputs[0], outputs[1], LOGIT_TOL)

@@ -25,7 +25,7 @@ from peagle_trt.config import SpecConfig
 from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, fp8_layers
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from tests.helpers import PAIRS, ScriptedDrafter, greedy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -47,7 +47,7 @@ def test_routed_ops_never_fall_back_to_the_reference(restore_ops):
 
 def test_installed_dispatchers_change_no_result_outside_routed(tiny, restore_ops):
     from peagle_trt.models import layers
-    from peagle_trt.speculative.generate import generate
+    from peagle_trt.runtime.scheduler import generate
 
     prompt = list(range(3, 30))
     expected = generate(make_decoder(tiny, "llama", "aws", "peagle", 3), prompt, greedy(12)).output

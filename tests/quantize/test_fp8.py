@@ -342,12 +342,16 @@ def test_refusals(fp8, tiny, tmp_path):
         quantize_target(tiny["llama"], tiny["llama"], SPEC, force=True, progress=None)
 
 
-def test_force_replaces_existing_output(tiny, tmp_path):
+def test_force_replaces_a_previous_output(fp8, tiny, tmp_path):
+    """--force replaces a previous quantize output (a foreign folder is refused: tests/faults)."""
+    import shutil
+
     out = tmp_path / "out"
-    out.mkdir()
-    (out / "stale.txt").write_text("old")
+    shutil.copytree(fp8.dir, out)
+    before = (out / "manifest.json").read_text()
     manifest = quantize_target(tiny["llama"], out, QuantSpec(num_calib=1), force=True, progress=None)
-    assert not (out / "stale.txt").exists() and "model.safetensors" in manifest["files"]
+    assert (out / "manifest.json").read_text() != before and "model.safetensors" in manifest["files"]
+    assert manifest["calibration"]["samples"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
 
 

@@ -1,0 +1,64 @@
+"""What two numerical backends (torch, onnxruntime) are held to: near-equality, stated with margins.
+
+Across backends the same graph is computed with different kernels (GEMM blocking and reduction
+order, fused ops), so logits agree only within a tolerance, and a greedy token is guaranteed equal
+only where the reference's top-2 logit margin exceeds what that tolerance can flip. With FP8 Q/DQ a
+float32 rounding difference can move an activation across an E4M3 rounding boundary (one step =
+1/8 of its binade), so the FP8 tolerance is orders of magnitude wider (docs/EXPORT.md,
+"Cross-backend numerics"). Within one backend, speculative decoding must still equal target-only
+decoding token for token: that stays an exact assertion in the tests.
+
+    check_greedy_near_equal(ref_ex_factory, got_ex_factory, prompt, ref_out, got_out, tol)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """How two greedy runs of one prompt compare (for assertion messages and reports)."""
+
+    max_logit_error: float  # max |logits_a - logits_b| teacher-forced along the reference's output
+    agreed: int  # leading tokens identical
+    divergence_margin: float | None  # reference's top-2 margin where the runs part (None: never)
+
+
+def teacher_forced_logits(executor, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """Logits [len(output), V] predicting each output token, from one prefill of prompt + output[:-1]
+    on a fresh slot of `executor` (a new executor per call: its KV cache starts empty)."""
+    tokens = torch.tensor([prompt + output[:-1]])  # [1, T]
+    positions = torch.arange(tokens.shape[1])[None]  # [1, T]
+    slot = executor.alloc_slot()
+    logits, _ = executor.target(tokens, positions, torch.tensor([slot]))  # [1, T, V]
+    return logits[0, len(prompt) - 1:].float()
+
+
+def check_greedy_near_equal(make_ref, make_got, prompt: list[int], ref: list[int], got: list[int],
+                            tol: float) -> Agreement:
+    """Assert the cross-backend guarantee for one prompt; returns the measured agreement.
+
+    make_ref / make_got: () -> a fresh executor of each backend; ref / got: their greedy outputs.
+    1. Logits within `tol` at every position of the reference's output (teacher-forced, so both
+       backends see the same context).
+    2. Tokens identical up to the first divergence, which is accepted only at a position whose
+       reference top-2 margin is <= 2 * tol (the most an error of `tol` per logit can overturn).
+       After a divergence the contexts differ and nothing further is compared."""
+    assert len(ref) == len(got), (len(ref), len(got))
+    a = teacher_forced_logits(make_ref(), prompt, ref)  # [T, V]
+    b = teacher_forced_logits(make_got(), prompt, ref)  # [T, V]
+    err = (a - b).abs().amax(-1)  # [T]
+    top2 = a.topk(2, dim=-1).values  # [T, 2]
+    margin = top2[:, 0] - top2[:, 1]  # [T]
+    assert float(err.max()) <= tol, (f"logits differ by {float(err.max()):.3g} > {tol} at position "
+                                     f"{int(err.argmax())} (prompt {prompt[:5]}...)")
+    first = next((i for i, (x, y) in enumerate(zip(ref, got)) if x != y), None)
+    if first is None:
+        return Agreement(float(err.max()), len(ref), None)
+    assert float(margin[first]) <= 2 * tol, (
+        f"greedy tokens part at {first} ({ref[first]} != {got[first]}) where the top-2 margin "
+        f"{float(margin[first]):.3g} exceeds 2 * tol = {2 * tol}: not a rounding tie")
+    return Agreement(float(err.max()), first, float(margin[first]))
