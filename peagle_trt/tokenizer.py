@@ -64,10 +64,12 @@ class TextStream:
     Per push the cost is bounded, whatever the output length (no re-decoding, no re-scanning):
       decode  only a window: the tokens since the last clean point (text not ending in U+FFFD)
               plus PREFIX_TOKENS before it for context (word-boundary spaces); the new text is
-              decode(prefix + new) minus decode(prefix) (the vLLM / TGI scheme). A window still
-              ending in U+FFFD after HOLD_TOKENS tokens (invalid bytes that will never complete)
-              is let through at its latest clean point, or whole (then, and only then, a run of
-              invalid bytes may show a different number of U+FFFD than one decode of all ids);
+              decode(prefix + new) minus decode(prefix) (the vLLM / TGI scheme); text before a
+              trailing U+FFFD is returned at once, and the window moves past it (an incomplete
+              character spans at most 3 tokens). A window still ending in U+FFFD after
+              HOLD_TOKENS tokens (bytes that will never complete) is committed but for its last 3
+              tokens (then, and only then, a run of invalid bytes may show a different number of
+              U+FFFD than one decode of all ids);
       stops   only the held tail (shorter than the longest stop string) plus the new text is
               searched: a stop string ending in the new text starts inside that tail.
     """
@@ -80,6 +82,7 @@ class TextStream:
         self.ids: list[int] = []
         self._prefix = 0  # window start: context tokens already turned into text
         self._read = 0  # tokens whose text is in `_pieces` / `_held`
+        self._shown = 0  # characters of the text of ids[_read:] already returned (before a U+FFFD)
         self._pieces: list[str] = []  # text returned so far
         self._held = ""  # decoded text not returned yet (it may begin a stop string)
         self.final: str | None = None  # the text cut at a stop string, once one appeared
@@ -105,38 +108,48 @@ class TextStream:
         if self.final is not None:
             return ""
         rest = self._held + self._pending()
-        self._read = len(self.ids)
+        self._read, self._shown = len(self.ids), 0
         return self._release(rest, final=True)
 
     # -- decoding ------------------------------------------------------------------------------
     def _pending(self) -> str:
-        """Text of the tokens past `_read` (it may end in an incomplete character)."""
+        """Text of the tokens past `_read` not returned yet (it may end in an incomplete character)."""
         if self._read == len(self.ids):
             return ""
         before = self.codec.decode(self.ids[self._prefix:self._read])
-        return self.codec.decode(self.ids[self._prefix:])[len(before):]
+        return self.codec.decode(self.ids[self._prefix:])[len(before) + self._shown:]
 
     def _decode_new(self) -> str:
-        """Newly final text of the tokens past `_read`; advances the window."""
+        """Newly final text of the tokens past `_read`; advances the window at clean points."""
         n = len(self.ids)
         if n == self._read:
             return ""
         before = self.codec.decode(self.ids[self._prefix:self._read])
-        after = self.codec.decode(self.ids[self._prefix:])
-        end = n
-        if after.endswith("\ufffd"):  # an incomplete character: wait for its next bytes
-            if n - self._read <= self.HOLD_TOKENS:
-                return ""
-            end, after = self._latest_clean_point(before)
-        self._prefix, self._read = max(self._read, end - self.PREFIX_TOKENS), end
-        return after[len(before):]
+        new = self.codec.decode(self.ids[self._prefix:])[len(before):]  # text of ids[_read:]
+        if not new.endswith("\ufffd"):
+            return self._advance(n, new)
+        # an incomplete character (<= 3 bytes, so <= 3 tokens): commit up to the token before it
+        for end in range(n - 1, max(self._read, n - 4), -1):
+            head = self.codec.decode(self.ids[self._prefix:end])[len(before):]
+            if head and not head.endswith("\ufffd"):
+                out, new = self._advance(end, head), new[len(head):]
+                break
+        else:
+            out = ""
+            if n - self._read > self.HOLD_TOKENS:  # bytes that never complete: commit all but 3 tokens
+                head = self.codec.decode(self.ids[self._prefix:n - 3])[len(before):]
+                out, new = self._advance(n - 3, head), new[len(head):]
+        visible = new.rstrip("\ufffd")  # what precedes the incomplete character is final
+        out += visible[self._shown:]
+        self._shown = max(self._shown, len(visible))
+        return out
 
-    def _latest_clean_point(self, before: str) -> tuple[int, str]:
-        for end in range(len(self.ids) - 1, self._read, -1):
-            text = self.codec.decode(self.ids[self._prefix:end])
-            if len(text) > len(before) and not text.endswith("\ufffd"):
-                return end, text
-        return len(self.ids), self.codec.decode(self.ids[self._prefix:])
+    def _advance(self, end: int, text: str) -> str:
+        """Commit tokens up to `end` (a clean point), whose text past `_read` is `text`."""
+        out = text[self._shown:]
+        self._shown = max(0, self._shown - len(text))
+        self._prefix, self._read = max(self._read, end - self.PREFIX_TOKENS), end
+        return out
 
     # -- stop strings --------------------------------------------------------------------------
     def _release(self, text: str, final: bool) -> str:
