@@ -223,24 +223,23 @@ def test_oversized_prompt_and_stop_string_are_refused_before_tokenization(engine
                         or encode(text, chat))
     done: dict = {}
     submit(engine, "stream", "a long running stream", SamplingParams(max_tokens=300, ignore_eos=True), done)
-    limits = engine.limits
-    assert limits.prompt_bytes == 16 * MAX_SEQ_LEN and limits.stop_bytes == 1024
+    prompt_limit, stop_limit = 16 * MAX_SEQ_LEN, 1024  # the defaults for max_seq_len 512
     started = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"at most {limits.prompt_bytes} bytes \(max_prompt_bytes\)"):
+    with pytest.raises(ConfigError, match=rf"at most {prompt_limit} bytes \(max_prompt_bytes\)"):
         submit(engine, "huge", "x" * 10_000_000, SamplingParams(max_tokens=5), done)
     with pytest.raises(ConfigError, match=r"max_prompt_bytes"):  # 4-byte characters count as bytes
-        submit(engine, "wide", "😀" * (limits.prompt_bytes // 4 + 1), SamplingParams(max_tokens=5), done)
-    with pytest.raises(ConfigError, match=rf"at most {limits.stop_bytes} bytes \(max_stop_bytes\)"):
+        submit(engine, "wide", "😀" * (prompt_limit // 4 + 1), SamplingParams(max_tokens=5), done)
+    with pytest.raises(ConfigError, match=rf"at most {stop_limit} bytes \(max_stop_bytes\)"):
         submit(engine, "stop", "hi", SamplingParams(max_tokens=5, stop=("s" * 400_000,)), done)
     with pytest.raises(ConfigError, match=r"max_stop_bytes"):
         submit(engine, "stops", "hi", SamplingParams(max_tokens=5, stop=("abc",) * 400), done)
     refused_s = time.monotonic() - started
-    assert 10_000_000 not in encoded and not any(n > limits.prompt_bytes for n in encoded)
+    assert 10_000_000 not in encoded and not any(n > prompt_limit for n in encoded)
     assert refused_s < 5.0, refused_s  # generous: tokenizing 10 MB alone took seconds
     # within the byte limit but beyond max_seq_len tokens: tokenized, then refused by its length
     with pytest.raises(ConfigError, match="exceeds the maximum sequence length"):
-        submit(engine, "long", "y " * (limits.prompt_bytes // 2), SamplingParams(max_tokens=5), done)
-    assert encoded[-1] == limits.prompt_bytes
+        submit(engine, "long", "y " * (prompt_limit // 2), SamplingParams(max_tokens=5), done)
+    assert encoded[-1] == prompt_limit
     submit(engine, "small", "a small request", SamplingParams(max_tokens=20, ignore_eos=True), done)
     wait_for(done, ["stream", "small"])
     assert ids_of(done["stream"]) == refs[("a long running stream", 300)]
