@@ -148,7 +148,7 @@ PROMPTS = ["Hello there", "Write a poem about the sea", "the quick brown fox", "
 def refs(engine):
     """Greedy tokens of each prompt alone, computed before any test starts the engine's thread."""
     out = {(p, n): engine.generate(p, SamplingParams(max_tokens=n, ignore_eos=True), chat_template=False)["token_ids"]
-           for p, n in [*[(p, 30) for p in PROMPTS], *[(p, 200) for p in PROMPTS[:2]],
+           for p, n in [*[(p, 30) for p in PROMPTS], *[(p, 120) for p in PROMPTS[:2]],
                         ("a long running stream", 300), ("the second client", 450)]}
     return out
 
@@ -317,8 +317,8 @@ def test_grpc_faults_next_to_running_streams(server, refs):
     from peagle_trt.serving.client import stream_generate
 
     prompts = PROMPTS[:2]
-    streams = [open_stream(server, prompts[0], SamplingParams(max_tokens=200, ignore_eos=True)),
-               open_stream(server, prompts[1], SamplingParams(max_tokens=200, temperature=1e-45, ignore_eos=True))]
+    streams = [open_stream(server, prompts[0], SamplingParams(max_tokens=120, ignore_eos=True)),
+               open_stream(server, prompts[1], SamplingParams(max_tokens=120, temperature=1e-45, ignore_eos=True))]
     errors = {}
     for name, prompt, params in [("prompt", "x" * 10_000_000, SamplingParams(max_tokens=5)),
                                  ("stop", "hi", SamplingParams(max_tokens=5, stop=("s" * 400_000,)))]:
@@ -330,5 +330,5 @@ def test_grpc_faults_next_to_running_streams(server, refs):
         got = drain(q)
         client.stop_stream()
         client.close()
-        assert got["error"] is None and got["reason"] == "length" and got["ids"] == refs[(prompt, 200)]
+        assert got["error"] is None and got["reason"] == "length" and got["ids"] == refs[(prompt, 120)]
     assert server.ready()
