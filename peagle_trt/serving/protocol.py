@@ -55,8 +55,9 @@ class InputLimits:
     def check_stop(self, stop: list[str | bytes] | tuple[str | bytes, ...]) -> None:
         size = sum(_utf8_size(s, self.stop_bytes + 1) for s in stop)
         if size > self.stop_bytes:
-            raise ConfigError(f"the stop strings are {size} bytes or more together; this model accepts at "
-                              f"most {self.stop_bytes} bytes (max_stop_bytes); send shorter or fewer stop strings")
+            raise ConfigError(f"the stop strings are {size} bytes or more together; this model accepts "
+                              f"at most {self.stop_bytes} bytes (max_stop_bytes); send shorter or fewer "
+                              "stop strings")
 
 
 def _utf8_size(text: str | bytes, limit: int) -> int:

@@ -16,7 +16,6 @@ import queue
 import random
 import shutil
 import sys
-import threading
 import time
 
 import numpy as np
@@ -77,8 +76,8 @@ def test_nan_prone_temperatures_in_a_mixed_batch_keep_every_greedy_request_exact
     outputs: dict = {}
     temperatures = NAN_PRONE + [0.0, 0.0, 0.8]
     for i, (prompt, t) in enumerate(zip(workload(6, 11), temperatures)):
-        sched.add(Request(str(i), prompt, SamplingParams(max_tokens=24, temperature=t, seed=i, ignore_eos=True),
-                          collect(outputs)))
+        params = SamplingParams(max_tokens=24, temperature=t, seed=i, ignore_eos=True)
+        sched.add(Request(str(i), prompt, params, collect(outputs)))
     sched.run_until_idle()
     for i, t in enumerate(temperatures):
         assert outputs[str(i)]["reason"] == "length" and outputs[str(i)]["final"] == 1, (t, outputs[str(i)])
@@ -147,10 +146,10 @@ PROMPTS = ["Hello there", "Write a poem about the sea", "the quick brown fox", "
 @pytest.fixture(scope="module")
 def refs(engine):
     """Greedy tokens of each prompt alone, computed before any test starts the engine's thread."""
-    out = {(p, n): engine.generate(p, SamplingParams(max_tokens=n, ignore_eos=True), chat_template=False)["token_ids"]
-           for p, n in [*[(p, 30) for p in PROMPTS], *[(p, 120) for p in PROMPTS[:2]],
-                        ("a long running stream", 300), ("the second client", 450)]}
-    return out
+    jobs = [*[(p, 30) for p in PROMPTS], *[(p, 120) for p in PROMPTS[:2]],
+            ("a long running stream", 300), ("the second client", 450)]
+    params = {n: SamplingParams(max_tokens=n, ignore_eos=True) for _, n in jobs}
+    return {(p, n): engine.generate(p, params[n], chat_template=False)["token_ids"] for p, n in jobs}
 
 
 @pytest.fixture
@@ -202,7 +201,8 @@ def test_the_serving_loop_keeps_serving_beside_a_failing_request(engine, refs, s
     monkeypatch.setattr(engine.scheduler.decoder.ex, "target", faulty_target)
     done: dict = {}
     # queued before the loop starts: all are admitted together and share their steps
-    victim_uid.append(submit(engine, "victim", "a victim", SamplingParams(max_tokens=30, ignore_eos=True), done))
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    victim_uid.append(submit(engine, "victim", "a victim", params, done))
     for i, p in enumerate(PROMPTS):
         t = [0.0, *NAN_PRONE][i]
         submit(engine, str(i), p, SamplingParams(max_tokens=30, temperature=t, seed=i, ignore_eos=True), done)
@@ -318,7 +318,8 @@ def test_grpc_faults_next_to_running_streams(server, refs):
 
     prompts = PROMPTS[:2]
     streams = [open_stream(server, prompts[0], SamplingParams(max_tokens=120, ignore_eos=True)),
-               open_stream(server, prompts[1], SamplingParams(max_tokens=120, temperature=1e-45, ignore_eos=True))]
+               open_stream(server, prompts[1],
+                           SamplingParams(max_tokens=120, temperature=1e-45, ignore_eos=True))]
     errors = {}
     for name, prompt, params in [("prompt", "x" * 10_000_000, SamplingParams(max_tokens=5)),
                                  ("stop", "hi", SamplingParams(max_tokens=5, stop=("s" * 400_000,)))]:

@@ -79,7 +79,8 @@ def test_cancel_frees_the_slot_and_others_continue(tiny, references):
     for i in (0, 1, 2):
         prompt, m = load[i]
         sched.add(Request(str(i), prompt, SamplingParams(max_tokens=m, ignore_eos=True), collect(outputs)))
-    victim = sched.add(Request("victim", [9] * 5, SamplingParams(max_tokens=40, ignore_eos=True), collect(outputs)))
+    victim = sched.add(Request("victim", [9] * 5, SamplingParams(max_tokens=40, ignore_eos=True),
+                               collect(outputs)))
     sched.step()
     sched.step()
     used = sched.kv_slots_used

@@ -11,7 +11,8 @@ import pytest
 from peagle_trt.tiny import make_tokenizer
 from peagle_trt.tokenizer import TextCodec, TextStream
 
-TEXTS = ["héllo wörld 😀 ünïcode ∑ 中文字符 ok", "The quick brown fox jumps", "def f(x):\n    return x  # ✓"]
+TEXTS = ["héllo wörld 😀 ünïcode ∑ 中文字符 ok", "The quick brown fox jumps",
+         "def f(x):\n    return x  # ✓"]
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def test_streamed_pieces_concatenate_to_one_decode_of_all_ids(codec, kind):
     rng = random.Random(3)
     for _ in range(150):
         if kind == "text":  # multi-byte characters split across byte-level tokens
-            ids = codec.tok(" ".join(rng.choice(TEXTS) for _ in range(4)), add_special_tokens=False)["input_ids"]
+            text = " ".join(rng.choice(TEXTS) for _ in range(4))
+            ids = codec.tok(text, add_special_tokens=False)["input_ids"]
         else:  # invalid UTF-8 included
             ids = [rng.randrange(len(codec.tok)) for _ in range(rng.randint(1, 60))]
         stream = codec.stream()
@@ -117,7 +119,8 @@ def test_invalid_bytes_that_never_complete_do_not_grow_the_window(codec):
         before = counting.decoded
         stream.push([lone[i % len(lone)]])
         costs.append(counting.decoded - before)
-    assert max(costs[-100:]) <= max(costs[:100]) <= (TextStream.PREFIX_TOKENS + TextStream.HOLD_TOKENS + 2) ** 2
+    window = TextStream.PREFIX_TOKENS + TextStream.HOLD_TOKENS + 2
+    assert max(costs[-100:]) <= max(costs[:100]) <= window ** 2
 
 
 class CountingCodec:
