@@ -22,6 +22,22 @@ def codec(tmp_path_factory):
     return TextCodec(out)
 
 
+@pytest.fixture(scope="module")
+def metaspace_codec(tmp_path_factory):
+    """A Llama-2 style (SentencePiece) tokenizer: "▁" word marks, the decoder strips the text's
+    leading space, so a window decoded alone differs from the same tokens mid-text."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+    tok.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    tok.train_from_iterator(TEXTS * 4, trainers.BpeTrainer(vocab_size=200, special_tokens=["<unk>", "</s>"]))
+    out = tmp_path_factory.mktemp("metaspace")
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", unk_token="<unk>").save_pretrained(out)
+    return TextCodec(out)
+
+
 class CharCodec:
     """One token per character (id = code point): exact control over the text; counts the
     tokens it decodes."""
@@ -56,6 +72,15 @@ def test_streamed_pieces_concatenate_to_one_decode_of_all_ids(codec, kind):
         pieces = feed(stream, ids, rng)
         assert "".join(pieces) == codec.decode(ids) == stream.text
         assert all("\ufffd" not in p for p in pieces[:-1]) or kind == "random ids"
+
+
+def test_word_boundary_spaces_survive_windowed_decoding(metaspace_codec):
+    rng = random.Random(5)
+    for _ in range(100):
+        text = " ".join(rng.choice(TEXTS + ["  two  spaces", "x"]) for _ in range(4))
+        ids = metaspace_codec.tok(text, add_special_tokens=False)["input_ids"]
+        stream = metaspace_codec.stream()
+        assert "".join(feed(stream, ids, rng)) == metaspace_codec.decode(ids)
 
 
 def test_incomplete_characters_are_held_back(codec):
