@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from peagle_trt.errors import ConfigError
 
 SPEC_MODES = ("none", "eagle3", "peagle")
+# Temperatures below this sample greedily (as vLLM's 1e-5 sampling epsilon). At T = 1e-5 a
+# runner-up token 1e-3 below the top logit already has probability e^-100 relative to it, so
+# greedy is the distribution's limit; below it, `logits / T` in float32 overflows (1e-38) or T
+# itself rounds to 0 (5e-324, and 1e-45 after a float32 round trip), giving NaN.
+TEMPERATURE_FLOOR = 1e-5
 
 
 @dataclass(frozen=True)
@@ -51,8 +56,10 @@ class SpecConfig:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How to sample one request. `temperature` 0 (or any value below TEMPERATURE_FLOOR, 1e-5)
+    means greedy: the argmax token, no random draws, token-identical to temperature 0."""
     max_tokens: int = 64
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # < TEMPERATURE_FLOOR: greedy
     top_p: float = 1.0
     top_k: int = 0  # 0: no top-k filter
     seed: int | None = None
@@ -75,4 +82,4 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < TEMPERATURE_FLOOR

@@ -59,14 +59,33 @@ class TextStream:
 
     `push(ids)` returns only text that is final: an incomplete UTF-8 sequence (decoded as U+FFFD)
     and a tail that could still become a stop string are held back. Once a stop string appears,
-    the text ends right before it and `stopped` turns true.
+    the text ends right before it and `stopped` turns true. `finish()` returns the rest.
+
+    Per push the cost is bounded, whatever the output length (no re-decoding, no re-scanning):
+      decode  only a window: the tokens since the last clean point (text not ending in U+FFFD)
+              plus PREFIX_TOKENS before it for context (word-boundary spaces); the new text is
+              decode(prefix + new) minus decode(prefix) (the vLLM / TGI scheme); text before a
+              trailing U+FFFD is returned at once, and the window moves past it (an incomplete
+              character spans at most 3 tokens). A window still ending in U+FFFD after
+              HOLD_TOKENS tokens (bytes that will never complete) is committed but for its last 3
+              tokens (then, and only then, a run of invalid bytes may show a different number of
+              U+FFFD than one decode of all ids);
+      stops   only the held tail (shorter than the longest stop string) plus the new text is
+              searched: a stop string ending in the new text starts inside that tail.
     """
+
+    PREFIX_TOKENS = 4
+    HOLD_TOKENS = 8
 
     def __init__(self, codec: TextCodec, stop: tuple[str, ...] = ()):
         self.codec, self.stop = codec, tuple(s for s in stop if s)
         self.ids: list[int] = []
-        self.shown = 0  # characters already returned
-        self.final: str | None = None  # the text cut at a stop string
+        self._prefix = 0  # window start: context tokens already turned into text
+        self._read = 0  # tokens whose text is in `_pieces` / `_held`
+        self._shown = 0  # characters of the text of ids[_read:] already returned (before a U+FFFD)
+        self._pieces: list[str] = []  # text returned so far
+        self._held = ""  # decoded text not returned yet (it may begin a stop string)
+        self.final: str | None = None  # the text cut at a stop string, once one appeared
 
     @property
     def stopped(self) -> bool:
@@ -74,27 +93,87 @@ class TextStream:
 
     @property
     def text(self) -> str:
-        return self.final if self.final is not None else self.codec.decode(self.ids)
+        """The text so far (for a finished stream: all of it)."""
+        return self.final if self.final is not None else "".join(self._pieces) + self._held + self._pending()
 
     def push(self, ids: list[int]) -> str:
         self.ids.extend(ids)
-        text = self.codec.decode(self.ids)
-        cuts = [text.find(s) for s in self.stop if s in text]
-        if cuts and self.final is None:
-            self.final = text[:min(cuts)]
         if self.final is not None:
-            visible = self.final
-        else:
-            visible = text.rstrip("\ufffd")
-            hold = max((n for s in self.stop for n in range(1, len(s)) if visible.endswith(s[:n])),
-                       default=0)
-            visible = visible[:len(visible) - hold]
-        new = visible[self.shown:]
-        self.shown = max(self.shown, len(visible))
-        return new
+            return ""
+        new = self._decode_new()
+        return self._release(self._held + new, final=False)
 
     def finish(self) -> str:
         """The rest of the text once generation is over."""
-        text = self.text
-        new, self.shown = text[self.shown:], len(text)
-        return new
+        if self.final is not None:
+            return ""
+        rest = self._held + self._pending()
+        self._read, self._shown = len(self.ids), 0
+        return self._release(rest, final=True)
+
+    # -- decoding ------------------------------------------------------------------------------
+    def _pending(self) -> str:
+        """Text of the tokens past `_read` not returned yet (it may end in an incomplete character)."""
+        if self._read == len(self.ids):
+            return ""
+        before = self.codec.decode(self.ids[self._prefix:self._read])
+        return self.codec.decode(self.ids[self._prefix:])[len(before) + self._shown:]
+
+    def _decode_new(self) -> str:
+        """Newly final text of the tokens past `_read`; advances the window at clean points."""
+        n = len(self.ids)
+        if n == self._read:
+            return ""
+        before = self.codec.decode(self.ids[self._prefix:self._read])
+        new = self.codec.decode(self.ids[self._prefix:])[len(before):]  # text of ids[_read:]
+        if not new.endswith("\ufffd"):
+            return self._advance(n, new)
+        # an incomplete character (<= 3 bytes, so <= 3 tokens): commit up to the token before it
+        for end in range(n - 1, max(self._read, n - 4), -1):
+            head = self.codec.decode(self.ids[self._prefix:end])[len(before):]
+            if head and not head.endswith("\ufffd"):
+                out, new = self._advance(end, head), new[len(head):]
+                break
+        else:
+            out = ""
+            if n - self._read > self.HOLD_TOKENS:  # bytes that never complete: commit all but 3 tokens
+                head = self.codec.decode(self.ids[self._prefix:n - 3])[len(before):]
+                out, new = self._advance(n - 3, head), new[len(head):]
+        visible = new.rstrip("\ufffd")  # what precedes the incomplete character is final
+        out += visible[self._shown:]
+        self._shown = max(self._shown, len(visible))
+        return out
+
+    def _advance(self, end: int, text: str) -> str:
+        """Commit tokens up to `end` (a clean point), whose text past `_read` is `text`."""
+        out = text[self._shown:]
+        self._shown = max(0, self._shown - len(text))
+        self._prefix, self._read = max(self._read, end - self.PREFIX_TOKENS), end
+        return out
+
+    # -- stop strings --------------------------------------------------------------------------
+    def _release(self, text: str, final: bool) -> str:
+        """`text` = held tail + new text: return what is final, hold back what may begin a stop."""
+        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
+        if cuts:
+            out, self._held = text[:min(cuts)], ""
+            self._pieces.append(out)
+            self.final = "".join(self._pieces)
+            return out
+        hold = 0 if final else self._stop_prefix_len(text)
+        out, self._held = text[:len(text) - hold], text[len(text) - hold:]
+        self._pieces.append(out)
+        return out
+
+    def _stop_prefix_len(self, text: str) -> int:
+        """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+        best = 0
+        for s in self.stop:
+            start = max(0, len(text) - len(s) + 1)
+            i = text.find(s[0], start)
+            while i >= 0:  # the first candidate that fits is the longest
+                if len(text) - i > best and s.startswith(text[i:]):
+                    best = len(text) - i
+                    break
+                i = text.find(s[0], i + 1)
+        return best

@@ -13,6 +13,15 @@ Capacity: each running request holds one KV slot of `max_seq_len` positions; a r
 cannot fit (prompt + max_tokens > max_seq_len) is refused at `add`, never truncated; when every
 slot is taken new requests wait in the queue.
 
+Isolation: one request never hurts another. Requests are known by a `uid` the scheduler assigns
+at `add` (the client's `request_id` is only echoed and logged, two clients may send the same one),
+and `cancel(uid)` reaches that request alone. An exception while stepping a batch (a forward, a
+verify, a sampler) restores the batch's sequences to their state before the step and retries them
+one at a time: the request(s) that fail alone end with finish_reason "error" and the message, the
+others go on with exactly the tokens they would have had (KV is written by absolute position, so
+re-running a step rewrites the same entries). The same holds for admission and client callbacks.
+Tested by tests/runtime/test_scheduler.py and tests/faults/test_requests.py.
+
 `add` and `cancel` are thread-safe; `step` runs on one thread (the server's loop).
 `generate(decoder, prompt, params)` runs one request through a scheduler on the calling thread:
 tests and benchmarks use it, so they exercise the code that serves.
@@ -21,6 +30,8 @@ tests and benchmarks use it, so they exercise the code that serves.
 from __future__ import annotations
 
 import collections
+import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -28,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import ConfigError
+from peagle_trt.errors import ConfigError, RuntimeInvariantError
 from peagle_trt.speculative.decoder import Sequence, SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 
@@ -37,16 +48,18 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class RequestOutput:
-    request_id: str
+    request_id: str  # the client's id, echoed
     new_token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stats: SpecStats | None = None  # on the final output
+    uid: int = -1  # the scheduler's id of the request
+    error: str | None = None  # with finish_reason "error": what went wrong
 
 
 @dataclass(eq=False)
 class Request:
-    request_id: str
+    request_id: str  # chosen by the client: echoed and logged, never used to find the request
     prompt: list[int]
     params: SamplingParams
     # called on the scheduler thread with each step's new tokens; returns True to end the request
@@ -56,6 +69,21 @@ class Request:
     arrival: float = field(default_factory=time.monotonic)
     seq: Sequence | None = None
     sent: int = 0  # output tokens already reported
+    uid: int = -1  # assigned by Scheduler.add, unique per scheduler
+
+
+def _save(seq: Sequence) -> tuple:
+    """What a step may change in a sequence, to undo a failed batch step."""
+    rng = seq.generator.get_state() if seq.generator is not None else None
+    stats = dataclasses.replace(seq.stats, histogram=dict(seq.stats.histogram))
+    return len(seq.output), seq.drafts, stats, seq.finish_reason, seq.num_computed, seq.cur, rng
+
+
+def _restore(seq: Sequence, saved: tuple) -> None:
+    n, seq.drafts, seq.stats, seq.finish_reason, seq.num_computed, seq.cur, rng = saved
+    del seq.output[n:]
+    if rng is not None:
+        seq.generator.set_state(rng)
 
 
 class Scheduler:
@@ -66,7 +94,8 @@ class Scheduler:
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
-        self._cancelled: set[str] = set()
+        self._cancelled: set[int] = set()
+        self._uids = itertools.count()
         self._lock = threading.Lock()
         self.wakeup = threading.Condition(self._lock)
         self.stats = SpecStats(decoder.k)  # all finished requests
@@ -74,8 +103,9 @@ class Scheduler:
         self.generated_tokens = 0
 
     # -- called from any thread ----------------------------------------------------------------
-    def add(self, request: Request) -> None:
-        """Queue a request; raises ConfigError (nothing queued) when it can never run."""
+    def add(self, request: Request) -> int:
+        """Queue a request and return its uid (for `cancel`); raises ConfigError (nothing
+        queued) when it can never run."""
         limit = self.decoder.max_seq_len
         if not request.prompt:
             raise ConfigError("the prompt is empty; send at least one token")
@@ -86,13 +116,24 @@ class Scheduler:
         with self._lock:
             if len(self.waiting) >= self.max_queue:
                 raise ConfigError(f"the request queue is full ({self.max_queue}); retry later")
+            request.uid = next(self._uids)
             self.waiting.append(request)
             self.wakeup.notify()
+        return request.uid
 
-    def cancel(self, request_id: str) -> None:
+    def cancel(self, uid: int) -> None:
+        """Cancel the request `add` returned `uid` for (and no other)."""
         with self._lock:
-            self._cancelled.add(request_id)
+            self._cancelled.add(uid)
             self.wakeup.notify()
+
+    def fail_all(self, exc: BaseException) -> None:
+        """Last resort of a server loop whose `step` itself broke (a scheduler bug): every
+        request ends with an error rather than hanging."""
+        with self._lock:
+            queued, self.waiting = list(self.waiting), collections.deque()
+        for r in queued + list(self.running):
+            self._finish(r, "error", error=_describe(exc))
 
     @property
     def has_work(self) -> bool:
@@ -110,34 +151,64 @@ class Scheduler:
         for r in self.running:  # split before prefilling: a prompt finishing now decodes next step
             (decoding if r.seq.num_computed == len(r.seq.prompt) else prefilling).append(r.seq)
         if prefilling:
-            self.decoder.prefill(prefilling, self.prefill_chunk)
+            self._isolated(lambda seqs: self.decoder.prefill(seqs, self.prefill_chunk), prefilling)
         if decoding:
-            self.decoder.step(decoding)
+            self._isolated(self.decoder.step, decoding)
         self._report()
+
+    def _isolated(self, run: Callable[[list[Sequence]], None], seqs: list[Sequence]) -> None:
+        """run(seqs); if it raises, undo it and run each sequence alone: those that still fail
+        end with an error, the others continue as if nothing happened."""
+        saved = [_save(s) for s in seqs]
+        try:
+            run(seqs)
+            return
+        except Exception as exc:
+            batch_error = exc
+        for s, state in zip(seqs, saved):
+            _restore(s, state)
+        if len(seqs) > 1:
+            log.warning("a step of %d requests failed (%s); retrying them one by one", len(seqs),
+                        _describe(batch_error))
+        owner = {id(r.seq): r for r in self.running}
+        for s, state in zip(seqs, saved):
+            try:
+                if len(seqs) == 1:
+                    raise batch_error
+                run([s])
+            except Exception as exc:
+                _restore(s, state)
+                r = owner[id(s)]
+                log.error("request %s (uid %d) failed and ends: %s", r.request_id, r.uid, _describe(exc),
+                          exc_info=exc)
+                self._finish(r, "error", error=_describe(exc))
 
     def _admit(self) -> None:
         ex = self.decoder.ex
         while self.waiting and len(self.running) < self.max_batch and ex.free_slots:
             with self._lock:
                 request = self.waiting.popleft()
-            request.seq = self.decoder.new_sequence(request.prompt, request.params, ex.alloc_slot())
+            slot = ex.alloc_slot()
+            try:
+                request.seq = self.decoder.new_sequence(request.prompt, request.params, slot)
+            except Exception as exc:  # only this request cannot start
+                ex.free_slot(slot)
+                self._finish(request, "error", error=_describe(exc))
+                continue
             self.running.append(request)
 
     def _drop_cancelled(self) -> None:
         with self._lock:
-            for r in self.waiting:
-                if r.is_cancelled and r.is_cancelled():
-                    self._cancelled.add(r.request_id)
-            for r in self.running:
-                if r.is_cancelled and r.is_cancelled():
-                    self._cancelled.add(r.request_id)
+            for r in itertools.chain(self.waiting, self.running):
+                if _asks_to_cancel(r):
+                    self._cancelled.add(r.uid)
             gone = self._cancelled
             self._cancelled = set()
-            queued = [r for r in self.waiting if r.request_id in gone]
-            self.waiting = collections.deque(r for r in self.waiting if r.request_id not in gone)
+            queued = [r for r in self.waiting if r.uid in gone]
+            self.waiting = collections.deque(r for r in self.waiting if r.uid not in gone)
         for r in queued:
             self._finish(r, "abort")
-        for r in [r for r in self.running if r.request_id in gone]:
+        for r in [r for r in self.running if r.uid in gone]:
             r.seq.finish_reason = "abort"
             self._finish(r, "abort")
 
@@ -149,7 +220,7 @@ class Scheduler:
             new = seq.output[r.sent:]
             r.sent = len(seq.output)
             if new and seq.finish_reason is None:
-                if self._emit(r, RequestOutput(r.request_id, new)):
+                if self._emit(r, RequestOutput(r.request_id, new, uid=r.uid)):
                     seq.finish_reason = "stop"
                     self._finish(r, "stop", already_sent=True)
                 continue
@@ -164,7 +235,7 @@ class Scheduler:
             return True
 
     def _finish(self, r: Request, reason: str, new: list[int] | None = None,
-                already_sent: bool = False) -> None:
+                already_sent: bool = False, error: str | None = None) -> None:
         if r in self.running:
             self.running.remove(r)
             self.decoder.ex.free_slot(r.seq.slot)
@@ -172,7 +243,8 @@ class Scheduler:
         self.stats.merge(stats)
         self.finished_requests += 1
         self.generated_tokens += len(r.seq.output) if r.seq is not None else 0
-        final = RequestOutput(r.request_id, [] if already_sent else list(new or []), True, reason, stats)
+        final = RequestOutput(r.request_id, [] if already_sent else list(new or []), True, reason, stats,
+                              r.uid, error)
         self._emit(r, final)
 
     def run_until_idle(self) -> None:
@@ -180,16 +252,35 @@ class Scheduler:
             self.step()
 
 
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _asks_to_cancel(r: Request) -> bool:
+    try:
+        return bool(r.is_cancelled and r.is_cancelled())
+    except Exception:  # a broken client handle: that client is gone
+        log.exception("cancellation check of request %s failed; cancelling it", r.request_id)
+        return True
+
+
 def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
              on_tokens: Callable[[list[int]], bool | None] | None = None, prefill_chunk: int = 256) -> Sequence:
     """One request through the in-flight scheduler, stepped to completion on the calling thread.
     `on_tokens` gets each step's new ids and returns True to end the request there (a stop
-    string was seen). Raises ConfigError when the request can never fit (nothing runs)."""
+    string was seen). Raises ConfigError when the request can never fit (nothing runs) and
+    RuntimeInvariantError when stepping it failed."""
+    errors: list[str] = []
+
     def on_output(out: RequestOutput) -> bool:
+        if out.error:
+            errors.append(out.error)
         return bool(on_tokens(out.new_token_ids)) if on_tokens and out.new_token_ids else False
 
     request = Request("local", list(prompt), params, on_output)
     scheduler = Scheduler(decoder, max_batch=1, prefill_chunk=prefill_chunk)
     scheduler.add(request)
     scheduler.run_until_idle()
+    if errors:
+        raise RuntimeInvariantError(f"generation failed: {errors[0]}")
     return request.seq

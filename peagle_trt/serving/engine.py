@@ -7,7 +7,12 @@ strings per request. Every generate path runs it, so they all run the code that 
 
 `from_checkpoints` describes the checkpoints with the same parameters a built repository's
 config.pbtxt carries (torch backend), so both constructors are one (`from_params`).
-Tested by tests/serving/ (through tritonserver) and tests/e2e/test_cli.py (in-process).
+Requests are refused before any tokenization when their prompt or stop strings exceed the byte
+limits (`InputLimits`); text work per streamed piece is bounded (`TextStream`). `submit` returns
+the scheduler's uid of the request: the only handle `cancel` accepts (client ids may collide).
+A request whose step fails gets a final event with finish_reason "error"; the others continue.
+Tested by tests/serving/ (through tritonserver), tests/e2e/test_cli.py (in-process) and
+tests/faults/test_requests.py.
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ import torch
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.checkpoint.target import load_target_config
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.errors import ConfigError
+from peagle_trt.errors import ConfigError, RuntimeInvariantError
 from peagle_trt.manifest import verify_manifest
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
-from peagle_trt.serving.protocol import generate_result
+from peagle_trt.serving.protocol import InputLimits, generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 
@@ -39,12 +44,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 @dataclass
 class Event:
     """What a client receives: the NEW text and ids since the previous event."""
-    request_id: str
+    request_id: str  # the client's id, echoed
     text: str
     token_ids: list[int]
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stats: dict | None = None  # on the final event
+    uid: int = -1  # the engine's id of the request (`ServingEngine.cancel`)
+    error: str | None = None  # with finish_reason "error"
 
 
 def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int, max_len: int):
@@ -79,6 +86,7 @@ def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int,
 class ServingEngine:
     def __init__(self, codec: TextCodec, scheduler: Scheduler, params: dict):
         self.codec, self.scheduler, self.params = codec, scheduler, params
+        self.limits = InputLimits.from_params(params)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.on_step: Callable[[], None] | None = None  # e.g. metrics refresh (throttled by the callee)
@@ -120,30 +128,34 @@ class ServingEngine:
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request_id: str, prompt: str, params: SamplingParams, on_event: Callable[[Event], None],
                is_cancelled: Callable[[], bool] | None = None, chat_template: bool = False,
-               echo_prompt: bool = False) -> None:
-        """Queue a request; raises ConfigError for bad input (nothing queued)."""
+               echo_prompt: bool = False) -> int:
+        """Queue a request and return its uid (for `cancel`); raises ConfigError for bad input
+        (nothing queued). `request_id` is the client's, only echoed in events and logs."""
         if not prompt:
             raise ConfigError("text_input is empty; send a non-empty prompt")
+        self.limits.check_prompt(prompt)  # before any tokenization
+        self.limits.check_stop(params.stop)
         ids = self.codec.encode_prompt(prompt, chat_template)
         stream = self.codec.stream(params.stop)
         prefix = [prompt if echo_prompt else "", ids if echo_prompt else []]
 
         def on_output(out: RequestOutput) -> bool:
             text = stream.push(out.new_token_ids)
-            if out.finished:
+            if out.finished and out.error is None:
                 text += stream.finish()
             head_text, head_ids = prefix
             prefix[:] = ["", []]
             stats = dict(out.stats.to_dict(), prompt_tokens=len(ids), spec_mode=self.params["spec_mode"]) \
                 if out.finished else None
             on_event(Event(request_id, head_text + text, head_ids + out.new_token_ids, out.finished,
-                           out.finish_reason, stats))
+                           out.finish_reason, stats, out.uid, out.error))
             return stream.stopped
 
-        self.scheduler.add(Request(request_id, ids, params, on_output, is_cancelled))
+        return self.scheduler.add(Request(request_id, ids, params, on_output, is_cancelled))
 
-    def cancel(self, request_id: str) -> None:
-        self.scheduler.cancel(request_id)
+    def cancel(self, uid: int) -> None:
+        """Cancel the request `submit` returned `uid` for, and no other."""
+        self.scheduler.cancel(uid)
 
     # -- the stepping thread ---------------------------------------------------------------------
     def start(self) -> None:
@@ -166,11 +178,10 @@ class ServingEngine:
             if sched.has_work:
                 try:
                     sched.step()
-                except Exception as exc:  # keep serving: fail the running requests, not the server
-                    log.exception("scheduler step failed; aborting the running requests")
+                except Exception as exc:  # a scheduler bug (request failures are isolated inside)
+                    log.exception("scheduler step failed; ending every request with an error")
                     self.step_error = exc
-                    for r in list(sched.running):
-                        sched.cancel(r.request_id)
+                    sched.fail_all(exc)
             if self.on_step is not None:  # after steps and while idle (metrics stay fresh)
                 self.on_step()
 
@@ -189,5 +200,7 @@ class ServingEngine:
         while not (events and events[-1].finished):
             self.scheduler.step()
         final = events[-1]
+        if final.error is not None:
+            raise RuntimeInvariantError(f"generation failed: {final.error}")
         return generate_result("".join(e.text for e in events), [t for e in events for t in e.token_ids],
                                final.finish_reason, final.stats or {})

@@ -1,9 +1,11 @@
 """The wire contract of the `peagle` Triton model, shared by the model, the clients and the CLI:
-its inputs, the statistics its final response carries, and the one JSON shape of a generated
-request (`generate --target`, `--repo` and `--url` print the same keys in the same order).
-Light on purpose: clients import it without torch."""
+its inputs and their size limits, the statistics its final response carries, and the one JSON
+shape of a generated request (`generate --target`, `--repo` and `--url` print the same keys in
+the same order). Light on purpose: clients import it without torch."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,6 +22,49 @@ FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("sp
                  "accept_rate_per_pos": ("accept_rate_per_pos", np.float32),
                  "num_draft_steps": ("steps", np.int32), "target_forwards": ("target_forwards", np.int32),
                  "drafter_forwards": ("drafter_forwards", np.int32)}
+
+# Default input limits, in UTF-8 bytes: a token averages ~4 bytes of text, so 16 bytes per
+# position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
+PROMPT_BYTES_PER_TOKEN = 16
+MAX_STOP_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class InputLimits:
+    """Byte limits checked before any tokenization, so an oversized input costs its sender an
+    error and nobody else any time. Per repository: config.pbtxt parameters `max_prompt_bytes`
+    (default 16 x max_seq_len) and `max_stop_bytes` (all stop strings together, default 1024),
+    read when present (`build` does not write them yet)."""
+    prompt_bytes: int
+    stop_bytes: int = MAX_STOP_BYTES
+
+    @classmethod
+    def from_params(cls, params: dict[str, str]) -> "InputLimits":
+        prompt = params.get("max_prompt_bytes") or PROMPT_BYTES_PER_TOKEN * int(params["max_seq_len"])
+        limits = cls(int(prompt), int(params.get("max_stop_bytes") or MAX_STOP_BYTES))
+        if limits.prompt_bytes <= 0 or limits.stop_bytes < 0:
+            raise ConfigError(f"max_prompt_bytes must be > 0 and max_stop_bytes >= 0, got {limits}")
+        return limits
+
+    def check_prompt(self, prompt: str | bytes) -> None:
+        size = _utf8_size(prompt, self.prompt_bytes)
+        if size > self.prompt_bytes:
+            raise ConfigError(f"text_input is {size} bytes or more; this model accepts at most "
+                              f"{self.prompt_bytes} bytes (max_prompt_bytes); shorten the prompt")
+
+    def check_stop(self, stop: list[str | bytes] | tuple[str | bytes, ...]) -> None:
+        size = sum(_utf8_size(s, self.stop_bytes + 1) for s in stop)
+        if size > self.stop_bytes:
+            raise ConfigError(f"the stop strings are {size} bytes or more together; this model accepts "
+                              f"at most {self.stop_bytes} bytes (max_stop_bytes); send shorter or fewer "
+                              "stop strings")
+
+
+def _utf8_size(text: str | bytes, limit: int) -> int:
+    """UTF-8 size of `text`, or a lower bound above `limit` (no encoding of a huge string)."""
+    if isinstance(text, bytes) or len(text) > limit:  # a character is at least one byte
+        return len(text)
+    return len(text.encode("utf-8"))
 
 
 RESULT_KEYS = ("text", "token_ids", "finish_reason", "prompt_tokens", "spec_mode", "num_spec_tokens",

@@ -6,11 +6,15 @@ Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens
 plus `apply_chat_template`). Each response's `text_output` / `output_ids` hold only the NEW text
 and tokens, so concatenating the responses gives the whole output; the final response also
 carries `finish_reason` and the request's acceptance statistics.
-Bad requests get an error response of their own; other streams are not disturbed.
+Bad requests get an error response of their own; other streams are not disturbed: oversized
+prompts and stop strings are refused from their byte counts before decoding or tokenizing, a
+request whose step fails ends with an error response, and a client cancels only its own request
+(the engine's uid, not the client-chosen request id, identifies it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import queue
@@ -23,7 +27,7 @@ import numpy as np
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError, PeagleError
 from peagle_trt.serving.engine import Event, ServingEngine
-from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS
+from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS, InputLimits
 
 log = logging.getLogger("peagle_trt.triton")
 
@@ -47,16 +51,21 @@ def _text(value, name: str) -> str:
     return str(value)
 
 
-def parse_request(pb_utils, request) -> tuple[str, SamplingParams, dict]:
-    """Triton request -> (prompt, sampling params, options); ConfigError on bad input."""
+def parse_request(pb_utils, request, limits: InputLimits) -> tuple[str, SamplingParams, dict]:
+    """Triton request -> (prompt, sampling params, options); ConfigError on bad input (sizes are
+    checked on the raw bytes, before decoding)."""
     # HTTP /generate turns JSON keys that are not inputs into request parameters: refuse them
     # rather than silently ignoring a misspelled option.
     unknown = sorted(json.loads(request.parameters() or "{}"))
     if unknown:
         raise ConfigError(f"unknown input(s) {unknown}; accepted inputs: {', '.join(INPUTS)}")
-    prompt = _text(_scalar(pb_utils, request, "text_input", b""), "text_input")
+    raw_prompt = _scalar(pb_utils, request, "text_input", b"")
+    limits.check_prompt(raw_prompt)
+    prompt = _text(raw_prompt, "text_input")
     stop_tensor = pb_utils.get_input_tensor_by_name(request, "stop")
-    stop = tuple(_text(s, "stop") for s in stop_tensor.as_numpy().reshape(-1)) if stop_tensor is not None else ()
+    raw_stop = list(stop_tensor.as_numpy().reshape(-1)) if stop_tensor is not None else []
+    limits.check_stop(raw_stop)
+    stop = tuple(_text(s, "stop") for s in raw_stop)
     end_id = _scalar(pb_utils, request, "end_id", None)
     params = SamplingParams(
         max_tokens=int(_scalar(pb_utils, request, "max_tokens", 64)),
@@ -110,7 +119,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, params, options = parse_request(pb, request)
+                prompt, params, options = parse_request(pb, request, self.engine.limits)
                 state = {"text": [], "ids": []}
                 self.engine.submit(request.request_id() or f"req-{time.monotonic_ns()}", prompt, params,
                                    lambda event, s=sender, o=options, st=state: self._respond(s, o, st, event),
@@ -127,13 +136,16 @@ class TritonPythonModel:
 
     def _respond(self, sender, options: dict, state: dict, event: Event) -> None:
         pb = self.pb
+        if event.error is not None:  # this request's step failed: an error response ends it
+            response = pb.InferenceResponse(error=pb.TritonError(f"the request failed: {event.error}"))
+            self._outbox.put((sender, response, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL, event))
+            return
         if not options["stream"]:  # one response at the end (HTTP /generate)
             state["text"].append(event.text)
             state["ids"] += event.token_ids
             if not event.finished:
                 return
-            event = Event(event.request_id, "".join(state["text"]), state["ids"], True,
-                          event.finish_reason, event.stats)
+            event = dataclasses.replace(event, text="".join(state["text"]), token_ids=state["ids"])
         tensors = [pb.Tensor("text_output", np.array([event.text.encode("utf-8")], dtype=np.object_)),
                    pb.Tensor("output_ids", np.array(event.token_ids, dtype=np.int32))]
         if event.finished:
@@ -150,9 +162,9 @@ class TritonPythonModel:
             try:
                 sender.send(response, flags=flags)
             except Exception:  # the client is gone: stop generating for it
-                log.info("client of %s disconnected; cancelling", event.request_id)
+                log.info("client of %s (uid %d) disconnected; cancelling", event.request_id, event.uid)
                 if not event.finished:
-                    self.engine.cancel(event.request_id)
+                    self.engine.cancel(event.uid)
 
     # -- metrics -------------------------------------------------------------------------------------
     def _make_metrics(self):

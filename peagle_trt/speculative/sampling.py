@@ -1,4 +1,11 @@
-"""Turn logits into probabilities (temperature, top-k, top-p) and sample from them."""
+"""Turn logits into probabilities (temperature, top-k, top-p) and sample from them.
+
+Numerically safe for every temperature SamplingParams accepts (>= TEMPERATURE_FLOOR; smaller ones
+never get here, they are greedy): the top logit is subtracted first, so the scaled logits are
+<= 0 with the top one at exactly 0 and softmax cannot overflow; a temperature too large for
+float32 flattens the distribution to uniform instead of turning masked logits into NaN.
+Tested by tests/unit/test_sampling.py and tests/faults/test_requests.py.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +16,11 @@ from peagle_trt.config import SamplingParams
 
 def probabilities(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """logits [N, V] -> probs [N, V] after temperature, then top-k, then top-p (nucleus)."""
-    logits = logits.float() / params.temperature
+    logits = logits.float()
+    logits = logits - logits.max(dim=-1, keepdim=True).values  # [N, V], <= 0, top logit at 0
+    scaled = logits / params.temperature
+    # -inf / inf (T beyond float32) is NaN: a token that had no mass keeps none
+    logits = torch.where(torch.isneginf(logits), logits, scaled)
     if params.top_k and params.top_k < logits.shape[-1]:
         kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))

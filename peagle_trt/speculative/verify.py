@@ -35,7 +35,10 @@ def verify_rejection(drafts: list[int], logits: torch.Tensor, params: SamplingPa
             continue
         residual = probs[i].clone()
         residual[d] = 0.0
-        return drafts[:i] + [int(sample((residual / residual.sum())[None], generator))]
+        mass = residual.sum()
+        if mass <= 0:  # all mass on d (the rest underflowed): p == q, nothing to correct towards
+            continue
+        return drafts[:i] + [int(sample((residual / mass)[None], generator))]
     return drafts + [int(sample(probs[len(drafts)][None], generator))]
 
 

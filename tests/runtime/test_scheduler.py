@@ -79,11 +79,12 @@ def test_cancel_frees_the_slot_and_others_continue(tiny, references):
     for i in (0, 1, 2):
         prompt, m = load[i]
         sched.add(Request(str(i), prompt, SamplingParams(max_tokens=m, ignore_eos=True), collect(outputs)))
-    sched.add(Request("victim", [9] * 5, SamplingParams(max_tokens=40, ignore_eos=True), collect(outputs)))
+    victim = sched.add(Request("victim", [9] * 5, SamplingParams(max_tokens=40, ignore_eos=True),
+                               collect(outputs)))
     sched.step()
     sched.step()
     used = sched.kv_slots_used
-    sched.cancel("victim")
+    sched.cancel(victim)
     sched.step()
     assert outputs["victim"]["reason"] == "abort" and outputs["victim"]["final"] == 1
     assert sched.kv_slots_used <= used - 1
@@ -126,3 +127,20 @@ def test_a_failing_callback_cancels_only_its_request(tiny):
     sched.add(Request("good", [1, 2], SamplingParams(max_tokens=20, ignore_eos=True), collect(got)))
     sched.run_until_idle()
     assert len(got["good"]["ids"]) == 20 and decoder.ex.free_slots == 2
+
+
+def test_requests_with_one_client_id_are_cancelled_separately(tiny, references):
+    """The client's request id is only echoed: cancelling by the uid `add` returned reaches
+    that request alone, even when another one carries the same client id."""
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256, slots=2)
+    sched = Scheduler(decoder)
+    first, second = {}, {}
+    prompt, m = workload(24, 7)[0]
+    a = sched.add(Request("same-id", [9] * 5, SamplingParams(max_tokens=40, ignore_eos=True), collect(first)))
+    b = sched.add(Request("same-id", prompt, SamplingParams(max_tokens=m, ignore_eos=True), collect(second)))
+    assert a != b
+    sched.step()
+    sched.cancel(a)
+    sched.run_until_idle()
+    assert first["same-id"]["reason"] == "abort" and first["same-id"]["final"] == 1
+    assert second["same-id"]["reason"] == "length" and second["same-id"]["ids"] == references[0]
