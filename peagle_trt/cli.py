@@ -127,7 +127,8 @@ def cmd_build(args: argparse.Namespace) -> dict:
     backend = resolve_backend(args.backend)
     repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
-                    str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels)
+                    str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels,
+                    max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantSpec
@@ -226,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True, help="prompt text")
     _spec_flags(g)
     g.add_argument("--max-tokens", type=int, default=128, help="maximum generated tokens (default 128)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--temperature", type=float, default=0.0,
+                   help="0 = greedy (default); below 1e-5 also samples greedily (SamplingParams)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default 1.0)")
     g.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed")
@@ -253,6 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
     b.add_argument("--device", default="cpu", help="torch device of the served model (default cpu)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    b.add_argument("--max-prompt-bytes", type=int, default=None,
+                   help="largest prompt (UTF-8 bytes) a request may send, refused before tokenization "
+                        "(default 16 x --max-seq-len)")
+    b.add_argument("--max-stop-bytes", type=int, default=None,
+                   help="largest total size of a request's stop strings in bytes (default 1024)")
     b.add_argument("--kernels", default="reference", choices=["reference", "cuda"],
                    help="torch backend: the custom ops in torch (reference) or on the CUDA kernels of "
                         "plugins/ (cuda: needs --device cuda and scripts/build_plugins.sh)")

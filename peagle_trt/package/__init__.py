@@ -50,6 +50,8 @@ class RepoSpec:
     gpu_arch: str = "sm_90"  # tensorrt backend: sm_90 (H100/H200) | sm_100 (B200)
     plugin_library: str | None = None  # tensorrt backend: libpeagle plugins (.so)
     kernels: str = "reference"  # torch backend: custom ops in torch | on the CUDA kernels ("cuda")
+    max_prompt_bytes: int | None = None  # None: serving.protocol's default (16 x max_seq_len)
+    max_stop_bytes: int | None = None  # None: serving.protocol's default (1024, all stop strings)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -62,6 +64,17 @@ class RepoSpec:
                              f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
         if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1:
             raise BuildError("max_batch, max_seq_len and prefill_chunk must be positive")
+        if (self.max_prompt_bytes is not None and self.max_prompt_bytes < 1) or \
+                (self.max_stop_bytes is not None and self.max_stop_bytes < 0):
+            raise BuildError(f"max_prompt_bytes must be >= 1 and max_stop_bytes >= 0, got "
+                             f"{self.max_prompt_bytes}, {self.max_stop_bytes}")
+
+    def input_limits(self) -> dict[str, int]:
+        """The byte limits the served model enforces (config.pbtxt parameters)."""
+        from peagle_trt.serving.protocol import MAX_STOP_BYTES, PROMPT_BYTES_PER_TOKEN
+
+        return {"max_prompt_bytes": self.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_seq_len,
+                "max_stop_bytes": MAX_STOP_BYTES if self.max_stop_bytes is None else self.max_stop_bytes}
 
 
 def templates_dir() -> Path:
@@ -143,7 +156,7 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
         paths = _write_artifacts(pair, target, drafter, version, repo)
         values = {**asdict(repo), "spec_mode": repo.spec.mode, "num_spec_tokens": repo.spec.num_spec_tokens,
                   "instance_kind": "GPU" if repo.device.startswith("cuda") or repo.backend == "tensorrt" else "CPU",
-                  "engine_path": "", **paths}
+                  "engine_path": "", **repo.input_limits(), **paths}
         config = string.Template((templates / "peagle" / "config.pbtxt.tmpl").read_text()).substitute(values)
         (model_dir / "config.pbtxt").write_text(config)
         manifest = write_manifest(model_dir, {

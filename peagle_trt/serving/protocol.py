@@ -34,7 +34,7 @@ class InputLimits:
     """Byte limits checked before any tokenization, so an oversized input costs its sender an
     error and nobody else any time. Per repository: config.pbtxt parameters `max_prompt_bytes`
     (default 16 x max_seq_len) and `max_stop_bytes` (all stop strings together, default 1024),
-    read when present (`build` does not write them yet)."""
+    written by `peagle-trt build --max-prompt-bytes / --max-stop-bytes`."""
     prompt_bytes: int
     stop_bytes: int = MAX_STOP_BYTES
 

@@ -146,3 +146,21 @@ def test_build_with_fp8_quantization_serves_the_fp8_target(tiny, tmp_path, capsy
     events = []
     engine.generate("hi", SamplingParams(max_tokens=5, ignore_eos=True), events.append, chat_template=False)
     assert sum(len(e.token_ids) for e in events) == 5
+
+
+def test_build_writes_the_input_byte_limits_the_model_enforces(tiny, tmp_path):
+    from peagle_trt.config import SamplingParams
+
+    build_repository(tiny["llama"], tiny["aws"], tmp_path / "repo",
+                     RepoSpec(SpecConfig("none", 1), max_batch=1, max_seq_len=64, max_prompt_bytes=100,
+                              max_stop_bytes=8))
+    _, params = model_params(tmp_path / "repo")
+    assert (params["max_prompt_bytes"], params["max_stop_bytes"]) == ("100", "8")
+    engine = ServingEngine.load(*model_params(tmp_path / "repo"))
+    with pytest.raises(ConfigError, match="max_prompt_bytes"):
+        engine.submit("x", "y" * 101, SamplingParams(max_tokens=2), lambda event: None)
+    with pytest.raises(ConfigError, match="max_stop_bytes"):
+        engine.submit("x", "hi", SamplingParams(max_tokens=2, stop=("123456789",)), lambda event: None)
+    build(tiny, tmp_path / "default")
+    _, default = model_params(tmp_path / "default")
+    assert (default["max_prompt_bytes"], default["max_stop_bytes"]) == (str(16 * 128), "1024")
