@@ -23,6 +23,7 @@ echo "[speculators-env] 3/3 speculators==0.9.0 (--no-deps)"
 "${pip[@]}" --no-deps "speculators==0.9.0"
 "$tmp/bin/python" -c "from speculators.models.peagle import PEagleDraftModel, PEagleSpeculatorConfig; \
 from speculators.models.eagle3 import Eagle3DraftModel"
+cp "$root/scripts/speculators-requirements.txt" "$tmp/peagle-requirements.txt"  # stamp: what it holds
 rm -rf "$venv"
 mv "$tmp" "$venv"
 echo "[speculators-env] ready: $venv"

@@ -20,34 +20,16 @@ import pytest
 
 from peagle_trt.tiny import MASK_TOKEN
 from tests.compat.cases import library_cases
+from tests.compat.venv import ensure_venv, progress
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = Path(os.environ.get("PEAGLE_SPECULATORS_VENV", ROOT / ".venv-speculators"))
-def _progress(msg: str) -> None:
-    print(f"[compat] {msg}", file=sys.__stderr__, flush=True)
-
-
-def ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    if python.exists():
-        return python
-    _progress(f"creating {VENV} with scripts/speculators_env.sh (once; a few minutes) ...")
-    log = ROOT / ".venv-speculators.log"
-    with open(log, "w") as f:
-        proc = subprocess.run(["bash", str(ROOT / "scripts" / "speculators_env.sh"), str(VENV)],
-                              stdout=f, stderr=subprocess.STDOUT, timeout=1800)
-    if proc.returncode != 0 or not python.exists():
-        tail = log.read_text()[-3000:]
-        pytest.fail(f"could not create the speculators venv (scripts/speculators_env.sh exit "
-                    f"{proc.returncode}); log {log}:\n{tail}", pytrace=False)
-    _progress(f"ready: {VENV}")
-    return python
 
 
 @pytest.fixture(scope="session")
 def library(tiny, tmp_path_factory) -> dict:
     """{'cases': {name: case}, 'results': driver results.json, 'heads': dir, 'oracle': dir, 'targets'}."""
-    python = ensure_venv()
+    python = ensure_venv(VENV, sys.executable)
     out = tmp_path_factory.mktemp("speculators")
     targets = {"llama": tiny["llama"], "qwen3": tiny["qwen3"]}
     cases = library_cases()
@@ -56,7 +38,7 @@ def library(tiny, tmp_path_factory) -> dict:
         c["verifier"] = str(targets[c["family"]])
         c["mask_token_id"] = next(t["id"] for t in tokens if t["content"] == MASK_TOKEN)
     (out / "cases.json").write_text(json.dumps(cases, indent=1))
-    _progress(f"writing {len(cases)} heads with the speculators library ...")
+    progress(f"writing {len(cases)} heads with the speculators library ...")
     t0 = time.perf_counter()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": "", "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1"}
@@ -66,7 +48,7 @@ def library(tiny, tmp_path_factory) -> dict:
     if proc.returncode != 0:
         pytest.fail(f"the speculators driver failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n"
                     f"{proc.stderr[-4000:]}", pytrace=False)
-    _progress(f"library heads and oracle outputs written in {time.perf_counter() - t0:.1f} s")
+    progress(f"library heads and oracle outputs written in {time.perf_counter() - t0:.1f} s")
     results = json.loads((out / "results.json").read_text())
     return {"cases": {c["name"]: c for c in cases}, "results": results["cases"], "heads": out / "heads",
             "oracle": out / "oracle", "targets": targets}

@@ -101,11 +101,8 @@ def test_drafter_logits_equal_the_library_forward(library, name):
             torch.testing.assert_close(parallel_logits(model, o), o["peagle_logits"], atol=ATOL, rtol=0)
 
 
-def _decoders(library, name: str, make_executor):
-    case = library["cases"][name]
-    target_dir, head = library["targets"][case["family"]], library["heads"] / name
-    modes = ["none", "eagle3"] + (["peagle"] if case["type"] == "peagle" else [])
-    return {mode: make_executor(load_pair(target_dir, head, SpecConfig(mode, DEPTH)), mode) for mode in modes}
+def _modes(case: dict) -> list[str]:
+    return ["none", "eagle3"] + (["peagle"] if case["type"] == "peagle" else [])
 
 
 def _check_identical(decoders: dict) -> None:
@@ -117,11 +114,11 @@ def _check_identical(decoders: dict) -> None:
 
 @pytest.mark.parametrize("name", WRITTEN)
 def test_greedy_generation_equals_target_torch(library, name):
-    def make(pair, mode):
-        target, drafter = pair.build()
-        return SpecDecoder(TorchExecutor(target, drafter, 1, 128), pair.spec)
-
-    _check_identical(_decoders(library, name, make))
+    case = library["cases"][name]
+    spec = SpecConfig(case["type"], DEPTH)  # the pair is validated for the head's own mode
+    target, drafter = load_pair(library["targets"][case["family"]], library["heads"] / name, spec).build()
+    _check_identical({m: SpecDecoder(TorchExecutor(target, drafter if m != "none" else None, 1, 128),
+                                     SpecConfig(m, DEPTH)) for m in _modes(case)})
 
 
 @pytest.mark.parametrize("name", ORT_CASES)
@@ -134,8 +131,7 @@ def test_greedy_generation_equals_target_onnxruntime(library, name, tmp_path):
     target, drafter = load_pair(library["targets"][case["family"]], library["heads"] / name, spec).build()
     export_models(target, drafter, tmp_path / "export", ExportSpec(spec, 1, 100))
     executor = OrtExecutor(tmp_path / "export")
-    modes = ["none", "eagle3"] + (["peagle"] if case["type"] == "peagle" else [])
-    _check_identical({m: SpecDecoder(executor, SpecConfig(m, DEPTH)) for m in modes})
+    _check_identical({m: SpecDecoder(executor, SpecConfig(m, DEPTH)) for m in _modes(case)})
 
 
 def test_both_fc_norms_refused_with_the_library_reason(library, tmp_path):
