@@ -150,3 +150,18 @@ def test_sliding_window_heads_refuse_sequences_past_the_window(library):
     model.new_cache(1, 2048)
     with pytest.raises(ConfigError, match=r"sliding-window attention \(window 2048\)"):
         model.new_cache(1, 2049)
+
+
+def test_inspect_describes_a_library_head(library, capsys):
+    from peagle_trt.cli import main
+
+    head, target = library["heads"] / "peagle-defaults-qwen3", library["targets"]["qwen3"]
+    assert main(["inspect", str(target), str(head)]) == 2  # default --max-seq-len 2048 leaves the window
+    assert "sliding-window attention (window 2048)" in capsys.readouterr().out
+    assert main(["inspect", str(target), str(head), "--max-seq-len", "2040"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    d = result["drafter"]
+    assert d["layout"] == "speculators" and d["layer_family"] == "qwen3" and d["trained_k"] == DEPTH
+    assert d["flags"]["norm_output"] is False and d["flags"]["norm_before_residual"] is True
+    assert d["sliding_window"] == {"window": 2048, "layers": [0]}
+    assert result["pair"]["fits"] and result["pair"]["taps"] == [2, 4, 5]
