@@ -35,7 +35,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="mode to check the pair for (default: peagle for P-EAGLE heads, else eagle3)")
     p.add_argument("--num-spec-tokens", type=int, default=None,
                    help="K to check (default: the K the head was trained for, else 7)")
-    p.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens to check (default 2048)")
+    p.add_argument("--max-seq-len", type=int, default=2048,
+                   help="prompt + output tokens to check (default 2048)")
     p.set_defaults(func=cmd_inspect)
     return p
 

@@ -190,7 +190,8 @@ def load_drafter(path: str | Path) -> DrafterCheckpoint:
         trained_depth=_trained_depth(cfg),
         norm_output=bool(cfg.get("norm_output", False)),
         embed_requires_grad=cfg.get("embed_requires_grad"),
-        sliding_window=int(layer_cfg["sliding_window"]) if sliding and layer_cfg.get("sliding_window") else None,
+        sliding_window=int(layer_cfg["sliding_window"]) if sliding and layer_cfg.get("sliding_window")
+        else None,
         sliding_layers=sliding,
     )
     _check_tensors(config, tensors, path)

@@ -28,12 +28,14 @@ def library_cases() -> list[dict]:
                              "norm_output": norm_output, "norm_before_residual": before_residual,
                              "draft_arch": arch}
                     name = f"{kind}-{norm}-out{int(norm_output)}-nbr{int(before_residual)}-{arch}-on-{family}"
-                    cases.append(case(name, kind, family, flags, seed := seed + 1, 200 if i % 3 == 0 else None))
+                    draft_vocab = 200 if i % 3 == 0 else None  # a pruned vocabulary (d2t / t2d)
+                    cases.append(case(name, kind, family, flags, seed := seed + 1, draft_vocab))
                     i += 1
         cases.append(case(f"{kind}-2taps-final-2layers", kind, "llama",
                           {"target_layer_ids": [1, 8], "num_layers": 2, "full_attention_indices": [0],
                            "embed_requires_grad": True}, seed := seed + 1))
-    cases.append(case("refused-both-fc-norms", "eagle3", "qwen3", {"norm_before_fc": True, "fc_norm": True}, 99))
+    both = {"norm_before_fc": True, "fc_norm": True}
+    cases.append(case("refused-both-fc-norms", "eagle3", "qwen3", both, 99))
     return cases
 
 

@@ -118,7 +118,8 @@ def oracle(model, case: dict) -> dict:
             try:
                 torch.manual_seed(case["seed"] + 2)  # COD sampling draws from the global RNG
                 model.forward(hidden_states, input_ids, document_ids,
-                              verifier_last_hidden_states=torch.randn(1, SEQ_LEN, model.hidden_size, generator=gen),
+                              verifier_last_hidden_states=torch.randn(1, SEQ_LEN, model.hidden_size,
+                                                                      generator=gen),
                               num_depths=case["depth"], down_sample_ratio=0.8, down_sample_ratio_min=0.5,
                               loss_config=resolve_loss_config("kl_div", "eager"))  # fused needs Triton
             finally:
@@ -149,8 +150,9 @@ def main(cases_path: str, out_dir: str) -> int:
         model.eval()
         model.save_pretrained(out / "heads" / case["name"])
         tensors = oracle(model, case)
-        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out / "oracle" / f"{case['name']}.safetensors"))
-        results["cases"][case["name"]] = {"flags": {k: v for k, v in flags.items() if not isinstance(v, Path)}}
+        save_file({k: v.contiguous() for k, v in tensors.items()},
+                  str(out / "oracle" / f"{case['name']}.safetensors"))
+        results["cases"][case["name"]] = {"flags": flags}
     results["seconds"] = round(time.perf_counter() - t0, 2)
     (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
     print(f"[speculators-driver] {len(cases)} cases in {results['seconds']} s", flush=True)

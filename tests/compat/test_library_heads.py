@@ -30,7 +30,8 @@ ATOL = 1e-4
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
 PROMPTS = ([7], list(range(30, 47)))
 # the onnxruntime runs (an export each) cover the trainer defaults and every flag value once
-ORT_CASES = ["peagle-defaults-llama", "peagle-defaults-qwen3", "eagle3-defaults-llama", "eagle3-defaults-qwen3",
+ORT_CASES = ["peagle-defaults-llama", "peagle-defaults-qwen3", "eagle3-defaults-llama",
+             "eagle3-defaults-qwen3",
              "peagle-norm_before_fc-out1-nbr0-qwen3-on-llama", "peagle-fc_norm-out0-nbr1-llama-on-qwen3",
              "eagle3-fc_norm-out1-nbr1-qwen3-on-qwen3", "eagle3-2taps-final-2layers"]
 

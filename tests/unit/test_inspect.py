@@ -43,7 +43,8 @@ def test_drafter_description(tiny, capsys):
 def test_target_and_plain_eagle3_head(tiny, capsys):
     code, _, result = run(capsys, tiny["eagle3"], tiny["llama"])  # either order
     assert code == 0 and result["target"]["family"] == "llama" and result["target"]["layers"] == 8
-    assert result["drafter"]["head"] == "EAGLE-3 (sequential)" and "peagle" not in result["drafter"]["spec_modes"]
+    assert result["drafter"]["head"] == "EAGLE-3 (sequential)"
+    assert "peagle" not in result["drafter"]["spec_modes"]
     assert result["pair"] == {"fits": True, "spec_mode": "eagle3", "num_spec_tokens": 7, "taps": [2, 4, 5],
                               "max_seq_len": 2048}
 
@@ -68,7 +69,8 @@ def test_refused_flags_are_explained(tiny, tmp_path, capsys):
 
 def test_sliding_window_limit_checked_for_the_requested_length(tiny, tmp_path, capsys):
     cfg = json.loads((tiny["speculators"] / "config.json").read_text())
-    layers = {**cfg["transformer_layer_config"], "layer_types": ["sliding_attention"] * 2, "sliding_window": 64}
+    layers = {**cfg["transformer_layer_config"], "layer_types": ["sliding_attention"] * 2,
+              "sliding_window": 64}
     head = edited(tiny["speculators"], tmp_path / "head", transformer_layer_config=layers)
     code, _, result = run(capsys, tiny["qwen3"], head, "--num-spec-tokens", "3", "--max-seq-len", "60")
     assert code == 0 and result["drafter"]["sliding_window"] == {"window": 64, "layers": [0, 1]}
