@@ -14,10 +14,11 @@ log = logging.getLogger(__name__)
 
 def resolve_taps(target: TargetConfig, drafter: DrafterCheckpoint) -> tuple[int, ...]:
     """Tap layers of the target feeding the drafter's fc (residual stream entering each layer)."""
-    taps = drafter.config.aux_layer_ids or target.default_taps
+    if drafter.config.aux_layer_ids:  # as written; the library counts fc's inputs from them
+        return tuple(drafter.config.aux_layer_ids)
     if drafter.config.num_aux == 1:
-        taps = (target.num_layers,)  # no aux states: the final (pre-norm) hidden state
-    return tuple(taps)
+        return (target.num_layers,)  # no aux states: the final (pre-norm) hidden state
+    return tuple(target.default_taps)
 
 
 def validate_pair(target: TargetConfig, drafter: DrafterCheckpoint, spec: SpecConfig) -> tuple[int, ...]:

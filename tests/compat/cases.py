@@ -34,6 +34,8 @@ def library_cases() -> list[dict]:
         cases.append(case(f"{kind}-2taps-final-2layers", kind, "llama",
                           {"target_layer_ids": [1, 8], "num_layers": 2, "full_attention_indices": [0],
                            "embed_requires_grad": True}, seed := seed + 1))
+    cases.append(case("peagle-1tap-qwen3", "peagle", "qwen3", {"target_layer_ids": [3], "fc_norm": True},
+                      seed := seed + 1))
     both = {"norm_before_fc": True, "fc_norm": True}
     cases.append(case("refused-both-fc-norms", "eagle3", "qwen3", both, 99))
     return cases
