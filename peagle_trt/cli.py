@@ -3,6 +3,7 @@
     peagle-trt generate --target DIR --drafter DIR --prompt TEXT [--spec-mode peagle] ...
     peagle-trt demo                     # the main job on a CPU machine (small seeded models)
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
+    peagle-trt inspect [TARGET_DIR] DRAFTER_DIR   # what a checkpoint is; whether a pair fits
 
 This is the only module that catches broad exceptions: it prints them and exits non-zero.
 """
@@ -285,10 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     e.set_defaults(func=cmd_export)
 
+    from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
     from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
 
     add_engine_parser(sub)
+    add_inspect_parser(sub)
     add_quantize_parser(sub)
 
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")

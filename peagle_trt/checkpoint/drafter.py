@@ -5,11 +5,23 @@ Layouts (see ../shared/docs/peagle-spec.md §1.3-1.4):
                `fc`, `mask_hidden` [1,1,3·H_t], `d2t`, `t2d`; mask token id under one of
                `ptd_token_id` / `pard_token` / `mask_token_id` / `dflash_config.mask_token_id`.
   speculators  `speculators_model_type: "peagle"` (or "eagle3") with a nested
-               `transformer_layer_config`; tensors `layers.0.*`, optional `input_norm`
-               (norm_before_fc) and `fc_norm.{i}`.
+               `transformer_layer_config` (llama or qwen3 layers); tensors `layers.N.*`, optional
+               `input_norm` (norm_before_fc) and `fc_norm.{i}` (fc_norm).
   eagle3       the AWS layout without `mask_hidden`: a sequential EAGLE-3 head.
 Tensors are renamed to one canonical set (`layers.0.*` for the fusion midlayer, no `model.`
 prefix, `t2d` dropped) so the model code sees a single layout.
+
+Flags mean what the `speculators` library (0.9.0, models/eagle3) means by them:
+  norm_before_fc        one RMSNorm over the concatenated taps before fc (`input_norm.weight`)
+  fc_norm               one RMSNorm per tap before concatenation (`fc_norm.{i}.weight`);
+                        the library refuses it together with norm_before_fc, and so do we
+  norm_output           EAGLE 3.1: sequential steps feed back the post-norm hidden state
+                        (logits are lm_head(norm(x)) either way; the parallel pass is unaffected)
+  norm_before_residual  layer 0 keeps hidden_norm(g) as its residual instead of g
+  embed_requires_grad   training only (the library saves embed_tokens either way)
+  eagle_aux_hidden_state_layer_ids  the taps; their count is fc's number of inputs (default 3)
+  layer_types / sliding_window      drafter layers with sliding-window attention (see check_window)
+Tested against the library itself: tests/compat/ (heads it writes, its own forward as oracle).
 """
 
 from __future__ import annotations
@@ -26,6 +38,8 @@ from peagle_trt.models.rope import RopeConfig
 
 # Where producers store the mask token id, most explicit first (vLLM accepts all of these).
 MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "pard_token", "ptd_token_id")
+# transformer_layer_config families speculators 0.9.0 builds drafter layers for (eagle3 model_classes)
+LAYER_FAMILIES = ("llama", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -53,10 +67,31 @@ class DrafterConfig:
     attention_bias: bool = False
     qk_norm: bool = False
     trained_depth: int | None = None
+    norm_output: bool = False  # sequential steps feed back norm(x) instead of x (EAGLE 3.1)
+    embed_requires_grad: bool | None = None  # training-only flag, kept for `inspect`
+    sliding_window: int | None = None  # window of the layers in `sliding_layers`
+    sliding_layers: tuple[int, ...] = ()  # drafter layers with sliding-window attention
 
     @property
     def supports_parallel(self) -> bool:
         return self.has_mask_hidden and self.mask_token_id is not None
+
+    @property
+    def max_positions(self) -> int | None:
+        """KV positions per sequence the drafter serves exactly (None: unbounded). Sliding-window
+        layers see the last `sliding_window` positions; our attention op is full causal, which is
+        the same while every sequence fits in the window."""
+        return self.sliding_window if self.sliding_layers and self.sliding_window else None
+
+
+def check_window(c: DrafterConfig, max_len: int, where: str = "drafter") -> None:
+    """Raise `ConfigError` when KV positions up to `max_len` - 1 would leave a sliding window."""
+    limit = c.max_positions
+    if limit is not None and max_len > limit:
+        raise ConfigError(f"{where}: drafter layers {list(c.sliding_layers)} use sliding-window attention "
+                          f"(window {limit}) but this run needs {max_len} KV positions per sequence; the "
+                          f"PEagleKVAttention op is full-causal, exact only up to {limit} positions: lower "
+                          f"--max-seq-len so that max_seq_len + K + 1 <= {limit}")
 
 
 @dataclass(frozen=True)
@@ -112,8 +147,7 @@ def load_drafter(path: str | Path) -> DrafterCheckpoint:
         raise ConfigError(f"{where}: speculators_model_type {kind!r} is not supported "
                           "(expected 'peagle' or 'eagle3')")
     layer_cfg = require(cfg, "transformer_layer_config", where) if kind else cfg
-    if cfg.get("norm_output") is False:
-        raise ConfigError(f"{where}: norm_output=false is not supported")
+    _check_flags(cfg, layer_cfg, kind, where)
     for key in ("fc.weight", "lm_head.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"):
         if key not in tensors:
             raise CheckpointError(f"drafter {path}: tensor {key!r} is missing; not an EAGLE-3 / "
@@ -122,11 +156,13 @@ def load_drafter(path: str | Path) -> DrafterCheckpoint:
     heads = int(require(layer_cfg, "num_attention_heads", where))
     lm_rows = tensors["lm_head.weight"].shape[0]
     fc_in = tensors["fc.weight"].shape[1]
-    num_aux = 1 if _dig(cfg, "eagle_config.use_aux_hidden_state") is False else 3
+    taps = cfg.get("eagle_aux_hidden_state_layer_ids") or _dig(cfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
+    num_aux = len(taps) if taps else (1 if _dig(cfg, "eagle_config.use_aux_hidden_state") is False else 3)
     target_hidden = int(cfg.get("target_hidden_size") or layer_cfg.get("target_hidden_size") or fc_in // num_aux)
     has_mask_hidden = "mask_hidden" in tensors
     layout = "speculators" if kind else ("aws" if has_mask_hidden else "eagle3")
-    taps = cfg.get("eagle_aux_hidden_state_layer_ids") or _dig(cfg, "eagle_config.eagle_aux_hidden_state_layer_ids")
+    layer_types = list(layer_cfg.get("layer_types") or [])
+    sliding = tuple(i for i, t in enumerate(layer_types) if t == "sliding_attention")
     config = DrafterConfig(
         layout=layout,
         hidden_size=hidden,
@@ -152,9 +188,37 @@ def load_drafter(path: str | Path) -> DrafterCheckpoint:
         attention_bias=bool(layer_cfg.get("attention_bias", False)),
         qk_norm="layers.0.self_attn.q_norm.weight" in tensors,
         trained_depth=_trained_depth(cfg),
+        norm_output=bool(cfg.get("norm_output", False)),
+        embed_requires_grad=cfg.get("embed_requires_grad"),
+        sliding_window=int(layer_cfg["sliding_window"]) if sliding and layer_cfg.get("sliding_window")
+        else None,
+        sliding_layers=sliding,
     )
     _check_tensors(config, tensors, path)
     return DrafterCheckpoint(path, config, tensors)
+
+
+def _check_flags(cfg: dict, layer_cfg: dict, kind: str | None, where: str) -> None:
+    """Refuse what the library refuses (with its reason) and what our layers cannot compute."""
+    if cfg.get("norm_before_fc") and cfg.get("fc_norm"):
+        raise ConfigError(f"{where}: norm_before_fc and fc_norm are both true; the speculators library "
+                          "refuses this too: 'norm_before_fc and fc_norm are mutually exclusive - enable "
+                          "one or the other, not both' (set one of them to false)")
+    family = layer_cfg.get("model_type", "llama")
+    if kind and family not in LAYER_FAMILIES:
+        raise ConfigError(f"{where}: transformer_layer_config.model_type {family!r} is not supported; the "
+                          f"speculators library builds EAGLE-3 / P-EAGLE drafter layers for "
+                          f"{list(LAYER_FAMILIES)} only")
+    act = layer_cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{where}: drafter hidden_act {act!r} is not supported (expected 'silu', the "
+                          "speculators trainer default --draft-hidden-act)")
+    if layer_cfg.get("mlp_bias"):
+        raise ConfigError(f"{where}: mlp_bias=true drafter layers are not supported (expected false)")
+    types = set(layer_cfg.get("layer_types") or []) - {"full_attention", "sliding_attention"}
+    if types:
+        raise ConfigError(f"{where}: drafter layer_types {sorted(types)} are not supported "
+                          "(expected full_attention / sliding_attention)")
 
 
 def _check_tensors(c: DrafterConfig, tensors: dict, path: Path) -> None:

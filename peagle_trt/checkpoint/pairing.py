@@ -14,10 +14,11 @@ log = logging.getLogger(__name__)
 
 def resolve_taps(target: TargetConfig, drafter: DrafterCheckpoint) -> tuple[int, ...]:
     """Tap layers of the target feeding the drafter's fc (residual stream entering each layer)."""
-    taps = drafter.config.aux_layer_ids or target.default_taps
+    if drafter.config.aux_layer_ids:  # as written; the library counts fc's inputs from them
+        return tuple(drafter.config.aux_layer_ids)
     if drafter.config.num_aux == 1:
-        taps = (target.num_layers,)  # no aux states: the final (pre-norm) hidden state
-    return tuple(taps)
+        return (target.num_layers,)  # no aux states: the final (pre-norm) hidden state
+    return tuple(target.default_taps)
 
 
 def validate_pair(target: TargetConfig, drafter: DrafterCheckpoint, spec: SpecConfig) -> tuple[int, ...]:
@@ -38,11 +39,11 @@ def validate_pair(target: TargetConfig, drafter: DrafterCheckpoint, spec: SpecCo
     if len(taps) != d.num_aux:
         raise PairingError(f"{where}: {len(taps)} tap layers {list(taps)} given but the drafter's fc "
                            f"fuses {d.num_aux} (eagle_aux_hidden_state_layer_ids needs {d.num_aux} ids)")
-    top = target.num_layers if d.num_aux == 1 else target.num_layers - 1
-    if any(not 0 <= t <= top for t in taps):
+    top = target.num_layers  # id i = the residual stream entering layer i; num_layers = final (pre-norm)
+    if any(not 0 <= t <= top for t in taps) or len(set(taps)) != len(taps):
         raise PairingError(f"{where}: tap layers {list(taps)} out of range: the target has "
-                           f"{target.num_layers} layers, so taps must be ids in [0, {top}] "
-                           "(eagle_aux_hidden_state_layer_ids)")
+                           f"{target.num_layers} layers, so taps must be distinct ids in [0, {top}] "
+                           "(eagle_aux_hidden_state_layer_ids; the speculators library checks the same)")
     if spec.mode == "peagle":
         if not d.has_mask_hidden:
             raise PairingError(f"{where}: parallel drafting (spec mode 'peagle') needs the learned "

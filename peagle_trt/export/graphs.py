@@ -192,13 +192,13 @@ def model_max_len(past, w: ModelWriter) -> int:
 
 def _project(w: ModelWriter, model, aux: str) -> str:
     c = model.config
+    if c.norm_before_fc:
+        aux = w.norm(aux, model.input_norm, "input_norm")
     if c.fc_norm:
         chunks = w.op("Split", aux, w.ints(*[c.target_hidden_size] * c.num_aux), axis=-1, outputs=c.num_aux)
         chunks = [chunks] if c.num_aux == 1 else chunks
         aux = w.op("Concat", *[w.norm(ch, norm, f"fc_norm.{i}") for i, (ch, norm) in
                                enumerate(zip(chunks, model.fc_norm))], axis=-1)
-    if c.norm_before_fc:
-        aux = w.norm(aux, model.input_norm, "input_norm")
     return w.linear(aux, model.fc, "fc")
 
 
@@ -231,7 +231,8 @@ def export_drafter(model, num_slots: int, max_len: int, k: int, dtype: str = "fl
 
 
 def export_drafter_step(model, num_slots: int, max_len: int, dtype: str = "float32") -> onnx.ModelProto:
-    """drafter_step.onnx: generic rows -> draft-vocab logits + pre-norm hidden (sequential EAGLE-3)."""
+    """drafter_step.onnx: generic rows -> draft-vocab logits + the hidden fed to the next sequential
+    step (pre-norm output; post-norm for norm_output heads), as `DrafterModel.forward`."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
     hidden = w.input("hidden", w.float_type, ["batch", "rows", c.hidden_size])
@@ -240,11 +241,11 @@ def export_drafter_step(model, num_slots: int, max_len: int, dtype: str = "float
     past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
     e = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
     x = _drafter_layers(w, model, e, hidden, positions, slots, past, present)
-    w.op("Identity", x, outputs=["prenorm"])
-    w.op("Cast", w.linear(w.norm(x, model.norm, "norm"), model.lm_head, "lm_head"), to=TensorProto.FLOAT,
-         outputs=["logits"])
+    normed = w.norm(x, model.norm, "norm")
+    w.op("Identity", normed if c.norm_output else x, outputs=["hidden_out"])
+    w.op("Cast", w.linear(normed, model.lm_head, "lm_head"), to=TensorProto.FLOAT, outputs=["logits"])
     w.output("logits", TensorProto.FLOAT, ["batch", "rows", c.draft_vocab_size])
-    w.output("prenorm", w.float_type, ["batch", "rows", c.hidden_size])
+    w.output("hidden_out", w.float_type, ["batch", "rows", c.hidden_size])
     return w.model("peagle_drafter_step")
 
 

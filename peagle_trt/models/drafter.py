@@ -5,8 +5,11 @@ Per row: e = embed(token), g = hidden input (fc-projected target taps, the proje
   layer 0 (fusion midlayer): x = res + attn(cat(input_layernorm(e), hidden_norm(g)))  [2H -> H]
                              x = x + mlp(post_attention_layernorm(x)); res = g (or hidden_norm(g))
   layers 1..N-1: plain pre-norm decoder layers;  logits_d = lm_head(norm(x))  [V_d]
+Taps -> g: fc(aux), after RMSNorm(aux) (norm_before_fc) or per-tap RMSNorms (fc_norm).
+Sequential (EAGLE-3) steps feed back x, or norm(x) for norm_output (EAGLE 3.1) heads.
 Draft ids map to target ids through d2t offsets: target_id = draft_id + d2t[draft_id].
 The drafter keeps its own KV cache, written by absolute position like the target's.
+Flag meanings follow the `speculators` library; tests/compat/ checks logits against its forward.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.checkpoint.drafter import DrafterConfig, check_window
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.rope import rope_cos_sin
@@ -69,15 +72,16 @@ class DrafterModel(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         c, p = self.config, self.fc.weight
+        check_window(c, max_len)
         return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device)
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Target taps [..., num_aux * H_t] -> drafter hidden input [..., H] (fc norms, then fc)."""
+        if self.config.norm_before_fc:  # (the library refuses both flags together)
+            aux = self.input_norm(aux)
         if self.config.fc_norm:
             chunks = aux.chunk(self.config.num_aux, dim=-1)
             aux = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)], dim=-1)
-        if self.config.norm_before_fc:
-            aux = self.input_norm(aux)
         return self.fc(aux)
 
     def forward_rows(self, e: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
@@ -93,12 +97,17 @@ class DrafterModel(nn.Module):
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(x)).float()  # [..., V_d]
 
+    def feedback(self, x: torch.Tensor) -> torch.Tensor:
+        """The hidden state a sequential step passes to the next: x, or norm(x) (norm_output)."""
+        return self.norm(x) if self.config.norm_output else x
+
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                 slots: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         # tokens, positions [B, S] (position -1 = padding row); hidden [B, S, H]; slots [B]
-        # returns draft-vocab logits [B, S, V_d] (float32) and the pre-norm output [B, S, H]
+        # returns draft-vocab logits [B, S, V_d] (float32) and the hidden fed to the next
+        # sequential step [B, S, H] (`feedback`: pre-norm output, post-norm for norm_output)
         x = self.forward_rows(self.embed_tokens(tokens), hidden, positions, slots, cache)
-        return self.logits(x), x
+        return self.logits(x), self.feedback(x)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]

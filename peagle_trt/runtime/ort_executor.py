@@ -85,7 +85,7 @@ class OrtExecutor(SlotPool):
     def drafter(self, tokens, hidden, positions, slots):
         out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),
                                "positions": positions.numpy(), "slots": slots.numpy()})
-        return torch.from_numpy(out["logits"]), torch.from_numpy(out["prenorm"])
+        return torch.from_numpy(out["logits"]), torch.from_numpy(out["hidden_out"])
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         flat = aux.reshape(1, -1, aux.shape[-1]) if aux.dim() == 2 else aux

@@ -211,7 +211,7 @@ class TensorRTExecutor(SlotPool):
         # tokens, positions [B, S]; hidden [B, S, H] -> draft logits [B, S, V_d], pre-norm [B, S, H]
         out = self._runner("drafter_step").run({"input_ids": tokens, "hidden": hidden,
                                                 "positions": positions, "slots": slots})
-        return out["logits"], out["prenorm"]
+        return out["logits"], out["hidden_out"]
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         # [..., rows, 3 * H_t] -> [..., rows, H]; the plan takes [batch, rows, 3 * H_t]

@@ -74,7 +74,8 @@ class ParallelDrafter:
 
 
 class SequentialDrafter:
-    """EAGLE-3 baseline: the same head run K times, feeding back its own pre-norm output."""
+    """EAGLE-3 baseline: the same head run K times, feeding back its own output
+    (pre-norm, or post-norm for norm_output heads: `DrafterModel.feedback`)."""
 
     def __init__(self, executor):
         self.ex = executor
@@ -89,12 +90,12 @@ class SequentialDrafter:
         rows = torch.arange(len(b.seqs), device=dev)
         out = []
         for step in range(k):
-            logits, prenorm = ex.drafter(tokens, hidden, positions, b.slots)  # [B, S, V_d], [B, S, H]
+            logits, fed_back = ex.drafter(tokens, hidden, positions, b.slots)  # [B, S, V_d], [B, S, H]
             idx = last if step == 0 else torch.zeros_like(last)
             draft = ex.to_target_ids(logits[rows, idx].argmax(dim=-1))  # [B]
             out.append(draft)
             # next pass: one row (previous draft, its pre-norm hidden) at the next position
-            tokens, hidden = draft[:, None], prenorm[rows, idx][:, None]
+            tokens, hidden = draft[:, None], fed_back[rows, idx][:, None]
             positions = (b.cur + step)[:, None]
         for s in b.seqs:
             s.stats.drafter_forwards += k

@@ -98,9 +98,9 @@ def test_vocabulary_mismatch(tiny, tmp_path):
 
 
 def test_tap_layer_beyond_target_depth(tiny, tmp_path):
-    drafter = edit_config(broken_copy(tiny["aws"], tmp_path), eagle_aux_hidden_state_layer_ids=[2, 4, 8])
-    with pytest.raises(PairingError, match=r"tap layers \[2, 4, 8\] out of range: the target has 8 "
-                                           r"layers.*\[0, 7\]"):
+    drafter = edit_config(broken_copy(tiny["aws"], tmp_path), eagle_aux_hidden_state_layer_ids=[2, 4, 9])
+    with pytest.raises(PairingError, match=r"tap layers \[2, 4, 9\] out of range: the target has 8 "
+                                           r"layers.*\[0, 8\]"):
         load_pair(tiny["llama"], drafter, peagle())
 
 

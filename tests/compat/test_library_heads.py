@@ -1,0 +1,171 @@
+"""Heads written by the `speculators` library (0.9.0) load, compute what the library computes,
+and generate token-identically to the target.
+
+Oracle: the library's own PyTorch forwards, run by tests/compat/speculators_driver.py in its own
+venv (see conftest.py): the EAGLE-3 TTT forward (sequential steps, so norm_output's feedback is
+exercised) and the P-EAGLE parallel forward (COD-sampled mask chains). We rebuild each logit row
+with our drafter over our KV cache and compare in fp32 within 1e-4.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.checkpoint.drafter import load_drafter
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.errors import ConfigError
+from peagle_trt.models.drafter import DrafterModel
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.generate import generate
+from tests.compat.cases import DEPTH, WRITTEN
+
+ATOL = 1e-4
+PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
+PROMPTS = ([7], list(range(30, 47)))
+# the onnxruntime runs (an export each) cover the trainer defaults and every flag value once
+ORT_CASES = ["peagle-defaults-llama", "peagle-defaults-qwen3", "eagle3-defaults-llama",
+             "eagle3-defaults-qwen3",
+             "peagle-norm_before_fc-out1-nbr0-qwen3-on-llama", "peagle-fc_norm-out0-nbr1-llama-on-qwen3",
+             "eagle3-fc_norm-out1-nbr1-qwen3-on-qwen3", "eagle3-2taps-final-2layers"]
+
+
+def drafter_of(library, name: str) -> DrafterModel:
+    ck = load_drafter(library["heads"] / name)
+    return DrafterModel.from_tensors(ck.config, ck.tensors)
+
+
+def ttt_logits(model: DrafterModel, o: dict, steps: int) -> torch.Tensor:
+    """The library's TTT forward rebuilt row by row: chain i = rows 0..i, then step s feeds
+    (token i+s, the fed-back hidden of step s-1) at position i+s."""
+    ids, pos = o["input_ids"][0], o["position_ids"][0]  # [L]
+    g = model.project(o["hidden_states"][0])  # [L, H]
+    n, slots = ids.shape[0], torch.zeros(1, dtype=torch.long)
+    out = torch.empty(steps, n, model.config.draft_vocab_size)
+    for i in range(n):
+        cache = model.new_cache(1, 64)
+        logits, fed = model(ids[None, :i + 1], g[None, :i + 1], pos[None, :i + 1], slots, cache)
+        out[0, i], h = logits[0, i], fed[0, i]
+        for s in range(1, steps):
+            tok = int(ids[i + s]) if i + s < n else 0  # the library pads the shifted ids with 0
+            logits, fed = model(torch.tensor([[tok]]), h[None, None], pos[i:i + 1][None] + s, slots, cache)
+            out[s, i], h = logits[0, 0], fed[0, 0]
+    return out
+
+
+def parallel_logits(model: DrafterModel, o: dict) -> torch.Tensor:
+    """The library's P-EAGLE forward rebuilt per anchor: rows 0..a (real), then mask rows."""
+    ids, anchors, depths = o["input_ids"][0], o["anchor_pos"], o["depth"]
+    g = model.project(o["hidden_states"][0])  # [L, H]
+    mask_id, slots = model.config.mask_token_id, torch.zeros(1, dtype=torch.long)
+    out = torch.empty(anchors.shape[0], model.config.draft_vocab_size)
+    for a in anchors.unique().tolist():
+        chain = (anchors == a).nonzero().flatten()
+        extra = int(depths[chain].max())
+        tokens = torch.cat([ids[:a + 1], torch.full((extra,), mask_id)])[None]  # [1, a+1+D]
+        hidden = torch.cat([g[:a + 1], model.h_mask.expand(extra, -1)])[None]
+        positions = torch.arange(a + 1 + extra)[None]
+        x = model.forward_rows(model.embed_tokens(tokens), hidden, positions, slots, model.new_cache(1, 64))
+        out[chain] = model.logits(x)[0, a + depths[chain]]
+    return out
+
+
+def test_library_defaults_are_what_the_issue_says(library):
+    """The trainer's defaults (what a user gets): P-EAGLE norm_output=false, EAGLE-3
+    norm_before_fc and norm_output true; and the library refuses both fc norms."""
+    r = library["results"]
+    assert r["peagle-defaults-llama"]["flags"]["norm_output"] is False
+    assert r["eagle3-defaults-llama"]["flags"]["norm_before_fc"] is True
+    assert r["eagle3-defaults-llama"]["flags"]["norm_output"] is True
+    assert "mutually exclusive" in r["refused-both-fc-norms"]["refused"]
+    assert sorted(n for n in r if "refused" not in r[n]) == sorted(WRITTEN)
+
+
+@pytest.mark.parametrize("name", WRITTEN)
+def test_drafter_logits_equal_the_library_forward(library, name):
+    model = drafter_of(library, name)
+    o = load_file(str(library["oracle"] / f"{name}.safetensors"))
+    cfg = json.loads((library["heads"] / name / "config.json").read_text())
+    c = model.config
+    assert (c.norm_before_fc, c.fc_norm, c.norm_output, c.norm_before_residual) == (
+        cfg["norm_before_fc"], cfg["fc_norm"], cfg["norm_output"], cfg["norm_before_residual"])
+    with torch.no_grad():
+        ours = ttt_logits(model, o, o["ttt_logits"].shape[0])
+        torch.testing.assert_close(ours, o["ttt_logits"], atol=ATOL, rtol=0)
+        if "peagle_logits" in o:
+            torch.testing.assert_close(parallel_logits(model, o), o["peagle_logits"], atol=ATOL, rtol=0)
+
+
+def _modes(case: dict) -> list[str]:
+    return ["none", "eagle3"] + (["peagle"] if case["type"] == "peagle" else [])
+
+
+def _check_identical(decoders: dict) -> None:
+    for prompt in PROMPTS:
+        reference = generate(decoders["none"], prompt, PARAMS).output
+        for mode, decoder in decoders.items():
+            assert generate(decoder, prompt, PARAMS).output == reference, (mode, prompt)
+
+
+@pytest.mark.parametrize("name", WRITTEN)
+def test_greedy_generation_equals_target_torch(library, name):
+    case = library["cases"][name]
+    spec = SpecConfig(case["type"], DEPTH)  # the pair is validated for the head's own mode
+    pair = load_pair(library["targets"][case["family"]], library["heads"] / name, spec)
+    cfg = json.loads((library["heads"] / name / "config.json").read_text())
+    assert list(pair.taps) == cfg["eagle_aux_hidden_state_layer_ids"]  # the target feeds the layers the library trained on
+    target, drafter = pair.build()
+    _check_identical({m: SpecDecoder(TorchExecutor(target, drafter if m != "none" else None, 1, 128),
+                                     SpecConfig(m, DEPTH)) for m in _modes(case)})
+
+
+@pytest.mark.parametrize("name", ORT_CASES)
+def test_greedy_generation_equals_target_onnxruntime(library, name, tmp_path):
+    from peagle_trt.export import ExportSpec, export_models
+    from peagle_trt.runtime.ort_executor import OrtExecutor
+
+    case = library["cases"][name]
+    spec = SpecConfig(case["type"], DEPTH)
+    target, drafter = load_pair(library["targets"][case["family"]], library["heads"] / name, spec).build()
+    export_models(target, drafter, tmp_path / "export", ExportSpec(spec, 1, 100))
+    executor = OrtExecutor(tmp_path / "export")
+    _check_identical({m: SpecDecoder(executor, SpecConfig(m, DEPTH)) for m in _modes(case)})
+
+
+def test_both_fc_norms_refused_with_the_library_reason(library, tmp_path):
+    head = shutil.copytree(library["heads"] / "eagle3-defaults-llama", tmp_path / "head")
+    cfg = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**cfg, "norm_before_fc": True, "fc_norm": True}))
+    with pytest.raises(ConfigError, match="norm_before_fc and fc_norm are mutually exclusive"):
+        load_drafter(head)
+
+
+def test_sliding_window_heads_refuse_sequences_past_the_window(library):
+    """The trainer's default drafter layers use sliding-window attention (window 2048): exact
+    with our full-causal op up to 2048 positions, refused beyond."""
+    model = drafter_of(library, "peagle-defaults-qwen3")
+    assert model.config.sliding_layers == (0,) and model.config.sliding_window == 2048
+    model.new_cache(1, 2048)
+    with pytest.raises(ConfigError, match=r"sliding-window attention \(window 2048\)"):
+        model.new_cache(1, 2049)
+
+
+def test_inspect_describes_a_library_head(library, capsys):
+    from peagle_trt.cli import main
+
+    head, target = library["heads"] / "peagle-defaults-qwen3", library["targets"]["qwen3"]
+    assert main(["inspect", str(target), str(head)]) == 2  # default --max-seq-len 2048 leaves the window
+    assert "sliding-window attention (window 2048)" in capsys.readouterr().out
+    assert main(["inspect", str(target), str(head), "--max-seq-len", "2040"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    d = result["drafter"]
+    assert d["layout"] == "speculators" and d["layer_family"] == "qwen3" and d["trained_k"] == DEPTH
+    assert d["flags"]["norm_output"] is False and d["flags"]["norm_before_residual"] is True
+    assert d["sliding_window"] == {"window": 2048, "layers": [0]}
+    assert result["pair"]["fits"] and result["pair"]["taps"] == [2, 4, 5]
