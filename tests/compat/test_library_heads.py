@@ -23,7 +23,7 @@ from peagle_trt.errors import ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from tests.compat.cases import DEPTH, WRITTEN
 
 ATOL = 1e-4
