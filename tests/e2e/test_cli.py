@@ -4,6 +4,7 @@ spec-config flags resolve as documented."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -97,9 +98,12 @@ def test_console_script_runs_as_a_module(tiny):
 
 def test_third_party_progress_bars_only_with_verbose(tmp_path):
     """transformers' "Writing model shards" / "Loading weights" bars are silenced unless --verbose."""
+    # in-process main() calls of other tests set these for this process: start children without them
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
+
     def stderr_of(*flags):
         proc = subprocess.run([sys.executable, "-m", "peagle_trt.cli", *flags, "make-tiny", str(tmp_path / str(len(flags)))],
-                              capture_output=True, text=True, timeout=300)
+                              capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr
 
