@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from peagle_trt.errors import PortInUseError, ServeError
+from peagle_trt.errors import ConfigError, PortInUseError, ServeError
 from peagle_trt.serving.procs import alive, check_ports, die_with_parent, pids_with_arg, sweep
 
 # Error lines every CPU-only tritonserver prints: never the reason a start failed.
@@ -55,6 +55,14 @@ class ServeSpec:
     ready_timeout_s: float = 180.0
     log_path: Path | None = None
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running streams (tritonserver's exit timeout)
+
+    def __post_init__(self):
+        for role, port in self.ports.items():
+            if not 0 < port < 65536:
+                raise ConfigError(f"--{role}-port must be in 1..65535, got {port}")
+        for name, value in (("--ready-timeout", self.ready_timeout_s), ("--drain-timeout", self.drain_timeout_s)):
+            if not value > 0:
+                raise ConfigError(f"{name} must be a positive number of seconds, got {value}")
 
     @property
     def ports(self) -> dict[str, int]:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.errors import PortInUseError
+from peagle_trt.errors import PortInUseError, ServeError
 from peagle_trt.package import RepoSpec, build_repository
 from peagle_trt.serving.client import build_inputs, stream_generate
 from tests.serving.conftest import free_port
@@ -286,6 +286,9 @@ def test_sigterm_during_8_streams_finishes_them_exactly_then_exits_promptly(repo
         for s in streams:
             assert s.first.wait(60)
         serve.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises(ServeError):  # draining: new requests are refused
+            stream_generate(ready["grpc"], "too late", SamplingParams(max_tokens=4), timeout_s=30)
         for s in streams:
             assert s.final.wait(120)
         done = max(s.ended_at for s in streams)
@@ -298,9 +301,9 @@ def test_sigterm_during_8_streams_finishes_them_exactly_then_exits_promptly(repo
     assert [s.error for s in streams] == [None] * 8
     assert [len(s.tokens) for s in streams] == [60] * 8
     assert [s.tokens for s in streams[:2]] == reference  # exact, not merely complete
-    assert code == 0 and result["stopped"] and result["drained"], result
     assert exit_after < 10, f"serve took {exit_after:.1f} s to exit after the last stream ended"
     assert_nothing_left(repo, regions)
+    assert code == 0 and result["stopped"] and result["drained"], result
 
 
 def test_sigkill_of_serve_takes_the_server_down(repo):
