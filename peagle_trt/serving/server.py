@@ -159,7 +159,8 @@ class TritonServer:
         text = self._log_lines()
         errors = [line[:2000] for line in text if (line.startswith("E") or line.startswith("error"))
                   and not any(h in line for h in _HARMLESS)]
-        return "\n".join(errors[-5:] if errors else text[-lines:])
+        prose = [line[:2000] for line in text if line.strip() and not line.startswith(("|", "+"))]
+        return "\n".join(errors[-5:] if errors else prose[-lines:])
 
     def _listening(self) -> bool:
         """The log of THIS server says it listens on all three ports (a port another server holds
@@ -179,21 +180,22 @@ class TritonServer:
 
     def health(self) -> str | None:
         """None while the server and every model process run, else why not."""
+        exited = self.proc.poll() is not None  # first: a stub outlives its server by < 1 s
         dead = [pid for pid in self.stubs if not alive(pid)]
+        reasons = [self._exit_reason()] if exited else []
         if dead:
-            return (f"a model process (Python-backend stub, pid {', '.join(map(str, dead))}) died while "
-                    "serving; its requests cannot complete")
-        if self.proc.poll() is not None:
-            return self._exit_reason()
-        return None
+            reasons.append(f"a model process (Python-backend stub, pid {', '.join(map(str, dead))}) died while "
+                           "serving; its requests cannot complete")
+        return "; ".join(reasons) or None
 
     def _exit_reason(self) -> str:
         text = "\n".join(self._log_lines())
         taken = _PORT_TAKEN.search(text)
         if taken:
             return f"port {taken.group(2)} is in use on {taken.group(1)} by another process"
-        return (f"tritonserver exited with code {self.proc.returncode}; its log ({self.log_path}) ends "
-                f"with:\n{self.log_tail()}")
+        code = self.proc.returncode
+        how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+        return f"tritonserver {how}; its log ({self.log_path}) ends with:\n{self.log_tail(5)}"
 
     def wait_ready(self, should_stop: Callable[[], bool] | None = None) -> bool:
         """Block until this server is ready (True) or `should_stop()` says stop (False, server
