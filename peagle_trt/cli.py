@@ -299,7 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
     s.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="on SIGTERM / Ctrl-C, seconds running streams may take to finish (default 30)")
+                   help="on SIGTERM / Ctrl-C, seconds running streams may take to finish (default 30); "
+                        "a second signal stops at once")
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job on CPU: small models + one streamed request")

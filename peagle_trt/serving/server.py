@@ -234,17 +234,17 @@ class TritonServer:
                   if line.startswith(("peagle_kv_slots_used", "peagle_requests_waiting"))]
         return any(v > 0 for v in values) if values else None
 
-    def stop(self, grace_s: float | None = None) -> int:
+    def stop(self, grace_s: float | None = None, abort: Callable[[], bool] | None = None) -> int:
         """Drain, then exit: SIGTERM makes tritonserver refuse new requests and wait for running
         streams (up to its exit timeout), unload the models and exit. It also waits for clients
         that keep a finished gRPC stream open, so once the models have run idle for
         `_IDLE_GRACE_S` the server is stopped at once. SIGKILL if it overruns `grace_s` (default:
-        the drain timeout + 15 s). Then remove whatever the run left."""
+        the drain timeout + 15 s) or `abort()` says so. Then remove whatever the run left."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             deadline = time.monotonic() + (self.spec.drain_timeout_s + 15 if grace_s is None else grace_s)
             idle_since = None
-            while self.proc.poll() is None and time.monotonic() < deadline:
+            while self.proc.poll() is None and time.monotonic() < deadline and not (abort and abort()):
                 if self._models_busy() is False:
                     idle_since = idle_since or time.monotonic()
                     if time.monotonic() - idle_since > _IDLE_GRACE_S:
@@ -294,10 +294,11 @@ def serve_forever(spec: ServeSpec, on_ready=None) -> dict:
     """Run until Ctrl-C / SIGTERM, then drain and shut the server down. Returns tritonserver's
     exit code and whether every stream had finished; raises ServeError (everything stopped and
     cleaned up) when it cannot start or stops serving."""
-    stop: dict = {"signal": None}
+    stop: dict = {"signal": None, "count": 0}
 
-    def handle(signum, frame):
+    def handle(signum, frame):  # the first drains; a second stops at once
         stop["signal"] = signum
+        stop["count"] += 1
 
     old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     server = None
@@ -314,7 +315,7 @@ def serve_forever(spec: ServeSpec, on_ready=None) -> dict:
                 raise ServeError(f"{reason}; stopped the server (in-flight requests failed) and removed its "
                                  "processes and shared memory; start `peagle-trt serve` again")
             time.sleep(0.2)
-        code = server.stop()
+        code = server.stop(abort=lambda: stop["count"] > 1)
         return {"exit_code": code, "drained": server.drained}
     finally:
         if server is not None:
