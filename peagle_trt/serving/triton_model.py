@@ -79,22 +79,23 @@ def parse_request(pb_utils, request) -> tuple[str, SamplingParams, dict]:
     return prompt, params, options
 
 
-def _stub_identity() -> tuple[int, str | None]:
+def _stub_identity() -> tuple[int, str] | None:
     """(tritonserver pid, this stub's shm region name) from the stub's command line:
-    `triton_python_backend_stub MODEL_PATH SHM_REGION DEFAULT_SIZE GROWTH_SIZE PARENT_PID ...`."""
+    `triton_python_backend_stub MODEL_PATH SHM_REGION DEFAULT_SIZE GROWTH_SIZE PARENT_PID ...`;
+    None outside a stub."""
     try:
         args = Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         args = []
     if len(args) > 5 and args[0].endswith("triton_python_backend_stub") and args[5].isdigit():
         return int(args[5]), args[2]
-    return os.getppid(), None
+    return None
 
 
-def _exit_when_orphaned(parent: int, shm_region: str | None, period_s: float = 0.25) -> None:
+def _exit_when_orphaned(parent: int, shm_region: str, period_s: float = 0.25) -> None:
     while os.getppid() == parent:
         time.sleep(period_s)
-    if shm_region and "/" not in shm_region:  # the server is gone: nobody else will free it
+    if "/" not in shm_region:  # the server is gone: nobody else will free it
         Path("/dev/shm", shm_region).unlink(missing_ok=True)
     os._exit(1)  # no interpreter teardown: the stub's own exit path can deadlock here
 
@@ -103,9 +104,10 @@ class TritonPythonModel:
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
-        parent, region = _stub_identity()
-        threading.Thread(target=_exit_when_orphaned, args=(parent, region), name="peagle-orphan-watch",
-                         daemon=True).start()
+        stub = _stub_identity()
+        if stub is not None:
+            threading.Thread(target=_exit_when_orphaned, args=stub, name="peagle-orphan-watch",
+                             daemon=True).start()
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
