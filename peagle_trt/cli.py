@@ -147,7 +147,7 @@ def cmd_serve(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.server import ServeSpec, serve_forever
 
     spec = ServeSpec(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                     args.ready_timeout)
+                     args.ready_timeout, drain_timeout_s=args.drain_timeout)
 
     def on_ready(server):
         print(json.dumps({"ready": True, "http": server.http_url, "grpc": server.grpc_url,
@@ -155,8 +155,7 @@ def cmd_serve(args: argparse.Namespace) -> dict:
                           "log": str(server.log_path)}), flush=True)
         print("serving; Ctrl-C to stop", file=sys.stderr, flush=True)
 
-    code = serve_forever(spec, on_ready)
-    return {"stopped": True, "exit_code": code}
+    return {"stopped": True, **serve_forever(spec, on_ready)}
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> dict:
@@ -301,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    s.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="on SIGTERM / Ctrl-C, seconds running streams may take to finish (default 30); "
+                        "a second signal stops at once")
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job on CPU: small models + one streamed request")

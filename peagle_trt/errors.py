@@ -34,3 +34,7 @@ class ManifestError(PeagleError):
 
 class ServeError(PeagleError):
     """The inference server could not be started or did not become ready."""
+
+
+class PortInUseError(ServeError):
+    """A port the server should listen on is held by another process."""

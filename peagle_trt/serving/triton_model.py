@@ -10,6 +10,11 @@ Bad requests get an error response of their own; other streams are not disturbed
 prompts and stop strings are refused from their byte counts before decoding or tokenizing, a
 request whose step fails ends with an error response, and a client cancels only its own request
 (the engine's uid, not the client-chosen request id, identifies it).
+
+Lifetime: Triton unloads the model (`finalize`) once its last stream has ended; `finalize` is
+bounded. If tritonserver dies without unloading it (killed, crashed, a failed start), the stub
+process would linger forever (it ignores SIGTERM and can deadlock in its own exit path), so a
+watchdog thread frees the stub's shared-memory region and ends the process at once.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import queue
 import threading
 import time
@@ -90,10 +96,35 @@ def final_tensors(pb, finish_reason: str | None, stats: dict) -> list:
     return tensors
 
 
+def _stub_identity() -> tuple[int, str] | None:
+    """(tritonserver pid, this stub's shm region name) from the stub's command line:
+    `triton_python_backend_stub MODEL_PATH SHM_REGION DEFAULT_SIZE GROWTH_SIZE PARENT_PID ...`;
+    None outside a stub."""
+    try:
+        args = Path("/proc/self/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        args = []
+    if len(args) > 5 and args[0].endswith("triton_python_backend_stub") and args[5].isdigit():
+        return int(args[5]), args[2]
+    return None
+
+
+def _exit_when_orphaned(parent: int, shm_region: str, period_s: float = 0.25) -> None:
+    while os.getppid() == parent:
+        time.sleep(period_s)
+    if "/" not in shm_region:  # the server is gone: nobody else will free it
+        Path("/dev/shm", shm_region).unlink(missing_ok=True)
+    os._exit(1)  # no interpreter teardown: the stub's own exit path can deadlock here
+
+
 class TritonPythonModel:
     def initialize(self, args):
         import triton_python_backend_utils as pb_utils
 
+        stub = _stub_identity()
+        if stub is not None:
+            threading.Thread(target=_exit_when_orphaned, args=stub, name="peagle-orphan-watch",
+                             daemon=True).start()
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
@@ -210,6 +241,9 @@ class TritonPythonModel:
         self.m_waiting.set(len(sched.waiting))
 
     def finalize(self):
-        self.engine.stop()
+        """Bounded: Triton calls it once every stream has ended (their senders are closed), and
+        waits for it before the server can exit."""
+        self.engine.stop(timeout=5.0)
         self._outbox.put(None)
-        self._sender_thread.join(5)
+        self._sender_thread.join(2.0)
+        log.info("peagle model finalized")
