@@ -34,3 +34,11 @@ class ManifestError(PeagleError):
 
 class ServeError(PeagleError):
     """The inference server could not be started or did not become ready."""
+
+
+class RemoteError(ServeError):
+    """The server refused or failed one request; `status` is its gRPC status name (e.g. INVALID_ARG)."""
+
+    def __init__(self, message: str, status: str = ""):
+        super().__init__(message)
+        self.status = status

@@ -1,15 +1,23 @@
-"""gRPC streaming client for the `peagle` model (what `peagle-trt generate --url` runs)."""
+"""gRPC streaming client for the `peagle` model: `peagle-trt generate --url` and the OpenAI frontend
+(peagle_trt/openai_frontend/) both stream through `GrpcStream`, so both get the same tokens.
+
+`GrpcStream` starts one request on its own gRPC stream and hands every response, parsed into a
+`Chunk`, to a callback on tritonclient's stream thread (a queue for the blocking `stream_generate`,
+an asyncio queue for the frontend); `close(cancel=True)` cancels the request on the server.
+Tested in tests/serving/test_triton.py and tests/serving/test_openai.py.
+"""
 
 from __future__ import annotations
 
 import queue
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import PeagleError, ServeError
+from peagle_trt.errors import PeagleError, RemoteError, ServeError
 
 
 def build_inputs(prompt: str, params: SamplingParams, stream: bool = True, chat_template: bool = False):
@@ -35,50 +43,95 @@ def build_inputs(prompt: str, params: SamplingParams, stream: bool = True, chat_
     return inputs
 
 
+@dataclass
+class Chunk:
+    """One streamed response: the NEW text and ids; `final` holds the statistics of the last one."""
+    text: str
+    token_ids: list[int]
+    final: dict | None = None
+    last: bool = False  # Triton's final response of the request (may be empty)
+
+
+def parse_result(result) -> Chunk:
+    text, ids, final = "", [], None
+    if result.as_numpy("text_output") is not None:
+        text = b"".join(result.as_numpy("text_output")).decode("utf-8")
+        ids = result.as_numpy("output_ids").tolist()
+    if result.as_numpy("finish_reason") is not None:
+        prompt_tokens = result.as_numpy("prompt_tokens")
+        final = {"finish_reason": result.as_numpy("finish_reason")[0].decode(),
+                 "acceptance_length": float(result.as_numpy("acceptance_length")[0]),
+                 "accept_rate_per_pos": [round(float(x), 4) for x in result.as_numpy("accept_rate_per_pos")],
+                 "steps": int(result.as_numpy("num_draft_steps")[0]),
+                 "target_forwards": int(result.as_numpy("target_forwards")[0]),
+                 "drafter_forwards": int(result.as_numpy("drafter_forwards")[0]),
+                 "prompt_tokens": int(prompt_tokens[0]) if prompt_tokens is not None else None}
+    last = result.get_response().parameters["triton_final_response"].bool_param
+    return Chunk(text, ids, final, last)
+
+
+class GrpcStream:
+    """One request streamed over its own gRPC stream; `on_chunk` receives each `Chunk`, or one
+    `RemoteError` when the server refuses or fails the request, on tritonclient's thread."""
+
+    def __init__(self, url: str, model: str, prompt: str, params: SamplingParams,
+                 on_chunk: Callable[[Chunk | RemoteError], None], chat_template: bool = False):
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import InferenceServerException
+
+        self.url, self.on_chunk, self.closed = url, on_chunk, False
+        self.client = grpcclient.InferenceServerClient(url)
+        try:
+            self.client.start_stream(callback=self._callback)
+            self.client.async_stream_infer(model, build_inputs(prompt, params, True, chat_template),
+                                           request_id=uuid.uuid4().hex, enable_empty_final_response=True)
+        except InferenceServerException as exc:
+            self.close()
+            raise ServeError(f"cannot reach the server at {url}: {exc.message()}") from exc
+
+    def _callback(self, result, error) -> None:
+        if self.closed:
+            return
+        if error is not None:
+            self.on_chunk(RemoteError(error.message(), str(error.status() or "")))
+            return
+        self.on_chunk(parse_result(result))
+
+    def close(self, cancel: bool = False) -> None:
+        """End the stream; `cancel=True` cancels the request on the server (the client left)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.client.stop_stream(cancel_requests=cancel)
+        finally:
+            self.client.close()
+
+
 def stream_generate(url: str, prompt: str, params: SamplingParams, model: str = "peagle",
                     on_text: Callable[[str], None] | None = None, chat_template: bool = False,
                     timeout_s: float = 600.0) -> dict:
     """Stream one request over gRPC; returns token_ids, text and the final response's statistics."""
-    import tritonclient.grpc as grpcclient
-    from tritonclient.utils import InferenceServerException
-
     results: queue.Queue = queue.Queue()
-    client = grpcclient.InferenceServerClient(url)
+    stream = GrpcStream(url, model, prompt, params, results.put, chat_template)
+    text, ids, final = [], [], {}
     try:
-        client.start_stream(callback=lambda result, error: results.put((result, error)))
-        client.async_stream_infer(model, build_inputs(prompt, params, True, chat_template),
-                                  request_id=uuid.uuid4().hex, enable_empty_final_response=True)
-        text, ids, final = [], [], {}
         while True:
             try:
-                result, error = results.get(timeout=timeout_s)
+                chunk = results.get(timeout=timeout_s)
             except queue.Empty as exc:
                 raise ServeError(f"no response from {url} within {timeout_s:.0f} s") from exc
-            if error is not None:
-                raise ServeError(f"the server refused the request: {error.message()}")
-            response = result.get_response()
-            if result.as_numpy("text_output") is not None:
-                piece = b"".join(result.as_numpy("text_output")).decode("utf-8")
-                text.append(piece)
-                ids += result.as_numpy("output_ids").tolist()
-                if on_text and piece:
-                    on_text(piece)
-            if result.as_numpy("finish_reason") is not None:
-                final = {"finish_reason": result.as_numpy("finish_reason")[0].decode(),
-                         "acceptance_length": float(result.as_numpy("acceptance_length")[0]),
-                         "accept_rate_per_pos": [round(float(x), 4) for x in result.as_numpy("accept_rate_per_pos")],
-                         "steps": int(result.as_numpy("num_draft_steps")[0]),
-                         "target_forwards": int(result.as_numpy("target_forwards")[0]),
-                         "drafter_forwards": int(result.as_numpy("drafter_forwards")[0])}
-            if response.parameters["triton_final_response"].bool_param:
+            if isinstance(chunk, RemoteError):
+                raise RemoteError(f"the server refused the request: {chunk}", chunk.status)
+            text.append(chunk.text)
+            ids += chunk.token_ids
+            if on_text and chunk.text:
+                on_text(chunk.text)
+            final = chunk.final or final
+            if chunk.last:
                 break
-    except InferenceServerException as exc:
-        raise ServeError(f"cannot reach the server at {url}: {exc.message()}") from exc
     except PeagleError:
+        stream.close(cancel=True)
         raise
-    finally:
-        try:
-            client.stop_stream()
-        finally:
-            client.close()
+    stream.close()
     return {"token_ids": ids, "text": "".join(text), **final}

@@ -5,7 +5,7 @@ Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens
 `temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
 plus `apply_chat_template`). Each response's `text_output` / `output_ids` hold only the NEW text
 and tokens, so concatenating the responses gives the whole output; the final response also
-carries `finish_reason` and the request's acceptance statistics.
+carries `finish_reason`, `prompt_tokens` and the request's acceptance statistics.
 Bad requests get an error response of their own; other streams are not disturbed.
 """
 
@@ -136,7 +136,8 @@ class TritonPythonModel:
                 pb.Tensor("accept_rate_per_pos", np.array(s.get("accept_rate_per_pos", []), dtype=np.float32)),
                 pb.Tensor("num_draft_steps", np.array([s.get("steps", 0)], dtype=np.int32)),
                 pb.Tensor("target_forwards", np.array([s.get("target_forwards", 0)], dtype=np.int32)),
-                pb.Tensor("drafter_forwards", np.array([s.get("drafter_forwards", 0)], dtype=np.int32))]
+                pb.Tensor("drafter_forwards", np.array([s.get("drafter_forwards", 0)], dtype=np.int32)),
+                pb.Tensor("prompt_tokens", np.array([s.get("prompt_tokens", 0)], dtype=np.int32))]
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if event.finished else 0
         self._outbox.put((sender, pb.InferenceResponse(output_tensors=tensors), flags, event))
 
