@@ -74,6 +74,9 @@ class _Common(BaseModel):
             raise ConfigError("logit_bias is not supported; leave it out")
         if self.logprobs not in (None, False, 0):
             raise ConfigError("logprobs are not supported; leave `logprobs` out")
+        if self.stream_options is not None and self.stream_options.continuous_usage_stats:
+            raise ConfigError("stream_options.continuous_usage_stats is not supported; usage comes in the last "
+                              "chunk (include_usage)")
         if self.stream_options is not None and not self.stream:
             raise ConfigError("stream_options is only allowed with stream=true")
         if self.stop is not None and len(self.stop_list) > 4:

@@ -43,7 +43,8 @@ class OpenAIFrontend:
             self._sock.close()
             raise ServeError(f"cannot bind the OpenAI frontend to {spec.host}:{spec.port} ({exc.strerror}); "
                              "pick a free port with --openai-port") from exc
-        app = create_app(TritonBackend(spec.grpc_url, spec.repo))
+        self.backend = TritonBackend(spec.grpc_url, spec.repo)
+        app = create_app(self.backend)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=5, timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
@@ -57,6 +58,7 @@ class OpenAIFrontend:
         return f"http://{host}:{self.spec.port}/v1"
 
     def start(self) -> "OpenAIFrontend":
+        threading.Thread(target=self.backend.warm_up, name="peagle-openai-warmup", daemon=True).start()
         self._thread.start()
         deadline = time.monotonic() + self.spec.start_timeout_s
         while not self._server.started:
