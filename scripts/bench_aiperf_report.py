@@ -131,7 +131,7 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['workload']} | {r['k']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
                      f"| {r['time_to_first_token']:.0f} / {r['ttft_p50']:.0f} | {r['inter_token_latency']:.2f} "
                      f"| {r['output_token_throughput_per_user']:.0f} | {r['output_token_throughput']:.0f} "
-                     f"| {r["request_throughput"]:.2f} | {r["acceptance_length"] or "n/a (no drafts)"} |")
+                     f"| {r['request_throughput']:.2f} | {r['acceptance_length'] or 'n/a (no drafts)'} |")
     return "\n".join(lines)
 
 
