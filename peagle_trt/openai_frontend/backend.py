@@ -2,6 +2,8 @@
 repository index over gRPC), each model's chat template (the target's tokenizer inside the built
 repository) and one async token stream per request over `peagle_trt.serving.client.GrpcStream`
 (the same client as `peagle-trt generate --url`), cancelled on the server when the caller leaves.
+Responses that queued up while the consumer was busy are merged into one chunk (fewer SSE events
+under load; the same text and ids).
 Tested in tests/serving/test_openai.py.
 """
 
@@ -112,20 +114,28 @@ class TritonBackend:
         queue: asyncio.Queue = asyncio.Queue()
         stream = GrpcStream(self.grpc_url, name, prompt, params,
                             lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))
-        finished = False
+        finished, pending = False, None
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), self.POLL_S)
+                    item = pending or await asyncio.wait_for(queue.get(), self.POLL_S)
                 except asyncio.TimeoutError:
                     if await client_gone():
                         return
                     continue
+                pending = None
                 if isinstance(item, RemoteError):
                     finished = True
                     if item.status.endswith("UNAVAILABLE"):
                         self.forget(name)
                     raise item
+                while not item.last and not queue.empty():  # coalesce what already arrived: one event
+                    nxt = queue.get_nowait()
+                    if isinstance(nxt, RemoteError):
+                        pending = nxt
+                        break
+                    item = Chunk(item.text + nxt.text, item.token_ids + nxt.token_ids, nxt.final or item.final,
+                                 nxt.last)
                 yield item
                 if item.last:
                     finished = True
