@@ -1,7 +1,8 @@
 """What the OpenAI frontend knows about the Triton side: which models exist and are ready (Triton's
 repository index over gRPC), each model's chat template (the target's tokenizer inside the built
-repository) and one async token stream per request over `peagle_trt.serving.client.GrpcStream`
-(the same client as `peagle-trt generate --url`), cancelled on the server when the caller leaves.
+repository) and one async token stream per request over `peagle_trt.serving.client`
+(`AsyncGrpcStream`: the request and response code of `peagle-trt generate --url`, on one shared
+asyncio channel), cancelled on the server when the caller leaves.
 Responses that queued up while the consumer was busy are merged into one chunk (fewer SSE events
 under load; the same text and ids).
 Tested in tests/serving/test_openai.py.
@@ -16,7 +17,7 @@ from typing import AsyncIterator, Awaitable, Callable
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError, RemoteError, ServeError
-from peagle_trt.serving.client import Chunk, GrpcStream
+from peagle_trt.serving.client import AsyncGrpcChannel, Chunk
 from peagle_trt.serving.repo import model_params
 
 
@@ -36,6 +37,7 @@ class TritonBackend:
         self._ready: set[str] = set()
         self._templates: dict[str, tuple] = {}
         self._lock = threading.Lock()
+        self._channel: AsyncGrpcChannel | None = None  # made in the event loop on first use
 
     # -- models --------------------------------------------------------------------------------------
     def index(self) -> list[dict]:
@@ -110,10 +112,10 @@ class TritonBackend:
                      client_gone: Callable[[], Awaitable[bool]]) -> AsyncIterator[Chunk]:
         """The request's chunks; raises RemoteError when Triton refuses it. Leaving early (the
         consumer stops iterating, or `client_gone()` turns true) cancels it on the server."""
-        loop = asyncio.get_running_loop()
+        if self._channel is None:
+            self._channel = AsyncGrpcChannel(self.grpc_url)
         queue: asyncio.Queue = asyncio.Queue()
-        stream = GrpcStream(self.grpc_url, name, prompt, params,
-                            lambda item: loop.call_soon_threadsafe(queue.put_nowait, item))
+        stream = self._channel.open(name, prompt, params, queue.put_nowait)
         finished, pending = False, None
         try:
             while True:

@@ -2,8 +2,10 @@
 (peagle_trt/openai_frontend/) both stream through `GrpcStream`, so both get the same tokens.
 
 `GrpcStream` starts one request on its own gRPC stream and hands every response, parsed into a
-`Chunk`, to a callback on tritonclient's stream thread (a queue for the blocking `stream_generate`,
-an asyncio queue for the frontend); `close(cancel=True)` cancels the request on the server.
+`Chunk`, to a callback on tritonclient's stream thread (a queue for the blocking `stream_generate`);
+`AsyncGrpcStream` does the same on asyncio over one shared channel (the frontend, many requests at
+once); `close(cancel=True)` cancels the request on the server. Both build the request with
+`build_inputs` and read responses with `parse_result`.
 Tested in tests/serving/test_triton.py and tests/serving/test_openai.py.
 """
 
@@ -106,6 +108,77 @@ class GrpcStream:
             self.client.stop_stream(cancel_requests=cancel)
         finally:
             self.client.close()
+
+
+class AsyncGrpcChannel:
+    """One asyncio gRPC channel for many concurrent streamed requests (the OpenAI frontend): each
+    `open()` starts a request on its own bidirectional stream over the shared channel (no channel
+    set-up or thread per request). Create it inside the running event loop."""
+
+    def __init__(self, url: str):
+        import tritonclient.grpc.aio as aio
+
+        self.url = url
+        self.client = aio.InferenceServerClient(url)
+
+    def open(self, model: str, prompt: str, params: SamplingParams,
+             on_chunk: Callable[[Chunk | RemoteError], None], chat_template: bool = False) -> "AsyncGrpcStream":
+        return AsyncGrpcStream(self, model, prompt, params, on_chunk, chat_template)
+
+    async def close(self) -> None:
+        await self.client.close()
+
+
+class AsyncGrpcStream:
+    """`GrpcStream` on an `AsyncGrpcChannel`: a task reads the responses and hands each `Chunk`
+    (or one `RemoteError`) to `on_chunk` on the event loop; `close(cancel=True)` cancels the call."""
+
+    def __init__(self, channel: AsyncGrpcChannel, model: str, prompt: str, params: SamplingParams,
+                 on_chunk: Callable[[Chunk | RemoteError], None], chat_template: bool = False):
+        import asyncio
+
+        self.on_chunk, self.closed, self._done = on_chunk, False, asyncio.Event()
+        request = {"model_name": model, "inputs": build_inputs(prompt, params, True, chat_template),
+                   "request_id": uuid.uuid4().hex}
+
+        async def requests():  # keep our half of the stream open until the request ends
+            yield request
+            await self._done.wait()
+
+        self._call = channel.client.stream_infer(requests())
+        self._task = asyncio.get_running_loop().create_task(self._read(channel.url))
+
+    async def _read(self, url: str) -> None:
+        import grpc
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            async for result, error in self._call:
+                if error is not None:
+                    self.on_chunk(RemoteError(error.message(), ""))
+                    return
+                chunk = parse_result(result)
+                chunk.last = chunk.last or chunk.final is not None  # the response with the statistics ends it
+                self.on_chunk(chunk)
+                if chunk.last:
+                    return
+        except grpc.aio.AioRpcError as exc:
+            if not self.closed:
+                self.on_chunk(RemoteError(f"{url}: {exc.details()}", str(exc.code())))
+        except InferenceServerException as exc:
+            if not self.closed:
+                self.on_chunk(RemoteError(f"{url}: {exc.message()}", str(exc.status() or "")))
+        finally:
+            self._done.set()
+
+    def close(self, cancel: bool = False) -> None:
+        """End the stream; `cancel=True` cancels the request on the server (the client left)."""
+        if self.closed:
+            return
+        self.closed = True
+        if cancel and not self._done.is_set():
+            self._call.cancel()
+        self._done.set()
 
 
 def stream_generate(url: str, prompt: str, params: SamplingParams, model: str = "peagle",
