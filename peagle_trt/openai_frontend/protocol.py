@@ -2,9 +2,9 @@
 
 Supported: `model`, `messages` | `prompt`, `max_tokens` / `max_completion_tokens`, `temperature`,
 `top_p`, `seed`, `stop`, `n` (1 only), `stream`, `stream_options.include_usage`, and the vLLM-style
-extensions `top_k`, `ignore_eos`, `return_token_ids`. OpenAI fields that this server does not implement are accepted
-only at their neutral value (e.g. `presence_penalty=0`, `logprobs=false`) and refused otherwise,
-so a client never gets silently different behaviour. Tested in tests/serving/test_openai.py.
+extensions `top_k`, `ignore_eos`, `return_token_ids`. OpenAI fields that this server does not
+implement are accepted only at their neutral value (e.g. `presence_penalty=0`, `logprobs=false`)
+and refused otherwise, so a client never gets silently different behaviour. Tested in tests/serving/test_openai.py.
 """
 
 from __future__ import annotations
@@ -168,7 +168,8 @@ def validation_message(exc: ValidationError) -> tuple[str, str | None]:
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "body"
         param = param or loc
-        got = f" (got {err['input']!r})" if err["type"] != "missing" and not isinstance(err.get("input"), dict) else ""
+        shown = err["type"] != "missing" and not isinstance(err.get("input"), dict)
+        got = f" (got {err['input']!r})" if shown else ""
         if err["type"] == "extra_forbidden":
             parts.append(f"{loc}: unknown parameter; remove it")
         else:
