@@ -149,13 +149,26 @@ def cmd_serve(args: argparse.Namespace) -> dict:
     spec = ServeSpec(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
                      args.ready_timeout, drain_timeout_s=args.drain_timeout)
 
+    frontend = None
+    if args.openai_port:  # bound before tritonserver starts; answers 503 until the model is ready
+        from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+
+        grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # reach Triton locally
+        frontend = OpenAIFrontend(FrontendSpec(args.repo, f"{grpc_host}:{args.grpc_port}", args.host,
+                                               args.openai_port)).start()
+
     def on_ready(server):
         print(json.dumps({"ready": True, "http": server.http_url, "grpc": server.grpc_url,
                           "metrics": f"http://{args.host}:{args.metrics_port}/metrics",
+                          "openai": frontend.url if frontend else None,
                           "log": str(server.log_path)}), flush=True)
         print("serving; Ctrl-C to stop", file=sys.stderr, flush=True)
 
-    return {"stopped": True, **serve_forever(spec, on_ready)}
+    try:
+        return {"stopped": True, **serve_forever(spec, on_ready)}
+    finally:
+        if frontend is not None:
+            frontend.stop()
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> dict:
@@ -303,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM / Ctrl-C, seconds running streams may take to finish (default 30); "
                         "a second signal stops at once")
+    s.add_argument("--openai-port", type=int, default=None,
+                   help="also serve OpenAI-compatible /v1/... on this port (same --host); off by default")
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="the main job on CPU: small models + one streamed request")

@@ -38,3 +38,11 @@ class ServeError(PeagleError):
 
 class PortInUseError(ServeError):
     """A port the server should listen on is held by another process."""
+
+
+class RemoteError(ServeError):
+    """The server refused or failed one request; `status` is its gRPC status name (e.g. INVALID_ARG)."""
+
+    def __init__(self, message: str, status: str = ""):
+        super().__init__(message)
+        self.status = status

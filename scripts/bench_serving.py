@@ -8,12 +8,17 @@ What: the same set of greedy requests (default 16 prompts x 64 output tokens, ig
                `peagle-trt generate --url` uses: one gRPC connection + stream per request);
   in-process   by `ServingEngine.load(*model_params(repo))` on the same repository, started with
                `engine.start()` (the same background stepping thread) and fed with `engine.submit`.
+  openai       (--openai) by the OpenAI-compatible frontend (peagle_trt/openai_frontend, uvicorn, in
+               its own process as under `peagle-trt serve --openai-port`) in front of the same
+               tritonserver: streamed /v1/completions over HTTP (httpx, one pooled client per
+               worker thread), SSE events parsed, token ids through the `return_token_ids` extension.
 Each path is driven as a closed loop at concurrency C (C requests in flight; when one finishes the
 next prompt is submitted), for C = 1 and 8. Reported per path and C: wall time of the whole set,
 output tokens/s (all output tokens / wall), mean TTFT (submit -> first streamed non-empty text,
 the same definition on both paths; in-process the time to the first token ids is also given) and
 mean request latency; then the Triton/in-process ratios of wall time (ratio of the medians; the
-per-round ratios are printed too) and of TTFT. Target: Triton at
+per-round ratios are printed too) and of TTFT; with --openai also OpenAI/Triton (the frontend's cost;
+target <= 1.10 at C=16). Target: Triton at
 most 10% slower (wall-time ratio <= 1.10). The script also checks that both paths produced the
 same token ids for every prompt (greedy decoding is deterministic).
 
@@ -45,6 +50,7 @@ latency means over all requests of all rounds.
 Run (from the repository root; about 1 minute on 2 idle cores, incl. ~7 s model build + server start):
     .venv/bin/python scripts/bench_serving.py
     .venv/bin/python scripts/bench_serving.py --prompts 16 --max-tokens 64 --concurrency 1,8 --repeats 3
+    .venv/bin/python scripts/bench_serving.py --openai --prompts 48 --concurrency 1,16 --max-batch 16
 Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
 """
 
@@ -183,6 +189,74 @@ def run_triton(url: str, prompts: list[str], params: SamplingParams, conc: int) 
     return wall, [summarize(r) for r in recs]
 
 
+def run_openai(base_url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
+    """Closed loop over the OpenAI frontend: `conc` threads, each streaming /v1/completions (SSE)."""
+    import httpx
+
+    recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
+    todo: queue.Queue = queue.Queue()
+    for i in range(len(prompts)):
+        todo.put(i)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        with httpx.Client(base_url=base_url, timeout=600) as http:
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                rec = recs[i]
+                body = {"model": "peagle", "prompt": prompts[i], "max_tokens": params.max_tokens, "temperature": 0,
+                        "ignore_eos": params.ignore_eos, "stream": True, "return_token_ids": True}
+                rec["start"] = time.perf_counter()
+                try:
+                    with http.stream("POST", "/completions", json=body) as r:
+                        r.raise_for_status()
+                        for line in r.iter_lines():
+                            if not line.startswith("data: {"):
+                                continue
+                            choice = (json.loads(line[6:])["choices"] or [{}])[0]
+                            if choice.get("text") and rec["text_t"] is None:
+                                rec["text_t"] = time.perf_counter()
+                            rec["ids"] += choice.get("token_ids", [])
+                            rec["finish_reason"] = choice.get("finish_reason") or rec.get("finish_reason")
+                except BaseException as exc:  # reported after the join
+                    errors.append(exc)
+                    return
+                rec["end"] = time.perf_counter()
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, len(prompts)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, [summarize(r) for r in recs]
+
+
+@contextlib.contextmanager
+def openai_frontend(repo: Path, grpc_url: str):
+    """The frontend in its own process (as in `peagle-trt serve`); yields its base URL."""
+    import subprocess
+
+    port = free_port()
+    code = ("import sys; from pathlib import Path; from peagle_trt.openai_frontend import FrontendSpec, "
+            f"OpenAIFrontend; fe = OpenAIFrontend(FrontendSpec(Path({str(repo)!r}), {grpc_url!r}, '127.0.0.1', "
+            f"{port})).start(); print('ready', flush=True); sys.stdin.read(); fe.stop()")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the OpenAI frontend did not start")
+        yield f"http://127.0.0.1:{port}/v1", proc.pid
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+
+
 def summarize(rec: dict) -> dict:
     start = rec["start"]
     return {"ids": rec["ids"], "tokens": len(rec["ids"]), "finish_reason": rec.get("finish_reason"),
@@ -265,19 +339,19 @@ class CpuMeter:
     """CPU seconds used during a run by this process, by the server's process tree, and the share
     of all CPU capacity used by anything else (noise: should stay near 0)."""
 
-    def __init__(self, server_pid: int):
-        self.server_pid = server_pid
+    def __init__(self, server_pid: int, frontend_pid: int | None = None):
+        self.pids = [server_pid] + ([frontend_pid] if frontend_pid else [])  # the frontend counts as server
 
     def __enter__(self) -> "CpuMeter":
         t = os.times()
-        self.a, self.own, self.srv = cpu_sample(), t.user + t.system, tree_cpu(self.server_pid)
+        self.a, self.own, self.srv = cpu_sample(), t.user + t.system, sum(tree_cpu(p) for p in self.pids)
         return self
 
     def __exit__(self, *exc) -> None:
         t = os.times()
         b = cpu_sample()
         self.own_s = t.user + t.system - self.own
-        self.server_s = tree_cpu(self.server_pid) - self.srv
+        self.server_s = sum(tree_cpu(p) for p in self.pids) - self.srv
         if self.a is None or b is None or b[0] <= self.a[0]:
             self.other_share = None
         else:
@@ -305,6 +379,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--repeats", type=int, default=3, help="timed rounds per path and concurrency")
+    ap.add_argument("--openai", action="store_true", help="also the OpenAI frontend path (/v1/completions)")
+    ap.add_argument("--max-batch", type=int, default=8, help="KV slots of the served model (default 8)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep models/repository here (default: temp)")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch intra-op threads on BOTH paths (OMP_NUM_THREADS for the server); "
@@ -332,7 +408,7 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
         if repo_root.exists():
             shutil.rmtree(repo_root)
         build_repository(tiny["llama"], tiny["aws"], repo_root,
-                         RepoSpec(SpecConfig("peagle", 3), max_batch=8, max_seq_len=512))
+                         RepoSpec(SpecConfig("peagle", 3), max_batch=args.max_batch, max_seq_len=512))
     prompts = make_prompts(args.prompts)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
@@ -341,23 +417,29 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
     spec = ServeSpec(repo_root, "127.0.0.1", free_port(), free_port(), free_port(),
                      ready_timeout_s=180, log_path=work / "tritonserver.log")
     results: dict[tuple[str, int], list[tuple[float, list[dict]]]] = {}
+    paths = ("inproc", "triton", "openai") if args.openai else ("inproc", "triton")
     try:
-        with TritonServer(spec) as server:
+        with TritonServer(spec) as server, (openai_frontend(repo_root, server.grpc_url) if args.openai
+                                            else contextlib.nullcontext((None, None))) as (openai_url, fe_pid):
             setup_s = time.perf_counter() - t_setup
             print(f"  server ready after {setup_s:.1f} s of setup", file=sys.stderr, flush=True)
             server_env = server_threads_env(server.proc.pid)
             # warm-up (untimed): first forwards, first gRPC connection, lazy imports
             run_inprocess(engine, prompts[:2], params, 2, "warmup")
             run_triton(server.grpc_url, prompts[:2], params, 2)
+            if openai_url:
+                run_openai(openai_url, prompts[:2], params, 2)
             for rnd in range(args.repeats):
                 for conc in concs:
-                    order = ("inproc", "triton") if (rnd + conc) % 2 == 0 else ("triton", "inproc")
-                    for path in order:
-                        with CpuMeter(server.proc.pid) as cpu:
+                    shift = (rnd + conc) % len(paths)  # rotate which path goes first
+                    for path in paths[shift:] + paths[:shift]:
+                        with CpuMeter(server.proc.pid, fe_pid if path == "openai" else None) as cpu:
                             if path == "inproc":
                                 wall, recs = run_inprocess(engine, prompts, params, conc, f"r{rnd}c{conc}")
-                            else:
+                            elif path == "triton":
                                 wall, recs = run_triton(server.grpc_url, prompts, params, conc)
+                            else:
+                                wall, recs = run_openai(openai_url, prompts, params, conc)
                         results.setdefault((path, conc), []).append((wall, recs, cpu))
                         print(f"  round {rnd} C={conc} {path}: {wall:.2f} s, CPU own {cpu.own_s:.2f} s "
                               f"server {cpu.server_s:.2f} s, other {cpu.other_share or 0:.0%}",
@@ -370,7 +452,7 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
     mismatches = []
     for conc in concs:
         per_path = {}
-        for path in ("inproc", "triton"):
+        for path in paths:
             runs = results[(path, conc)]
             reqs = [r for _, rs, _ in runs for r in rs]
             wall = statistics.median(w for w, _, _ in runs)
@@ -405,7 +487,15 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
         per_path["triton"]["ttft_ratio_vs_inproc"] = round(
             per_path["triton"]["mean_ttft_ms"] / per_path["inproc"]["mean_ttft_ms"], 3)
         per_path["triton"]["target_met"] = ratio <= TARGET_RATIO
-        rows += [per_path["inproc"], per_path["triton"]]
+        if args.openai:  # the frontend's cost over the gRPC path it forwards to
+            o = per_path["openai"]
+            o["wall_ratio_vs_triton"] = round(o["wall_s"] / per_path["triton"]["wall_s"], 3)
+            o["paired_wall_ratios_vs_triton"] = [
+                round(a[0] / b[0], 3) for a, b in zip(results[("openai", conc)], results[("triton", conc)])]
+            o["wall_ratio_vs_inproc"] = round(o["wall_s"] / per_path["inproc"]["wall_s"], 3)
+            o["ttft_ratio_vs_inproc"] = round(o["mean_ttft_ms"] / per_path["inproc"]["mean_ttft_ms"], 3)
+            o["target_met"] = o["wall_ratio_vs_triton"] <= TARGET_RATIO
+        rows += [per_path[p] for p in paths]
 
     print(f"Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
           f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
@@ -427,6 +517,11 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
             print(f"in-process C={r['concurrency']}: mean time to first token ids "
                   f"{r['mean_ttft_ids_ms']:.1f} ms "
                   f"(first non-empty text {r['mean_ttft_ms']:.1f} ms)")
+    for r in rows:
+        if r["path"] == "openai":
+            print(f"target OpenAI wall <= {TARGET_RATIO:.2f}x Triton gRPC at C={r['concurrency']}: "
+                  f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_triton']:.3f}x; per-round "
+                  f"ratios {r['paired_wall_ratios_vs_triton']})")
     all_met = all(r["target_met"] for r in rows if r["path"] == "triton")
     for r in rows:
         if r["path"] == "triton":
@@ -442,7 +537,7 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "server_omp_num_threads": server_env,
            "background_cpu_share_before": bg, "prompts": len(prompts), "max_tokens": args.max_tokens,
-           "spec": {"mode": "peagle", "k": 3}, "max_batch": 8, "max_seq_len": 512,
+           "spec": {"mode": "peagle", "k": 3}, "max_batch": args.max_batch, "max_seq_len": 512,
            "repeats": args.repeats, "target_wall_ratio": TARGET_RATIO, "target_met": all_met,
            "token_ids_identical": identical, "mismatches": mismatches[:20],
            "setup_s": round(setup_s, 1)}

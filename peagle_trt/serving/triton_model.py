@@ -5,7 +5,8 @@ Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens
 `temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
 plus `apply_chat_template`). Each response's `text_output` / `output_ids` hold only the NEW text
 and tokens, so concatenating the responses gives the whole output; the final response also
-carries `finish_reason` and the request's acceptance statistics.
+carries `finish_reason`, `prompt_tokens` and the request's acceptance statistics
+(serving/protocol.py FINAL_OUTPUTS).
 Bad requests get an error response of their own; other streams are not disturbed: oversized
 prompts and stop strings are refused from their byte counts before decoding or tokenizing, a
 request whose step fails ends with an error response, and a client cancels only its own request
@@ -215,6 +216,11 @@ class TritonPythonModel:
         self.m_tps = family("peagle_generated_tokens_per_second", gauge,
                             "generated tokens per second over the last 10 s").Metric(labels={})
         self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels={})
+        # counters, so a benchmark gets the acceptance of its own window: 1 + d(accepted) / d(steps)
+        self.m_steps = family("peagle_draft_steps_total", counter, "verify steps of finished requests").Metric(labels={})
+        self.m_accepted = family("peagle_accepted_drafts_total", counter,
+                                 "accepted draft tokens of finished requests").Metric(labels={})
+        self._last_steps = self._last_accepted = 0
         self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels={})
         self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels={})
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels={})
@@ -235,6 +241,9 @@ class TritonPythonModel:
         (t0, n0), (t1, n1) = self._tokens_window[0], self._tokens_window[-1]
         self.m_tps.set((n1 - n0) / (t1 - t0) if t1 > t0 else 0.0)
         self.m_al.set(sched.stats.acceptance_length)
+        self.m_steps.increment(sched.stats.steps - self._last_steps)
+        self.m_accepted.increment(sched.stats.accepted - self._last_accepted)
+        self._last_steps, self._last_accepted = sched.stats.steps, sched.stats.accepted
         for metric, rate in zip(self.m_pos, sched.stats.accept_rate_per_pos):
             metric.set(rate)
         self.m_slots.set(sched.kv_slots_used)
