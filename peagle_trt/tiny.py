@@ -215,3 +215,14 @@ def make_all(out: Path) -> dict[str, Path]:
     paths["speculators"] = make_drafter(out / "drafter-speculators", paths["qwen3"], "speculators", seed=2)
     paths["eagle3"] = make_drafter(out / "drafter-eagle3", paths["llama"], "eagle3", seed=4)
     return paths
+
+
+def make_families(out: Path) -> dict[str, Path]:
+    """The MoE families: Qwen3-MoE and GPT-OSS targets (GPT-OSS also with MXFP4 experts) and an
+    AWS-layout P-EAGLE head for each (`drafter-<family>`)."""
+    paths = {"qwen3_moe": make_target(out / "qwen3_moe", "qwen3_moe", seed=5),
+             "gpt_oss": make_target(out / "gpt_oss", "gpt_oss", seed=6),
+             "gpt_oss_mxfp4": make_target(out / "gpt_oss_mxfp4", "gpt_oss", seed=7, mxfp4=True)}
+    for family in ("qwen3_moe", "gpt_oss"):
+        paths[f"drafter-{family}"] = make_drafter(out / f"drafter-{family}", paths[family], "aws", seed=8)
+    return paths

@@ -20,18 +20,12 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
-def tiny_moe(tmp_path_factory, tiny) -> dict[str, Path]:
+def tiny_moe(tmp_path_factory) -> dict[str, Path]:
     """{'qwen3_moe', 'gpt_oss': target dirs; 'gpt_oss_mxfp4': GPT-OSS with MXFP4 experts;
     'drafter-qwen3_moe', 'drafter-gpt_oss': AWS-layout P-EAGLE heads for them}."""
-    from peagle_trt.tiny import make_drafter, make_target
+    from peagle_trt.tiny import make_families
 
-    out = tmp_path_factory.mktemp("tiny_moe")
-    paths = {"qwen3_moe": make_target(out / "qwen3_moe", "qwen3_moe", seed=5),
-             "gpt_oss": make_target(out / "gpt_oss", "gpt_oss", seed=6),
-             "gpt_oss_mxfp4": make_target(out / "gpt_oss_mxfp4", "gpt_oss", seed=7, mxfp4=True)}
-    for family in ("qwen3_moe", "gpt_oss"):
-        paths[f"drafter-{family}"] = make_drafter(out / f"drafter-{family}", paths[family], "aws", seed=8)
-    return paths
+    return make_families(tmp_path_factory.mktemp("tiny_moe"))
 
 
 @pytest.fixture(autouse=True)

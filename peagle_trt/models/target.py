@@ -92,11 +92,6 @@ def kv_layer_lens(c: TargetConfig, max_len: int, max_rows: int | None = None) ->
     return tuple(lens)
 
 
-def kv_bytes_per_slot(c: TargetConfig, max_len: int, max_rows: int | None = None, dtype_bytes: int = 2) -> int:
-    """Bytes of target KV cache one sequence slot needs (K and V, every layer, plus the trash row)."""
-    return sum(2 * c.num_kv_heads * (n + 1) * c.head_dim * dtype_bytes for n in kv_layer_lens(c, max_len, max_rows))
-
-
 def load_strict(model: nn.Module, tensors: dict, what: str) -> None:
     # `what` names the checkpoint (e.g. "drafter /path/to/dir") for the messages below
     """Load `tensors` into `model` (possibly on the meta device); every parameter must be present

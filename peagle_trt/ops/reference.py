@@ -32,6 +32,11 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     """
     b, s, _ = q.shape
     ring = k_cache.shape[2] - 1  # T; row T is the trash row
+    if sliding_window and s > ring - sliding_window + 1 and int(positions.max()) >= ring:
+        from peagle_trt.errors import RuntimeInvariantError
+
+        raise RuntimeInvariantError(f"kv_attention: {s} rows in one forward overrun a windowed KV ring of {ring} "
+                                    f"positions (window {sliding_window}); allocate W + rows - 1 >= {sliding_window + s - 1}")
     write = torch.where(positions >= 0, positions % ring, ring)  # [B, S]
     rows = slots[:, None]
     k_cache[rows, :, write] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)

@@ -56,12 +56,14 @@ class SlotPool:
 class TorchExecutor(SlotPool):
     """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA)."""
 
-    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048):
+    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048, max_rows: int | None = None):
+        # max_rows: most rows of one request per target forward (max(prefill chunk, K + 1)); when
+        # given, sliding-window layers keep only their window of KV (models/memory.py)
         super().__init__(num_slots)
         self.target_model, self.drafter_model = target, drafter
         self.max_len = max_len
         self.device = target.lm_head.weight.device
-        self.target_cache = target.new_cache(num_slots, max_len)
+        self.target_cache = target.new_cache(num_slots, max_len, max_rows)
         self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
 

@@ -19,6 +19,7 @@ from peagle_trt.speculative.generate import generate
 
 FAMILIES = ["qwen3_moe", "gpt_oss"]
 K, SLOTS, SEQ = 3, 2, 96
+MAX_ROWS = 20  # the export's sliding layers keep a ring of 8 + 20 - 1 positions (< SEQ)
 MODES = ["none", "eagle3", "peagle"]
 
 
@@ -40,7 +41,7 @@ def exported(tiny_moe, tmp_path_factory):
         if family not in cache:
             target, drafter = _models(tiny_moe, family)
             out = tmp_path_factory.mktemp("export") / family
-            export_models(target, drafter, out, ExportSpec(SpecConfig("peagle", K), SLOTS, SEQ))
+            export_models(target, drafter, out, ExportSpec(SpecConfig("peagle", K), SLOTS, SEQ, max_rows=MAX_ROWS))
             cache[family] = (target, drafter, out)
         return cache[family]
 
@@ -120,5 +121,19 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
     windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), 0) for n in attn]
     if family == "gpt_oss":
         assert windows == [8, 0] * 4 and all(len(n.input) == 8 for n in attn)  # + sinks input
+        ring = [i.type.tensor_type.shape.dim[2].dim_value - 1 for i in model.graph.input if i.name.startswith("past_key")]
+        assert ring == [8 + MAX_ROWS - 1, SEQ + K + 1] * 4  # windowed layers keep only their window
     else:
         assert windows == [0] * 8 and all(len(n.input) == 7 for n in attn)
+
+
+def test_build_prints_and_records_kv_memory_per_slot(tiny_moe, tmp_path, capsys):
+    from peagle_trt.package import RepoSpec, build_repository
+
+    manifest = build_repository(tiny_moe["gpt_oss"], tiny_moe["drafter-gpt_oss"], tmp_path / "repo",
+                                RepoSpec(SpecConfig("peagle", K), max_batch=4, max_seq_len=60, prefill_chunk=8))
+    mem = manifest["kv_memory"]
+    assert (mem["full_layers"], mem["windowed_layers"], mem["window_positions"]) == (4, 4, 8 + 8 - 1)
+    per_layer = lambda n: 2 * 2 * (n + 1) * 32 * 4  # noqa: E731 (K and V, 2 kv heads, head_dim 32, fp32)
+    assert mem["target_bytes_per_slot"] == 4 * per_layer(60 + K + 1) + 4 * per_layer(15)
+    assert "KV cache per slot: target" in capsys.readouterr().err

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM
 
 from peagle_trt.checkpoint import mxfp4
 from peagle_trt.checkpoint.target import load_target
-from peagle_trt.models.target import TargetModel, kv_bytes_per_slot
+from peagle_trt.models.memory import kv_slot_memory
+from peagle_trt.models.target import TargetModel
 from peagle_trt.tokenizer import TextCodec
 
 FAMILIES = ["qwen3_moe", "gpt_oss"]
@@ -61,8 +62,19 @@ def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, family, max_ro
 def test_kv_bytes_per_slot_grow_with_full_layers_only(tiny_moe):
     c = load_target(tiny_moe["gpt_oss"]).config
     per_layer = lambda n: 2 * c.num_kv_heads * (n + 1) * c.head_dim * 2  # noqa: E731 (K and V, bf16)
-    assert kv_bytes_per_slot(c, 4096) == 8 * per_layer(4096)
-    assert kv_bytes_per_slot(c, 4096, max_rows=8) == 4 * per_layer(4096) + 4 * per_layer(8 + 8 - 1)
+    assert kv_slot_memory(c, None, 4096).target_bytes_per_slot == 8 * per_layer(4096)
+    assert kv_slot_memory(c, None, 4096, max_rows=8).target_bytes_per_slot == 4 * per_layer(4096) + 4 * per_layer(15)
+
+
+def test_windowed_ring_refuses_a_forward_wider_than_it_holds(tiny_moe):
+    from peagle_trt.errors import RuntimeInvariantError
+
+    ours = _ours(tiny_moe["gpt_oss"])
+    cache = ours.new_cache(1, 64, max_rows=4)  # sliding layers: 8 + 4 - 1 positions
+    with torch.no_grad():
+        ours(torch.randint(0, 500, (1, 11)), torch.arange(11)[None], torch.tensor([0]), cache)
+        with pytest.raises(RuntimeInvariantError, match="overrun a windowed KV ring"):
+            ours(torch.randint(0, 500, (1, 6)), torch.arange(11, 17)[None], torch.tensor([0]), cache)
 
 
 def test_mxfp4_dequantizes_exactly():
