@@ -119,3 +119,20 @@ def test_qwen3_moe_sparse_layer_rule_matches_transformers(tmp_path):
     hf = _hf(path)
     assert c.moe_layers == tuple(hasattr(layer.mlp, "experts") for layer in hf.model.layers)
     assert c.moe_layers == (False, True, False, False, False, True)
+
+
+@pytest.mark.parametrize("cfg,taps", [
+    ({"model_type": "qwen3_moe", "num_hidden_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+      "moe_intermediate_size": 768, "intermediate_size": 5472}, (2, 24, 45)),  # Qwen3-Coder-30B-A3B
+    ({"model_type": "gpt_oss", "num_hidden_layers": 24, "num_local_experts": 32, "num_experts_per_tok": 4,
+      "intermediate_size": 2880, "sliding_window": 128}, (2, 12, 21)),  # gpt-oss-20b
+    ({"model_type": "gpt_oss", "num_hidden_layers": 36, "num_local_experts": 128, "num_experts_per_tok": 4,
+      "intermediate_size": 2880, "sliding_window": 128}, (2, 18, 33)),  # gpt-oss-120b
+])
+def test_published_heads_tap_the_layers_vllm_taps(cfg, taps):
+    """vLLM's default EAGLE-3 taps (2, L//2, L-3) for the targets of the published P-EAGLE heads
+    (no eagle_aux_hidden_state_layer_ids in those heads)."""
+    from peagle_trt.checkpoint.arch import adapter_for
+
+    full = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, **cfg}
+    assert adapter_for(full, "cfg").parse(full, "cfg").default_taps == taps
