@@ -32,7 +32,7 @@ from benchlib import cpu_model
 from peagle_trt.checkpoint.arch import adapter_for
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import rope_cos_sin
-from peagle_trt.models.target import _layer
+from peagle_trt.models.target import decoder_layer
 
 QWEN3_CODER_30B_A3B = {  # Qwen/Qwen3-Coder-30B-A3B-Instruct config.json
     "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 5472, "moe_intermediate_size": 768,
@@ -86,7 +86,7 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     rss0 = rss_gib()
     torch.manual_seed(0)
     with torch.device("meta"):
-        mods = [_layer(c, i) for i in range(layers)]
+        mods = [decoder_layer(c, i) for i in range(layers)]
     mods = [m.to_empty(device="cpu").to(DTYPE) for m in mods]
     for m in mods:
         for p in m.parameters():

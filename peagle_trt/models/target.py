@@ -26,7 +26,7 @@ class TargetModel(nn.Module):
         c = self.config = config
         self.taps = tuple(taps)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
-        self.layers = nn.ModuleList(_layer(c, i) for i in range(c.num_layers))
+        self.layers = nn.ModuleList(decoder_layer(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
         inv_freq, self.rope_scale = c.rope.inv_freq(c.head_dim)
@@ -72,7 +72,8 @@ class TargetModel(nn.Module):
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def _layer(c: TargetConfig, i: int) -> DecoderLayer:
+def decoder_layer(c: TargetConfig, i: int) -> DecoderLayer:
+    """Decoder layer `i` as the resolved config describes it (window, sinks, dense or MoE MLP)."""
     attn = Attention(c.hidden_size, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_bias,
                      c.rms_norm_eps if c.qk_norm else None, o_bias=c.attention_bias, window=c.window(i),
                      sinks=c.attention_sinks)

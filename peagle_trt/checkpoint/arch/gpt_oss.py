@@ -9,6 +9,9 @@ with gate and up INTERLEAVED along the last axis (gate = [..., 0::2], up = [...,
 checkpoints store the two weights in MXFP4 instead (`*_blocks` + `*_scales`,
 `quantization_config.quant_method: "mxfp4"`), dequantized exactly here (checkpoint/mxfp4.py).
 `convert` splits them into our per-expert linears; the router `mlp.router.*` becomes `mlp.gate.*`.
+FP8 (`peagle-trt quantize`): ModelOpt writes each stacked projection as one float8_e4m3fn tensor
+with ONE per-tensor `*_weight_scale` / `*_input_scale` shared by all experts; every expert's
+linear gets that shared pair (the same per-tensor FP8 math).
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from peagle_trt.checkpoint import mxfp4
 from peagle_trt.checkpoint.arch.base import MoEConfig, TargetAdapter, TargetConfig, quantization, require
 from peagle_trt.errors import CheckpointError, ConfigError
 
-_EXPERTS = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
+_EXPERTS = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)"
+                      r"(_bias|_blocks|_scales|_weight_scale|_input_scale)?$")
+_FP8_SCALES = {"_weight_scale": "weight_scale", "_input_scale": "input_scale"}
 
 
 class GptOssAdapter(TargetAdapter):
@@ -64,6 +69,13 @@ class GptOssAdapter(TargetAdapter):
                 out[ours.replace(".mlp.router.", ".mlp.gate.")] = tensor
         for (layer, proj, kind), tensor in sorted(stacked.items()):
             if kind == "_scales":
+                continue
+            if kind in _FP8_SCALES:  # shared by every expert of the stacked projection
+                names = ("gate_proj", "up_proj") if proj == "gate_up_proj" else ("down_proj",)
+                experts = stacked[(layer, proj, "")].shape[0]
+                for e in range(experts):
+                    for n in names:
+                        out[f"layers.{layer}.mlp.experts.{e}.{n}.{_FP8_SCALES[kind]}"] = tensor
                 continue
             if kind == "_blocks":
                 scales = stacked.get((layer, proj, "_scales"))
