@@ -72,5 +72,5 @@ class SparseMoE(nn.Module):
         for e in torch.unique(ids).tolist():  # experts hit by at least one row
             rows, which = (ids == e).nonzero(as_tuple=True)  # [n], [n]
             y = self.experts[e](flat[rows]) * weights[rows, which, None]
-            out.index_add_(0, rows, y)
+            out.index_put_((rows,), y, accumulate=True)  # (index_add_ is ~10x slower on CPU)
         return out.reshape(shape)
