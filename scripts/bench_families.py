@@ -49,11 +49,11 @@ GPT_OSS_20B = {  # openai/gpt-oss-20b config.json
                      "original_max_position_embeddings": 4096, "truncate": False},
     "rope_theta": 150000, "max_position_embeddings": 131072, "vocab_size": 201088,
     "tie_word_embeddings": False}
-# name -> (config, layers in the CPU slice, expert weight format, bytes per expert weight value):
-# Qwen3-Coder as FP8 (the P-EAGLE headline setting), GPT-OSS as released in MXFP4 (4 bits + one
-# 8-bit scale per 32 values)
-MODELS = {"qwen3-coder-30b-a3b": (QWEN3_CODER_30B_A3B, 1, "fp8", 1.0),
-          "gpt-oss-20b": (GPT_OSS_20B, 2, "mxfp4", 4.25 / 8)}
+# name -> (config, layers in the CPU slice, weight format, bytes per expert / attention weight value):
+# Qwen3-Coder as FP8 everywhere but lm_head (the P-EAGLE headline setting), GPT-OSS as released
+# (MXFP4 experts: 4 bits + one 8-bit scale per 32 values; attention in bf16)
+MODELS = {"qwen3-coder-30b-a3b": (QWEN3_CODER_30B_A3B, 1, "fp8 experts + attention", 1.0, 1.0),
+          "gpt-oss-20b": (GPT_OSS_20B, 2, "mxfp4 experts, bf16 attention", 4.25 / 8, 2.0)}
 BANDWIDTH = {"H200": 4.8e12, "B200": 8.0e12}  # HBM bytes/s, vendor datasheet figures
 CONTEXT, K = 4096, 7
 DTYPE = torch.float32  # CPU compute in fp32: a bf16 trial ran 8-row expert GEMMs ~200x slower than 1-row ones
@@ -119,15 +119,16 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     return out
 
 
-def step_bytes(cfg: dict, expert_bytes: float, rows: int, context: int = CONTEXT) -> dict:
+def step_bytes(cfg: dict, expert_bytes: float, attn_bytes: float, rows: int, context: int = CONTEXT) -> dict:
     """Bytes one target forward of `rows` rows of ONE sequence reads (full model, batch 1):
-    non-expert weights in bf16, expert weights at `expert_bytes` per value, KV in bf16. Experts
+    expert / attention weights at `expert_bytes` / `attn_bytes` per value, router, lm_head and
+    KV in bf16. Experts
     touched: E * (1 - (1 - k/E)^rows), the expectation under uniform independent routing (an
     assumption: real routing is skewed, which touches fewer)."""
     where = f"{cfg['model_type']} config"
     c = adapter_for(cfg, where).parse(cfg, where)
     h, d, e, k = c.hidden_size, c.head_dim, c.moe.num_experts, c.moe.top_k
-    attn = (h * c.num_heads * d * 2 + h * c.num_kv_heads * d * 2) * 2  # q, o, k, v (bf16)
+    attn = (h * c.num_heads * d * 2 + h * c.num_kv_heads * d * 2) * attn_bytes  # q, o, k, v
     touched = e * (1 - (1 - k / e) ** rows)
     experts = touched * 3 * h * c.moe.intermediate_size * expert_bytes
     router = e * h * 2
@@ -144,14 +145,16 @@ def step_bytes(cfg: dict, expert_bytes: float, rows: int, context: int = CONTEXT
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--bytes-only", action="store_true", help="only the computed bytes per step")
     args = parser.parse_args()
     torch.set_num_threads(2)
     result = {"env": {"cpu": cpu_model(), "torch": torch.__version__, "threads": 2, "dtype": str(DTYPE),
                       "context_position": CONTEXT, "load_avg_start": load_avg(),
                       "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}}
-    for name, (cfg, layers, fmt, expert_bytes) in MODELS.items():
-        result[name] = {"cpu_slice": bench_slice(cfg, layers, args.reps),
-                        "full_model_bytes_per_step": [step_bytes(cfg, expert_bytes, n) for n in (1, K + 1)],
+    for name, (cfg, layers, fmt, expert_bytes, attn_bytes) in MODELS.items():
+        result[name] = {"cpu_slice": bench_slice(cfg, layers, args.reps) if not args.bytes_only else None,
+                        "full_model_bytes_per_step": [step_bytes(cfg, expert_bytes, attn_bytes, n)
+                                                      for n in (1, K + 1)],
                         "expert_format": fmt}
         print(json.dumps({name: result[name]}), flush=True, file=sys.stderr)
     result["env"]["load_avg_end"] = load_avg()
