@@ -172,9 +172,12 @@ def cmd_serve(args: argparse.Namespace) -> dict:
 
 
 def cmd_make_tiny(args: argparse.Namespace) -> dict:
-    from peagle_trt.tiny import make_all
+    from peagle_trt.tiny import make_all, make_families
 
-    return {k: str(v) for k, v in make_all(args.out).items()}
+    paths = make_all(args.out)
+    if args.families:
+        paths.update(make_families(args.out))
+    return {k: str(v) for k, v in paths.items()}
 
 
 def cmd_demo(args: argparse.Namespace) -> dict:
@@ -329,6 +332,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("make-tiny", help="write small seeded checkpoints (targets + drafters)")
     t.add_argument("out", type=Path, help="output directory")
+    t.add_argument("--families", action="store_true",
+                   help="also Qwen3-MoE and GPT-OSS (+ MXFP4) targets with P-EAGLE heads")
     t.set_defaults(func=cmd_make_tiny)
     return parser
 

@@ -1,8 +1,9 @@
 """Small seeded checkpoints in the real on-disk layouts, for tests and the CPU demo.
 
-Targets are real transformers models (LlamaForCausalLM / Qwen3ForCausalLM) built from their
+Targets are real transformers models (Llama, Qwen3, Qwen3-MoE, GPT-OSS) built from their
 config classes and saved with `save_pretrained`, plus a byte-level BPE tokenizer with a ChatML
-chat template. Drafters are written in the AWS P-EAGLE layout (`midlayer.*`, `mask_hidden`,
+chat template (GPT-OSS: a harmony-style template and several EOS ids, as released; optionally its
+experts in the MXFP4 layout of the released checkpoints). Drafters are written in the AWS P-EAGLE layout (`midlayer.*`, `mask_hidden`,
 `ptd_token_id`, `d2t`/`t2d` with a smaller draft vocabulary), the `speculators` layout, and as a
 plain EAGLE-3 head. Weights are random: acceptance of these drafters is low by construction.
 
@@ -32,7 +33,12 @@ CORPUS = [
 ]
 
 
-def make_tokenizer(out: Path) -> dict[str, int]:
+HARMONY = ["<|start|>", "<|message|>", "<|end|>", "<|return|>", "<|call|>"]
+HARMONY_TEMPLATE = ("{% for m in messages %}<|start|>{{ m['role'] }}<|message|>{{ m['content'] }}<|end|>"
+                    "{% endfor %}{% if add_generation_prompt %}<|start|>assistant{% endif %}")
+
+
+def make_tokenizer(out: Path, extra: list[str] = (), template: str = CHAT_TEMPLATE) -> dict[str, int]:
     """Train a tiny byte-level BPE tokenizer and save it (with a chat template) into `out`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -40,23 +46,30 @@ def make_tokenizer(out: Path) -> dict[str, int]:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 64, special_tokens=SPECIAL,
+    special = SPECIAL + list(extra)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB - 64, special_tokens=special,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS * 4, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", additional_special_tokens=SPECIAL[1:])
-    fast.chat_template = CHAT_TEMPLATE
+                                   pad_token="<|endoftext|>", additional_special_tokens=special[1:])
+    fast.chat_template = template
     fast.save_pretrained(out)
-    return {t: tok.token_to_id(t) for t in SPECIAL}
+    return {t: tok.token_to_id(t) for t in special}
+
+
+FAMILIES = ("llama", "qwen3", "qwen3_moe", "gpt_oss")
 
 
 def make_target(out: Path, family: str = "llama", seed: int = 0, layers: int = 8,
-                rope: dict | None = None, shard: bool = False) -> Path:
-    """A random `family` target ("llama" or "qwen3") with tokenizer, saved to `out`."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+                rope: dict | None = None, shard: bool = False, mxfp4: bool = False, **overrides) -> Path:
+    """A random `family` target (one of FAMILIES) with tokenizer, saved to `out`. `overrides`
+    replace config fields (e.g. sliding_window); `mxfp4` (gpt_oss) stores the experts as MXFP4
+    blocks + scales, their values snapped to that grid before saving."""
+    import transformers
 
     out.mkdir(parents=True, exist_ok=True)
-    ids = make_tokenizer(out)
+    gpt_oss = family == "gpt_oss"
+    ids = make_tokenizer(out, HARMONY, HARMONY_TEMPLATE) if gpt_oss else make_tokenizer(out)
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=4096,
                   rms_norm_eps=1e-6, initializer_range=0.1, eos_token_id=ids["<|endoftext|>"],
@@ -65,21 +78,66 @@ def make_target(out: Path, family: str = "llama", seed: int = 0, layers: int = 8
         rope = rope or {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                         "original_max_position_embeddings": 256}
-        config, cls = LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=False), LlamaForCausalLM
+        fields, cls = dict(rope_parameters=rope, tie_word_embeddings=False), "Llama"
     elif family == "qwen3":
         rope = rope or {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 8.0,
                         "original_max_position_embeddings": 512}
-        config, cls = Qwen3Config(**common, rope_parameters=rope, tie_word_embeddings=True), Qwen3ForCausalLM
+        fields, cls = dict(rope_parameters=rope, tie_word_embeddings=True), "Qwen3"
+    elif family == "qwen3_moe":  # dense layers 0 and 5 (mlp_only_layers), sparse elsewhere
+        rope = rope or {"rope_type": "default", "rope_theta": 1000000.0}
+        fields, cls = dict(rope_parameters=rope, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                           moe_intermediate_size=32, norm_topk_prob=True, decoder_sparse_step=1,
+                           mlp_only_layers=[0, 5]), "Qwen3Moe"
+    elif family == "gpt_oss":  # alternating sliding (window 8) / full layers, sinks, clamped SwiGLU
+        rope = rope or {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                        "beta_slow": 1.0, "original_max_position_embeddings": 64, "truncate": False}
+        fields, cls = dict(rope_parameters=rope, tie_word_embeddings=False, intermediate_size=32,
+                           num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
+                           swiglu_limit=1.5, attention_bias=True, rms_norm_eps=1e-5,
+                           max_position_embeddings=2048, eos_token_id=ids["<|return|>"]), "GptOss"
     else:
-        raise ValueError(f"unknown family {family!r}")
+        raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
+    config = getattr(transformers, f"{cls}Config")(**{**common, **fields, **overrides})
     torch.manual_seed(seed)
-    model = cls(config).eval()
-    with torch.no_grad():  # non-trivial norm weights so a missing or misplaced norm shows up
+    model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
+    with torch.no_grad():  # non-trivial norms, biases and sinks so a misplaced one shows up
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.mul_(1 + 0.2 * torch.randn_like(p))
+            elif name.endswith(("bias", "sinks")):
+                p.add_(0.3 * torch.randn_like(p))
+            elif "experts" in name:
+                p.normal_(0, 0.1)
+        if mxfp4:  # snap the expert weights to the MXFP4 grid (the reference keeps those values)
+            from peagle_trt.checkpoint import mxfp4 as fp4
+            for name, p in model.named_parameters():
+                if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                    p.copy_(fp4.dequantize(*fp4.quantize(p)))
     model.save_pretrained(out, max_shard_size="200KB" if shard else "10GB")
+    if gpt_oss:  # released checkpoints end a turn on <|return|>, <|endoftext|> or <|call|>
+        (out / "generation_config.json").write_text(json.dumps(
+            {"eos_token_id": [ids["<|return|>"], ids["<|endoftext|>"], ids["<|call|>"]]}))
+    if mxfp4:
+        _to_mxfp4(out)
     return out
+
+
+def _to_mxfp4(out: Path) -> None:
+    """Rewrite a saved GPT-OSS checkpoint with MXFP4 experts (`*_blocks` + `*_scales`)."""
+    from safetensors.torch import load_file, save_file
+
+    from peagle_trt.checkpoint import mxfp4
+
+    path = out / "model.safetensors"
+    tensors = load_file(str(path))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        blocks, scales = mxfp4.quantize(tensors.pop(name))
+        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = blocks, scales
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
 def drafter_tensors(target_dir: Path, layers: int, draft_vocab: int, seed: int,
@@ -156,4 +214,15 @@ def make_all(out: Path) -> dict[str, Path]:
     paths["aws"] = make_drafter(out / "drafter-aws", paths["llama"], "aws")
     paths["speculators"] = make_drafter(out / "drafter-speculators", paths["qwen3"], "speculators", seed=2)
     paths["eagle3"] = make_drafter(out / "drafter-eagle3", paths["llama"], "eagle3", seed=4)
+    return paths
+
+
+def make_families(out: Path) -> dict[str, Path]:
+    """The MoE families: Qwen3-MoE and GPT-OSS targets (GPT-OSS also with MXFP4 experts) and an
+    AWS-layout P-EAGLE head for each (`drafter-<family>`)."""
+    paths = {"qwen3_moe": make_target(out / "qwen3_moe", "qwen3_moe", seed=5),
+             "gpt_oss": make_target(out / "gpt_oss", "gpt_oss", seed=6),
+             "gpt_oss_mxfp4": make_target(out / "gpt_oss_mxfp4", "gpt_oss", seed=7, mxfp4=True)}
+    for family in ("qwen3_moe", "gpt_oss"):
+        paths[f"drafter-{family}"] = make_drafter(out / f"drafter-{family}", paths[family], "aws", seed=8)
     return paths

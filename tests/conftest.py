@@ -19,6 +19,15 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
     return make_all(tmp_path_factory.mktemp("tiny"))
 
 
+@pytest.fixture(scope="session")
+def tiny_moe(tmp_path_factory) -> dict[str, Path]:
+    """{'qwen3_moe', 'gpt_oss': target dirs; 'gpt_oss_mxfp4': GPT-OSS with MXFP4 experts;
+    'drafter-qwen3_moe', 'drafter-gpt_oss': AWS-layout P-EAGLE heads for them}."""
+    from peagle_trt.tiny import make_families
+
+    return make_families(tmp_path_factory.mktemp("tiny_moe"))
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

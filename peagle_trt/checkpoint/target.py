@@ -31,11 +31,7 @@ def load_target(path: str | Path) -> TargetCheckpoint:
     where = f"target {path / 'config.json'}"
     adapter = adapter_for(cfg, where)
     config = adapter.parse(cfg, where)
-    tensors = {}
-    for name, tensor in load_tensors(path).items():
-        ours = adapter.our_name(name)
-        if ours is not None:
-            tensors[ours] = tensor
+    tensors = adapter.convert(load_tensors(path), config, f"target {path}")
     if "embed_tokens.weight" not in tensors:
         raise CheckpointError(f"target {path}: tensor 'model.embed_tokens.weight' is missing")
     if "lm_head.weight" not in tensors:

@@ -29,6 +29,7 @@ class ExportSpec:
     num_slots: int = 8  # KV slots = max concurrent requests
     max_seq_len: int = 2048
     dtype: str = "float32"
+    max_rows: int | None = None  # most rows per target run: sliding-window layers keep W + max_rows - 1
 
     def __post_init__(self):
         if self.dtype not in ("float32", "float16"):
@@ -58,7 +59,7 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
     timings = {}
     with staged_dir(out_dir, "the export") as tmp:
         (tmp / "trt").mkdir(parents=True)
-        graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype)}
+        graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype, spec.max_rows)}
         if drafter is not None:
             check_window(drafter.config, spec.max_len)
             if spec.spec.mode == "peagle":

@@ -14,6 +14,9 @@ import torch
 from onnx import TensorProto, helper
 
 from peagle_trt.export.builder import Builder
+from peagle_trt.export.moe import moe
+from peagle_trt.models.moe import SparseMoE
+from peagle_trt.models.target import kv_layer_lens
 from peagle_trt.ops import DOMAIN
 from peagle_trt.ops.onnx_defs import (OPSET, draft_inputs_function, draft_sample_function,
                                       kv_attention_function, plugin_attrs)
@@ -98,14 +101,19 @@ class ModelWriter(Builder):
                                              f"{prefix}.k_norm"), self.ints(0, 0, kv * d))
         q, k = self.rope(q, h, d, cos, sin), self.rope(k, kv, d, cos, sin)
         scale = float(d) ** -0.5
+        sinks = getattr(attn, "sinks", None)
         if "PEagleKVAttention" not in self.functions:
-            self.functions["PEagleKVAttention"] = kv_attention_function(h, kv, d, scale, self.np)
-        out = self.op("PEagleKVAttention", q, k, v, positions, slots, *past, domain=DOMAIN,
+            self.functions["PEagleKVAttention"] = kv_attention_function(h, kv, d, scale, self.np, sinks is not None)
+        extra = [self.param(f"{prefix}.sinks", sinks)] if sinks is not None else []
+        window = {"sliding_window": attn.window} if getattr(attn, "window", 0) else {}
+        out = self.op("PEagleKVAttention", q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
                       outputs=[self.name(f"{prefix}.attn"), *present], name=f"{prefix}.PEagleKVAttention",
-                      **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale))
+                      **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
         return self.linear(out[0], attn.o_proj, f"{prefix}.o_proj")
 
     def mlp(self, x: str, mlp, prefix: str) -> str:
+        if isinstance(mlp, SparseMoE):
+            return moe(self, x, mlp, prefix)
         gate = self.silu(self.linear(x, mlp.gate_proj, f"{prefix}.gate_proj"))
         return self.linear(self.op("Mul", gate, self.linear(x, mlp.up_proj, f"{prefix}.up_proj")),
                            mlp.down_proj, f"{prefix}.down_proj")
@@ -120,10 +128,11 @@ class ModelWriter(Builder):
         return self.op("Add", x, self.mlp(self.norm(x, layer.post_attention_layernorm,
                                                     f"{p}.post_attention_layernorm"), layer.mlp, f"{p}.mlp"))
 
-    def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int):
-        shape = [num_slots, kv_heads, max_len + 1, head_dim]
+    def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int,
+              layer_lens: tuple[int, ...] | None = None):
         past, present = [], []
         for i in range(num_layers):
+            shape = [num_slots, kv_heads, (layer_lens[i] if layer_lens else max_len) + 1, head_dim]
             pair = (self.input(f"past_key_{i}", self.float_type, shape),
                     self.input(f"past_value_{i}", self.float_type, shape))
             past.append(pair)
@@ -141,14 +150,17 @@ class ModelWriter(Builder):
         return model
 
 
-def export_target(model, num_slots: int, max_len: int, dtype: str = "float32") -> onnx.ModelProto:
-    """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place."""
+def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
+                  max_rows: int | None = None) -> onnx.ModelProto:
+    """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place.
+    `max_rows` (most rows per run) lets sliding-window layers keep only their window of KV."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
     positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
     slots = w.input("slots", TensorProto.INT64, ["batch"])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
-    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
+    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim,
+                            kv_layer_lens(c, max_len, max_rows))
     x = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
     cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, max_len, positions)
     tapped = {}

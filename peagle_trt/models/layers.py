@@ -10,6 +10,7 @@ from torch import nn
 
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import apply_rope
+from peagle_trt.ops import reference
 from peagle_trt.ops.reference import kv_attention
 
 
@@ -28,16 +29,19 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     def __init__(self, in_dim: int, out_dim: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 bias: bool = False, qk_norm_eps: float | None = None):
+                 bias: bool = False, qk_norm_eps: float | None = None, o_bias: bool = False,
+                 window: int = 0, sinks: bool = False):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.window = window  # 0: full attention; W: sliding window of W positions
         self.q_proj = nn.Linear(in_dim, num_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(in_dim, num_kv_heads * head_dim, bias=bias)
-        self.o_proj = nn.Linear(num_heads * head_dim, out_dim, bias=False)
+        self.o_proj = nn.Linear(num_heads * head_dim, out_dim, bias=o_bias)
         if qk_norm_eps is not None:  # Qwen3: per-head RMSNorm of q and k before RoPE
             self.q_norm = RMSNorm(head_dim, qk_norm_eps)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps)
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # GPT-OSS: [H] logits
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
                 layer: int, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -52,8 +56,14 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, KV*d]
         # PEagleKVAttention: write K/V at each row's absolute position, attend causally by position
         # (stale entries past a row, e.g. last step's rejected drafts, are never read)
-        out = kv_attention(q, k, v.reshape(b, s, -1), positions, slots, cache.k[layer], cache.v[layer],
-                           self.num_heads, self.num_kv_heads, self.head_dim)
+        if self.window or self.sinks is not None:
+            # windows and sinks: the torch reference (the CUDA kernels do not implement them yet)
+            out = reference.kv_attention(q, k, v.reshape(b, s, -1), positions, slots, cache.k[layer],
+                                         cache.v[layer], self.num_heads, self.num_kv_heads, self.head_dim,
+                                         sliding_window=self.window, sinks=self.sinks)
+        else:
+            out = kv_attention(q, k, v.reshape(b, s, -1), positions, slots, cache.k[layer], cache.v[layer],
+                               self.num_heads, self.num_kv_heads, self.head_dim)
         return self.o_proj(out)
 
 
@@ -69,17 +79,20 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm Llama/Qwen3 layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm Llama/Qwen3 layer: x + attn(norm(x)), then x + mlp(norm(x)).
+
+    `attn` / `mlp` replace the default Llama attention / SwiGLU MLP (the target builds them from
+    its resolved config: windows, sinks, output bias, sparse MoE)."""
 
     def __init__(self, hidden: int, intermediate: int, num_heads: int, num_kv_heads: int,
                  head_dim: int, eps: float, attention_bias: bool = False, mlp_bias: bool = False,
-                 qk_norm: bool = False):
+                 qk_norm: bool = False, attn: nn.Module | None = None, mlp: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
-        self.self_attn = Attention(hidden, hidden, num_heads, num_kv_heads, head_dim,
-                                   attention_bias, eps if qk_norm else None)
+        self.self_attn = attn or Attention(hidden, hidden, num_heads, num_kv_heads, head_dim,
+                                           attention_bias, eps if qk_norm else None)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.mlp = MLP(hidden, intermediate, mlp_bias)
+        self.mlp = mlp or MLP(hidden, intermediate, mlp_bias)
 
     def forward(self, x, cos, sin, cache, layer, slots, positions):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, positions)

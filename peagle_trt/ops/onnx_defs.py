@@ -2,8 +2,12 @@
 `onnx.checker` accepts the nodes) and model-local FunctionProtos whose bodies compute the same
 math as `ops.reference` in standard ONNX ops, so onnxruntime runs an exported file as is.
 
-Each body is specialised for one model (head counts, K, mask token id are constants inside it);
-the node also carries them as attributes for the TensorRT plugin. TensorRT must NOT see the
+Each body is specialised for one model (head counts, K, mask token id, whether attention has
+sinks are constants inside it); the node also carries them as attributes for the TensorRT
+plugin. PEagleKVAttention's optional extensions are backward compatible: an optional 8th input
+`sinks` [H] and an attribute `sliding_window` (default 0 = full attention, read by the body
+through an attribute reference, so one body serves sliding and full layers). The CUDA kernels /
+TensorRT plugins in plugins/ do not implement those two yet (see docs/EXPORT.md). TensorRT must NOT see the
 functions (its parser would inline them instead of calling the plugin): `strip_functions`.
 """
 
@@ -23,22 +27,35 @@ _T = defs.OpSchema.AttrType
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
 
+def _param(name: str, type_str: str) -> defs.OpSchema.FormalParameter:
+    if name.endswith("?"):  # optional input
+        return _P(name[:-1], type_str, "", param_option=defs.OpSchema.FormalParameterOption.Optional)
+    return _P(name, type_str)
+
+
+def _attr(name: str, kind, doc: str):
+    if name == "sliding_window":  # optional, default 0 (full attention)
+        return _A(name, helper.make_attribute(name, 0), doc)
+    return _A(name, kind, doc)
+
+
 def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
     plugin = [_A("plugin_version", _T.STRING, "TensorRT plugin version"),
               _A("plugin_namespace", _T.STRING, "TensorRT plugin namespace")]
     return defs.OpSchema(
         name, DOMAIN, 1, doc,
-        inputs=[_P(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
+        inputs=[_param(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
         type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices")],
-        attributes=[_A(a, kind, d) for a, kind, d in attrs] + plugin)
+        attributes=[_attr(a, kind, d) for a, kind, d in attrs] + plugin)
 
 
 SCHEMAS = [
     _schema("PEagleKVAttention", "attention of new rows over a per-request KV cache slot, in-place writes",
             [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("slots", "I"), ("k_cache", "T"),
-             ("v_cache", "T")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
+             ("v_cache", "T"), ("sinks?", "T")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
             [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
-             ("scale", _T.FLOAT, "softmax scale")]),
+             ("scale", _T.FLOAT, "softmax scale"),
+             ("sliding_window", _T.INT, "attend to keys at positions > p - W only; 0: full attention")]),
     _schema("PEagleDraftInputs", "drafter rows of one parallel pass: pending rows + K-1 mask rows",
             [("pending_ids", "I"), ("pending_hidden", "T"), ("num_pending", "I"), ("cur", "I"),
              ("embed_tokens", "T"), ("h_mask", "T")],
@@ -59,21 +76,34 @@ def plugin_attrs(**attrs) -> dict:
     return {**attrs, "plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE}
 
 
-def _function(name: str, b: Builder, inputs: list[str], outputs: list[str], attrs: list[str]) -> onnx.FunctionProto:
+def _function(name: str, b: Builder, inputs: list[str], outputs: list[str], attrs: list[str],
+              defaults: list[onnx.AttributeProto] = ()) -> onnx.FunctionProto:
     return helper.make_function(DOMAIN, name, inputs, outputs, b.nodes,
                                 [helper.make_opsetid("", OPSET)], attributes=attrs + ["plugin_version",
-                                                                                      "plugin_namespace"])
+                                                                                      "plugin_namespace"],
+                                attribute_protos=list(defaults))
+
+
+def _attr_tensor(b: Builder, attr: str) -> str:
+    """An int64 scalar holding the calling node's attribute `attr` (attribute reference)."""
+    out = b.name(attr)
+    node = helper.make_node("Constant", [], [out], name=b.name("Constant"))
+    node.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name=attr))
+    b.nodes.append(node)
+    return out
 
 
 def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                          dtype=np.float32) -> onnx.FunctionProto:
-    """Body of PEagleKVAttention (cache layout [N, KV, T+1, d]; row T is the trash row)."""
+                          dtype=np.float32, sinks: bool = False) -> onnx.FunctionProto:
+    """Body of PEagleKVAttention (cache layout [N, KV, T+1, d]; row T is the trash row; position
+    q lives at row q % T, see ops.reference.kv_attention). `sinks`: the body reads the 8th input."""
     b = Builder("att_")
     group = num_heads // num_kv_heads
-    # 1. write K/V at (slot, position); padding rows (position < 0) write the trash row T
+    # 1. write K/V at (slot, position % T); padding rows (position < 0) write the trash row T
     t1 = b.op("Gather", b.op("Shape", "k_cache"), b.ints(2), axis=0)  # [1] = T+1
-    trash = b.op("Sub", t1, b.ints(1))
-    write = b.op("Where", b.op("GreaterOrEqual", "positions", b.ints(0)), "positions", trash)  # [B,S]
+    trash = b.op("Sub", t1, b.ints(1))  # [1] = T
+    write = b.op("Where", b.op("GreaterOrEqual", "positions", b.ints(0)), b.op("Mod", "positions", trash),
+                 trash)  # [B,S]
     slot_bs = b.op("Expand", b.op("Unsqueeze", "slots", b.ints(1)), b.op("Shape", "positions"))
     index = b.op("Concat", b.op("Unsqueeze", slot_bs, b.ints(2)), b.op("Unsqueeze", write, b.ints(2)), axis=2)
     rows = b.ints(0, 0, num_kv_heads, head_dim)
@@ -92,20 +122,37 @@ def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scal
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
     scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])),
                   b.const(np.asarray(scale, dtype=dtype)))  # [B,KV,G,S,T1]
-    key_pos = b.op("Range", b.const(np.int64(0)),
-                   b.op("Squeeze", t1, b.ints(0)), b.const(np.int64(1)))  # [T1]
+    ring = b.op("Range", b.const(np.int64(0)),
+                b.op("Squeeze", t1, b.ints(0)), b.const(np.int64(1)))  # [T1] cache rows
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
-    visible = b.op("LessOrEqual", key_pos, pos)  # [B,S,T1]
-    first_key = b.op("Equal", key_pos, b.const(np.int64(0)))
+    # absolute position held by cache row j as seen from a row at p: p - ((p - j) mod T)
+    key_pos = b.op("Sub", pos, b.op("Mod", b.op("Sub", pos, ring), trash))  # [B,S,T1]
+    visible = b.op("And", b.op("GreaterOrEqual", key_pos, b.ints(0)),
+                   b.op("Less", ring, trash))  # [B,S,T1]; the trash row is never read
+    window = _attr_tensor(b, "sliding_window")
+    in_window = b.op("Or", b.op("Equal", window, b.const(np.int64(0))),
+                     b.op("Greater", key_pos, b.op("Sub", pos, window)))
+    visible = b.op("And", visible, in_window)
+    first_key = b.op("Equal", ring, b.const(np.int64(0)))
     padding = b.op("Less", pos, b.ints(0))
     visible = b.op("Or", visible, b.op("And", first_key, padding))  # keep padding rows finite
     bias = b.op("Where", visible, b.const(np.asarray(0, dtype=dtype)), b.const(np.asarray(-np.inf, dtype=dtype)))
-    scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))
-    out = b.op("MatMul", b.op("Softmax", scores, axis=-1), values)  # [B,KV,G,S,d]
+    scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))  # [B,KV,G,S,T1]
+    if sinks:  # one extra logit per head joins the softmax and is dropped after it
+        sink = b.op("Reshape", "sinks", b.ints(1, num_kv_heads, group, 1, 1))
+        sink = b.op("Expand", sink, b.op("Concat", b.op("Slice", b.op("Shape", scores), b.ints(0), b.ints(4)),
+                                          b.ints(1), axis=0))  # [B,KV,G,S,1]
+        probs = b.op("Softmax", b.op("Concat", scores, sink, axis=-1), axis=-1)
+        probs = b.op("Slice", probs, b.ints(0), b.ints(-1), b.ints(-1))
+    else:
+        probs = b.op("Softmax", scores, axis=-1)
+    out = b.op("MatMul", probs, values)  # [B,KV,G,S,d]
     out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
     b.op("Reshape", out, b.ints(0, 0, num_heads * head_dim), outputs=["out"])
-    return _function("PEagleKVAttention", b, ["q", "k", "v", "positions", "slots", "k_cache", "v_cache"],
-                     ["out", "k_cache_out", "v_cache_out"], ["num_heads", "num_kv_heads", "head_dim", "scale"])
+    inputs = ["q", "k", "v", "positions", "slots", "k_cache", "v_cache"] + (["sinks"] if sinks else [])
+    return _function("PEagleKVAttention", b, inputs, ["out", "k_cache_out", "v_cache_out"],
+                     ["num_heads", "num_kv_heads", "head_dim", "scale"],
+                     [helper.make_attribute("sliding_window", 0)])
 
 
 def draft_inputs_function(num_spec_tokens: int, mask_token_id: int) -> onnx.FunctionProto:

@@ -1,8 +1,8 @@
 """Reference implementations of the P-EAGLE custom ops (torch; CPU and generic CUDA).
 
 These define the contract the ONNX function bodies and the CUDA/TensorRT plugins must match.
-Cache layout: [num_slots, kv_heads, max_len + 1, head_dim]; position `max_len` is a trash row
-that padding rows (position -1) write to.
+Cache layout: [num_slots, kv_heads, T + 1, head_dim] (T = max_len, or a window's worth of
+positions for sliding-window layers); row T is a trash row that padding rows (position -1) write to.
 """
 
 from __future__ import annotations
@@ -13,29 +13,56 @@ import torch.nn.functional as F
 
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                  slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                 num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None) -> torch.Tensor:
+                 num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
+                 sliding_window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """PEagleKVAttention.
 
     q [B, S, H*d], k/v [B, S, KV*d] (RoPE applied); positions [B, S] int64 (-1 = padding row);
-    slots [B] int64; k_cache/v_cache [N, KV, T+1, d], updated IN PLACE at (slot, position).
-    Row (b, s) attends to cache positions 0..positions[b, s] of slot b (its own new key included,
-    rows of the same request are causal among themselves through their positions).
+    slots [B] int64; k_cache/v_cache [N, KV, T+1, d], updated IN PLACE at (slot, position % T).
+    Row (b, s) attends to the cached keys of slot b at positions 0..positions[b, s] (its own new
+    key included; rows of one request are causal among themselves through their positions).
+
+    Optional (defaults give the original op): `sliding_window` W > 0 restricts a row at position p
+    to keys at positions > p - W (Mistral / GPT-OSS / Gemma sliding layers); `sinks` [H] adds one
+    learned logit per head to the softmax denominator (GPT-OSS attention sinks, no value).
+    The cache is a ring of T positions (position q lives at row q % T): with T >= every position
+    this is plain absolute indexing; a windowed layer may use T >= W + S - 1 (S: most rows of one
+    forward) and still see every key of its window, so its memory is bounded by the window.
     Returns out [B, S, H*d]; padding rows return finite values that callers ignore.
     """
     b, s, _ = q.shape
-    trash = k_cache.shape[2] - 1
-    write = torch.where(positions >= 0, positions, trash)  # [B, S]
+    ring = k_cache.shape[2] - 1  # T; row T is the trash row
+    if sliding_window and s > ring - sliding_window + 1 and int(positions.max()) >= ring:
+        from peagle_trt.errors import RuntimeInvariantError
+
+        raise RuntimeInvariantError(f"kv_attention: {s} rows in one forward overrun a windowed KV ring of {ring} "
+                                    f"positions (window {sliding_window}); allocate W + rows - 1 >= {sliding_window + s - 1}")
+    write = torch.where(positions >= 0, positions % ring, ring)  # [B, S]
     rows = slots[:, None]
     k_cache[rows, :, write] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
     v_cache[rows, :, write] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
-    length = int(positions.max()) + 1
+    length = min(int(positions.max()) + 1, ring)
     keys = k_cache[slots, :, :length].to(q.dtype)  # [B, KV, L, d]
     values = v_cache[slots, :, :length].to(q.dtype)
-    visible = torch.arange(length, device=q.device)[None, None] <= positions[:, :, None]  # [B, S, L]
+    j = torch.arange(length, device=q.device)[None, None]  # [1, 1, L] ring rows
+    pos = positions[:, :, None]  # [B, S, 1]
+    key_pos = pos - (pos - j) % ring  # absolute position held by ring row j, as seen from the row
+    visible = key_pos >= 0  # [B, S, L]
+    if sliding_window:
+        visible &= key_pos > pos - sliding_window
     visible[..., 0] |= positions < 0  # keep padding rows' softmax finite
     qh = q.view(b, s, num_heads, head_dim).transpose(1, 2)  # [B, H, S, d]
-    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=visible[:, None], enable_gqa=True,
-                                         scale=scale)
+    if sinks is None:
+        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=visible[:, None], enable_gqa=True,
+                                             scale=scale)
+    else:
+        group = num_heads // num_kv_heads
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)  # [B, H, L, d]
+        scores = qh @ keys.transpose(-1, -2) * (scale if scale is not None else head_dim ** -0.5)
+        scores = scores.masked_fill(~visible[:, None], float("-inf"))  # [B, H, S, L]
+        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(b, -1, s, 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]  # the sink takes mass, no value
+        out = probs @ values
     return out.transpose(1, 2).reshape(b, s, num_heads * head_dim)
 
 

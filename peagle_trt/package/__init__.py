@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import shutil
 import string
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -76,6 +77,11 @@ class RepoSpec:
         return {"max_prompt_bytes": self.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_seq_len,
                 "max_stop_bytes": MAX_STOP_BYTES if self.max_stop_bytes is None else self.max_stop_bytes}
 
+    @property
+    def max_rows(self) -> int:
+        """Most rows of one request in a target forward: a prefill chunk or a verify window."""
+        return max(self.prefill_chunk, self.spec.k + 1)
+
 
 def templates_dir() -> Path:
     here = Path(__file__).resolve().parents[2] / "model_repo"
@@ -110,8 +116,10 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path, re
     target_model, drafter_model = pair.build()
     log.info("exporting ONNX graphs")
     dtype = "float32" if repo.backend == "onnxruntime" else "float16"
+    # windowed KV rings need the attention extensions the TensorRT plugins do not have yet
+    max_rows = repo.max_rows if repo.backend == "onnxruntime" else None
     export_models(target_model, drafter_model, artifacts / "onnx",
-                  ExportSpec(repo.spec, repo.max_batch, repo.max_seq_len, dtype))
+                  ExportSpec(repo.spec, repo.max_batch, repo.max_seq_len, dtype, max_rows))
     paths = {"target_path": "artifacts/tokenizer", "drafter_path": "", "onnx_path": "artifacts/onnx"}
     if repo.backend == "tensorrt":
         from peagle_trt.engine import EngineSpec, build_engines
@@ -143,6 +151,8 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
             quantize_target(target, Path(tmp) / "target-fp8", quant)
             return build_repository(Path(tmp) / "target-fp8", drafter, output, repo, force)
     pair = load_pair(target, drafter, repo.spec)  # raises before anything is written
+    memory = slot_memory(pair, repo)
+    print(memory.describe(repo.max_batch), file=sys.stderr, flush=True)
     if repo.backend == "tensorrt":
         from peagle_trt.engine import import_tensorrt
 
@@ -164,5 +174,17 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
             "target": {"source": str(target), "arch": pair.target.config.arch},
             "drafter": ({"source": str(drafter), "layout": pair.drafter.config.layout}
                         if pair.drafter is not None else None),
-            "taps": list(pair.taps)})
+            "taps": list(pair.taps), "kv_memory": memory.as_dict()})
     return manifest
+
+
+def slot_memory(pair, repo: RepoSpec):
+    """KV bytes per slot this build's executor allocates (models/memory.py); windowed layers hold
+    only their window on the torch and onnxruntime backends."""
+    from peagle_trt.models.memory import kv_slot_memory
+
+    dtype_bytes = 4 if repo.backend != "tensorrt" and repo.dtype == "float32" else 2
+    max_rows = repo.max_rows if repo.backend != "tensorrt" else None
+    max_len = repo.max_seq_len + repo.spec.k + 1  # as the runtime allocates
+    drafter = pair.drafter.config if pair.drafter is not None else None
+    return kv_slot_memory(pair.target.config, drafter, max_len, max_rows, dtype_bytes)

@@ -65,12 +65,16 @@ def check_kernels(kernels: str) -> str:
     return kernels
 
 
+
 class TorchExecutor(SlotPool):
     """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA). kernels="cuda": the
     custom ops (KV attention, draft-input assembly, draft sampling) run on the CUDA kernels; raises
-    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so."""
+    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so.
+    max_rows: most rows of one request per target forward (max(prefill chunk, K + 1)); when given,
+    sliding-window layers keep only their window of KV (models/memory.py)."""
 
-    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048, kernels: str = "reference"):
+    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048, kernels: str = "reference",
+                 max_rows: int | None = None):
         super().__init__(num_slots)
         self.target_model, self.drafter_model = target, drafter
         self.max_len = max_len
@@ -82,7 +86,7 @@ class TorchExecutor(SlotPool):
 
             cuda_kernels.require(self.device)
             self._ops = cuda_kernels.routed
-        self.target_cache = target.new_cache(num_slots, max_len)
+        self.target_cache = target.new_cache(num_slots, max_len, max_rows)
         self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
 

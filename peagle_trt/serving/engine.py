@@ -61,8 +61,9 @@ def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int,
         drafter = version / params["drafter_path"] if params.get("drafter_path") else None
         pair = load_pair(version / params["target_path"], drafter, spec)
         target, drafter_model = pair.build(params.get("device", "cpu"), DTYPES[params.get("dtype", "float32")])
+        max_rows = max(int(params.get("prefill_chunk", 256)), spec.k + 1)  # windowed layers keep only W + this - 1
         return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len,
-                             kernels=params.get("kernels", "reference"))
+                             kernels=params.get("kernels", "reference"), max_rows=max_rows)
     if backend == "onnxruntime":
         from peagle_trt.runtime.ort_executor import OrtExecutor
 

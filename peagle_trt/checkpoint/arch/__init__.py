@@ -1,15 +1,17 @@
 """Registry of target-architecture adapters, keyed by config.json `model_type`.
 
-Adding a family (Qwen3-MoE, GPT-OSS) = one module with a `TargetAdapter` subclass + one line here.
+Adding a family = one module with a `TargetAdapter` subclass + one line here.
 """
 
-from peagle_trt.checkpoint.arch.base import TargetAdapter, TargetConfig
+from peagle_trt.checkpoint.arch.base import MoEConfig, TargetAdapter, TargetConfig
+from peagle_trt.checkpoint.arch.gpt_oss import GptOssAdapter
 from peagle_trt.checkpoint.arch.llama import LlamaAdapter
 from peagle_trt.checkpoint.arch.qwen3 import Qwen3Adapter
+from peagle_trt.checkpoint.arch.qwen3_moe import Qwen3MoeAdapter
 from peagle_trt.errors import ConfigError
 
 ADAPTERS: dict[str, TargetAdapter] = {
-    model_type: adapter for adapter in (LlamaAdapter(), Qwen3Adapter())
+    model_type: adapter for adapter in (LlamaAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), GptOssAdapter())
     for model_type in adapter.model_types
 }
 
@@ -24,4 +26,4 @@ def adapter_for(cfg: dict, where: str) -> TargetAdapter:
     return ADAPTERS[model_type]
 
 
-__all__ = ["ADAPTERS", "TargetAdapter", "TargetConfig", "adapter_for"]
+__all__ = ["ADAPTERS", "MoEConfig", "TargetAdapter", "TargetConfig", "adapter_for"]

@@ -42,6 +42,34 @@ def quantization(cfg: dict, where: str) -> str | None:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    """Sparse mixture-of-experts MLP of the layers flagged in `TargetConfig.moe_layers`."""
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # per expert
+    # routing: "softmax_topk" (Qwen3-MoE: softmax over all experts, then top-k, renormalised if
+    # norm_topk_prob) | "topk_softmax" (GPT-OSS: top-k of the logits, softmax over those k)
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    # expert activation: "silu" (SwiGLU) | "clamped_swiglu" (GPT-OSS: gate clamped above at
+    # `swiglu_limit`, up clamped to +-limit, out = (up + 1) * gate * sigmoid(alpha * gate))
+    activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    def __post_init__(self):
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ConfigError(f"num_experts_per_tok ({self.top_k}) must be in [1, num_experts="
+                              f"{self.num_experts}]")
+        if self.routing not in ("softmax_topk", "topk_softmax"):
+            raise ConfigError(f"MoE routing {self.routing!r} is unknown")
+        if self.activation not in ("silu", "clamped_swiglu"):
+            raise ConfigError(f"MoE expert activation {self.activation!r} is unknown")
+
+
+@dataclass(frozen=True)
 class TargetConfig:
     arch: str  # adapter name
     vocab_size: int
@@ -54,17 +82,36 @@ class TargetConfig:
     rms_norm_eps: float
     rope: RopeConfig
     tie_word_embeddings: bool = False
-    attention_bias: bool = False
+    attention_bias: bool = False  # q/k/v/o projections carry biases (as transformers builds them)
     mlp_bias: bool = False
     qk_norm: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     quantization: str | None = None  # None (unquantized) or "fp8" (ModelOpt per-tensor FP8)
+    # per-layer attention window: 0 = full attention, W > 0 = keys at positions > p - W only;
+    # () means full attention everywhere
+    layer_windows: tuple[int, ...] = ()
+    attention_sinks: bool = False  # GPT-OSS: one learned softmax sink logit per head and layer
+    moe: MoEConfig | None = None
+    moe_layers: tuple[bool, ...] = ()  # per layer: sparse MoE MLP (True) or dense MLP
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
                               f"num_key_value_heads ({self.num_kv_heads})")
+        for name in ("layer_windows", "moe_layers"):
+            value = getattr(self, name)
+            if value and len(value) != self.num_layers:
+                raise ConfigError(f"{name} has {len(value)} entries for {self.num_layers} layers")
+        if any(self.moe_layers) and self.moe is None:
+            raise ConfigError("moe_layers marks sparse layers but no MoE config is given")
+
+    def window(self, layer: int) -> int:
+        """Attention window of `layer` (0: full attention)."""
+        return self.layer_windows[layer] if self.layer_windows else 0
+
+    def is_moe(self, layer: int) -> bool:
+        return bool(self.moe_layers) and self.moe_layers[layer]
 
     @property
     def default_taps(self) -> tuple[int, int, int]:
@@ -81,10 +128,12 @@ class TargetAdapter:
     qk_norm = False
     weight_prefix = "model."
 
+    hidden_act = "silu"
+
     def parse(self, cfg: dict, where: str) -> TargetConfig:
         act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ConfigError(f"{where}: hidden_act {act!r} is not supported (expected 'silu')")
+        if act != self.hidden_act:
+            raise ConfigError(f"{where}: hidden_act {act!r} is not supported (expected {self.hidden_act!r})")
         hidden = int(require(cfg, "hidden_size", where))
         heads = int(require(cfg, "num_attention_heads", where))
         return TargetConfig(
@@ -104,12 +153,24 @@ class TargetAdapter:
             qk_norm=self.qk_norm,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=token_ids(cfg.get("eos_token_id")),
-            quantization=quantization(cfg, where),
+            quantization=self.quantization(cfg, where),
             **self.extra_fields(cfg, where),
         )
 
     def extra_fields(self, cfg: dict, where: str) -> dict:
         return {}
+
+    def quantization(self, cfg: dict, where: str) -> str | None:
+        return quantization(cfg, where)
+
+    def convert(self, tensors: dict, config: TargetConfig, where: str) -> dict:
+        """Checkpoint tensors -> our canonical names and layouts (default: `our_name` renames)."""
+        out = {}
+        for name, tensor in tensors.items():
+            ours = self.our_name(name)
+            if ours is not None:
+                out[ours] = tensor
+        return out
 
     def our_name(self, hf_name: str) -> str | None:
         """Our parameter name for a checkpoint tensor (None: not a weight we use)."""

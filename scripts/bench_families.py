@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Real-width layer slices of the P-EAGLE target models on CPU, and the bytes a decode step reads.
+
+Measured (random weights, fp32 on CPU, our reference decoder layers and KV cache):
+  * a layer slice of Qwen3-Coder-30B-A3B (1 sparse layer) and GPT-OSS-20B (2 layers: one
+    sliding-window, one full) at their real widths: weight bytes, process RSS, one decode step
+    (1 row), one verify step (K+1 = 8 rows) and one prefill chunk (128 rows) at position 4096;
+  * the CPU cost of ONE expert MLP for 1 and 8 rows.
+Computed (not measured): bytes read per decode / verify step of the FULL models (weights of
+attention, routers, the experts the rows route to, lm_head, plus the KV cache), and the
+memory-bandwidth floor of that step on H200 / B200 (a projection, not a measurement).
+
+    .venv/bin/python scripts/bench_families.py [--reps 5] > bench_families.json
+
+The configs are those of the released checkpoints (config.json as published); the adapters of
+peagle_trt/checkpoint/arch/ parse them, so this also checks they read the real configs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+
+import torch
+
+from benchlib import cpu_model
+from peagle_trt.checkpoint.arch import adapter_for
+from peagle_trt.models.kv_cache import KVCache
+from peagle_trt.models.rope import rope_cos_sin
+from peagle_trt.models.target import decoder_layer
+
+QWEN3_CODER_30B_A3B = {  # Qwen/Qwen3-Coder-30B-A3B-Instruct config.json
+    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 5472, "moe_intermediate_size": 768,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 10000000, "max_position_embeddings": 262144,
+    "vocab_size": 151936, "tie_word_embeddings": False, "hidden_act": "silu"}
+GPT_OSS_20B = {  # openai/gpt-oss-20b config.json
+    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
+    "num_experts_per_tok": 4, "sliding_window": 128, "attention_bias": True, "rms_norm_eps": 1e-5,
+    "layer_types": ["sliding_attention", "full_attention"] * 12, "swiglu_limit": 7.0, "hidden_act": "silu",
+    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                     "original_max_position_embeddings": 4096, "truncate": False},
+    "rope_theta": 150000, "max_position_embeddings": 131072, "vocab_size": 201088,
+    "tie_word_embeddings": False}
+# name -> (config, layers in the CPU slice, weight format, bytes per expert / attention weight value):
+# Qwen3-Coder as FP8 everywhere but lm_head (the P-EAGLE headline setting), GPT-OSS as released
+# (MXFP4 experts: 4 bits + one 8-bit scale per 32 values; attention in bf16)
+MODELS = {"qwen3-coder-30b-a3b": (QWEN3_CODER_30B_A3B, 1, "fp8 experts + attention", 1.0, 1.0),
+          "gpt-oss-20b": (GPT_OSS_20B, 2, "mxfp4 experts, bf16 attention", 4.25 / 8, 2.0)}
+BANDWIDTH = {"H200": 4.8e12, "B200": 8.0e12}  # HBM bytes/s, vendor datasheet figures
+CONTEXT, K = 4096, 7
+DTYPE = torch.float32  # CPU compute in fp32: a bf16 trial ran 8-row expert GEMMs ~200x slower than 1-row ones
+
+
+def rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def timed(fn, reps: int) -> dict:
+    """Median wall and process-CPU milliseconds (CPU time is less sensitive to a loaded machine)."""
+    fn()  # warm-up
+    wall, cpu = [], []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {"wall_ms": round(statistics.median(wall) * 1e3, 3), "cpu_ms": round(statistics.median(cpu) * 1e3, 3)}
+
+
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+@torch.inference_mode()
+def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
+    where = f"{cfg['model_type']} config"
+    c = adapter_for(cfg, where).parse(cfg, where)
+    rss0 = rss_gib()
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        mods = [decoder_layer(c, i) for i in range(layers)]
+    mods = [m.to_empty(device="cpu").to(DTYPE) for m in mods]
+    for m in mods:
+        for p in m.parameters():
+            p.normal_(0, 0.02)
+    weight_bytes = sum(p.numel() * p.element_size() for m in mods for p in m.parameters())
+    max_len = CONTEXT + 256
+    cache = KVCache(layers, 1, c.num_kv_heads, max_len, c.head_dim, DTYPE)
+    inv_freq, scale = c.rope.inv_freq(c.head_dim)
+    slots = torch.tensor([0])
+
+    def step(rows: int):
+        pos = torch.arange(CONTEXT, CONTEXT + rows)[None]
+        x0 = torch.randn(1, rows, c.hidden_size, dtype=DTYPE)
+        cos, sin = rope_cos_sin(inv_freq, scale, pos, DTYPE)
+
+        def run():
+            x = x0
+            for i, m in enumerate(mods):
+                x = m(x, cos, sin, cache, i, slots, pos)
+        return run
+
+    out = {"layers_in_slice": layers, "layer_windows": [c.window(i) for i in range(layers)],
+           "weight_gib": round(weight_bytes / 2 ** 30, 3),
+           "step": {f"{n}_rows": timed(step(n), reps) for n in (1, K + 1, 128)},
+           "load_avg_after_steps": load_avg()}
+    expert = next(m.mlp.experts[0] for m in mods if hasattr(m.mlp, "experts"))
+    out["one_expert"] = {f"{n}_rows": timed(lambda: expert(torch.randn(n, c.hidden_size, dtype=DTYPE)), reps * 4)
+                         for n in (1, K + 1)}
+    out["rss_gib_increase"] = round(rss_gib() - rss0, 3)
+    return out
+
+
+def step_bytes(cfg: dict, expert_bytes: float, attn_bytes: float, rows: int, context: int = CONTEXT) -> dict:
+    """Bytes one target forward of `rows` rows of ONE sequence reads (full model, batch 1):
+    expert / attention weights at `expert_bytes` / `attn_bytes` per value, router, lm_head and
+    KV in bf16. Experts
+    touched: E * (1 - (1 - k/E)^rows), the expectation under uniform independent routing (an
+    assumption: real routing is skewed, which touches fewer)."""
+    where = f"{cfg['model_type']} config"
+    c = adapter_for(cfg, where).parse(cfg, where)
+    h, d, e, k = c.hidden_size, c.head_dim, c.moe.num_experts, c.moe.top_k
+    attn = (h * c.num_heads * d * 2 + h * c.num_kv_heads * d * 2) * attn_bytes  # q, o, k, v
+    touched = e * (1 - (1 - k / e) ** rows)
+    experts = touched * 3 * h * c.moe.intermediate_size * expert_bytes
+    router = e * h * 2
+    kv = sum(2 * c.num_kv_heads * d * 2 * min(context, c.window(i) or context) for i in range(c.num_layers))
+    per_layer = attn + router + experts
+    lm_head = c.vocab_size * h * 2
+    total = c.num_layers * per_layer + lm_head + kv + rows * h * 2
+    return {"rows": rows, "experts_touched_per_layer": round(touched, 2),
+            "weights_gib": round((c.num_layers * per_layer + lm_head) / 2 ** 30, 3),
+            "kv_gib": round(kv / 2 ** 30, 4), "total_gib": round(total / 2 ** 30, 3),
+            "bandwidth_floor_us (projection)": {gpu: round(total / bw * 1e6, 1) for gpu, bw in BANDWIDTH.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--bytes-only", action="store_true", help="only the computed bytes per step")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    result = {"env": {"cpu": cpu_model(), "torch": torch.__version__, "threads": 2, "dtype": str(DTYPE),
+                      "context_position": CONTEXT, "load_avg_start": load_avg(),
+                      "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}}
+    for name, (cfg, layers, fmt, expert_bytes, attn_bytes) in MODELS.items():
+        result[name] = {"cpu_slice": bench_slice(cfg, layers, args.reps) if not args.bytes_only else None,
+                        "full_model_bytes_per_step": [step_bytes(cfg, expert_bytes, attn_bytes, n)
+                                                      for n in (1, K + 1)],
+                        "expert_format": fmt}
+        print(json.dumps({name: result[name]}), flush=True, file=sys.stderr)
+    result["env"]["load_avg_end"] = load_avg()
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

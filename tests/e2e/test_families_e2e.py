@@ -1,0 +1,139 @@
+"""Qwen3-MoE and GPT-OSS end to end: greedy speculative output equals transformers' greedy
+`generate` token for token in every spec mode (torch backend); the exported graphs (dense MoE,
+attention sinks, sliding windows) equal the torch reference in onnxruntime, and greedy
+generation there is identical to target-only decoding in every mode, chunked prefill included."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.export import ExportSpec, export_models
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.runtime.ort_executor import OrtExecutor
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.generate import generate
+
+FAMILIES = ["qwen3_moe", "gpt_oss"]
+K, SLOTS, SEQ = 3, 2, 96
+MAX_ROWS = 20  # the export's sliding layers keep a ring of 8 + 20 - 1 positions (< SEQ)
+MODES = ["none", "eagle3", "peagle"]
+
+
+def _prompts() -> list[list[int]]:
+    gen = torch.Generator().manual_seed(11)
+    return [torch.randint(0, 500, (n,), generator=gen).tolist() for n in (5, 19)]  # 19 > window 8
+
+
+def _models(tiny_moe, family: str, mode: str = "peagle"):
+    pair = load_pair(tiny_moe[family], tiny_moe[f"drafter-{family}"], SpecConfig(mode, K))
+    return pair.build()
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_moe, tmp_path_factory):
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            target, drafter = _models(tiny_moe, family)
+            out = tmp_path_factory.mktemp("export") / family
+            export_models(target, drafter, out, ExportSpec(SpecConfig("peagle", K), SLOTS, SEQ, max_rows=MAX_ROWS))
+            cache[family] = (target, drafter, out)
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_equals_transformers_generate(tiny_moe, family):
+    hf = AutoModelForCausalLM.from_pretrained(tiny_moe[family], dtype=torch.float32).eval()
+    target, drafter = _models(tiny_moe, family)
+    for prompt in _prompts():
+        with torch.no_grad():
+            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False,
+                              pad_token_id=0)[0, len(prompt):].tolist()
+        for mode in MODES:
+            spec = SpecConfig(mode, K)
+            ex = TorchExecutor(target, drafter if mode != "none" else None, 1, SEQ + K + 1)
+            out = generate(SpecDecoder(ex, spec), prompt, SamplingParams(max_tokens=30, ignore_eos=True))
+            assert out.output == ref, (family, mode, len(prompt))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ort_target_matches_torch(exported, family):
+    target, _, out = exported(family)
+    torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
+    slots = torch.tensor([1, 0])
+    steps = [(torch.randint(0, 500, (2, 13)), torch.tensor([list(range(13)), list(range(9)) + [-1] * 4])),
+             (torch.randint(0, 500, (2, 1)), torch.tensor([[13], [9]])),
+             (torch.randint(0, 500, (2, K + 1)), torch.tensor([list(range(14, 18)), list(range(10, 14))]))]
+    for tokens, positions in steps:
+        a_logits, a_aux = torch_ex.target(tokens, positions, slots)
+        b_logits, b_aux = ort_ex.target(tokens, positions, slots)
+        valid = positions >= 0
+        torch.testing.assert_close(b_logits[valid], a_logits[valid], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b_aux[valid], a_aux[valid], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ort_greedy_identical_to_target_only_in_every_mode(exported, family):
+    _, _, out = exported(family)
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    for prompt in _prompts():
+        outputs = {mode: generate(SpecDecoder(OrtExecutor(out), SpecConfig(mode, K)), prompt, params).output
+                   for mode in MODES}
+        assert outputs["eagle3"] == outputs["none"] and outputs["peagle"] == outputs["none"]
+
+
+def test_ort_chunked_prefill_across_the_window(exported):
+    target, drafter, out = exported("gpt_oss")
+    prompt = list(range(200, 237))
+    outputs = []
+    for ex in (TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), OrtExecutor(out)):
+        decoder = SpecDecoder(ex, SpecConfig("peagle", K))
+        seq = decoder.new_sequence(prompt, SamplingParams(max_tokens=16, ignore_eos=True), ex.alloc_slot())
+        while not seq.prefilled:
+            decoder.prefill([seq], chunk=10)
+        while not seq.finished:
+            decoder.step([seq])
+        outputs.append(seq.output)
+    assert outputs[0] == outputs[1] and len(outputs[0]) == 16
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, family):
+    import onnx
+
+    from peagle_trt.ops import DOMAIN
+    from peagle_trt.ops.onnx_defs import register_schemas
+
+    register_schemas()
+    _, _, out = exported(family)
+    onnx.checker.check_model(str(out / "target.onnx"), full_check=True)
+    model = onnx.load(str(out / "target.onnx"), load_external_data=False)
+    ops = {n.op_type for n in model.graph.node}
+    assert not ops & {"Loop", "Scan", "If"}  # the MoE is dense: no per-token control flow
+    attn = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == "PEagleKVAttention"]
+    windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), 0) for n in attn]
+    if family == "gpt_oss":
+        assert windows == [8, 0] * 4 and all(len(n.input) == 8 for n in attn)  # + sinks input
+        ring = [i.type.tensor_type.shape.dim[2].dim_value - 1 for i in model.graph.input if i.name.startswith("past_key")]
+        assert ring == [8 + MAX_ROWS - 1, SEQ + K + 1] * 4  # windowed layers keep only their window
+    else:
+        assert windows == [0] * 8 and all(len(n.input) == 7 for n in attn)
+
+
+def test_build_prints_and_records_kv_memory_per_slot(tiny_moe, tmp_path, capsys):
+    from peagle_trt.package import RepoSpec, build_repository
+
+    manifest = build_repository(tiny_moe["gpt_oss"], tiny_moe["drafter-gpt_oss"], tmp_path / "repo",
+                                RepoSpec(SpecConfig("peagle", K), max_batch=4, max_seq_len=60, prefill_chunk=8))
+    mem = manifest["kv_memory"]
+    assert (mem["full_layers"], mem["windowed_layers"], mem["window_positions"]) == (4, 4, 8 + 8 - 1)
+    per_layer = lambda n: 2 * 2 * (n + 1) * 32 * 4  # noqa: E731 (K and V, 2 kv heads, head_dim 32, fp32)
+    assert mem["target_bytes_per_slot"] == 4 * per_layer(60 + K + 1) + 4 * per_layer(15)
+    assert "KV cache per slot: target" in capsys.readouterr().err

@@ -1,0 +1,92 @@
+"""FP8 (ModelOpt) MoE targets: ModelOpt quantizes attention and the experts (routers stay
+unquantized). Qwen3-MoE comes out as per-expert FP8 linears, GPT-OSS as stacked FP8 expert
+tensors with one scale pair per projection; our loader reads both, reproduces ModelOpt's
+fake-quantized HF model, and speculative output over the FP8 target equals its own greedy output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is not installed")
+
+from peagle_trt.checkpoint.target import load_target  # noqa: E402
+from peagle_trt.models.fp8 import fp8_layers  # noqa: E402
+from peagle_trt.quantize import QuantSpec, calibrate, quantize_target  # noqa: E402
+from peagle_trt.speculative.generate import generate  # noqa: E402
+from tests.helpers import greedy, make_decoder  # noqa: E402
+from tests.quantize.test_fp8 import build, hf, ours  # noqa: E402
+
+SPEC = QuantSpec(num_calib=4, max_calib_len=64)
+FAMILIES = ["qwen3_moe", "gpt_oss"]
+# FP8 linears: qwen3_moe 8 layers x 4 attention + 6 sparse layers x 8 experts x 3 + 2 dense x 3;
+# gpt_oss 8 layers x (4 attention + 8 experts x 3)
+FP8_LAYERS = {"qwen3_moe": 8 * 4 + 6 * 8 * 3 + 2 * 3, "gpt_oss": 8 * (4 + 8 * 3)}
+
+
+@pytest.fixture(scope="module")
+def fp8_moe(tiny_moe, tmp_path_factory):
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            cache[family] = tmp_path_factory.mktemp("fp8") / f"{family}-fp8"
+            quantize_target(tiny_moe[family], cache[family], SPEC, progress=None)
+        return cache[family]
+
+    return get
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_experts_and_attention_are_fp8_routers_are_not(fp8_moe, family):
+    path = fp8_moe(family)
+    names = set(fp8_layers(build(path)))
+    assert "layers.1.mlp.experts.7.down_proj" in names and "layers.1.self_attn.q_proj" in names
+    assert len(names) == FP8_LAYERS[family]
+    assert load_target(path).tensors["layers.1.mlp.gate.weight"].dtype == torch.float32  # router
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_loader_reproduces_modelopt_fake_quant(fp8_moe, tiny_moe, family, monkeypatch):
+    """Same check as for the dense families (tests/quantize/test_fp8.py): with ModelOpt's quantizer
+    in the division form our FP8 forward is the same numbers."""
+    from modelopt.torch.quantization import tensor_quant
+
+    if not hasattr(tensor_quant, "_fp8_eager"):
+        pytest.skip("this modelopt has no eager FP8 fake-quant to switch")
+    model = build(fp8_moe(family))
+    modelopt_model, _ = calibrate(tiny_moe[family], SPEC, progress=None)
+
+    def division_form(x, amax=None):
+        scale = amax.float() / 448.0
+        return ((x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+
+    monkeypatch.setattr(tensor_quant, "_fp8_eager", division_form)
+    for ids in ([7, 8, 9, 100, 200, 300], torch.randint(0, 500, (40,)).tolist()):
+        ref, got = hf(modelopt_model, ids), ours(model, ids)
+        assert (ref - got).abs().max() < 1e-5 * ref.abs().max()
+        assert torch.equal(ref.argmax(-1), got.argmax(-1))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_speculative_equals_fp8_greedy(fp8_moe, tiny_moe, family):
+    models = {"fp8": fp8_moe(family), "head": tiny_moe[f"drafter-{family}"]}
+    prompt = [7, 8, 9, 100, 200, 300, 5, 6, 7, 8, 9, 10]  # 12 > GPT-OSS's window of 8
+    plain = generate(make_decoder(models, "fp8", None, "none", 1, max_len=128), prompt, greedy(24)).output
+    for mode in ("peagle", "eagle3"):
+        spec = generate(make_decoder(models, "fp8", "head", mode, 3, max_len=128), prompt, greedy(24))
+        assert spec.output == plain and len(plain) == 24
+
+
+@pytest.mark.slow
+def test_mxfp4_checkpoint_requantizes_to_fp8(tiny_moe, tmp_path):
+    """The released GPT-OSS layout (MXFP4 experts) goes through `quantize` (transformers
+    dequantizes it for ModelOpt) into FP8 that our loader serves, speculation exact."""
+    out = tmp_path / "gpt_oss_mxfp4-fp8"
+    quantize_target(tiny_moe["gpt_oss_mxfp4"], out, SPEC, progress=None)
+    assert len(fp8_layers(build(out))) == FP8_LAYERS["gpt_oss"]
+    models = {"fp8": out, "head": tiny_moe["drafter-gpt_oss"]}
+    prompt = list(range(30, 45))
+    plain = generate(make_decoder(models, "fp8", None, "none", 1, max_len=96), prompt, greedy(16)).output
+    spec = generate(make_decoder(models, "fp8", "head", "peagle", 3, max_len=96), prompt, greedy(16))
+    assert spec.output == plain

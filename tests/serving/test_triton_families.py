@@ -1,0 +1,56 @@
+"""Qwen3-MoE and GPT-OSS through a real tritonserver: a streamed greedy request (P-EAGLE, K=3)
+equals target-only greedy decoding of the same checkpoint in process, on the torch backend
+(Qwen3-MoE) and the onnxruntime backend (GPT-OSS: dense MoE graph, sinks, sliding windows).
+Marked slow: its own server with two more Python models (the shared one already holds four)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.serving.client import stream_generate
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.generate import generate
+from peagle_trt.tokenizer import TextCodec
+from tests.serving.conftest import free_port
+
+pytestmark = [pytest.mark.triton, pytest.mark.slow]
+MODELS = {"qwen3_moe_torch": ("qwen3_moe", "torch"), "gpt_oss_ort": ("gpt_oss", "onnxruntime")}
+PROMPTS = ["Hello there", "Explain how a transformer attends to earlier tokens"]  # the 2nd: > window
+
+
+@pytest.fixture(scope="module")
+def family_server(tiny_moe, tmp_path_factory):
+    pytest.importorskip("tritonclient.grpc")
+    pytest.importorskip("pytriton")
+    from peagle_trt.serving.server import ServeSpec, TritonServer
+
+    root = tmp_path_factory.mktemp("family_repo")
+    (root / "models").mkdir()
+    for name, (family, backend) in MODELS.items():
+        build_repository(tiny_moe[family], tiny_moe[f"drafter-{family}"], root / name,
+                         RepoSpec(SpecConfig("peagle", 3), model_name=name, backend=backend, max_batch=4,
+                                  max_seq_len=128, prefill_chunk=16))
+        shutil.move(str(root / name / name), str(root / "models" / name))
+    spec = ServeSpec(root / "models", "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300)
+    with TritonServer(spec) as srv:
+        yield srv
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_stream_equals_target_only_greedy(family_server, tiny_moe, model):
+    family = MODELS[model][0]
+    target, _ = load_pair(tiny_moe[family], None, SpecConfig("none", 1)).build()
+    codec = TextCodec(tiny_moe[family])
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for prompt in PROMPTS:
+        decoder = SpecDecoder(TorchExecutor(target, None, 1, 128), SpecConfig("none", 1))
+        ref = generate(decoder, codec.encode_prompt(prompt, chat_template=False), params).output
+        got = stream_generate(family_server.grpc_url, prompt, params, model=model)
+        assert got["token_ids"] == ref and got["finish_reason"] == "length"
+        assert len(got["accept_rate_per_pos"]) == 3
