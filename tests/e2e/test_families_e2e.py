@@ -15,7 +15,7 @@ from peagle_trt.export import ExportSpec, export_models
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.ort_executor import OrtExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 
 FAMILIES = ["qwen3_moe", "gpt_oss"]
 K, SLOTS, SEQ = 3, 2, 96

@@ -13,7 +13,7 @@ pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is no
 from peagle_trt.checkpoint.target import load_target  # noqa: E402
 from peagle_trt.models.fp8 import fp8_layers  # noqa: E402
 from peagle_trt.quantize import QuantSpec, calibrate, quantize_target  # noqa: E402
-from peagle_trt.speculative.generate import generate  # noqa: E402
+from peagle_trt.runtime.scheduler import generate  # noqa: E402
 from tests.helpers import greedy, make_decoder  # noqa: E402
 from tests.quantize.test_fp8 import build, hf, ours  # noqa: E402
 

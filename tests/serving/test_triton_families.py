@@ -15,7 +15,7 @@ from peagle_trt.package import RepoSpec, build_repository
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.serving.client import stream_generate
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tokenizer import TextCodec
 from tests.serving.conftest import free_port
 
