@@ -288,9 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
+    from peagle_trt.train.cli import add_parser as add_train_parser
 
     add_engine_parser(sub)
     add_quantize_parser(sub)
+    add_train_parser(sub)
 
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")
