@@ -137,14 +137,21 @@ def sample_batch(corpus: Corpus, batch: int, seq_len: int, generator: torch.Gene
 
 
 @torch.no_grad()
-def target_features(target, ids: torch.Tensor, supervised: torch.Tensor, draft_ids: torch.Tensor
-                    ) -> SeqFeatures:
-    """ids, supervised [T] -> the drafter's view of the sequence (N = T - 1 positions)."""
+def target_features(target, ids: torch.Tensor, supervised: torch.Tensor, draft_ids: torch.Tensor,
+                    chunk: int = 512) -> SeqFeatures:
+    """ids, supervised [T] -> the drafter's view of the sequence (N = T - 1 positions). The target
+    runs over the sequence in chunks of `chunk` tokens through its KV cache (bounded memory on
+    long sequences); only draft-vocabulary probabilities are kept."""
     dev = target.lm_head.weight.device
     t = ids.numel()
     cache = target.new_cache(1, t)
-    logits, aux = target(ids[None].to(dev), torch.arange(t, device=dev)[None],
-                         torch.zeros(1, dtype=torch.long, device=dev), cache)  # [1, T, V], [1, T, A]
-    probs = torch.softmax(logits[0, 1:, draft_ids.to(dev)].float(), dim=-1)  # [N, V_d]
+    slots = torch.zeros(1, dtype=torch.long, device=dev)
+    probs, aux = [], []
+    for a in range(0, t, chunk):
+        b = min(t, a + chunk)
+        logits, taps = target(ids[None, a:b].to(dev), torch.arange(a, b, device=dev)[None], slots, cache)
+        probs.append(torch.softmax(logits[0, :, draft_ids.to(dev)].float(), dim=-1))  # [C, V_d]
+        aux.append(taps[0].float())  # [C, A]
+    probs, aux = torch.cat(probs)[1:], torch.cat(aux)[:-1]  # EAGLE shift: [N, V_d], [N, A]
     nxt = torch.arange(2, t + 1).clamp(max=t - 1)  # position i is supervised iff token i+2 is
-    return SeqFeatures(ids[1:].to(dev), aux[0, :-1].float(), probs, supervised[nxt].to(dev))
+    return SeqFeatures(ids[1:].to(dev), aux, probs, supervised[nxt].to(dev))

@@ -100,3 +100,14 @@ def test_partitioned_loss_and_gradient_equal_flat(setup, method):
     assert g1.keys() == g4.keys() and len(g1) > 5
     for name in g1:
         torch.testing.assert_close(g4[name], g1[name], atol=1e-6, rtol=1e-4, msg=name)
+
+
+def test_target_features_in_chunks_equal_one_pass(setup):
+    ckpt, taps, f, draft_ids = setup
+    target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, taps)
+    torch.manual_seed(0)
+    ids = torch.randint(0, ckpt.config.vocab_size, (40,))
+    chunked = target_features(target, ids, torch.ones_like(ids, dtype=torch.bool), draft_ids, chunk=7)
+    torch.testing.assert_close(chunked.aux, f.aux, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked.probs, f.probs, atol=1e-6, rtol=1e-4)
+    assert torch.equal(chunked.tokens, f.tokens) and torch.equal(chunked.loss_mask, f.loss_mask)
