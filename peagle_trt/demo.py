@@ -24,7 +24,7 @@ from pathlib import Path
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
-DEFAULT_PROMPT = 'def count_words(text):\n    """Return a dict mapping each word of text to its count."""'
+DEFAULT_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
 
 
 def default_pair() -> Path:
