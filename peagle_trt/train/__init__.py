@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
 from peagle_trt.errors import ConfigError
 
@@ -90,7 +89,8 @@ def _stderr_progress():
 
     def show(line: str, final: bool = False) -> None:
         stamp = f"[train {time.perf_counter() - start:6.0f}s] "
-        print(("\r" if not final else "") + stamp + line, end="\n" if final else "", file=sys.stderr, flush=True)
+        # in-place progress line; `final` lines are kept (newline)
+        print("\r" + stamp + line, end="\n" if final else "", file=sys.stderr, flush=True)
     return show
 
 
