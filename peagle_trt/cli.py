@@ -1,7 +1,8 @@
 """`peagle-trt`: the command line. Each subcommand's LAST stdout line is one JSON object.
 
     peagle-trt generate --target DIR --drafter DIR --prompt TEXT [--spec-mode peagle] ...
-    peagle-trt demo                     # the main job on a CPU machine (small seeded models)
+    peagle-trt demo                     # the main job on a CPU machine (the trained code pair)
+    peagle-trt train --target DIR --output DIR --text-list FILES   # train a P-EAGLE / EAGLE-3 head
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
     peagle-trt inspect [TARGET_DIR] DRAFTER_DIR   # what a checkpoint is; whether a pair fits
 
@@ -180,45 +181,6 @@ def cmd_make_tiny(args: argparse.Namespace) -> dict:
     return {k: str(v) for k, v in paths.items()}
 
 
-def cmd_demo(args: argparse.Namespace) -> dict:
-    """The main job on a machine without GPU/TensorRT: small seeded models -> build a Triton
-    repository -> serve it with a real tritonserver -> one streamed request -> shut down."""
-    import socket
-
-    from peagle_trt.package import RepoSpec, build_repository
-    from peagle_trt.serving.client import stream_generate
-    from peagle_trt.serving.server import ServeSpec, TritonServer
-    from peagle_trt.tiny import make_all
-
-    def note(msg: str) -> None:
-        print(f"[demo] {msg}", file=sys.stderr, flush=True)
-
-    def free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            return sock.getsockname()[1]
-
-    paths = make_all(args.workdir / "models")
-    note(f"wrote small seeded checkpoints to {args.workdir / 'models'} (random weights: expect low acceptance)")
-    spec = SpecConfig("peagle", args.num_spec_tokens)
-    repo = args.workdir / "repo"
-    backend = resolve_backend("auto")
-    build_repository(paths["llama"], paths["aws"], repo,
-                     RepoSpec(spec, backend=backend, max_batch=4, max_seq_len=1024), force=True)
-    note(f"built the Triton model repository {repo} (backend {backend})")
-    serve = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port())
-    note("starting tritonserver (loopback only) ...")
-    with TritonServer(serve) as server:
-        note(f"ready: gRPC {server.grpc_url}, HTTP {server.http_url}; streaming one request:")
-        result = stream_generate(server.grpc_url, args.prompt,
-                                 SamplingParams(max_tokens=args.max_tokens, ignore_eos=True),
-                                 on_text=_print_piece, chat_template=True)
-        print(flush=True)
-        note("shutting the server down")
-    return {**result, "repository": str(repo), "backend": backend, "spec_mode": spec.mode,
-            "num_spec_tokens": spec.num_spec_tokens}
-
-
 def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec-mode", choices=SPEC_MODES, default=None,
                    help="none | eagle3 (K sequential drafter passes) | peagle (one parallel pass); "
@@ -304,10 +266,14 @@ def build_parser() -> argparse.ArgumentParser:
     from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
     from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
+    from peagle_trt.demo import add_parser as add_demo_parser
+    from peagle_trt.train.cli import add_parser as add_train_parser
 
     add_engine_parser(sub)
     add_inspect_parser(sub)
     add_quantize_parser(sub)
+    add_train_parser(sub)
+    add_demo_parser(sub)
 
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")
@@ -322,13 +288,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--openai-port", type=int, default=None,
                    help="also serve OpenAI-compatible /v1/... on this port (same --host); off by default")
     s.set_defaults(func=cmd_serve)
-
-    d = sub.add_parser("demo", help="the main job on CPU: small models + one streamed request")
-    d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write models")
-    d.add_argument("--prompt", default="Explain speculative decoding.", help="prompt text")
-    d.add_argument("--num-spec-tokens", type=int, default=7, help="K (default 7)")
-    d.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default 32)")
-    d.set_defaults(func=cmd_demo)
 
     t = sub.add_parser("make-tiny", help="write small seeded checkpoints (targets + drafters)")
     t.add_argument("out", type=Path, help="output directory")

@@ -1,0 +1,82 @@
+"""`peagle-trt train`: the command line of the training stage (wired into peagle_trt/cli.py).
+
+    peagle-trt train --target TARGET_DIR --output HEAD_DIR --text-list FILES.txt [--method peagle]
+    peagle-trt train --target TARGET_DIR --output HEAD_DIR --data prompts.jsonl --method eagle3
+
+Progress (loss, per-depth top-1 agreement with the target, tokens/s) goes to stderr; the last
+stdout line (printed by peagle_trt/cli.py) is the summary dict.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Register `train` on an argparse subparsers object; sets func=cmd_train."""
+    t = sub.add_parser("train", help="train a P-EAGLE (or sequential EAGLE-3) drafter head for a target")
+    t.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
+    t.add_argument("--output", required=True, type=Path, help="drafter directory to write")
+    t.add_argument("--method", default="peagle", choices=["peagle", "eagle3"],
+                   help="peagle: parallel head (mask token + mask_hidden); eagle3: sequential baseline")
+    t.add_argument("--layout", default="aws", choices=["aws", "speculators"], help="output layout (default aws)")
+    t.add_argument("--data", type=Path, help="JSONL of prompts; the target regenerates the responses")
+    t.add_argument("--text", type=Path, action="append", default=[], help="plain text file (repeatable)")
+    t.add_argument("--text-list", type=Path, help="a file listing plain text files, one path a line")
+    t.add_argument("--regen-max-tokens", type=int, default=128, help="response tokens regenerated per prompt")
+    t.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy responses (default)")
+    t.add_argument("--no-chat-template", action="store_true", help="encode --data prompts as raw text")
+    t.add_argument("--depths", type=int, default=8,
+                   help="P-EAGLE: parallel depth trained (K up to this); EAGLE-3: training-time-test steps")
+    t.add_argument("--down-sample-ratio", type=float, default=0.7, help="COD ratio r (depth d keeps r^d)")
+    t.add_argument("--down-sample-ratio-min", type=float, default=0.2, help="COD floor r_min")
+    t.add_argument("--segments", type=int, default=1, help="sequence partitions (bounded memory on long sequences)")
+    t.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
+    t.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: the target's)")
+    t.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default: whole vocabulary)")
+    t.add_argument("--taps", default=None, help="three target tap layers, e.g. 1,2,3 (default: the target's)")
+    t.add_argument("--mask-token-id", type=int, default=None, help="reserved mask token (default: from the tokenizer)")
+    t.add_argument("--steps", type=int, default=100)
+    t.add_argument("--batch", type=int, default=4, help="sequences per step")
+    t.add_argument("--seq-len", type=int, default=256, help="tokens per sequence (longer ones are cut)")
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--warmup", type=int, default=None, help="warm-up steps (default steps/20)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
+    t.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    t.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="resumable training state; a run finds and continues the one there")
+    t.add_argument("--save-every", type=int, default=50, help="checkpoint interval in steps")
+    t.add_argument("--log-every", type=int, default=10, help="progress line kept every N steps")
+    t.add_argument("--force", action="store_true", help="replace an existing --output")
+    t.set_defaults(func=cmd_train)
+    return t
+
+
+def cmd_train(args: argparse.Namespace) -> dict:
+    from peagle_trt.errors import ConfigError
+    from peagle_trt.train import TrainConfig, train
+
+    text = list(args.text)
+    if args.text_list:
+        if not args.text_list.is_file():
+            raise ConfigError(f"--text-list {args.text_list} does not exist")
+        text += [Path(line.strip()) for line in args.text_list.read_text().splitlines() if line.strip()]
+    taps = None
+    if args.taps:
+        try:
+            taps = tuple(int(x) for x in args.taps.split(","))
+        except ValueError as exc:
+            raise ConfigError(f"--taps {args.taps!r}: expected three comma-separated layer ids, e.g. 1,2,3") from exc
+    cfg = TrainConfig(target=args.target, output=args.output, method=args.method, data=args.data,
+                      text=tuple(text), layout=args.layout, depths=args.depths,
+                      down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,
+                      segments=args.segments, layers=args.layers, intermediate_size=args.intermediate_size,
+                      draft_vocab=args.draft_vocab, taps=taps, mask_token_id=args.mask_token_id,
+                      steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
+                      seed=args.seed, regen_max_tokens=args.regen_max_tokens,
+                      regen_temperature=args.regen_temperature, chat_template=not args.no_chat_template,
+                      device=args.device, save_dtype=args.save_dtype, checkpoint_dir=args.checkpoint_dir,
+                      save_every=args.save_every, log_every=args.log_every, force=args.force)
+    return train(cfg)

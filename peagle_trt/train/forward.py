@@ -1,0 +1,171 @@
+"""The training forward of a drafter head over the flat multi-depth sequence, and its loss.
+
+The head's weights are the inference module's (`peagle_trt.models.drafter.DrafterModel`); only
+the attention differs: instead of a KV cache, rows are run in groups, each group attending a bank
+of keys/values of the earlier groups plus itself under the (anchor, depth) mask (train/cod.py).
+
+  group 0   the depth-0 (real) rows of the segment: token x_{a+1}, hidden fc(taps g_a), causal
+  P-EAGLE   one more group with every deeper element: mask token + fc(mask_hidden)
+  EAGLE-3   one group per depth d: token x_{p+1} (the true next token) and, as hidden, the
+            pre-norm output of the same chain's element at depth d-1 (training-time test)
+
+Loss: KL(p_target || softmax(draft logits)) over the draft vocabulary per supervised element,
+summed and divided by the caller's normaliser (the batch's supervised count), so per-segment
+losses add up to the flat loss. Tests: tests/train/test_forward.py (against the inference model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peagle_trt.models.drafter import DrafterModel
+from peagle_trt.models.rope import apply_rope, rope_cos_sin
+from peagle_trt.train.cod import Elements, mask_formula, segment_rows
+
+
+class TrainHead(nn.Module):
+    """The drafter module plus the learned pre-fc `mask_hidden` as a parameter (P-EAGLE)."""
+
+    def __init__(self, model: DrafterModel, parallel: bool):
+        super().__init__()
+        self.model = model
+        width = model.config.num_aux * model.config.target_hidden_size
+        self.mask_hidden = nn.Parameter(torch.randn(1, 1, width)) if parallel else None
+
+    @property
+    def parallel(self) -> bool:
+        return self.mask_hidden is not None
+
+
+@dataclass(frozen=True)
+class SeqFeatures:
+    """One training sequence as the drafter sees it (EAGLE shift, spec §3.1): position i holds
+    token x_{i+1}, the target taps at i, and the target's distribution for x_{i+2}."""
+    tokens: torch.Tensor  # [N] int64
+    aux: torch.Tensor  # [N, num_aux * H_t]
+    probs: torch.Tensor  # [N, V_d] target distribution restricted to the draft vocabulary
+    loss_mask: torch.Tensor  # [N] bool
+
+
+def _attention(m, h: torch.Tensor, cos, sin, bank, mask: torch.Tensor | None):
+    # h [R, in]; cos/sin [R, d]; bank (k, v) [KV, Rb, d] or None; mask [R, Rb + R] (None = causal)
+    r = h.shape[0]
+    q = m.q_proj(h).view(r, m.num_heads, m.head_dim)
+    k = m.k_proj(h).view(r, m.num_kv_heads, m.head_dim)
+    v = m.v_proj(h).view(r, m.num_kv_heads, m.head_dim).transpose(0, 1)  # [KV, R, d]
+    if hasattr(m, "q_norm"):
+        q, k = m.q_norm(q), m.k_norm(k)
+    q = apply_rope(q.transpose(0, 1)[None], cos[None], sin[None])  # [1, H, R, d]
+    k = apply_rope(k.transpose(0, 1)[None], cos[None], sin[None])[0]  # [KV, R, d]
+    new = (k, v)
+    if bank is not None:
+        k, v = torch.cat((bank[0], k), dim=1), torch.cat((bank[1], v), dim=1)
+    rep = m.num_heads // m.num_kv_heads
+    k, v = k.repeat_interleave(rep, dim=0)[None], v.repeat_interleave(rep, dim=0)[None]  # [1, H, Rk, d]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[None, None],
+                                         is_causal=mask is None)
+    return m.o_proj(out[0].transpose(0, 1).reshape(r, -1)), new
+
+
+def run_group(model: DrafterModel, e: torch.Tensor, g: torch.Tensor, positions: torch.Tensor,
+              banks: list | None, mask: torch.Tensor | None) -> tuple[torch.Tensor, list]:
+    """e, g [R, H] (token embeddings, fc-projected hidden); positions [R]; banks: per layer (k, v)
+    of earlier groups or None; mask [R, Rb + R] or None (causal). -> pre-norm x [R, H], new (k, v)."""
+    cos, sin = rope_cos_sin(model.inv_freq, model.rope_scale, positions, e.dtype)  # [R, d]
+    new_kv = []
+    fusion = model.layers[0]
+    g_normed = fusion.hidden_norm(g)
+    residual = g_normed if fusion.norm_before_residual else g
+    h = torch.cat((fusion.input_layernorm(e), g_normed), dim=-1)  # [R, 2H]
+    a, kv = _attention(fusion.self_attn, h, cos, sin, banks[0] if banks else None, mask)
+    new_kv.append(kv)
+    x = residual + a
+    x = x + fusion.mlp(fusion.post_attention_layernorm(x))
+    for i, layer in enumerate(model.layers[1:], start=1):
+        a, kv = _attention(layer.self_attn, layer.input_layernorm(x), cos, sin,
+                           banks[i] if banks else None, mask)
+        new_kv.append(kv)
+        x = x + a
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x, new_kv
+
+
+def _extend(banks: list | None, kv: list) -> list:
+    if banks is None:
+        return kv
+    return [(torch.cat((bk, k), dim=1), torch.cat((bv, v), dim=1)) for (bk, bv), (k, v) in zip(banks, kv)]
+
+
+def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
+                    mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
+    """Run the rows of one segment. Returns (elements of the rows, draft logits [R, V_d],
+    charged [R] bool: the rows this segment owns)."""
+    model = head.model
+    rows, charged = segment_rows(el, owned)
+    sub = el.select(rows)
+    is0 = sub.depth == 0
+    pos0 = sub.anchor[is0]  # [R0] consecutive positions 0..last
+    x0, banks = run_group(model, model.embed_tokens(seq.tokens[pos0]), model.project(seq.aux[pos0]),
+                          pos0, None, None)
+    outs, order = [x0], [torch.nonzero(is0).flatten()]
+    keys = sub.select(order[0])
+    if head.parallel:
+        deep = torch.nonzero(~is0).flatten()
+        if deep.numel():
+            d = sub.select(deep)
+            e = model.embed_tokens.weight[mask_token_id].expand(len(d), -1)
+            g = model.project(head.mask_hidden.reshape(1, -1)).expand(len(d), -1)
+            x, _ = run_group(model, e, g, d.position, banks, mask_formula(d, _cat(keys, d)))
+            outs.append(x)
+            order.append(deep)
+    else:  # EAGLE-3 training-time test: depth by depth, feeding back the previous depth's output
+        prev_anchor, prev_x = pos0, x0
+        for depth in range(1, int(sub.depth.max()) + 1):
+            idx = torch.nonzero(sub.depth == depth).flatten()
+            d = sub.select(idx)
+            parent = torch.searchsorted(prev_anchor, d.anchor)  # chains are contiguous (COD)
+            g = prev_x[parent]
+            all_keys = _cat(keys, d)
+            x, kv = run_group(model, model.embed_tokens(seq.tokens[d.position]), g, d.position, banks,
+                              mask_formula(d, all_keys))
+            banks, keys = _extend(banks, kv), all_keys
+            outs.append(x)
+            order.append(idx)
+            prev_anchor, prev_x = d.anchor, x
+    perm = torch.cat(order)
+    x = torch.cat(outs)
+    return sub.select(perm), model.logits(x), charged[perm]
+
+
+def _cat(a: Elements, b: Elements) -> Elements:
+    return Elements(torch.cat((a.anchor, b.anchor)), torch.cat((a.depth, b.depth)))
+
+
+def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+    """Per-row KL(p || softmax(logits)): logits, probs [R, V_d] -> [R]."""
+    logq = F.log_softmax(logits.float(), dim=-1)
+    logp = torch.log(probs.clamp_min(1e-30))
+    return (probs * (logp - logq)).sum(-1)
+
+
+def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
+                 mask_token_id: int | None, normaliser: float, stats: dict | None = None) -> torch.Tensor:
+    """Summed KL over the segment's owned supervised elements / normaliser. `stats` (optional)
+    accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}."""
+    sub, logits, charged = segment_forward(head, seq, el, owned, mask_token_id)
+    pos = sub.position
+    sup = charged & seq.loss_mask[pos]
+    probs = seq.probs[pos[sup]]
+    loss = kl_terms(logits[sup], probs).sum() / normaliser
+    if stats is not None:
+        with torch.no_grad():
+            hit = logits[sup].argmax(-1) == probs.argmax(-1)
+            for depth, ok in zip(sub.depth[sup].tolist(), hit.tolist()):
+                entry = stats.setdefault(depth, [0, 0])
+                entry[0] += 1
+                entry[1] += int(ok)
+    return loss

