@@ -22,7 +22,7 @@ from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.tokenizer import TextCodec
 

@@ -15,7 +15,7 @@ from peagle_trt.cli import main
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tokenizer import TextCodec
 
 PAIR = Path(__file__).resolve().parents[1] / "fixtures" / "code-pair"

@@ -16,7 +16,7 @@ from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.generate import generate
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tiny import CORPUS
 from peagle_trt.train import TrainConfig, train
 
