@@ -248,7 +248,7 @@ def target_forward(ex, b: int, s: int, context: int, device):
 
 
 def section_target(a, ex, weights: str, copy_gbs: float, device) -> list[dict]:
-    c, elem = ex.target_model.config, ex.target_cache.k.element_size()
+    c, elem = ex.target_model.config, ex.target_cache.k[0].element_size()
     wbytes = weight_bytes(ex.target_model)
     rows = []
     for b in a.batches:
