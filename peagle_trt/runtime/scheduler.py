@@ -112,7 +112,8 @@ class Scheduler:
         if len(request.prompt) + request.params.max_tokens > limit:
             raise ConfigError(f"prompt ({len(request.prompt)} tokens) + max_tokens "
                               f"({request.params.max_tokens}) exceeds the maximum sequence length "
-                              f"{limit}; shorten the prompt or lower max_tokens")
+                              f"{limit}; shorten the prompt, lower max_tokens or raise the maximum "
+                              "(--max-seq-len of generate or build)")
         with self._lock:
             if len(self.waiting) >= self.max_queue:
                 raise ConfigError(f"the request queue is full ({self.max_queue}); retry later")

@@ -65,7 +65,8 @@ class SpecDecoder:
             raise ConfigError("the prompt is empty; send at least one token")
         if len(prompt) >= self.max_seq_len:
             raise ConfigError(f"the prompt has {len(prompt)} tokens but the maximum sequence length "
-                              f"is {self.max_seq_len}; shorten it or raise the maximum")
+                              f"is {self.max_seq_len}; shorten it or raise the maximum "
+                              "(--max-seq-len of generate or build)")
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
         stop_ids = frozenset() if params.ignore_eos else frozenset(self.eos_ids) | frozenset(params.end_ids)
         return Sequence(list(prompt), params, slot, generator, stats=SpecStats(self.k), stop_ids=stop_ids)
