@@ -2,10 +2,11 @@
 
     peagle-trt inspect DRAFTER_DIR                    # layout, flags, K trained for, taps, vocab map
     peagle-trt inspect TARGET_DIR DRAFTER_DIR [--spec-mode peagle] [--num-spec-tokens 7] [--max-seq-len 2048]
+                      [--backend torch|onnxruntime|tensorrt]
 
 A directory is a drafter when its config.json names a `speculators_model_type` or its weights
 hold an `fc` projection; otherwise it is read as a target. A pair goes through the checks
-`build` runs (`validate_pair`, the drafter's sliding-window limit), so a head that will not
+`build` runs (`validate_pair`; for --backend tensorrt the drafter's sliding-window limit), so a head that will not
 load fails here, before anything is built, with the same message. The last stdout line is one
 JSON object (printed by peagle_trt/cli.py). Tests: tests/unit/test_inspect.py.
 """
@@ -37,6 +38,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="K to check (default: the K the head was trained for, else 7)")
     p.add_argument("--max-seq-len", type=int, default=2048,
                    help="prompt + output tokens to check (default 2048)")
+    p.add_argument("--backend", choices=("torch", "onnxruntime", "tensorrt"), default="torch",
+                   help="backend to check for (default torch; torch and onnxruntime compute sliding "
+                        "windows exactly, the TensorRT plugins do not)")
     p.set_defaults(func=cmd_inspect)
     return p
 
@@ -71,7 +75,8 @@ def describe_drafter(d: DrafterCheckpoint) -> dict:
             "vocab_size": c.vocab_size, "draft_vocab_size": c.draft_vocab_size,
             "vocab_mapping": "d2t offsets" if "d2t" in d.tensors else "identity",
             "mask_token_id": c.mask_token_id,
-            "sliding_window": ({"window": c.sliding_window, "layers": list(c.sliding_layers)}
+            "sliding_window": ({"window": c.sliding_window, "layers": list(c.sliding_layers),
+                                "exact_on": f"torch, onnxruntime; tensorrt up to {c.max_positions} KV positions"}
                                if c.max_positions else None)}
 
 
@@ -82,9 +87,10 @@ def check_pair(target_dir: Path, drafter: DrafterCheckpoint, args: argparse.Name
     spec = SpecConfig(mode, args.num_spec_tokens or c.trained_depth or 7)
     taps = validate_pair(load_target_config(target_dir), drafter, spec)
     if mode != "none":
-        check_window(c, args.max_seq_len + spec.k + 1, f"drafter {drafter.path}")  # as export/runtime size it
+        # KV positions as export/runtime size them
+        check_window(c, args.max_seq_len + spec.k + 1, args.backend, f"drafter {drafter.path}")
     return {"fits": True, "spec_mode": mode, "num_spec_tokens": spec.num_spec_tokens, "taps": list(taps),
-            "max_seq_len": args.max_seq_len}
+            "max_seq_len": args.max_seq_len, "backend": args.backend}
 
 
 def _print(info: dict) -> None:

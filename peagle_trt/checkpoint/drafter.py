@@ -20,7 +20,7 @@ Flags mean what the `speculators` library (0.9.0, models/eagle3) means by them:
   norm_before_residual  layer 0 keeps hidden_norm(g) as its residual instead of g
   embed_requires_grad   training only (the library saves embed_tokens either way)
   eagle_aux_hidden_state_layer_ids  the taps; their count is fc's number of inputs (default 3)
-  layer_types / sliding_window      drafter layers with sliding-window attention (see check_window)
+  layer_types / sliding_window      drafter layers with sliding-window attention (keys > p - W)
 Tested against the library itself: tests/compat/ (heads it writes, its own forward as oracle).
 """
 
@@ -76,22 +76,33 @@ class DrafterConfig:
     def supports_parallel(self) -> bool:
         return self.has_mask_hidden and self.mask_token_id is not None
 
+    def window(self, layer: int) -> int:
+        """Attention window of drafter `layer` (0: full attention). Sliding layers restrict a row
+        at position p to keys at positions > p - W, the library's own masks (eagle3/attention.py,
+        peagle/attention.py) and transformers' convention; ops.reference.kv_attention computes it."""
+        return int(self.sliding_window or 0) if layer in self.sliding_layers else 0
+
     @property
     def max_positions(self) -> int | None:
-        """KV positions per sequence the drafter serves exactly (None: unbounded). Sliding-window
-        layers see the last `sliding_window` positions; our attention op is full causal, which is
-        the same while every sequence fits in the window."""
+        """KV positions per sequence a full-causal attention op serves exactly (None: unbounded):
+        the window of the sliding layers. The torch and onnxruntime backends compute windows
+        (no limit); the TensorRT plugins do not (plugins/), so `check_window` bounds that backend."""
         return self.sliding_window if self.sliding_layers and self.sliding_window else None
 
 
-def check_window(c: DrafterConfig, max_len: int, where: str = "drafter") -> None:
-    """Raise `ConfigError` when KV positions up to `max_len` - 1 would leave a sliding window."""
+WINDOWED_BACKENDS = ("torch", "onnxruntime")  # backends whose attention honours sliding windows
+
+
+def check_window(c: DrafterConfig, max_len: int, backend: str, where: str = "drafter") -> None:
+    """Raise `ConfigError` when `backend` cannot compute the drafter's sliding windows for KV
+    positions up to `max_len` - 1 (TensorRT: its plugins are full-causal, exact only inside W)."""
     limit = c.max_positions
-    if limit is not None and max_len > limit:
+    if backend not in WINDOWED_BACKENDS and limit is not None and max_len > limit:
         raise ConfigError(f"{where}: drafter layers {list(c.sliding_layers)} use sliding-window attention "
-                          f"(window {limit}) but this run needs {max_len} KV positions per sequence; the "
-                          f"PEagleKVAttention op is full-causal, exact only up to {limit} positions: lower "
-                          f"--max-seq-len so that max_seq_len + K + 1 <= {limit}")
+                          f"(window {limit}) but this run needs {max_len} KV positions per sequence, and the "
+                          f"{backend} backend's PEagleKVAttention plugin (plugins/) does not implement windows: "
+                          f"it is exact only up to {limit} positions. Lower --max-seq-len so that "
+                          f"max_seq_len + K + 1 <= {limit}, or use --backend torch / onnxruntime (exact windows)")
 
 
 @dataclass(frozen=True)

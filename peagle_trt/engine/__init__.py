@@ -223,6 +223,14 @@ def _graph_info(path: Path) -> dict:
         raise BuildError(f"{path} carries model-local functions {local}: TensorRT's parser would inline "
                          "them instead of using the plugins; build from the export's trt/ graphs")
     ops = sorted({n.op_type for n in model.graph.node if n.op_type in PLUGIN_OPS})
+    extended = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and (
+        any(a.name == "sliding_window" and helper.get_attribute_value(a) for a in n.attribute)
+        or (len(n.input) > 7 and n.input[7]))]  # sliding windows / attention sinks
+    if extended:
+        raise BuildError(f"{path}: attention nodes {extended[:4]}{' ...' if len(extended) > 4 else ''} use "
+                         "sliding windows or attention sinks, which the TensorRT plugins (plugins/) do not "
+                         "implement; serve this model with --backend torch or onnxruntime (a drafter window "
+                         "W is left out of the export when max_seq_len + K + 1 <= W)")
     k = [helper.get_attribute_value(a) for n in model.graph.node if n.op_type == "PEagleDraftInputs"
          for a in n.attribute if a.name == "num_spec_tokens"]
     return {"plugin_ops": ops, "num_spec_tokens": int(k[0]) if k else None}

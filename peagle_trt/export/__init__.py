@@ -50,7 +50,6 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
                   force: bool = False) -> dict:
     """Export built torch models (TargetModel, DrafterModel | None) into `out_dir` atomically.
     `force` replaces a previous peagle-trt output there (peagle_trt/atomic.py), nothing else."""
-    from peagle_trt.checkpoint.drafter import check_window
     from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
     from peagle_trt.ops.onnx_defs import register_schemas, strip_functions
 
@@ -61,7 +60,6 @@ def export_models(target, drafter, out_dir: Path, spec: ExportSpec, info: dict |
         (tmp / "trt").mkdir(parents=True)
         graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype, spec.max_rows)}
         if drafter is not None:
-            check_window(drafter.config, spec.max_len)
             if spec.spec.mode == "peagle":
                 graphs["drafter"] = lambda: export_drafter(drafter, spec.num_slots, spec.max_len, spec.spec.k,
                                                            spec.dtype)

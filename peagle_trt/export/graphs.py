@@ -105,11 +105,18 @@ class ModelWriter(Builder):
         if "PEagleKVAttention" not in self.functions:
             self.functions["PEagleKVAttention"] = kv_attention_function(h, kv, d, scale, self.np, sinks is not None)
         extra = [self.param(f"{prefix}.sinks", sinks)] if sinks is not None else []
-        window = {"sliding_window": attn.window} if getattr(attn, "window", 0) else {}
+        # a window spanning the whole cache (W >= T positions) cuts nothing: no attribute (as layers.py)
+        w = getattr(attn, "window", 0)
+        window = {"sliding_window": w} if w and w < self.cache_len(past[0]) else {}
         out = self.op("PEagleKVAttention", q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
                       outputs=[self.name(f"{prefix}.attn"), *present], name=f"{prefix}.PEagleKVAttention",
                       **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
         return self.linear(out[0], attn.o_proj, f"{prefix}.o_proj")
+
+    def cache_len(self, past_k: str) -> int:
+        """T, the KV positions of the cache input `past_k` [N, KV, T + 1, d] (row T: trash row)."""
+        shape = next(v for v in self.inputs if v.name == past_k).type.tensor_type.shape
+        return shape.dim[2].dim_value - 1
 
     def mlp(self, x: str, mlp, prefix: str) -> str:
         if isinstance(mlp, SparseMoE):
@@ -198,8 +205,7 @@ def _drafter_layers(w: ModelWriter, model, e: str, g: str, positions: str, slots
 
 
 def model_max_len(past, w: ModelWriter) -> int:
-    shape = next(v for v in w.inputs if v.name == past[0][0]).type.tensor_type.shape
-    return shape.dim[2].dim_value - 1
+    return w.cache_len(past[0][0])
 
 
 def _project(w: ModelWriter, model, aux: str) -> str:

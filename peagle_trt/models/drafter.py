@@ -8,7 +8,8 @@ Per row: e = embed(token), g = hidden input (fc-projected target taps, the proje
 Taps -> g: fc(aux), after RMSNorm(aux) (norm_before_fc) or per-tap RMSNorms (fc_norm).
 Sequential (EAGLE-3) steps feed back x, or norm(x) for norm_output (EAGLE 3.1) heads.
 Draft ids map to target ids through d2t offsets: target_id = draft_id + d2t[draft_id].
-The drafter keeps its own KV cache, written by absolute position like the target's.
+The drafter keeps its own KV cache, written by absolute position like the target's; its
+sliding-window layers (`layer_types`, `sliding_window`) attend to keys at positions > p - W.
 Flag meanings follow the `speculators` library; tests/compat/ checks logits against its forward.
 """
 
@@ -17,11 +18,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from peagle_trt.checkpoint.drafter import DrafterConfig, check_window
+from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.rope import rope_cos_sin
 from peagle_trt.models.target import load_strict
+
+
+def _attention(c: DrafterConfig, layer: int, in_dim: int) -> Attention:
+    """Drafter layer `layer`'s attention (its window from the config; 0: full attention)."""
+    return Attention(in_dim, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_bias,
+                     c.rms_norm_eps if c.qk_norm else None, window=c.window(layer))
 
 
 class FusionLayer(nn.Module):
@@ -32,8 +39,7 @@ class FusionLayer(nn.Module):
         h = c.hidden_size
         self.input_layernorm = RMSNorm(h, c.rms_norm_eps)
         self.hidden_norm = RMSNorm(h, c.rms_norm_eps)
-        self.self_attn = Attention(2 * h, h, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_bias,
-                                   c.rms_norm_eps if c.qk_norm else None)
+        self.self_attn = _attention(c, 0, 2 * h)
         self.post_attention_layernorm = RMSNorm(h, c.rms_norm_eps)
         self.mlp = MLP(h, c.intermediate_size)
         self.norm_before_residual = c.norm_before_residual
@@ -60,8 +66,8 @@ class DrafterModel(nn.Module):
         self.fc = nn.Linear(aux_width, h, bias=False)
         self.layers = nn.ModuleList([FusionLayer(c)] + [
             DecoderLayer(h, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
-                         c.rms_norm_eps, c.attention_bias, False, c.qk_norm)
-            for _ in range(c.num_layers - 1)])
+                         c.rms_norm_eps, c.attention_bias, False, c.qk_norm, attn=_attention(c, i, h))
+            for i in range(1, c.num_layers)])
         self.norm = RMSNorm(h, c.rms_norm_eps)
         self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
@@ -72,7 +78,6 @@ class DrafterModel(nn.Module):
 
     def new_cache(self, num_slots: int, max_len: int) -> KVCache:
         c, p = self.config, self.fc.weight
-        check_window(c, max_len)
         return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device)
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:

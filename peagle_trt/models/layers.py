@@ -56,11 +56,13 @@ class Attention(nn.Module):
         k = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, KV*d]
         # PEagleKVAttention: write K/V at each row's absolute position, attend causally by position
         # (stale entries past a row, e.g. last step's rejected drafts, are never read)
-        if self.window or self.sinks is not None:
+        # a window spanning the whole cache (W >= T positions) cuts nothing: full attention
+        window = self.window if self.window < cache.k[layer].shape[2] - 1 else 0
+        if window or self.sinks is not None:
             # windows and sinks: the torch reference (the CUDA kernels do not implement them yet)
             out = reference.kv_attention(q, k, v.reshape(b, s, -1), positions, slots, cache.k[layer],
                                          cache.v[layer], self.num_heads, self.num_kv_heads, self.head_dim,
-                                         sliding_window=self.window, sinks=self.sinks)
+                                         sliding_window=window, sinks=self.sinks)
         else:
             out = kv_attention(q, k, v.reshape(b, s, -1), positions, slots, cache.k[layer], cache.v[layer],
                                self.num_heads, self.num_kv_heads, self.head_dim)

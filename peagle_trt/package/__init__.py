@@ -25,6 +25,7 @@ from pathlib import Path
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.atomic import check_output, staged_dir
+from peagle_trt.checkpoint.drafter import check_window
 from peagle_trt.checkpoint.safetensors_io import require_safetensors
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError
@@ -155,6 +156,9 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
     print(memory.describe(repo.max_batch), file=sys.stderr, flush=True)
     if repo.backend == "tensorrt":
         from peagle_trt.engine import import_tensorrt
+
+        if pair.drafter is not None and repo.spec.mode != "none":  # the plugins have no windows: exact only inside the drafter's W
+            check_window(pair.drafter.config, repo.max_seq_len + repo.spec.k + 1, repo.backend)
 
         import_tensorrt()  # fail fast, with the NGC container to use, before any export work
     templates = templates_dir()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 DEPTH = 3  # K the heads are written for (ttt_steps / num_depths)
 NORMS = ("plain", "norm_before_fc", "fc_norm")
+WINDOW = 8  # the windowed heads' sliding_window: shorter than the oracle inputs and the generations
 
 
 def library_cases() -> list[dict]:
@@ -36,6 +37,10 @@ def library_cases() -> list[dict]:
                            "embed_requires_grad": True}, seed := seed + 1))
     cases.append(case("peagle-1tap-qwen3", "peagle", "qwen3", {"target_layer_ids": [3], "fc_norm": True},
                       seed := seed + 1))
+    # small sliding windows (the trainer's default is 2048): sequences run past W (keys > p - W)
+    cases.append(case("peagle-window8-2layers", "peagle", "llama",
+                      {"sliding_window": WINDOW, "num_layers": 2, "full_attention_indices": [1]}, 97))
+    cases.append(case("eagle3-window8-qwen3", "eagle3", "qwen3", {"sliding_window": WINDOW}, 98))
     both = {"norm_before_fc": True, "fc_norm": True}
     cases.append(case("refused-both-fc-norms", "eagle3", "qwen3", both, 99))
     return cases

@@ -24,7 +24,7 @@ from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
-from tests.compat.cases import DEPTH, WRITTEN
+from tests.compat.cases import DEPTH, WINDOW, WRITTEN
 
 ATOL = 1e-4
 PARAMS = SamplingParams(max_tokens=24, ignore_eos=True)
@@ -33,7 +33,8 @@ PROMPTS = ([7], list(range(30, 47)))
 ORT_CASES = ["peagle-defaults-llama", "peagle-defaults-qwen3", "eagle3-defaults-llama",
              "eagle3-defaults-qwen3",
              "peagle-norm_before_fc-out1-nbr0-qwen3-on-llama", "peagle-fc_norm-out0-nbr1-llama-on-qwen3",
-             "eagle3-fc_norm-out1-nbr1-qwen3-on-qwen3", "eagle3-2taps-final-2layers"]
+             "eagle3-fc_norm-out1-nbr1-qwen3-on-qwen3", "eagle3-2taps-final-2layers",
+             "peagle-window8-2layers", "eagle3-window8-qwen3"]
 
 
 def drafter_of(library, name: str) -> DrafterModel:
@@ -57,6 +58,22 @@ def ttt_logits(model: DrafterModel, o: dict, steps: int) -> torch.Tensor:
             logits, fed = model(torch.tensor([[tok]]), h[None, None], pos[i:i + 1][None] + s, slots, cache)
             out[s, i], h = logits[0, 0], fed[0, 0]
     return out
+
+
+def ttt_window_rows(c, steps: int, n: int) -> torch.Tensor:
+    """[T, L] rows of the TTT oracle that define sliding-window semantics. Step 0 rows (row i at
+    position i) and the P-EAGLE parallel forward use keys > p - W, the query's own position p
+    (peagle/attention.py: kv_anchor > q_anchor + q_depth - W), as transformers and we do. The
+    library's TTT training mask for steps s >= 1 instead keeps the context window of the chain's
+    last real row i (keys > i - W, eagle3/attention.py + extend_*_mask_for_draft_tokens) for a
+    query at position i + s: a training-time shortcut no sequential drafter can reproduce from
+    positions alone, so those rows are compared only while i + s < W (both windows hold every
+    earlier key); every step-0 row is compared, windowed ones included."""
+    keep = torch.ones(steps, n, dtype=torch.bool)
+    if c.sliding_layers:
+        s, i = torch.arange(steps)[:, None], torch.arange(n)[None]
+        keep &= (s == 0) | (i + s < c.sliding_window)
+    return keep
 
 
 def parallel_logits(model: DrafterModel, o: dict) -> torch.Tensor:
@@ -96,8 +113,11 @@ def test_drafter_logits_equal_the_library_forward(library, name):
     assert (c.norm_before_fc, c.fc_norm, c.norm_output, c.norm_before_residual) == (
         cfg["norm_before_fc"], cfg["fc_norm"], cfg["norm_output"], cfg["norm_before_residual"])
     with torch.no_grad():
-        ours = ttt_logits(model, o, o["ttt_logits"].shape[0])
-        torch.testing.assert_close(ours, o["ttt_logits"], atol=ATOL, rtol=0)
+        ours, theirs = ttt_logits(model, o, o["ttt_logits"].shape[0]), o["ttt_logits"]
+        keep = ttt_window_rows(c, theirs.shape[0], theirs.shape[1])
+        if "window" in name:  # the small-window heads: the oracle inputs run past W
+            assert theirs.shape[1] > c.sliding_window and c.sliding_window == WINDOW
+        torch.testing.assert_close(ours[keep], theirs[keep], atol=ATOL, rtol=0)
         if "peagle_logits" in o:
             torch.testing.assert_close(parallel_logits(model, o), o["peagle_logits"], atol=ATOL, rtol=0)
 
@@ -133,7 +153,17 @@ def test_greedy_generation_equals_target_onnxruntime(library, name, tmp_path):
     case = library["cases"][name]
     spec = SpecConfig(case["type"], DEPTH)
     target, drafter = load_pair(library["targets"][case["family"]], library["heads"] / name, spec).build()
-    export_models(target, drafter, tmp_path / "export", ExportSpec(spec, 1, 100))
+    export = ExportSpec(spec, 1, 100)
+    export_models(target, drafter, tmp_path / "export", export)
+    if drafter.config.sliding_layers:  # the graphs carry each window that cuts (W < 104 KV positions)
+        import onnx
+
+        graph = onnx.load(str(tmp_path / "export" / "drafter_step.onnx"), load_external_data=False).graph
+        windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), 0)
+                   for n in graph.node if n.op_type == "PEagleKVAttention"]
+        expected = [drafter.config.window(i) for i in range(drafter.config.num_layers)]
+        assert windows == [w if w < export.max_len else 0 for w in expected]
+        assert any(windows) == name.endswith(("window8-2layers", "window8-qwen3"))
     executor = OrtExecutor(tmp_path / "export")
     _check_identical({m: SpecDecoder(executor, SpecConfig(m, DEPTH)) for m in _modes(case)})
 
@@ -146,26 +176,37 @@ def test_both_fc_norms_refused_with_the_library_reason(library, tmp_path):
         load_drafter(head)
 
 
-def test_sliding_window_heads_refuse_sequences_past_the_window(library):
-    """The trainer's default drafter layers use sliding-window attention (window 2048): exact
-    with our full-causal op up to 2048 positions, refused beyond."""
-    model = drafter_of(library, "peagle-defaults-qwen3")
-    assert model.config.sliding_layers == (0,) and model.config.sliding_window == 2048
-    model.new_cache(1, 2048)
-    with pytest.raises(ConfigError, match=r"sliding-window attention \(window 2048\)"):
-        model.new_cache(1, 2049)
+def test_default_window_head_accepted_at_max_seq_len_2048(library):
+    """The trainer's default drafter layers use sliding-window attention (window 2048). The
+    default `build --max-seq-len 2048` with K=7 needs 2056 KV positions: torch (and onnxruntime)
+    compute the window, so they serve it; the TensorRT plugins cannot and refuse, saying why."""
+    from peagle_trt.checkpoint.drafter import check_window
+
+    case = library["cases"]["peagle-defaults-qwen3"]
+    spec = SpecConfig("peagle", 7)
+    pair = load_pair(library["targets"]["qwen3"], library["heads"] / case["name"], spec)
+    c = pair.drafter.config
+    assert c.sliding_layers == (0,) and c.sliding_window == 2048
+    max_len = 2048 + spec.k + 1
+    target, drafter = pair.build()
+    executor = TorchExecutor(target, drafter, 1, max_len)  # refused before windows were computed
+    assert executor.drafter_cache.k[0].shape[2] == max_len + 1
+    for backend in ("torch", "onnxruntime"):
+        check_window(c, max_len, backend)
+    with pytest.raises(ConfigError, match=r"window 2048\).*tensorrt backend.*does not implement windows"):
+        check_window(c, max_len, "tensorrt")
 
 
 def test_inspect_describes_a_library_head(library, capsys):
     from peagle_trt.cli import main
 
     head, target = library["heads"] / "peagle-defaults-qwen3", library["targets"]["qwen3"]
-    assert main(["inspect", str(target), str(head)]) == 2  # default --max-seq-len 2048 leaves the window
+    assert main(["inspect", str(target), str(head), "--backend", "tensorrt"]) == 2  # 2048 + 8 > W
     assert "sliding-window attention (window 2048)" in capsys.readouterr().out
-    assert main(["inspect", str(target), str(head), "--max-seq-len", "2040"]) == 0
+    assert main(["inspect", str(target), str(head)]) == 0  # torch computes the window
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     d = result["drafter"]
     assert d["layout"] == "speculators" and d["layer_family"] == "qwen3" and d["trained_k"] == DEPTH
     assert d["flags"]["norm_output"] is False and d["flags"]["norm_before_residual"] is True
-    assert d["sliding_window"] == {"window": 2048, "layers": [0]}
+    assert d["sliding_window"]["window"] == 2048 and d["sliding_window"]["layers"] == [0]
     assert result["pair"]["fits"] and result["pair"]["taps"] == [2, 4, 5]

@@ -547,3 +547,21 @@ def test_executor_binds_kv_in_place_and_picks_the_profile_by_rows(env):
     with pytest.raises(RuntimeInvariantError, match="built for K = 3"):
         ex.draft_parallel(tokens, aux3, torch.tensor([4, 2]), torch.tensor([8, 6]), slots, 4)
     assert [ex.alloc_slot() for _ in range(N)] == list(range(N)) and ex.alloc_slot() is None
+
+
+def test_windowed_attention_is_refused_for_tensorrt(tmp_path):
+    """The plugins have no sliding windows / sinks: a graph whose attention carries them is refused
+    before any build (a drafter window covering every KV position is left out of the export)."""
+    def graph_with(name: str, inputs: list[str], **attrs):
+        node = helper.make_node("PEagleKVAttention", inputs, ["out", "k1", "v1"], name="attn", domain="peagle",
+                                **attrs)
+        graph = helper.make_graph([node], name, [], [])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(graph), str(path))
+        return path
+
+    plain = ["q", "k", "v", "positions", "slots", "k0", "v0"]
+    assert stage._graph_info(graph_with("full", plain))["plugin_ops"] == ["PEagleKVAttention"]
+    for path in (graph_with("window", plain, sliding_window=8), graph_with("sinks", [*plain, "sinks"])):
+        with pytest.raises(BuildError, match=r"sliding windows or attention sinks.*--backend torch or onnxruntime"):
+            stage._graph_info(path)

@@ -46,7 +46,7 @@ def test_target_and_plain_eagle3_head(tiny, capsys):
     assert result["drafter"]["head"] == "EAGLE-3 (sequential)"
     assert "peagle" not in result["drafter"]["spec_modes"]
     assert result["pair"] == {"fits": True, "spec_mode": "eagle3", "num_spec_tokens": 7, "taps": [2, 4, 5],
-                              "max_seq_len": 2048}
+                              "max_seq_len": 2048, "backend": "torch"}
 
 
 def test_pair_misfit_reports_the_build_error(tiny, tmp_path, capsys):
@@ -67,15 +67,24 @@ def test_refused_flags_are_explained(tiny, tmp_path, capsys):
         load_drafter(head)
 
 
-def test_sliding_window_limit_checked_for_the_requested_length(tiny, tmp_path, capsys):
+def test_sliding_window_limit_checked_for_tensorrt_only(tiny, tmp_path, capsys):
+    """torch / onnxruntime compute drafter windows exactly (any length); the TensorRT plugins do
+    not, so a tensorrt check refuses lengths past the window, with the way out."""
     cfg = json.loads((tiny["speculators"] / "config.json").read_text())
     layers = {**cfg["transformer_layer_config"], "layer_types": ["sliding_attention"] * 2,
               "sliding_window": 64}
     head = edited(tiny["speculators"], tmp_path / "head", transformer_layer_config=layers)
-    code, _, result = run(capsys, tiny["qwen3"], head, "--num-spec-tokens", "3", "--max-seq-len", "60")
-    assert code == 0 and result["drafter"]["sliding_window"] == {"window": 64, "layers": [0, 1]}
-    code, _, result = run(capsys, tiny["qwen3"], head, "--num-spec-tokens", "3", "--max-seq-len", "61")
+    trt = ("--num-spec-tokens", "3", "--backend", "tensorrt")
+    code, _, result = run(capsys, tiny["qwen3"], head, *trt, "--max-seq-len", "60")
+    assert code == 0 and result["drafter"]["sliding_window"]["window"] == 64
+    assert result["drafter"]["sliding_window"]["layers"] == [0, 1]
+    code, _, result = run(capsys, tiny["qwen3"], head, *trt, "--max-seq-len", "61")
     assert code == 2 and "sliding-window attention (window 64)" in result["error"]
+    assert "does not implement windows" in result["error"] and "--backend torch / onnxruntime" in result["error"]
+    for backend in ("torch", "onnxruntime"):
+        code, _, result = run(capsys, tiny["qwen3"], head, "--num-spec-tokens", "3", "--max-seq-len", "4096",
+                              "--backend", backend)
+        assert code == 0 and result["pair"]["fits"] and result["pair"]["backend"] == backend
 
 
 def test_two_targets_refused(tiny, capsys):
