@@ -8,7 +8,7 @@ library (`sysconfig.get_paths()["stdlib"]`, tests and site-packages excluded; ne
 own responses to stdlib prompts (a function's `def` line and docstring; the target writes the body).
 Why: the random tiny models never accept a draft; this pair shows real acceptance and speed-up.
 How: everything is seeded; weights are stored in bfloat16 (the loaders upcast) so the pair stays
-small enough to commit under tests/fixtures/code-pair/ (3.8 MB).
+small enough to commit under tests/fixtures/code-pair/ (4.2 MB).
 
     .venv/bin/python scripts/make_code_pair.py tests/fixtures/code-pair          # all stages
     .venv/bin/python scripts/make_code_pair.py OUT --stage drafters              # reuse the target
@@ -23,6 +23,7 @@ import ast
 import json
 import math
 import random
+import shlex
 import shutil
 import subprocess
 import sys
@@ -140,21 +141,27 @@ def train_target(out: Path, args) -> dict:
             "target_val_loss": round(val, 4), "corpus_tokens": len(stream), "corpus_files": len(texts)}
 
 
-def function_prompts(n: int, seed: int) -> list[str]:
+def function_prompts(n: int, seed: int, full_docstrings: float = 0.0) -> list[str]:
     """`n` prompts shaped like code-completion tasks: a stdlib function's `def` line(s) and its
-    docstring, dedented (the drafters' training prompts; the target writes the bodies)."""
+    docstring, dedented (the drafters' training prompts; the target writes the bodies). A fraction
+    `full_docstrings` keeps the whole multi-line docstring (HumanEval-shaped prompts), the rest only
+    its first line (the corpus' shape)."""
     found = []
+    rng = random.Random(seed + 1)
     for path in stdlib_files():
         try:
-            tree = ast.parse(normalized(path.read_text(encoding="utf-8")))
+            tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and len(node.body) > 1:
                 node.body = node.body[:1]  # the def line(s) and the docstring
                 node.decorator_list = []
+                full = rng.random() < full_docstrings and "\n" in ast.get_docstring(node).strip()
+                if not full:
+                    node.body[0].value = ast.Constant(ast.get_docstring(node).strip().splitlines()[0].strip())
                 text = ast.unparse(node)  # no trailing newline: see bench_acceptance.py, token healing
-                if 40 <= len(text) <= 400:
+                if 40 <= len(text) <= (1200 if full else 400):
                     found.append(text)
     random.Random(seed).shuffle(found)
     return found[:n]
@@ -164,11 +171,12 @@ def train_drafters(out: Path, args) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "stdlib_prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in function_prompts(args.prompts, args.seed)))
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in function_prompts(args.prompts, args.seed, args.full_docstrings)))
     procs = {}
-    for method in ("peagle", "eagle3"):  # a fresh target: never resume heads trained for another
+    for method in args.methods.split(","):  # a fresh target: never resume heads trained for another
         shutil.rmtree(work / f"ckpt-{method}", ignore_errors=True)
-    for method, extra in (("peagle", ["--depths", str(args.depths)]), ("eagle3", ["--depths", "5"])):
+    heads = (("peagle", ["--depths", str(args.depths), *shlex.split(args.peagle_args)]), ("eagle3", ["--depths", "5"]))
+    for method, extra in (h for h in heads if h[0] in args.methods.split(",")):
         dest = out / f"drafter-{method}"
         cmd = [sys.executable, "-m", "peagle_trt.cli", "train", "--target", str(out), "--output", str(dest),
                "--method", method, "--data", str(prompts), "--no-chat-template",
@@ -204,6 +212,10 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--depths", type=int, default=10, help="P-EAGLE parallel depth trained")
     p.add_argument("--prompts", type=int, default=192, help="drafter training prompts (stdlib def + docstring)")
+    p.add_argument("--full-docstrings", type=float, default=0.0,
+                   help="fraction of prompts keeping their whole (multi-line) docstring")
+    p.add_argument("--methods", default="peagle,eagle3", help="heads to train (comma-separated)")
+    p.add_argument("--peagle-args", default="", help="extra `peagle-trt train` options for the P-EAGLE head")
     p.add_argument("--regen-tokens", type=int, default=96, help="response tokens the target writes per prompt")
     p.add_argument("--taps", default="1,2,3", help="target tap layers feeding the drafters")
     p.add_argument("--drafter-layers", type=int, default=1)
