@@ -89,3 +89,14 @@ class MarkovExecutor(SlotPool):
         if logit_rows is not None:
             logits = torch.gather(logits, 1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))
         return logits, torch.zeros(*tokens.shape, 0)
+
+
+def collect(outputs: dict):
+    """A scheduler `on_output` that gathers each request's ids, final count, reason, stats, error."""
+    def on_output(out):
+        entry = outputs.setdefault(out.request_id, {"ids": [], "final": 0})
+        entry["ids"] += out.new_token_ids
+        if out.finished:
+            entry["final"] += 1
+            entry["reason"], entry["stats"], entry["error"] = out.finish_reason, out.stats, out.error
+    return on_output

@@ -28,7 +28,7 @@ from peagle_trt.runtime.scheduler import Request, Scheduler, generate
 from peagle_trt.serving.engine import ServingEngine
 from peagle_trt.speculative.sampling import probabilities
 from peagle_trt.speculative.verify import verify, verify_greedy
-from tests.helpers import greedy, make_decoder
+from tests.helpers import collect, greedy, make_decoder
 
 pytestmark = pytest.mark.faults
 NAN_PRONE = [1e-38, float(np.float32(1e-45)), 5e-324]  # 1e-45 as it arrives over gRPC (FP32)
@@ -44,16 +44,6 @@ def workload(n: int, seed: int):
 def references(tiny):
     single = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256)
     return [generate(single, p, greedy(24)).output for p in workload(6, 11)]
-
-
-def collect(outputs: dict):
-    def on_output(out):
-        entry = outputs.setdefault(out.request_id, {"ids": [], "final": 0})
-        entry["ids"] += out.new_token_ids
-        if out.finished:
-            entry["final"] += 1
-            entry["reason"], entry["error"] = out.finish_reason, out.error
-    return on_output
 
 
 # -- sampling ------------------------------------------------------------------------------------

@@ -11,17 +11,7 @@ from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.runtime.scheduler import generate
-from tests.helpers import make_decoder
-
-
-def collect(outputs: dict):
-    def on_output(out):
-        entry = outputs.setdefault(out.request_id, {"ids": [], "final": 0})
-        entry["ids"] += out.new_token_ids
-        if out.finished:
-            entry["final"] += 1
-            entry["reason"], entry["stats"] = out.finish_reason, out.stats
-    return on_output
+from tests.helpers import collect, make_decoder
 
 
 def workload(n: int, seed: int):
