@@ -34,12 +34,10 @@ import gzip
 import json
 import os
 import platform
-import queue
 import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -47,7 +45,7 @@ from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.package import RepoSpec, build_repository
 from peagle_trt.serving.client import stream_generate
 from peagle_trt.serving.server import ServeSpec, TritonServer
-from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from benchlib import closed_loop, cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 def free_port() -> int:
@@ -81,34 +79,12 @@ def fit_prompt(tok, text: str, max_tokens: int) -> str:
 def run_requests(url: str, prompts: list[str], params: SamplingParams, conc: int,
                  model: str = "peagle") -> tuple[float, list[dict]]:
     """Closed loop at concurrency `conc`; returns (wall seconds, the client's result per prompt)."""
-    todo: queue.Queue = queue.Queue()
-    for i in range(len(prompts)):
-        todo.put(i)
     out: list[dict | None] = [None] * len(prompts)
-    errors: list[BaseException] = []
 
-    def worker() -> None:
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            try:
-                out[i] = stream_generate(url, prompts[i], params, model, timeout_s=300)
-            except BaseException as exc:  # reported after the join
-                errors.append(exc)
-                return
+    def run_one(i: int, _) -> None:
+        out[i] = stream_generate(url, prompts[i], params, model, timeout_s=300)
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, len(prompts)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return wall, out
+    return closed_loop(len(prompts), conc, run_one), out
 
 
 def pooled(results: list[dict], k: int) -> dict:

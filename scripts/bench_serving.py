@@ -68,7 +68,6 @@ import socket
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -81,7 +80,7 @@ from peagle_trt.serving.engine import ServingEngine
 from peagle_trt.serving.repo import model_params
 from peagle_trt.serving.server import ServeSpec, TritonServer
 from peagle_trt.tiny import CORPUS, make_all
-from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from benchlib import closed_loop, cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 TARGET_RATIO = 1.10
 
@@ -150,43 +149,21 @@ def run_inprocess(engine: ServingEngine, prompts: list[str], params: SamplingPar
 def run_triton(url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
     """Closed loop: `conc` client threads, each streaming one request at a time with stream_generate."""
     recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
-    todo: queue.Queue = queue.Queue()
-    for i in range(len(prompts)):
-        todo.put(i)
-    errors: list[BaseException] = []
 
-    def worker() -> None:
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return
-            rec = recs[i]
+    def run_one(i: int, _) -> None:
+        rec = recs[i]
 
-            def on_text(piece: str, rec=rec) -> None:
-                if rec["text_t"] is None:
-                    rec["text_t"] = time.perf_counter()
+        def on_text(piece: str) -> None:
+            if rec["text_t"] is None:
+                rec["text_t"] = time.perf_counter()
 
-            rec["start"] = time.perf_counter()
-            try:
-                out = stream_generate(url, prompts[i], params, on_text=on_text)
-            except BaseException as exc:  # reported after the join
-                errors.append(exc)
-                return
-            rec["end"] = time.perf_counter()
-            rec["ids"] = out["token_ids"]
-            rec["finish_reason"] = out.get("finish_reason")
+        rec["start"] = time.perf_counter()
+        out = stream_generate(url, prompts[i], params, on_text=on_text)
+        rec["end"] = time.perf_counter()
+        rec["ids"] = out["token_ids"]
+        rec["finish_reason"] = out.get("finish_reason")
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, len(prompts)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
-    return wall, [summarize(r) for r in recs]
+    return closed_loop(len(prompts), conc, run_one), [summarize(r) for r in recs]
 
 
 def run_openai(base_url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
@@ -194,47 +171,25 @@ def run_openai(base_url: str, prompts: list[str], params: SamplingParams, conc: 
     import httpx
 
     recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
-    todo: queue.Queue = queue.Queue()
-    for i in range(len(prompts)):
-        todo.put(i)
-    errors: list[BaseException] = []
 
-    def worker() -> None:
-        with httpx.Client(base_url=base_url, timeout=600) as http:
-            while True:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
-                rec = recs[i]
-                body = {"model": "peagle", "prompt": prompts[i], "max_tokens": params.max_tokens, "temperature": 0,
-                        "ignore_eos": params.ignore_eos, "stream": True, "return_token_ids": True}
-                rec["start"] = time.perf_counter()
-                try:
-                    with http.stream("POST", "/completions", json=body) as r:
-                        r.raise_for_status()
-                        for line in r.iter_lines():
-                            if not line.startswith("data: {"):
-                                continue
-                            choice = (json.loads(line[6:])["choices"] or [{}])[0]
-                            if choice.get("text") and rec["text_t"] is None:
-                                rec["text_t"] = time.perf_counter()
-                            rec["ids"] += choice.get("token_ids", [])
-                            rec["finish_reason"] = choice.get("finish_reason") or rec.get("finish_reason")
-                except BaseException as exc:  # reported after the join
-                    errors.append(exc)
-                    return
-                rec["end"] = time.perf_counter()
+    def run_one(i: int, http) -> None:
+        rec = recs[i]
+        body = {"model": "peagle", "prompt": prompts[i], "max_tokens": params.max_tokens, "temperature": 0,
+                "ignore_eos": params.ignore_eos, "stream": True, "return_token_ids": True}
+        rec["start"] = time.perf_counter()
+        with http.stream("POST", "/completions", json=body) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data: {"):
+                    continue
+                choice = (json.loads(line[6:])["choices"] or [{}])[0]
+                if choice.get("text") and rec["text_t"] is None:
+                    rec["text_t"] = time.perf_counter()
+                rec["ids"] += choice.get("token_ids", [])
+                rec["finish_reason"] = choice.get("finish_reason") or rec.get("finish_reason")
+        rec["end"] = time.perf_counter()
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, len(prompts)))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
-    if errors:
-        raise errors[0]
+    wall = closed_loop(len(prompts), conc, run_one, lambda: httpx.Client(base_url=base_url, timeout=600))
     return wall, [summarize(r) for r in recs]
 
 

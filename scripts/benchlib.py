@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform
+import queue
+import threading
+import time
+from typing import Callable
 
 
 def cpu_model() -> str:
@@ -15,3 +20,38 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def closed_loop(n: int, conc: int, run_one: Callable[[int, object], None],
+                session: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
+    """A closed-loop load: `min(conc, n)` client threads take requests 0..n-1 in order, one at a
+    time each; `run_one(i, ctx)` runs request i with its thread's `session()` value (e.g. an HTTP
+    client). Returns the wall seconds; re-raises the first error once every thread has stopped."""
+    todo: queue.Queue = queue.Queue()
+    for i in range(n):
+        todo.put(i)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        with session() as ctx:
+            while not errors:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    run_one(i, ctx)
+                except BaseException as exc:  # reported after the join
+                    errors.append(exc)
+                    return
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, n))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    return wall
