@@ -2,8 +2,8 @@
 
 Sources:
   JSONL prompts  {"prompt": ...} (or "text"/"messages"); the target REGENERATES the response
-                 (greedy, or sampled at a temperature), and only response tokens are supervised
-                 (spec §3.1: original responses are discarded).
+                 (greedy, or sampled at a temperature), batched through the serving scheduler,
+                 and only response tokens are supervised (spec §3.1: original responses are discarded).
   plain text     files (or a file listing files); tokenized, joined with EOS, cut into windows;
                  every position supervised.
 The draft vocabulary is the `draft_vocab` most frequent tokens of the training sequences (ties
@@ -74,42 +74,52 @@ def read_prompts(path: Path) -> list:
 
 
 @torch.no_grad()
-def regenerate(target, prompt_ids: list[int], max_tokens: int, temperature: float, eos_ids: tuple,
-               generator: torch.Generator) -> list[int]:
-    """The target's own response to a prompt (greedy, or sampled at `temperature`)."""
-    dev = target.lm_head.weight.device
-    cache = target.new_cache(1, len(prompt_ids) + max_tokens + 1)
-    slots = torch.zeros(1, dtype=torch.long, device=dev)
-    tokens = torch.tensor([prompt_ids], device=dev)
-    positions = torch.arange(len(prompt_ids), device=dev)[None]
-    out: list[int] = []
-    for _ in range(max_tokens):
-        logits, _ = target(tokens, positions, slots, cache, positions[:, -1:] - positions[:, :1])
-        last = logits[0, -1]
-        if temperature > 0:
-            nxt = int(torch.multinomial(torch.softmax(last / temperature, -1).cpu(), 1, generator=generator))
-        else:
-            nxt = int(last.argmax())
-        out.append(nxt)
-        if nxt in eos_ids:
-            break
-        tokens = torch.tensor([[nxt]], device=dev)
-        positions = positions[:, -1:] + 1
-    return out
+def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperature: float, eos_ids: tuple,
+                   seed: int, batch: int = 16, progress=None) -> list[list[int]]:
+    """The target's own responses to `prompts` (greedy, or sampled at `temperature` with seed
+    seed + i for prompt i), `batch` at a time through the serving scheduler (target only): the
+    same in-flight batched decode the server runs, so a big prompt file regenerates in batches."""
+    from peagle_trt.config import SamplingParams, SpecConfig
+    from peagle_trt.runtime.executor import TorchExecutor
+    from peagle_trt.runtime.scheduler import Request, Scheduler
+    from peagle_trt.speculative.decoder import SpecDecoder
+
+    max_len = max(len(p) for p in prompts) + max_tokens + 2
+    decoder = SpecDecoder(TorchExecutor(target, None, batch, max_len), SpecConfig("none", 0), eos_ids)
+    scheduler = Scheduler(decoder, max_batch=batch)
+    responses: list[list[int]] = [[] for _ in prompts]
+    errors: list[str] = []
+    done = [0]
+
+    def collect(i: int):
+        def on_output(out) -> None:
+            responses[i] += out.new_token_ids
+            if out.error:
+                errors.append(f"prompt {i}: {out.error}")
+            if out.finished:
+                done[0] += 1
+                if progress:
+                    progress(f"regenerated {done[0]}/{len(prompts)} responses")
+        return on_output
+
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i)
+        scheduler.add(Request(f"regen-{i}", list(ids), params, collect(i)))
+    scheduler.run_until_idle()
+    if errors:
+        raise ConfigError(f"regenerating the training responses failed: {errors[0]}")
+    return responses
 
 
 def prompt_corpus(target, codec, path: Path, max_tokens: int, temperature: float, seed: int,
                   chat_template: bool, progress) -> Corpus:
-    prompts = read_prompts(path)
-    gen = torch.Generator().manual_seed(seed)
-    seqs, masks = [], []
-    for i, prompt in enumerate(prompts):
+    prompts = []
+    for prompt in read_prompts(path):
         text = prompt if isinstance(prompt, str) else prompt[-1].get("content", "")
-        ids = codec.encode_prompt(text, chat_template)
-        resp = regenerate(target, ids, max_tokens, temperature, codec.eos_ids, gen)
-        seqs.append(torch.tensor(ids + resp, dtype=torch.long))
-        masks.append(torch.tensor([False] * len(ids) + [True] * len(resp)))
-        progress(f"regenerated {i + 1}/{len(prompts)} responses")
+        prompts.append(codec.encode_prompt(text, chat_template))
+    responses = regenerate_all(target, prompts, max_tokens, temperature, codec.eos_ids, seed, progress=progress)
+    seqs = [torch.tensor(ids + resp, dtype=torch.long) for ids, resp in zip(prompts, responses)]
+    masks = [torch.tensor([False] * len(ids) + [True] * len(resp)) for ids, resp in zip(prompts, responses)]
     return Corpus(seqs, masks, windowed=False)
 
 

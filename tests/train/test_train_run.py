@@ -107,3 +107,24 @@ def test_bad_input_gets_a_clear_error(tiny, text_file, tmp_path):
     (tmp_path / "z" / "f").write_text("x")
     with pytest.raises(ConfigError, match="--force"):
         train(_cfg(tiny, text_file, tmp_path / "z"), _quiet)
+
+
+def test_batched_regeneration_equals_transformers_greedy(tiny):
+    """The responses `train --data` supervises are the target's own greedy answers: regenerated in
+    one batch through the scheduler, each equals transformers' greedy `generate` on its prompt."""
+    from transformers import AutoModelForCausalLM
+
+    from peagle_trt.checkpoint import load_target
+    from peagle_trt.models.target import TargetModel
+    from peagle_trt.train.data import regenerate_all
+
+    ckpt = load_target(tiny["llama"])
+    target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, (1, 3, 5))
+    torch.manual_seed(1)
+    prompts = [torch.randint(5, ckpt.config.vocab_size, (n,)).tolist() for n in (3, 9, 5, 14)]
+    got = regenerate_all(target, prompts, 10, 0.0, (), seed=0, batch=3)
+    hf = AutoModelForCausalLM.from_pretrained(tiny["llama"], torch_dtype=torch.float32).eval()
+    for prompt, response in zip(prompts, got):
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
+                          pad_token_id=0)
+        assert response == out[0, len(prompt):].tolist()
