@@ -16,6 +16,7 @@ Tests: tests/train/test_train.py.
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,10 +103,14 @@ def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperatur
                     progress(f"regenerated {done[0]}/{len(prompts)} responses")
         return on_output
 
-    for i, ids in enumerate(prompts):
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i)
-        scheduler.add(Request(f"regen-{i}", list(ids), params, collect(i)))
-    scheduler.run_until_idle()
+    todo = iter(enumerate(prompts))
+    while True:  # keep the queue topped up to a few batches (it is bounded), step until all are done
+        for i, ids in itertools.islice(todo, max(0, 4 * batch - len(scheduler.waiting))):
+            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i)
+            scheduler.add(Request(f"regen-{i}", list(ids), params, collect(i)))
+        if not scheduler.has_work:
+            break
+        scheduler.step()
     if errors:
         raise ConfigError(f"regenerating the training responses failed: {errors[0]}")
     return responses

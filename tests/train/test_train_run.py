@@ -122,8 +122,9 @@ def test_batched_regeneration_equals_transformers_greedy(tiny):
     target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, (1, 3, 5))
     torch.manual_seed(1)
     prompts = [torch.randint(5, ckpt.config.vocab_size, (n,)).tolist() for n in (3, 9, 5, 14)]
-    got = regenerate_all(target, prompts, 10, 0.0, (), seed=0, batch=3)
+    got = regenerate_all(target, prompts * 5, 10, 0.0, (), seed=0, batch=2)  # more than the queue holds at once
     hf = AutoModelForCausalLM.from_pretrained(tiny["llama"], torch_dtype=torch.float32).eval()
+    assert got[:4] * 5 == got
     for prompt, response in zip(prompts, got):
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
                           pad_token_id=0)
