@@ -21,9 +21,10 @@ from peagle_trt.tokenizer import TextCodec
 PAIR = Path(__file__).resolve().parents[1] / "fixtures" / "code-pair"
 PROMPTS = ['def read_lines(path):\n    """Return the lines of the file at path."""',
            "class Stack:\n\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):"]
-# Measured on this pair (see docs/BENCHMARKS.md); asserted well below, so a broken head or a
-# training regression fails while run-to-run noise (there is none: greedy, CPU) cannot.
-MIN_AL = {"peagle": 2.0, "eagle3": 2.0}
+# Measured on this pair on these prompts (2026-11-23: P-EAGLE K=7 3.67, EAGLE-3 K=3 3.41; see
+# docs/BENCHMARKS.md); asserted well below, so a broken head or a training regression fails while
+# run-to-run noise (there is none: greedy, CPU) cannot.
+MIN_AL = {"peagle": 3.0, "eagle3": 2.8}
 
 
 def test_pair_is_small_and_stored_in_bf16():
