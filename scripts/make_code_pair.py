@@ -8,7 +8,7 @@ library (`sysconfig.get_paths()["stdlib"]`, tests and site-packages excluded; ne
 own responses to stdlib prompts (a function's `def` line and docstring; the target writes the body).
 Why: the random tiny models never accept a draft; this pair shows real acceptance and speed-up.
 How: everything is seeded; weights are stored in bfloat16 (the loaders upcast) so the pair stays
-small enough to commit under tests/fixtures/code-pair/ (4.2 MB).
+small enough to commit under tests/fixtures/code-pair/ (3.8 MB).
 
     .venv/bin/python scripts/make_code_pair.py tests/fixtures/code-pair          # all stages
     .venv/bin/python scripts/make_code_pair.py OUT --stage drafters              # reuse the target
@@ -211,17 +211,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=450)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--depths", type=int, default=10, help="P-EAGLE parallel depth trained")
-    p.add_argument("--prompts", type=int, default=192, help="drafter training prompts (stdlib def + docstring)")
-    p.add_argument("--full-docstrings", type=float, default=0.0,
+    p.add_argument("--prompts", type=int, default=1500, help="drafter training prompts (stdlib def + docstring)")
+    p.add_argument("--full-docstrings", type=float, default=0.5,
                    help="fraction of prompts keeping their whole (multi-line) docstring")
     p.add_argument("--methods", default="peagle,eagle3", help="heads to train (comma-separated)")
-    p.add_argument("--peagle-args", default="", help="extra `peagle-trt train` options for the P-EAGLE head")
+    p.add_argument("--peagle-args", default="--down-sample-ratio-min 0.3", help="extra `peagle-trt train` options for the P-EAGLE head")
     p.add_argument("--regen-tokens", type=int, default=96, help="response tokens the target writes per prompt")
     p.add_argument("--taps", default="1,2,3", help="target tap layers feeding the drafters")
     p.add_argument("--drafter-layers", type=int, default=1)
-    p.add_argument("--drafter-steps", type=int, default=300)
-    p.add_argument("--drafter-batch", type=int, default=4)
-    p.add_argument("--drafter-lr", type=float, default=2e-3)
+    p.add_argument("--drafter-steps", type=int, default=1500)
+    p.add_argument("--drafter-batch", type=int, default=8)
+    p.add_argument("--drafter-lr", type=float, default=3e-3)
     p.add_argument("--draft-vocab", type=int, default=512)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = p.parse_args()
