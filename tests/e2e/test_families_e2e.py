@@ -17,7 +17,7 @@ from peagle_trt.runtime.ort_executor import OrtExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
 
-FAMILIES = ["qwen3_moe", "gpt_oss"]
+FAMILIES = ["qwen3_moe", "gpt_oss", "gemma4"]
 K, SLOTS, SEQ = 3, 2, 96
 MAX_ROWS = 20  # the export's sliding layers keep a ring of 8 + 20 - 1 positions (< SEQ)
 MODES = ["none", "eagle3", "peagle"]
