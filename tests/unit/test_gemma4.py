@@ -147,3 +147,16 @@ def test_gemma4_31b_head_taps_the_layers_vllm_taps():
         "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32, "vocab_size": 512,
         "intermediate_size": 128, "sliding_window": 1024, "hidden_size_per_layer_input": 0}}
     assert adapter_for(cfg, "cfg").parse(cfg, "cfg").default_taps == (2, 30, 57)
+
+
+def test_inspect_prints_kv_memory_without_shared_layers(tiny_moe, capsys):
+    from peagle_trt.cli import main
+
+    assert main(["inspect", str(tiny_moe["gemma4"]), str(tiny_moe["drafter-gemma4"]), "--max-seq-len", "512"]) == 0
+    out = capsys.readouterr().out
+    mem = json.loads(out.strip().splitlines()[-1])["kv_memory"]
+    c = load_target(tiny_moe["gemma4"]).config
+    assert mem == kv_slot_memory(c, None, 512, 256).as_dict() | {
+        "drafter_bytes_per_slot": mem["drafter_bytes_per_slot"],
+        "bytes_per_slot": mem["target_bytes_per_slot"] + mem["drafter_bytes_per_slot"]}
+    assert mem["shared_layers"] == 3 and "3 KV-shared" in out
