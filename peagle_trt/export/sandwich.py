@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 
+from peagle_trt.export.moe import moe
+
 
 def per_layer_inputs(w, ple, ids: str, embeds: str) -> str:
     """ids [B, S], scaled embedding [B, S, H] -> per-layer inputs [B, S, L, P]."""
@@ -30,6 +32,11 @@ def sandwich_layer(w, x: str, layer, i: int, cos: str, sin: str, positions: str,
                     f"{p}.self_attn", cos, sin, positions, slots, past, present, source)
     x = w.op("Add", x, w.norm(h, layer.post_attention_layernorm, f"{p}.post_attention_layernorm"))
     h = w.mlp(w.norm(x, layer.pre_feedforward_layernorm, f"{p}.pre_feedforward_layernorm"), layer.mlp, f"{p}.mlp")
+    if layer.moe is not None:  # beside the dense MLP: both normed, summed
+        experts = moe(w, w.norm(x, layer.pre_feedforward_layernorm_2, f"{p}.pre_feedforward_layernorm_2"),
+                      layer.moe, f"{p}.moe", router_x=x)
+        h = w.op("Add", w.norm(h, layer.post_feedforward_layernorm_1, f"{p}.post_feedforward_layernorm_1"),
+                 w.norm(experts, layer.post_feedforward_layernorm_2, f"{p}.post_feedforward_layernorm_2"))
     x = w.op("Add", x, w.norm(h, layer.post_feedforward_layernorm, f"{p}.post_feedforward_layernorm"))
     if pli is not None:
         mine = w.op("Gather", pli, w.const(np.int64(i)), axis=2)  # [B, S, P]

@@ -3,6 +3,9 @@
 Layer (TargetConfig.sandwich_norm), with `post_*` norms on each block's output:
     x = x + post_attention_layernorm(attn(input_layernorm(x)))
     x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
+        with an MoE beside the dense MLP (Gemma-4 26B-A4B), the MLP term above becomes
+        post_feedforward_layernorm_1(mlp(...)) + post_feedforward_layernorm_2(moe(pre_feedforward_layernorm_2(x)),
+                                                                               router input x)
     x = x + post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) * pli))
                                                             (only with per-layer inputs)
     x = x * layer_scalar                                    (only with TargetConfig.layer_scalar)
@@ -26,7 +29,7 @@ from peagle_trt.models.layers import ACTIVATIONS, RMSNorm
 
 class SandwichDecoderLayer(nn.Module):
     def __init__(self, hidden: int, eps: float, attn: nn.Module, mlp: nn.Module, act: str,
-                 per_layer_input_size: int = 0, layer_scalar: bool = False):
+                 per_layer_input_size: int = 0, layer_scalar: bool = False, moe: nn.Module | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = attn
@@ -34,6 +37,11 @@ class SandwichDecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(hidden, eps)
         self.mlp = mlp
         self.post_feedforward_layernorm = RMSNorm(hidden, eps)
+        self.moe = moe
+        if moe is not None:
+            self.post_feedforward_layernorm_1 = RMSNorm(hidden, eps)
+            self.pre_feedforward_layernorm_2 = RMSNorm(hidden, eps)
+            self.post_feedforward_layernorm_2 = RMSNorm(hidden, eps)
         self.act = act
         if per_layer_input_size:
             self.per_layer_input_gate = nn.Linear(hidden, per_layer_input_size, bias=False)
@@ -45,7 +53,11 @@ class SandwichDecoderLayer(nn.Module):
         # x [B, S, H]; per_layer_input [B, S, P] or None
         x = x + self.post_attention_layernorm(
             self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, positions))
-        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        h = self.mlp(self.pre_feedforward_layernorm(x))
+        if self.moe is not None:
+            experts = self.moe(self.pre_feedforward_layernorm_2(x), router_x=x)
+            h = self.post_feedforward_layernorm_1(h) + self.post_feedforward_layernorm_2(experts)
+        x = x + self.post_feedforward_layernorm(h)
         if per_layer_input is not None:
             gate = ACTIVATIONS[self.act](self.per_layer_input_gate(x)) * per_layer_input  # [B, S, P]
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate))

@@ -126,11 +126,12 @@ def decoder_layer(c: TargetConfig, i: int) -> nn.Module:
                      c.rms_norm_eps if c.qk_norm else None, o_bias=c.attention_bias, window=c.window(i),
                      sinks=c.attention_sinks, scale=c.attn_scale, v_norm=c.v_norm, k_eq_v=a.k_eq_v,
                      kv_shared=a.kv_source != i)
-    mlp = SparseMoE(c.hidden_size, c.moe) if c.is_moe(i) else MLP(c.hidden_size, c.intermediate(i), c.mlp_bias,
-                                                                  c.hidden_act)
-    if c.sandwich_norm:
-        return SandwichDecoderLayer(c.hidden_size, c.rms_norm_eps, attn, mlp, c.hidden_act,
-                                    c.per_layer_input_size, c.layer_scalar)
+    dense = MLP(c.hidden_size, c.intermediate(i), c.mlp_bias, c.hidden_act)
+    moe = SparseMoE(c.hidden_size, c.moe) if c.is_moe(i) else None
+    if c.sandwich_norm:  # an MoE there runs beside the dense MLP (MoEConfig.beside_dense)
+        return SandwichDecoderLayer(c.hidden_size, c.rms_norm_eps, attn, dense, c.hidden_act,
+                                    c.per_layer_input_size, c.layer_scalar, moe)
+    mlp = moe or dense
     return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
                         c.rms_norm_eps, c.attention_bias, c.mlp_bias, c.qk_norm, attn=attn, mlp=mlp)
 

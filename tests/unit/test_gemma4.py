@@ -2,8 +2,8 @@
 Gemma4ForConditionalGeneration on text) on tiny seeded checkpoints: logits and tap hidden states,
 with and without KV cache, chunked prefill across the sliding window, KV-shared layers reading
 their owner's (windowed) cache; per-layer head sizes, k_eq_v, proportional rope, per-layer inputs,
-soft-capping (the tiny config sets them all, peagle_trt/tiny.py GEMMA4). Features we do not
-implement are refused by name."""
+soft-capping (the tiny config sets them all, peagle_trt/tiny.py GEMMA4), and the MoE block.
+Settings we do not implement are refused by name."""
 
 from __future__ import annotations
 
@@ -109,13 +109,13 @@ def test_kv_bytes_per_slot_skip_shared_layers_and_keep_windows(tiny_moe):
 
 
 @pytest.mark.parametrize("key,value,feature", [
-    ("enable_moe_block", True, "enable_moe_block"),
+    ("top_k_experts", None, "top_k_experts"),  # with enable_moe_block the expert fields are required
     ("use_bidirectional_attention", "all", "use_bidirectional_attention"),
     ("hidden_activation", "silu", "hidden_activation"),
     ("num_kv_shared_layers", 7, "num_kv_shared_layers"),
 ])
 def test_unsupported_features_are_refused_by_name(tiny_moe, tmp_path, key, value, feature):
-    cfg = json.loads((tiny_moe["gemma4"] / "config.json").read_text())
+    cfg = json.loads((tiny_moe["gemma4_moe" if key == "top_k_experts" else "gemma4"] / "config.json").read_text())
     cfg[key] = value
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     from peagle_trt.checkpoint.target import load_target_config
@@ -160,3 +160,18 @@ def test_inspect_prints_kv_memory_without_shared_layers(tiny_moe, capsys):
         "drafter_bytes_per_slot": mem["drafter_bytes_per_slot"],
         "bytes_per_slot": mem["target_bytes_per_slot"] + mem["drafter_bytes_per_slot"]}
     assert mem["shared_layers"] == 3 and "3 KV-shared" in out
+
+
+def test_moe_block_equals_transformers(tiny_moe):
+    """enable_moe_block (the 26B-A4B layout): router norm / scales, GeGLU experts beside the dense MLP."""
+    path = tiny_moe["gemma4_moe"]
+    c = load_target(path).config
+    assert c.moe.beside_dense and c.moe_layers == (True,) * 8
+    ours, hf = _ours(path), _hf(path)
+    ids = torch.randint(0, 500, (1, 45))
+    with torch.no_grad():
+        ref = hf(ids, output_hidden_states=True)
+        cache = ours.new_cache(1, 64, max_rows=12)
+        outs, taps = zip(*[ours(ids[:, a:b], torch.arange(a, b)[None], torch.tensor([0]), cache)
+                           for a, b in [(0, 11), (11, 12), (12, 24), (24, 45 - 12), (45 - 12, 45)]])
+    _check(torch.cat(outs, 1), torch.cat(taps, 1), ref)

@@ -53,11 +53,18 @@ class MoEConfig:
     norm_topk_prob: bool = False
     router_bias: bool = False
     expert_bias: bool = False
-    # expert activation: "silu" (SwiGLU) | "clamped_swiglu" (GPT-OSS: gate clamped above at
-    # `swiglu_limit`, up clamped to +-limit, out = (up + 1) * gate * sigmoid(alpha * gate))
+    # expert activation: "silu" (SwiGLU) | "gelu_tanh" (GeGLU, Gemma-4) | "clamped_swiglu" (GPT-OSS:
+    # gate clamped above at `swiglu_limit`, up clamped to +-limit, out = (up + 1) * gate * sigmoid(alpha * gate))
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # Gemma-4: the router sees rmsnorm(x) * router_scale / sqrt(H) (scale-free norm, learned [H] scale);
+    # the routing weights are multiplied by a learned per-expert scale; the MoE runs beside the
+    # dense MLP of a sandwich layer (each output normed, then summed) instead of replacing it
+    router_input_norm: bool = False
+    router_norm_eps: float = 1e-6
+    per_expert_scale: bool = False
+    beside_dense: bool = False
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -65,7 +72,7 @@ class MoEConfig:
                               f"{self.num_experts}]")
         if self.routing not in ("softmax_topk", "topk_softmax"):
             raise ConfigError(f"MoE routing {self.routing!r} is unknown")
-        if self.activation not in ("silu", "clamped_swiglu"):
+        if self.activation not in ("silu", "gelu_tanh", "clamped_swiglu"):
             raise ConfigError(f"MoE expert activation {self.activation!r} is unknown")
 
 
@@ -130,6 +137,8 @@ class TargetConfig:
                 raise ConfigError(f"{name} has {len(value)} entries for {self.num_layers} layers")
         if any(self.moe_layers) and self.moe is None:
             raise ConfigError("moe_layers marks sparse layers but no MoE config is given")
+        if self.moe is not None and self.moe.beside_dense != self.sandwich_norm:
+            raise ConfigError("an MoE beside the dense MLP needs sandwich-norm layers, and only there")
         for i, a in enumerate(self.layer_attention):
             if self.num_heads % a.num_kv_heads:
                 raise ConfigError(f"layer {i}: num_attention_heads ({self.num_heads}) must be a multiple of its "

@@ -19,14 +19,20 @@ modeling_gemma4, the oracle of tests/unit/test_gemma4.py):
   embedding                       x sqrt(hidden_size); GELU-tanh MLPs
   hidden_size_per_layer_input     per-layer input embeddings (models/sandwich.py)
   final_logit_softcapping         logits = c * tanh(logits / c)
-Refused with a ConfigError naming the feature: `enable_moe_block` (the 26B-A4B MoE: router with
-its own norm / per-expert scale beside the dense MLP, not implemented),
-`use_bidirectional_attention: "all"`, activations other than GELU-tanh.
+  enable_moe_block                every layer also has a sparse MoE beside its dense MLP (26B-A4B):
+                                  router on rmsnorm(x) * scale / sqrt(H), softmax, top-k,
+                                  renormalised, x per_expert_scale; GeGLU experts stored stacked
+                                  (`experts.gate_up_proj` [E, 2I, H]: gate rows first, `down_proj`
+                                  [E, H, I]), split into our per-expert linears by `convert`
+Refused with a ConfigError naming the feature: `use_bidirectional_attention: "all"`, activations
+other than GELU-tanh.
 """
 
 from __future__ import annotations
 
-from peagle_trt.checkpoint.arch.base import LayerAttention, TargetAdapter, TargetConfig, require
+import re
+
+from peagle_trt.checkpoint.arch.base import LayerAttention, MoEConfig, TargetAdapter, TargetConfig, require
 from peagle_trt.errors import ConfigError
 from peagle_trt.models.rope import RopeConfig
 
@@ -35,6 +41,9 @@ DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1000
                 "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                    "rope_theta": 1000000.0}}
 _PER_LAYER_KEYS = {"head_dim", "num_key_value_heads"}
+_EXPERTS = re.compile(r"^layers\.(\d+)\.experts\.(gate_up_proj|down_proj)$")
+_ROUTER = {"router.proj.weight": "moe.gate.weight", "router.scale": "moe.router_scale",
+           "router.per_expert_scale": "moe.per_expert_scale"}
 
 
 class Gemma4Adapter(TargetAdapter):
@@ -50,11 +59,6 @@ class Gemma4Adapter(TargetAdapter):
                 raise ConfigError(f"{where}: text_config.model_type {text.get('model_type')!r}, expected 'gemma4_text'")
             text = {**text, "quantization_config": cfg.get("quantization_config") or text.get("quantization_config")}
             where = f"{where} text_config"
-        for key, why in (("enable_moe_block", "the Gemma-4 MoE block (router with its own norm and per-expert "
-                                              "scale beside the dense MLP)"),):
-            if text.get(key):
-                raise ConfigError(f"{where}: {key}=true ({why}) is not supported yet; supported: the dense "
-                                  "Gemma-4 models (E2B, E4B, 31B)")
         if text.get("use_bidirectional_attention") == "all":
             raise ConfigError(f"{where}: use_bidirectional_attention='all' (non-causal text attention) is not "
                               "supported; a decoder for generation needs causal attention")
@@ -95,7 +99,16 @@ class Gemma4Adapter(TargetAdapter):
         wide = bool(cfg.get("use_double_wide_mlp", False))
         ple = int(cfg.get("hidden_size_per_layer_input", 256) or 0)  # transformers' defaults when absent
         softcap = cfg.get("final_logit_softcapping")
-        return {"layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
+        moe = {}
+        if cfg.get("enable_moe_block"):
+            moe = {"moe": MoEConfig(num_experts=int(require(cfg, "num_experts", where)),
+                                    top_k=int(require(cfg, "top_k_experts", where)),
+                                    intermediate_size=int(require(cfg, "moe_intermediate_size", where)),
+                                    routing="softmax_topk", norm_topk_prob=True, activation="gelu_tanh",
+                                    router_input_norm=True, router_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                                    per_expert_scale=True, beside_dense=True),
+                   "moe_layers": (True,) * layers}
+        return {**moe, "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
                 "hidden_act": "gelu_tanh", "embed_scale": hidden ** 0.5, "sandwich_norm": True, "v_norm": True,
                 "attn_scale": 1.0, "layer_scalar": True, "logit_softcap": float(softcap) if softcap else None,
                 "per_layer_input_size": ple,
@@ -149,7 +162,21 @@ class Gemma4Adapter(TargetAdapter):
         return hf_name if hf_name.startswith("lm_head.") else None
 
     def convert(self, tensors: dict, config: TargetConfig, where: str) -> dict:
-        out = super().convert(tensors, config, where)
+        out = {}
+        for name, tensor in super().convert(tensors, config, where).items():
+            m = _EXPERTS.match(name)
+            if m:  # stacked experts -> per-expert linears [out, in]
+                prefix, half = f"layers.{m.group(1)}.moe.experts", tensor.shape[1] // 2
+                for e in range(tensor.shape[0]):
+                    if m.group(2) == "gate_up_proj":
+                        out[f"{prefix}.{e}.gate_proj.weight"] = tensor[e, :half].contiguous()
+                        out[f"{prefix}.{e}.up_proj.weight"] = tensor[e, half:].contiguous()
+                    else:
+                        out[f"{prefix}.{e}.down_proj.weight"] = tensor[e].contiguous()
+                continue
+            layer, _, rest = name.partition(".")[2].partition(".")
+            key = rest if name.startswith("layers.") else None
+            out[f"layers.{layer}.{_ROUTER[key]}" if key in _ROUTER else name] = tensor
         for i in range(config.num_layers):  # KV-shared layers: transformers ignores their k/v weights too
             if config.attention(i).kv_source != i:
                 for name in ("k_proj", "v_proj", "k_norm", "v_norm"):
