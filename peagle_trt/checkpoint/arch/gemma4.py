@@ -23,7 +23,8 @@ modeling_gemma4, the oracle of tests/unit/test_gemma4.py):
                                   router on rmsnorm(x) * scale / sqrt(H), softmax, top-k,
                                   renormalised, x per_expert_scale; GeGLU experts stored stacked
                                   (`experts.gate_up_proj` [E, 2I, H]: gate rows first, `down_proj`
-                                  [E, H, I]), split into our per-expert linears by `convert`
+                                  [E, H, I]), split into our per-expert linears by `convert`;
+                                  ModelOpt's FP8 export writes them per expert (`experts.{e}.*`)
 Refused with a ConfigError naming the feature: `use_bidirectional_attention: "all"`, activations
 other than GELU-tanh.
 """
@@ -42,6 +43,7 @@ DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1000
                                    "rope_theta": 1000000.0}}
 _PER_LAYER_KEYS = {"head_dim", "num_key_value_heads"}
 _EXPERTS = re.compile(r"^layers\.(\d+)\.experts\.(gate_up_proj|down_proj)$")
+_PER_EXPERT = re.compile(r"^layers\.\d+\.experts\.\d+\.")
 _ROUTER = {"router.proj.weight": "moe.gate.weight", "router.scale": "moe.router_scale",
            "router.per_expert_scale": "moe.per_expert_scale"}
 
@@ -173,6 +175,9 @@ class Gemma4Adapter(TargetAdapter):
                         out[f"{prefix}.{e}.up_proj.weight"] = tensor[e, half:].contiguous()
                     else:
                         out[f"{prefix}.{e}.down_proj.weight"] = tensor[e].contiguous()
+                continue
+            if _PER_EXPERT.match(name):  # ModelOpt's FP8 export writes the experts one by one
+                out[name.replace(".experts.", ".moe.experts.", 1)] = tensor
                 continue
             layer, _, rest = name.partition(".")[2].partition(".")
             key = rest if name.startswith("layers.") else None
