@@ -58,24 +58,28 @@ class Gemma4Adapter(TargetAdapter):
         if cfg.get("model_type") == "gemma4":
             text = require(cfg, "text_config", where)
             if text.get("model_type", "gemma4_text") != "gemma4_text":
-                raise ConfigError(f"{where}: text_config.model_type {text.get('model_type')!r}, expected 'gemma4_text'")
-            text = {**text, "quantization_config": cfg.get("quantization_config") or text.get("quantization_config")}
+                raise ConfigError(f"{where}: text_config.model_type {text.get('model_type')!r}, "
+                                  "expected 'gemma4_text'")
+            quant = cfg.get("quantization_config") or text.get("quantization_config")
+            tie = text.get("tie_word_embeddings", cfg.get("tie_word_embeddings", True))
+            text = {**text, "quantization_config": quant, "tie_word_embeddings": tie}
             where = f"{where} text_config"
         if text.get("use_bidirectional_attention") == "all":
             raise ConfigError(f"{where}: use_bidirectional_attention='all' (non-causal text attention) is not "
                               "supported; a decoder for generation needs causal attention")
         layers = int(require(text, "num_hidden_layers", where))
-        types = list(text.get("layer_types") or ["sliding_attention" if (i + 1) % 6 else "full_attention"
-                                                 for i in range(layers)])
+        default = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+        types = list(text.get("layer_types") or default)
         if len(types) != layers or not set(types) <= set(TYPES):
-            raise ConfigError(f"{where}: layer_types must list {TYPES} for each of the {layers} layers, got {types}")
+            raise ConfigError(f"{where}: layer_types must list {TYPES} for each of the {layers} layers, "
+                              f"got {types}")
         types[-1] = "full_attention"  # as transformers forces it
         ropes = text.get("rope_parameters") or DEFAULT_ROPE
         if not set(types) <= set(ropes):
-            raise ConfigError(f"{where}: rope_parameters must have one entry per layer type {sorted(set(types))}, "
-                              f"got keys {sorted(ropes)}")
-        flat = {**text, "rope_parameters": ropes[types[0]], "hidden_act": "silu",
-                "_layer_types": types, "_ropes": ropes}
+            raise ConfigError(f"{where}: rope_parameters must have one entry per layer type "
+                              f"{sorted(set(types))}, got keys {sorted(ropes)}")
+        flat = {**text, "rope_parameters": ropes[types[0]], "hidden_act": "silu", "_layer_types": types,
+                "_ropes": ropes, "tie_word_embeddings": text.get("tie_word_embeddings", True)}
         return super().parse(flat, where)
 
     def check_activation(self, cfg: dict, where: str) -> None:
@@ -84,17 +88,19 @@ class Gemma4Adapter(TargetAdapter):
     def extra_fields(self, cfg: dict, where: str) -> dict:
         act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
         if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            raise ConfigError(f"{where}: hidden_activation {act!r} is not supported (expected 'gelu_pytorch_tanh')")
+            raise ConfigError(f"{where}: hidden_activation {act!r} is not supported "
+                              "(expected 'gelu_pytorch_tanh')")
         types, layers = cfg["_layer_types"], len(cfg["_layer_types"])
         hidden = int(require(cfg, "hidden_size", where))
         window = int(cfg.get("sliding_window") or 0)
         if "sliding_attention" in types and window <= 0:
-            raise ConfigError(f"{where}: sliding_attention layers need a positive sliding_window, got {window}")
+            raise ConfigError(f"{where}: sliding_attention layers need a positive sliding_window, "
+                              f"got {window}")
         heads, sources = self.head_shapes(cfg, types, where), self.kv_sources(cfg, types, where)
         k_eq_v = bool(cfg.get("attention_k_eq_v", False))
         mpe = int(cfg.get("max_position_embeddings", 131072))
-        ropes = {t: RopeConfig.from_hf({"rope_parameters": p, "max_position_embeddings": mpe}, f"{where} {t}")
-                 for t, p in cfg["_ropes"].items() if t in types}
+        ropes = {t: RopeConfig.from_hf({"rope_parameters": params, "max_position_embeddings": mpe},
+                                       f"{where} {t}") for t, params in cfg["_ropes"].items() if t in types}
         attn = tuple(LayerAttention(d, kv, ropes[t], src, k_eq_v and t == "full_attention")
                      for t, (d, kv), src in zip(types, heads, sources))
         inter = int(require(cfg, "intermediate_size", where))
@@ -103,13 +109,13 @@ class Gemma4Adapter(TargetAdapter):
         softcap = cfg.get("final_logit_softcapping")
         moe = {}
         if cfg.get("enable_moe_block"):
-            moe = {"moe": MoEConfig(num_experts=int(require(cfg, "num_experts", where)),
-                                    top_k=int(require(cfg, "top_k_experts", where)),
-                                    intermediate_size=int(require(cfg, "moe_intermediate_size", where)),
-                                    routing="softmax_topk", norm_topk_prob=True, activation="gelu_tanh",
-                                    router_input_norm=True, router_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                                    per_expert_scale=True, beside_dense=True),
-                   "moe_layers": (True,) * layers}
+            experts = MoEConfig(num_experts=int(require(cfg, "num_experts", where)),
+                                top_k=int(require(cfg, "top_k_experts", where)),
+                                intermediate_size=int(require(cfg, "moe_intermediate_size", where)),
+                                routing="softmax_topk", norm_topk_prob=True, activation="gelu_tanh",
+                                router_input_norm=True, router_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                                per_expert_scale=True, beside_dense=True)
+            moe = {"moe": experts, "moe_layers": (True,) * layers}
         return {**moe, "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
                 "hidden_act": "gelu_tanh", "embed_scale": hidden ** 0.5, "sandwich_norm": True, "v_norm": True,
                 "attn_scale": 1.0, "layer_scalar": True, "logit_softcap": float(softcap) if softcap else None,
