@@ -226,11 +226,15 @@ def _graph_info(path: Path) -> dict:
     extended = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and (
         any(a.name == "sliding_window" and helper.get_attribute_value(a) for a in n.attribute)
         or (len(n.input) > 7 and n.input[7]))]  # sliding windows / attention sinks
-    if extended:
-        raise BuildError(f"{path}: attention nodes {extended[:4]}{' ...' if len(extended) > 4 else ''} use "
-                         "sliding windows or attention sinks, which the TensorRT plugins (plugins/) do not "
-                         "implement; serve this model with --backend torch or onnxruntime (a drafter window "
-                         "W is left out of the export when max_seq_len + K + 1 <= W)")
+    inputs = {i.name for i in model.graph.input}
+    shared = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and n.input[5] not in inputs]
+    if extended or shared:  # shared: Gemma-4 KV-shared layers (their cache is another node's output)
+        what = ([f"attention nodes {extended[:4]}{' ...' if len(extended) > 4 else ''} use sliding windows or "
+                 "attention sinks, which the TensorRT plugins (plugins/) do not implement"] if extended else []) + \
+               ([f"attention nodes {shared[:4]} read another layer's KV cache (KV-shared layers), which the "
+                 "TensorRT plugins' in-place cache binding is not verified for"] if shared else [])
+        raise BuildError(f"{path}: {'; '.join(what)}; serve this model with --backend torch or onnxruntime "
+                         "(a drafter window W is left out of the export when max_seq_len + K + 1 <= W)")
     k = [helper.get_attribute_value(a) for n in model.graph.node if n.op_type == "PEagleDraftInputs"
          for a in n.attribute if a.name == "num_spec_tokens"]
     return {"plugin_ops": ops, "num_spec_tokens": int(k[0]) if k else None}

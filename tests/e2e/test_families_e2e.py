@@ -133,6 +133,11 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
               if i.name.startswith("past_key")}
         sliding, full = [SLOTS, 2, 8 + MAX_ROWS, 32], [SLOTS, 1, SEQ + K + 2, 64]
         assert kv == {f"past_key_{i}": shape for i, shape in enumerate([sliding, sliding, full, sliding, sliding])}
+        from peagle_trt.engine import _graph_info
+        from peagle_trt.errors import BuildError
+
+        with pytest.raises(BuildError, match=r"sliding windows.*KV-shared layers"):  # TensorRT refuses both
+            _graph_info(out / "trt" / "target.onnx")
     else:
         assert windows == [0] * 8 and all(len(n.input) == 7 for n in attn)
 
