@@ -226,9 +226,10 @@ def _graph_info(path: Path) -> dict:
     extended = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and (
         any(a.name == "sliding_window" and helper.get_attribute_value(a) for a in n.attribute)
         or (len(n.input) > 7 and n.input[7]))]  # sliding windows / attention sinks
-    inputs = {i.name for i in model.graph.input}
-    shared = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and n.input[5] not in inputs]
-    if extended or shared:  # shared: Gemma-4 KV-shared layers (their cache is another node's output)
+    attn = [n for n in model.graph.node if n.op_type == "PEagleKVAttention"]
+    caches_out = {name for n in attn for name in n.output[1:]}
+    shared = [n.name for n in attn if n.input[5] in caches_out]  # Gemma-4 KV-shared layers
+    if extended or shared:
         what = ([f"attention nodes {extended[:4]}{' ...' if len(extended) > 4 else ''} use sliding windows or "
                  "attention sinks, which the TensorRT plugins (plugins/) do not implement"] if extended else []) + \
                ([f"attention nodes {shared[:4]} read another layer's KV cache (KV-shared layers), which the "
