@@ -54,7 +54,16 @@ def describe_target(path: Path) -> dict:
     return {"kind": "target", "path": str(path), "family": c.arch, "layers": c.num_layers,
             "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "heads": c.num_heads,
             "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "rope": asdict(c.rope),
-            "qk_norm": c.qk_norm, "quantization": c.quantization, "default_taps": list(c.default_taps)}
+            "qk_norm": c.qk_norm, "quantization": c.quantization, "default_taps": list(c.default_taps),
+            **({"layer_attention": [_layer_line(c, i) for i in range(c.num_layers)]} if c.layer_attention else {})}
+
+
+def _layer_line(c, i: int) -> str:
+    """One layer of a target whose layers differ (Gemma-4): window, head size, KV heads, KV sharing."""
+    a = c.attention(i)
+    shared = f", reads layer {a.kv_source}'s KV cache" if a.kv_source != i else ""
+    return (f"{f'window {c.window(i)}' if c.window(i) else 'full'}, head_dim {a.head_dim}, "
+            f"kv_heads {a.num_kv_heads}, rope {a.rope.rope_type}{shared}")
 
 
 def describe_drafter(d: DrafterCheckpoint) -> dict:

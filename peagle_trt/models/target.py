@@ -4,7 +4,8 @@ returning logits and the residual streams at the drafter's tap layers. Per-layer
 norms and per-layer inputs) come from the resolved `TargetConfig`.
 
 Tap semantics (vLLM): tap i = the hidden state ENTERING decoder layer i (= output of layer i-1,
-before any norm); tap 0 is the embedding and tap L the last layer's output before the final norm.
+before any norm); tap 0 is the embedding (Gemma-4: scaled by sqrt(H), as vLLM taps it) and tap L the
+last layer's output before the final norm.
 The taps are concatenated in tap order: aux [B, S, len(taps) * hidden].
 """
 
