@@ -249,7 +249,8 @@ def make_all(out: Path) -> dict[str, Path]:
 
 def make_families(out: Path) -> dict[str, Path]:
     """The P-EAGLE target families: Qwen3-MoE, GPT-OSS (also with MXFP4 experts) and Gemma-4 (also
-    as the multimodal wrapper and with the MoE block) targets, and an AWS-layout P-EAGLE head for each (`drafter-<family>`)."""
+    as the multimodal wrapper and with the MoE block) targets, and an AWS-layout P-EAGLE head for
+    each (`drafter-<family>`)."""
     paths = {"qwen3_moe": make_target(out / "qwen3_moe", "qwen3_moe", seed=5),
              "gpt_oss": make_target(out / "gpt_oss", "gpt_oss", seed=6),
              "gpt_oss_mxfp4": make_target(out / "gpt_oss_mxfp4", "gpt_oss", seed=7, mxfp4=True),

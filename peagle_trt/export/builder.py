@@ -62,6 +62,6 @@ class Builder:
     def gelu_tanh(self, x: str, dtype=np.float32) -> str:
         """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (opset 19 has no Gelu)."""
         c = lambda v: self.const(np.asarray(v, dtype=dtype))  # noqa: E731
-        inner = self.op("Mul", c(np.sqrt(2 / np.pi)), self.op("Add", x, self.op("Mul", c(0.044715),
-                                                                                  self.op("Mul", x, self.op("Mul", x, x)))))
+        cube = self.op("Mul", x, self.op("Mul", x, x))
+        inner = self.op("Mul", c(np.sqrt(2 / np.pi)), self.op("Add", x, self.op("Mul", c(0.044715), cube)))
         return self.op("Mul", self.op("Mul", c(0.5), x), self.op("Add", c(1.0), self.op("Tanh", inner)))

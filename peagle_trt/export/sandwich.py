@@ -17,12 +17,14 @@ def per_layer_inputs(w, ple, ids: str, embeds: str) -> str:
     vocab = ple.embed_tokens_per_layer.num_embeddings
     safe = w.op("Where", w.op("Less", ids, w.ints(vocab)), ids, w.ints(0))  # past the table: row 0
     table = w.param("per_layer_inputs.embed_tokens_per_layer.weight", ple.embed_tokens_per_layer.weight)
-    token = w.op("Mul", w.op("Gather", table, safe, axis=0), w.const(np.asarray(math.sqrt(ple.size), dtype=w.np)))
+    token = w.op("Mul", w.op("Gather", table, safe, axis=0),
+                 w.const(np.asarray(math.sqrt(ple.size), dtype=w.np)))
     proj = w.linear(embeds, ple.per_layer_model_projection, "per_layer_inputs.per_layer_model_projection")
     proj = w.op("Mul", proj, w.const(np.asarray(ple.hidden ** -0.5, dtype=w.np)))
     proj = w.norm(w.op("Reshape", proj, shape), ple.per_layer_projection_norm,
                   "per_layer_inputs.per_layer_projection_norm")
-    return w.op("Mul", w.op("Add", proj, w.op("Reshape", token, shape)), w.const(np.asarray(2.0 ** -0.5, dtype=w.np)))
+    return w.op("Mul", w.op("Add", proj, w.op("Reshape", token, shape)),
+                w.const(np.asarray(2.0 ** -0.5, dtype=w.np)))
 
 
 def sandwich_layer(w, x: str, layer, i: int, cos: str, sin: str, positions: str, slots: str, past, present,
@@ -31,7 +33,8 @@ def sandwich_layer(w, x: str, layer, i: int, cos: str, sin: str, positions: str,
     h = w.attention(w.norm(x, layer.input_layernorm, f"{p}.input_layernorm"), layer.self_attn, i,
                     f"{p}.self_attn", cos, sin, positions, slots, past, present, source)
     x = w.op("Add", x, w.norm(h, layer.post_attention_layernorm, f"{p}.post_attention_layernorm"))
-    h = w.mlp(w.norm(x, layer.pre_feedforward_layernorm, f"{p}.pre_feedforward_layernorm"), layer.mlp, f"{p}.mlp")
+    h = w.mlp(w.norm(x, layer.pre_feedforward_layernorm, f"{p}.pre_feedforward_layernorm"), layer.mlp,
+              f"{p}.mlp")
     if layer.moe is not None:  # beside the dense MLP: both normed, summed
         experts = moe(w, w.norm(x, layer.pre_feedforward_layernorm_2, f"{p}.pre_feedforward_layernorm_2"),
                       layer.moe, f"{p}.moe", router_x=x)

@@ -36,9 +36,9 @@ class KVMemory:
     def describe(self, slots: int) -> str:
         mib = 1 / 2 ** 20
         shared = f", {self.shared_layers} KV-shared" if self.shared_layers else ""
-        return (f"KV cache per slot: target {self.target_bytes_per_slot * mib:.2f} MiB ({self.full_layers} full "
-                f"layers, {self.windowed_layers} windowed of {self.window_positions} positions{shared}), drafter "
-                f"{self.drafter_bytes_per_slot * mib:.2f} MiB; x {slots} slots = "
+        return (f"KV cache per slot: target {self.target_bytes_per_slot * mib:.2f} MiB ({self.full_layers} "
+                f"full layers, {self.windowed_layers} windowed of {self.window_positions} positions{shared}), "
+                f"drafter {self.drafter_bytes_per_slot * mib:.2f} MiB; x {slots} slots = "
                 f"{self.bytes_per_slot * slots * mib:.2f} MiB")
 
 
@@ -52,10 +52,11 @@ def kv_slot_memory(target, drafter=None, max_len: int = 2048, max_rows: int | No
     lens = kv_layer_lens(target, max_len, max_rows)
     owners = [i for i in range(target.num_layers) if target.attention(i).kv_source == i]
     windowed = [lens[i] for i in owners if lens[i] < max_len]
-    target_bytes = sum(_bytes(target.attention(i).num_kv_heads, target.attention(i).head_dim, lens[i], dtype_bytes)
-                       for i in owners)
+    shapes = {i: target.attention(i) for i in owners}
+    target_bytes = sum(_bytes(a.num_kv_heads, a.head_dim, lens[i], dtype_bytes) for i, a in shapes.items())
     drafter_bytes = 0
     if drafter is not None:
-        drafter_bytes = drafter.num_layers * _bytes(drafter.num_kv_heads, drafter.head_dim, max_len, dtype_bytes)
-    return KVMemory(target_bytes, drafter_bytes, len(owners) - len(windowed), len(windowed), max(windowed, default=0),
-                    target.num_layers - len(owners))
+        drafter_bytes = drafter.num_layers * _bytes(drafter.num_kv_heads, drafter.head_dim, max_len,
+                                                    dtype_bytes)
+    return KVMemory(target_bytes, drafter_bytes, len(owners) - len(windowed), len(windowed),
+                    max(windowed, default=0), target.num_layers - len(owners))

@@ -4,8 +4,8 @@ Layer (TargetConfig.sandwich_norm), with `post_*` norms on each block's output:
     x = x + post_attention_layernorm(attn(input_layernorm(x)))
     x = x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))
         with an MoE beside the dense MLP (Gemma-4 26B-A4B), the MLP term above becomes
-        post_feedforward_layernorm_1(mlp(...)) + post_feedforward_layernorm_2(moe(pre_feedforward_layernorm_2(x)),
-                                                                               router input x)
+        post_feedforward_layernorm_1(mlp(...))
+            + post_feedforward_layernorm_2(moe(pre_feedforward_layernorm_2(x), router input x))
     x = x + post_per_layer_input_norm(per_layer_projection(act(per_layer_input_gate(x)) * pli))
                                                             (only with per-layer inputs)
     x = x * layer_scalar                                    (only with TargetConfig.layer_scalar)

@@ -49,7 +49,8 @@ class TargetModel(nn.Module):
         self.rope_scale = self.rope_scales[0]
 
     def inv_freqs(self) -> list[torch.Tensor]:
-        return [self.inv_freq if j == 0 else getattr(self, f"inv_freq_{j}") for j in range(len(self.rope_scales))]
+        return [self.inv_freq if j == 0 else getattr(self, f"inv_freq_{j}")
+                for j in range(len(self.rope_scales))]
 
     def new_cache(self, num_slots: int, max_len: int, max_rows: int | None = None) -> KVCache:
         """KV cache of `num_slots` sequences of up to `max_len` positions. With `max_rows` (most

@@ -130,7 +130,8 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     values = b.op("Unsqueeze", b.op("Gather", "v_cache_out", "slots", axis=0), b.ints(2))
     q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
-    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])), scale)  # [B,KV,G,S,T1]
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])),
+                  scale)  # [B,KV,G,S,T1]
     ring = b.op("Range", b.const(np.int64(0)),
                 b.op("Squeeze", t1, b.ints(0)), b.const(np.int64(1)))  # [T1] cache rows
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]

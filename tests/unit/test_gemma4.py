@@ -63,7 +63,8 @@ def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, max_rows):
     assert cache.k[5] is cache.k[2] and cache.k[6] is cache.k[4] and cache.v[7] is cache.v[2]
     ring = 19 if max_rows else 64
     sliding, full = (2, ring + 1, 32), (1, 65, 64)  # full layers: 1 KV head of 64 (global)
-    assert [tuple(t.shape[1:]) for t in cache.k] == [sliding, sliding, full, sliding, sliding, full, sliding, full]
+    assert [tuple(t.shape[1:]) for t in cache.k] == [sliding, sliding, full, sliding, sliding, full, sliding,
+                                                     full]
 
 
 def test_decode_steps_equal_transformers_with_its_cache(tiny_moe):
@@ -115,7 +116,8 @@ def test_kv_bytes_per_slot_skip_shared_layers_and_keep_windows(tiny_moe):
     ("num_kv_shared_layers", 7, "num_kv_shared_layers"),
 ])
 def test_unsupported_features_are_refused_by_name(tiny_moe, tmp_path, key, value, feature):
-    cfg = json.loads((tiny_moe["gemma4_moe" if key == "top_k_experts" else "gemma4"] / "config.json").read_text())
+    family = "gemma4_moe" if key == "top_k_experts" else "gemma4"
+    cfg = json.loads((tiny_moe[family] / "config.json").read_text())
     cfg[key] = value
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     from peagle_trt.checkpoint.target import load_target_config
@@ -152,7 +154,8 @@ def test_gemma4_31b_head_taps_the_layers_vllm_taps():
 def test_inspect_prints_kv_memory_without_shared_layers(tiny_moe, capsys):
     from peagle_trt.cli import main
 
-    assert main(["inspect", str(tiny_moe["gemma4"]), str(tiny_moe["drafter-gemma4"]), "--max-seq-len", "512"]) == 0
+    pair = [str(tiny_moe["gemma4"]), str(tiny_moe["drafter-gemma4"])]
+    assert main(["inspect", *pair, "--max-seq-len", "512"]) == 0
     out = capsys.readouterr().out
     mem = json.loads(out.strip().splitlines()[-1])["kv_memory"]
     c = load_target(tiny_moe["gemma4"]).config

@@ -54,7 +54,8 @@ class MoEConfig:
     router_bias: bool = False
     expert_bias: bool = False
     # expert activation: "silu" (SwiGLU) | "gelu_tanh" (GeGLU, Gemma-4) | "clamped_swiglu" (GPT-OSS:
-    # gate clamped above at `swiglu_limit`, up clamped to +-limit, out = (up + 1) * gate * sigmoid(alpha * gate))
+    # gate clamped above at `swiglu_limit`, up clamped to +-limit,
+    # out = (up + 1) * gate * sigmoid(alpha * gate))
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
@@ -141,8 +142,8 @@ class TargetConfig:
             raise ConfigError("an MoE beside the dense MLP needs sandwich-norm layers, and only there")
         for i, a in enumerate(self.layer_attention):
             if self.num_heads % a.num_kv_heads:
-                raise ConfigError(f"layer {i}: num_attention_heads ({self.num_heads}) must be a multiple of its "
-                                  f"{a.num_kv_heads} KV heads")
+                raise ConfigError(f"layer {i}: num_attention_heads ({self.num_heads}) must be a multiple of "
+                                  f"its {a.num_kv_heads} KV heads")
             src = self.layer_attention[a.kv_source] if 0 <= a.kv_source < self.num_layers else None
             if src is None or src.kv_source != a.kv_source or (src.head_dim, src.num_kv_heads) != (
                     a.head_dim, a.num_kv_heads) or self.window(a.kv_source) != self.window(i):
@@ -160,7 +161,8 @@ class TargetConfig:
         return LayerAttention(self.head_dim, self.num_kv_heads, self.rope, layer)
 
     def intermediate(self, layer: int) -> int:
-        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+        sizes = self.layer_intermediate_sizes
+        return sizes[layer] if sizes else self.intermediate_size
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.moe_layers) and self.moe_layers[layer]

@@ -43,6 +43,7 @@ DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 1000
                                    "rope_theta": 1000000.0}}
 _PER_LAYER_KEYS = {"head_dim", "num_key_value_heads"}
 _EXPERTS = re.compile(r"^layers\.(\d+)\.experts\.(gate_up_proj|down_proj)$")
+_PLE = ("embed_tokens_per_layer.", "per_layer_model_projection.", "per_layer_projection_norm.")
 _PER_EXPERT = re.compile(r"^layers\.\d+\.experts\.\d+\.")
 _ROUTER = {"router.proj.weight": "moe.gate.weight", "router.scale": "moe.router_scale",
            "router.per_expert_scale": "moe.per_expert_scale"}
@@ -65,8 +66,8 @@ class Gemma4Adapter(TargetAdapter):
             text = {**text, "quantization_config": quant, "tie_word_embeddings": tie}
             where = f"{where} text_config"
         if text.get("use_bidirectional_attention") == "all":
-            raise ConfigError(f"{where}: use_bidirectional_attention='all' (non-causal text attention) is not "
-                              "supported; a decoder for generation needs causal attention")
+            raise ConfigError(f"{where}: use_bidirectional_attention='all' (non-causal text attention) is "
+                              "not supported; a decoder for generation needs causal attention")
         layers = int(require(text, "num_hidden_layers", where))
         default = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
         types = list(text.get("layer_types") or default)
@@ -117,8 +118,8 @@ class Gemma4Adapter(TargetAdapter):
                                 per_expert_scale=True, beside_dense=True)
             moe = {"moe": experts, "moe_layers": (True,) * layers}
         return {**moe, "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
-                "hidden_act": "gelu_tanh", "embed_scale": hidden ** 0.5, "sandwich_norm": True, "v_norm": True,
-                "attn_scale": 1.0, "layer_scalar": True, "logit_softcap": float(softcap) if softcap else None,
+                "hidden_act": "gelu_tanh", "embed_scale": hidden ** 0.5, "sandwich_norm": True,
+                "v_norm": True, "attn_scale": 1.0, "layer_scalar": True, "logit_softcap": float(softcap) if softcap else None,
                 "per_layer_input_size": ple,
                 "per_layer_input_vocab": int(cfg.get("vocab_size_per_layer_input", 262144)) if ple else 0,
                 "layer_attention": attn,
@@ -140,9 +141,10 @@ class Gemma4Adapter(TargetAdapter):
         out = [base] * len(types)
         for key, over in per_layer.items():
             if not str(key).isdigit() or not 0 <= int(key) < len(types) or set(over) - _PER_LAYER_KEYS:
-                raise ConfigError(f"{where}: per_layer_config entry {key!r}: {over} is not supported; supported: "
-                                  f"layer indices with {sorted(_PER_LAYER_KEYS)}")
-            out[int(key)] = (int(over.get("head_dim", base[0])), int(over.get("num_key_value_heads", base[1])))
+                raise ConfigError(f"{where}: per_layer_config entry {key!r}: {over} is not supported; "
+                                  f"supported: layer indices with {sorted(_PER_LAYER_KEYS)}")
+            out[int(key)] = (int(over.get("head_dim", base[0])),
+                             int(over.get("num_key_value_heads", base[1])))
         return out
 
     @staticmethod
@@ -152,8 +154,8 @@ class Gemma4Adapter(TargetAdapter):
         n = int(cfg.get("num_kv_shared_layers") or 0)
         first = len(types) - n
         if not 0 <= n < len(types) or (n and not set(types[first:]) <= set(types[:first])):
-            raise ConfigError(f"{where}: num_kv_shared_layers={n}: every shared layer needs an earlier layer of "
-                              f"its type to share with (layer_types {types})")
+            raise ConfigError(f"{where}: num_kv_shared_layers={n}: every shared layer needs an earlier layer "
+                              f"of its type to share with (layer_types {types})")
         last = {t: i for i, t in enumerate(types[:first])}
         return [i if i < first else last[t] for i, t in enumerate(types)]
 
@@ -163,9 +165,8 @@ class Gemma4Adapter(TargetAdapter):
                 rest = hf_name[len(prefix):]
                 if rest.startswith(("vision_tower.", "audio_tower.", "embed_vision.", "embed_audio.")):
                     return None
-                for ple in ("embed_tokens_per_layer.", "per_layer_model_projection.", "per_layer_projection_norm."):
-                    if rest.startswith(ple):
-                        return "per_layer_inputs." + rest
+                if rest.startswith(_PLE):
+                    return "per_layer_inputs." + rest
                 return rest
         return hf_name if hf_name.startswith("lm_head.") else None
 
