@@ -292,7 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("make-tiny", help="write small seeded checkpoints (targets + drafters)")
     t.add_argument("out", type=Path, help="output directory")
     t.add_argument("--families", action="store_true",
-                   help="also Qwen3-MoE and GPT-OSS (+ MXFP4) targets with P-EAGLE heads")
+                   help="also Qwen3-MoE, GPT-OSS (+ MXFP4) and Gemma-4 (+ wrapper) targets with P-EAGLE heads")
     t.set_defaults(func=cmd_make_tiny)
     return parser
 

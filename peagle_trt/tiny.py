@@ -1,6 +1,6 @@
 """Small seeded checkpoints in the real on-disk layouts, for tests and the CPU demo.
 
-Targets are real transformers models (Llama, Qwen3, Qwen3-MoE, GPT-OSS) built from their
+Targets are real transformers models (Llama, Qwen3, Qwen3-MoE, GPT-OSS, Gemma-4) built from their
 config classes and saved with `save_pretrained`, plus a byte-level BPE tokenizer with a ChatML
 chat template (GPT-OSS: a harmony-style template and several EOS ids, as released; optionally its
 experts in the MXFP4 layout of the released checkpoints). Drafters are written in the AWS P-EAGLE layout (`midlayer.*`, `mask_hidden`,
@@ -57,7 +57,19 @@ def make_tokenizer(out: Path, extra: list[str] = (), template: str = CHAT_TEMPLA
     return {t: tok.token_to_id(t) for t in special}
 
 
-FAMILIES = ("llama", "qwen3", "qwen3_moe", "gpt_oss")
+FAMILIES = ("llama", "qwen3", "qwen3_moe", "gpt_oss", "gemma4", "gemma4_wrapper", "gemma4_moe")
+# Gemma-4 (text): sliding (window 8) / full layers with their own head size (global_head_dim 64)
+# and KV heads (k_eq_v), the last 3 layers KV-shared (layer 5 reads layer 2's cache, 6 reads 4's,
+# 7 reads 2's), double-wide MLPs there, per-layer inputs, soft-capped logits, default ropes
+# (full layers: proportional, 25% of the pairs rotate)
+GEMMA4_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                "sliding_attention", "full_attention", "sliding_attention", "full_attention"]
+GEMMA4 = dict(global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True, sliding_window=8,
+              num_kv_shared_layers=3, use_double_wide_mlp=True, hidden_size_per_layer_input=16,
+              vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0, intermediate_size=64,
+              tie_word_embeddings=True, layer_types=GEMMA4_TYPES)
+# gemma4_moe: the same with the MoE block (8 experts, top 2) beside every dense MLP
+GEMMA4_MOE = dict(GEMMA4, enable_moe_block=True, num_experts=8, top_k_experts=2, moe_intermediate_size=32)
 
 
 def make_target(out: Path, family: str = "llama", seed: int = 0, layers: int = 8,
@@ -95,11 +107,20 @@ def make_target(out: Path, family: str = "llama", seed: int = 0, layers: int = 8
                            num_local_experts=8, num_experts_per_tok=2, sliding_window=8,
                            swiglu_limit=1.5, attention_bias=True, rms_norm_eps=1e-5,
                            max_position_embeddings=2048, eos_token_id=ids["<|return|>"]), "GptOss"
+    elif family in ("gemma4", "gemma4_wrapper", "gemma4_moe"):  # GEMMA4; the wrapper adds a vision tower
+        fields = dict(GEMMA4_MOE if family == "gemma4_moe" else GEMMA4)
+        fields, cls = dict(fields, rope_parameters=rope) if rope else fields, "Gemma4Text"
     else:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
     config = getattr(transformers, f"{cls}Config")(**{**common, **fields, **overrides})
     torch.manual_seed(seed)
-    model = getattr(transformers, f"{cls}ForCausalLM")(config).eval()
+    if family == "gemma4_wrapper":
+        config = transformers.Gemma4Config(text_config=config.to_dict(), vision_config=dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+            num_key_value_heads=2, head_dim=16))
+        model = transformers.Gemma4ForConditionalGeneration(config).eval()
+    else:
+        model = getattr(transformers, f"{cls.removesuffix('Text')}ForCausalLM")(config).eval()
     with torch.no_grad():  # non-trivial norms, biases and sinks so a misplaced one shows up
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -108,6 +129,15 @@ def make_target(out: Path, family: str = "llama", seed: int = 0, layers: int = 8
                 p.add_(0.3 * torch.randn_like(p))
             elif "experts" in name:
                 p.normal_(0, 0.1)
+            elif name.endswith(("router.scale", "per_expert_scale")):  # Gemma-4 router scales
+                p.uniform_(0.5, 1.5)
+        for name, p in model.named_parameters():  # Gemma-4 attends at scale 1: q/k norm weights of
+            if "vision_tower" not in name and name.endswith(("q_norm.weight", "k_norm.weight")) and \
+                    family.startswith("gemma4"):  # d^-1/4 each give the usual 1/sqrt(d) temperature
+                p.mul_(p.shape[0] ** -0.25)
+        for name, b in model.named_buffers():  # Gemma-4's per-layer output scalars
+            if name.endswith("layer_scalar"):
+                b.uniform_(0.5, 1.5)
         if mxfp4:  # snap the expert weights to the MXFP4 grid (the reference keeps those values)
             from peagle_trt.checkpoint import mxfp4 as fp4
             for name, p in model.named_parameters():
@@ -218,11 +248,15 @@ def make_all(out: Path) -> dict[str, Path]:
 
 
 def make_families(out: Path) -> dict[str, Path]:
-    """The MoE families: Qwen3-MoE and GPT-OSS targets (GPT-OSS also with MXFP4 experts) and an
-    AWS-layout P-EAGLE head for each (`drafter-<family>`)."""
+    """The P-EAGLE target families: Qwen3-MoE, GPT-OSS (also with MXFP4 experts) and Gemma-4 (also
+    as the multimodal wrapper and with the MoE block) targets, and an AWS-layout P-EAGLE head for
+    each (`drafter-<family>`)."""
     paths = {"qwen3_moe": make_target(out / "qwen3_moe", "qwen3_moe", seed=5),
              "gpt_oss": make_target(out / "gpt_oss", "gpt_oss", seed=6),
-             "gpt_oss_mxfp4": make_target(out / "gpt_oss_mxfp4", "gpt_oss", seed=7, mxfp4=True)}
-    for family in ("qwen3_moe", "gpt_oss"):
+             "gpt_oss_mxfp4": make_target(out / "gpt_oss_mxfp4", "gpt_oss", seed=7, mxfp4=True),
+             "gemma4": make_target(out / "gemma4", "gemma4", seed=9),
+             "gemma4_wrapper": make_target(out / "gemma4_wrapper", "gemma4_wrapper", seed=10),
+             "gemma4_moe": make_target(out / "gemma4_moe", "gemma4_moe", seed=11)}
+    for family in ("qwen3_moe", "gpt_oss", "gemma4", "gemma4_moe"):
         paths[f"drafter-{family}"] = make_drafter(out / f"drafter-{family}", paths[family], "aws", seed=8)
     return paths

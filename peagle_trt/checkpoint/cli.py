@@ -54,7 +54,16 @@ def describe_target(path: Path) -> dict:
     return {"kind": "target", "path": str(path), "family": c.arch, "layers": c.num_layers,
             "hidden_size": c.hidden_size, "vocab_size": c.vocab_size, "heads": c.num_heads,
             "kv_heads": c.num_kv_heads, "head_dim": c.head_dim, "rope": asdict(c.rope),
-            "qk_norm": c.qk_norm, "quantization": c.quantization, "default_taps": list(c.default_taps)}
+            "qk_norm": c.qk_norm, "quantization": c.quantization, "default_taps": list(c.default_taps),
+            **({"layer_attention": [_layer_line(c, i) for i in range(c.num_layers)]} if c.layer_attention else {})}
+
+
+def _layer_line(c, i: int) -> str:
+    """One layer of a target whose layers differ (Gemma-4): window, head size, KV heads, KV sharing."""
+    a = c.attention(i)
+    shared = f", reads layer {a.kv_source}'s KV cache" if a.kv_source != i else ""
+    return (f"{f'window {c.window(i)}' if c.window(i) else 'full'}, head_dim {a.head_dim}, "
+            f"kv_heads {a.num_kv_heads}, rope {a.rope.rope_type}{shared}")
 
 
 def describe_drafter(d: DrafterCheckpoint) -> dict:
@@ -113,6 +122,15 @@ def cmd_inspect(args: argparse.Namespace) -> dict:
     for info in infos:
         _print(info)
     result = {info["kind"]: info for info in infos}
+    if targets:  # KV memory per slot as `build` allocates it (bf16/fp16, build's default prefill chunk)
+        from peagle_trt.models.memory import kv_slot_memory
+        from peagle_trt.package import RepoSpec
+
+        max_rows = RepoSpec.prefill_chunk if args.backend != "tensorrt" else None
+        memory = kv_slot_memory(load_target_config(targets[0]), loaded.config if loaded else None,
+                                args.max_seq_len, max_rows)
+        print(f"{memory.describe(1)} (max_seq_len {args.max_seq_len}, 2-byte KV)")
+        result["kv_memory"] = memory.as_dict()
     if targets and loaded:
         result["pair"] = check_pair(targets[0], loaded, args)
         print(f"pair: fits ({result['pair']['spec_mode']}, K={result['pair']['num_spec_tokens']}, "

@@ -226,11 +226,17 @@ def _graph_info(path: Path) -> dict:
     extended = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and (
         any(a.name == "sliding_window" and helper.get_attribute_value(a) for a in n.attribute)
         or (len(n.input) > 7 and n.input[7]))]  # sliding windows / attention sinks
-    if extended:
-        raise BuildError(f"{path}: attention nodes {extended[:4]}{' ...' if len(extended) > 4 else ''} use "
-                         "sliding windows or attention sinks, which the TensorRT plugins (plugins/) do not "
-                         "implement; serve this model with --backend torch or onnxruntime (a drafter window "
-                         "W is left out of the export when max_seq_len + K + 1 <= W)")
+    attn = [n for n in model.graph.node if n.op_type == "PEagleKVAttention"]
+    caches_out = {name for n in attn for name in n.output[1:]}
+    shared = [n.name for n in attn if n.input[5] in caches_out]  # Gemma-4 KV-shared layers
+    if extended or shared:
+        more = " ..." if len(extended) > 4 else ""
+        what = ([f"attention nodes {extended[:4]}{more} use sliding windows or attention sinks, which the "
+                 "TensorRT plugins (plugins/) do not implement"] if extended else [])
+        what += ([f"attention nodes {shared[:4]} read another layer's KV cache (KV-shared layers), which the "
+                  "TensorRT plugins' in-place cache binding is not verified for"] if shared else [])
+        raise BuildError(f"{path}: {'; '.join(what)}; serve this model with --backend torch or onnxruntime "
+                         "(a drafter window W is left out of the export when max_seq_len + K + 1 <= W)")
     k = [helper.get_attribute_value(a) for n in model.graph.node if n.op_type == "PEagleDraftInputs"
          for a in n.attribute if a.name == "num_spec_tokens"]
     return {"plugin_ops": ops, "num_spec_tokens": int(k[0]) if k else None}

@@ -49,10 +49,19 @@ class Builder:
         return name
 
     # -- common blocks ---------------------------------------------------------------------------
-    def rmsnorm(self, x: str, weight: str, eps: float) -> str:
+    def rmsnorm(self, x: str, weight: str | None, eps: float) -> str:
+        """RMSNorm over the last axis; weight None: scale-free (Gemma-4's v norm)."""
         var = self.op("ReduceMean", self.op("Mul", x, x), self.ints(-1), keepdims=1)
         inv = self.op("Reciprocal", self.op("Sqrt", self.op("Add", var, self.const(np.float32(eps)))))
-        return self.op("Mul", self.op("Mul", x, inv), weight)
+        normed = self.op("Mul", x, inv)
+        return normed if weight is None else self.op("Mul", normed, weight)
 
     def silu(self, x: str) -> str:
         return self.op("Mul", x, self.op("Sigmoid", x))
+
+    def gelu_tanh(self, x: str, dtype=np.float32) -> str:
+        """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (opset 19 has no Gelu)."""
+        c = lambda v: self.const(np.asarray(v, dtype=dtype))  # noqa: E731
+        cube = self.op("Mul", x, self.op("Mul", x, x))
+        inner = self.op("Mul", c(np.sqrt(2 / np.pi)), self.op("Add", x, self.op("Mul", c(0.044715), cube)))
+        return self.op("Mul", self.op("Mul", c(0.5), x), self.op("Add", c(1.0), self.op("Tanh", inner)))

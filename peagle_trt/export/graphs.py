@@ -15,7 +15,9 @@ from onnx import TensorProto, helper
 
 from peagle_trt.export.builder import Builder
 from peagle_trt.export.moe import moe
+from peagle_trt.export.sandwich import per_layer_inputs, sandwich_layer
 from peagle_trt.models.moe import SparseMoE
+from peagle_trt.models.sandwich import SandwichDecoderLayer
 from peagle_trt.models.target import kv_layer_lens
 from peagle_trt.ops import DOMAIN
 from peagle_trt.ops.onnx_defs import (OPSET, draft_inputs_function, draft_sample_function,
@@ -32,6 +34,7 @@ class ModelWriter(Builder):
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.functions: dict[str, onnx.FunctionProto] = {}
+        self.written: dict[int, tuple] = {}  # layer -> (k, v, past, present) for KV-shared readers
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
         return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np))
@@ -69,7 +72,16 @@ class ModelWriter(Builder):
         return y
 
     def norm(self, x: str, module, name: str) -> str:
-        return self.rmsnorm(x, self.param(f"{name}.weight", module.weight), module.eps)
+        weight = None if module.weight is None else self.param(f"{name}.weight", module.weight)
+        return self.rmsnorm(x, weight, module.eps)
+
+    def act(self, x: str, act: str) -> str:
+        return self.silu(x) if act == "silu" else self.gelu_tanh(x, self.np)
+
+    def head_norm(self, x: str, module, name: str, heads: int, head_dim: int) -> str:
+        """Per-head RMSNorm of x [B, S, heads * d]."""
+        x4 = self.op("Reshape", x, self.ints(0, 0, heads, head_dim))
+        return self.op("Reshape", self.norm(x4, module, name), self.ints(0, 0, heads * head_dim))
 
     def rope_tables(self, inv_freq: torch.Tensor, scale: float, max_len: int, positions: str) -> tuple[str, str]:
         """cos/sin [B, S, 1, d] gathered from tables of max_len + 1 positions (padding -> 0)."""
@@ -89,25 +101,37 @@ class ModelWriter(Builder):
         return self.op("Reshape", out, self.ints(0, 0, heads * head_dim))
 
     def attention(self, x: str, attn, layer: int, prefix: str, cos: str, sin: str, positions: str,
-                  slots: str, past: tuple[str, str], present: tuple[str, str]) -> str:
+                  slots: str, past: tuple[str, str] | None, present: tuple[str, str] | None,
+                  source: int | None = None) -> str:
+        """`source`: for a KV-shared layer, the layer owning the cache it reads. That layer's op
+        already wrote this forward's keys; the shared op re-writes the same k/v at the same rows
+        (idempotent) into a copy nobody reads, so the op contract stays one op."""
         h, kv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
         q = self.linear(x, attn.q_proj, f"{prefix}.q_proj")
-        k = self.linear(x, attn.k_proj, f"{prefix}.k_proj")
-        v = self.linear(x, attn.v_proj, f"{prefix}.v_proj")
-        if hasattr(attn, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
-            q = self.op("Reshape", self.norm(self.op("Reshape", q, self.ints(0, 0, h, d)), attn.q_norm,
-                                             f"{prefix}.q_norm"), self.ints(0, 0, h * d))
-            k = self.op("Reshape", self.norm(self.op("Reshape", k, self.ints(0, 0, kv, d)), attn.k_norm,
-                                             f"{prefix}.k_norm"), self.ints(0, 0, kv * d))
-        q, k = self.rope(q, h, d, cos, sin), self.rope(k, kv, d, cos, sin)
-        scale = float(d) ** -0.5
+        if hasattr(attn, "q_norm"):  # Qwen3 / Gemma: per-head RMSNorm before RoPE
+            q = self.head_norm(q, attn.q_norm, f"{prefix}.q_norm", h, d)
+        q = self.rope(q, h, d, cos, sin)
+        if getattr(attn, "kv_shared", False):
+            k, v, window_past, past = self.written[source]
+            present = (self.name(f"{prefix}.k_cache_copy"), self.name(f"{prefix}.v_cache_copy"))
+        else:
+            k = self.linear(x, attn.k_proj, f"{prefix}.k_proj")
+            v = k if attn.v_proj is None else self.linear(x, attn.v_proj, f"{prefix}.v_proj")
+            if hasattr(attn, "k_norm"):
+                k = self.head_norm(k, attn.k_norm, f"{prefix}.k_norm", kv, d)
+                if getattr(attn, "v_norm", None) is not None:
+                    v = self.head_norm(v, attn.v_norm, f"{prefix}.v_norm", kv, d)
+            k = self.rope(k, kv, d, cos, sin)
+            window_past = past
+            self.written[layer] = (k, v, past, present)
+        scale = attn.scale if getattr(attn, "scale", None) is not None else float(d) ** -0.5
         sinks = getattr(attn, "sinks", None)
         if "PEagleKVAttention" not in self.functions:
-            self.functions["PEagleKVAttention"] = kv_attention_function(h, kv, d, scale, self.np, sinks is not None)
+            self.functions["PEagleKVAttention"] = kv_attention_function(self.np, sinks is not None)
         extra = [self.param(f"{prefix}.sinks", sinks)] if sinks is not None else []
         # a window spanning the whole cache (W >= T positions) cuts nothing: no attribute (as layers.py)
         w = getattr(attn, "window", 0)
-        window = {"sliding_window": w} if w and w < self.cache_len(past[0]) else {}
+        window = {"sliding_window": w} if w and w < self.cache_len(window_past[0]) else {}
         out = self.op("PEagleKVAttention", q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
                       outputs=[self.name(f"{prefix}.attn"), *present], name=f"{prefix}.PEagleKVAttention",
                       **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
@@ -121,14 +145,17 @@ class ModelWriter(Builder):
     def mlp(self, x: str, mlp, prefix: str) -> str:
         if isinstance(mlp, SparseMoE):
             return moe(self, x, mlp, prefix)
-        gate = self.silu(self.linear(x, mlp.gate_proj, f"{prefix}.gate_proj"))
+        gate = self.act(self.linear(x, mlp.gate_proj, f"{prefix}.gate_proj"), getattr(mlp, "act", "silu"))
         return self.linear(self.op("Mul", gate, self.linear(x, mlp.up_proj, f"{prefix}.up_proj")),
                            mlp.down_proj, f"{prefix}.down_proj")
 
     def decoder_layer(self, x: str, layer, i: int, cos: str, sin: str, positions: str, slots: str,
-                      past: tuple[str, str], present: tuple[str, str]) -> str:
-        """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+                      past: tuple[str, str] | None, present: tuple[str, str] | None, pli: str | None = None,
+                      source: int | None = None) -> str:
+        """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)); or the sandwich layer."""
         p = f"layers.{i}"
+        if isinstance(layer, SandwichDecoderLayer):
+            return sandwich_layer(self, x, layer, i, cos, sin, positions, slots, past, present, pli, source)
         h = self.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
         x = self.op("Add", x, self.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
                                              past, present))
@@ -136,10 +163,18 @@ class ModelWriter(Builder):
                                                     f"{p}.post_attention_layernorm"), layer.mlp, f"{p}.mlp"))
 
     def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int,
-              layer_lens: tuple[int, ...] | None = None):
+              layer_lens: tuple[int, ...] | None = None, layer_shapes: tuple | None = None,
+              kv_sources: tuple[int, ...] | None = None):
+        """past_/present_ KV pairs per layer (layer_shapes: (kv_heads, head_dim) per layer); a
+        KV-shared layer (kv_sources[i] != i) has none: (None, None)."""
         past, present = [], []
         for i in range(num_layers):
-            shape = [num_slots, kv_heads, (layer_lens[i] if layer_lens else max_len) + 1, head_dim]
+            if kv_sources and kv_sources[i] != i:
+                past.append(None)
+                present.append(None)
+                continue
+            kv, d = layer_shapes[i] if layer_shapes else (kv_heads, head_dim)
+            shape = [num_slots, kv, (layer_lens[i] if layer_lens else max_len) + 1, d]
             pair = (self.input(f"past_key_{i}", self.float_type, shape),
                     self.input(f"past_value_{i}", self.float_type, shape))
             past.append(pair)
@@ -166,14 +201,20 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
     positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
     slots = w.input("slots", TensorProto.INT64, ["batch"])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
+    attn = [c.attention(i) for i in range(c.num_layers)]
     past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim,
-                            kv_layer_lens(c, max_len, max_rows))
+                            kv_layer_lens(c, max_len, max_rows), tuple((a.num_kv_heads, a.head_dim) for a in attn),
+                            tuple(a.kv_source for a in attn))
     x = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
-    cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, max_len, positions)
+    if c.embed_scale != 1.0:
+        x = w.op("Mul", x, w.const(np.asarray(c.embed_scale, dtype=w.np)))
+    pli = per_layer_inputs(w, model.per_layer_inputs, ids, x) if c.per_layer_input_size else None
+    tables = [w.rope_tables(inv, scale, max_len, positions) for inv, scale in zip(model.inv_freqs(), model.rope_scales)]
     tapped = {}
     for i, layer in enumerate(model.layers):
         tapped[i] = x
-        x = w.decoder_layer(x, layer, i, cos, sin, positions, slots, past[i], present[i])
+        cos, sin = tables[model.layer_rope[i]]
+        x = w.decoder_layer(x, layer, i, cos, sin, positions, slots, past[i], present[i], pli, attn[i].kv_source)
     tapped[c.num_layers] = x
     if model.taps:
         w.op("Concat", *[tapped[t] for t in model.taps], axis=-1, outputs=["aux_hidden"])
@@ -183,8 +224,11 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
     rows = w.op("Expand", w.op("Unsqueeze", logit_rows, w.ints(2)),
                 w.op("Concat", w.op("Shape", logit_rows), w.ints(c.hidden_size), axis=0))
     xs = w.op("GatherElements", x, rows, axis=1)
-    logits = w.linear(w.norm(xs, model.norm, "norm"), model.lm_head, "lm_head")
-    w.op("Cast", logits, to=TensorProto.FLOAT, outputs=["logits"])
+    logits = w.op("Cast", w.linear(w.norm(xs, model.norm, "norm"), model.lm_head, "lm_head"), to=TensorProto.FLOAT)
+    if c.logit_softcap:  # c * tanh(logits / c), in float32
+        cap = w.const(np.float32(c.logit_softcap))
+        logits = w.op("Mul", w.op("Tanh", w.op("Div", logits, cap)), cap)
+    w.op("Identity", logits, outputs=["logits"])
     w.output("logits", TensorProto.FLOAT, ["batch", "logit_rows", c.vocab_size])
     return w.model("peagle_target")
 

@@ -1,4 +1,4 @@
-"""ONNX for the sparse MoE MLP (models/moe.py): routing in float32, then EVERY expert computed
+"""ONNX for the sparse MoE MLP (models/moe.py; Qwen3-MoE, GPT-OSS, Gemma-4): routing in float32, then EVERY expert computed
 densely for every row and weighted by its routing weight (0 for experts not in the row's top-k).
 
 Trade-off (why dense): the graph is static and small (two batched MatMuls over stacked expert
@@ -45,13 +45,22 @@ def _routing(w, logits: str, cfg) -> tuple[str, str]:
     return w.op("Softmax", vals, axis=-1), ids
 
 
-def moe(w, x: str, mlp, prefix: str) -> str:
-    """x [B, S, H] -> [B, S, H]."""
+def moe(w, x: str, mlp, prefix: str, router_x: str | None = None) -> str:
+    """x [B, S, H] -> [B, S, H]; router_x: what the router sees (default x; Gemma-4 passes the
+    block input, with its router norm and scales, see models/moe.py)."""
     cfg, hidden = mlp.cfg, mlp.gate.in_features
     flat = w.op("Reshape", x, w.ints(-1, hidden))  # [N, H]
-    logits = w.linear(flat, mlp.gate, f"{prefix}.gate")
+    r = flat if router_x is None else w.op("Reshape", router_x, w.ints(-1, hidden))
+    if cfg.router_input_norm:
+        r = w.op("Mul", w.op("Mul", w.norm(r, mlp.router_norm, f"{prefix}.router_norm"),
+                             w.param(f"{prefix}.router_scale", mlp.router_scale)),
+                 w.const(np.asarray(hidden ** -0.5, dtype=w.np)))
+    logits = w.linear(r, mlp.gate, f"{prefix}.gate")
     logits = w.op("Cast", logits, to=TensorProto.FLOAT)  # routing in float32
     vals, ids = _routing(w, logits, cfg)  # [N, k]
+    if cfg.per_expert_scale:
+        scales = w.weight(f"{prefix}.per_expert_scale", mlp.per_expert_scale.detach().float().cpu().numpy())
+        vals = w.op("Mul", vals, w.op("Gather", scales, ids, axis=0))
     dense = w.op("ScatterElements", w.op("Mul", logits, w.const(np.float32(0))), ids, vals, axis=-1)  # [N, E]
     weights = w.op("Unsqueeze", w.op("Transpose", dense, perm=[1, 0]), w.ints(2))  # [E, N, 1]
     if w.dtype != "float32":
@@ -66,6 +75,8 @@ def moe(w, x: str, mlp, prefix: str) -> str:
     gate, up = project(rows, "gate_proj"), project(rows, "up_proj")  # [E, N, I]
     if cfg.activation == "silu":
         act = w.op("Mul", w.silu(gate), up)
+    elif cfg.activation == "gelu_tanh":
+        act = w.op("Mul", w.gelu_tanh(gate, w.np), up)
     else:  # GPT-OSS clamped SwiGLU
         limit, alpha = w.const(w.np(cfg.swiglu_limit)), w.const(w.np(cfg.swiglu_alpha))
         g = w.op("Min", gate, limit)

@@ -1,4 +1,4 @@
-"""Sparse mixture-of-experts MLP (Qwen3-MoE, GPT-OSS) for the reference target.
+"""Sparse mixture-of-experts MLP (Qwen3-MoE, GPT-OSS, Gemma-4) for the reference target.
 
 Parameter names (our canonical layout; the adapters in checkpoint/arch/ map each family's on-disk
 layout onto it): `gate.weight` [E, H] (+ `gate.bias` [E], GPT-OSS's router bias) and one small
@@ -8,6 +8,8 @@ are plain `nn.Linear`s, so FP8 checkpoints load through the same `fp8_swap` as d
 Routing runs in float32 (router logits cast up before softmax / top-k), as transformers does:
   softmax_topk (Qwen3-MoE): p = softmax(logits); w, idx = topk(p, k); w /= sum(w) if norm_topk_prob
   topk_softmax (GPT-OSS):   top, idx = topk(logits, k); w = softmax(top)
+Gemma-4 adds a router input rmsnorm(x) * router_scale / sqrt(H), weights w * per_expert_scale[idx]
+and takes the router input apart from the expert input (the layer passes both).
 The torch forward runs each expert that was hit on the rows routed to it (one batched call per
 expert, no per-token loop); the ONNX export computes every expert densely and weights them
 (export/moe.py). Tests: tests/unit/test_families.py (equal to transformers' models).
@@ -20,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peagle_trt.checkpoint.arch.base import MoEConfig
+from peagle_trt.models.layers import RMSNorm
 
 
 class ExpertMLP(nn.Module):
@@ -38,6 +41,8 @@ class ExpertMLP(nn.Module):
 def expert_act(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float, limit: float) -> torch.Tensor:
     if activation == "silu":
         return F.silu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
     # GPT-OSS clamped SwiGLU: the +1 on the linear half, alpha-scaled sigmoid, both halves clamped
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)
@@ -62,11 +67,25 @@ class SparseMoE(nn.Module):
         self.cfg = cfg
         self.gate = nn.Linear(hidden, cfg.num_experts, bias=cfg.router_bias)
         self.experts = nn.ModuleList(ExpertMLP(hidden, cfg.intermediate_size, cfg) for _ in range(cfg.num_experts))
+        if cfg.router_input_norm:  # Gemma-4
+            self.router_norm = RMSNorm(hidden, cfg.router_norm_eps, scale=False)
+            self.router_scale = nn.Parameter(torch.ones(hidden))
+        if cfg.per_expert_scale:
+            self.per_expert_scale = nn.Parameter(torch.ones(cfg.num_experts))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def router_input(self, flat: torch.Tensor) -> torch.Tensor:
+        if not self.cfg.router_input_norm:
+            return flat
+        return self.router_norm(flat) * self.router_scale * flat.shape[-1] ** -0.5
+
+    def forward(self, x: torch.Tensor, router_x: torch.Tensor | None = None) -> torch.Tensor:
+        # x [..., H] expert input; router_x [..., H] what the router sees (default x)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [T, H]
-        weights, ids = route(self.gate(flat), self.cfg)  # [T, k] each
+        r = flat if router_x is None else router_x.reshape(-1, shape[-1])
+        weights, ids = route(self.gate(self.router_input(r)), self.cfg)  # [T, k] each
+        if self.cfg.per_expert_scale:
+            weights = weights * self.per_expert_scale[ids]
         weights = weights.to(x.dtype)
         out = torch.zeros_like(flat)
         for e in torch.unique(ids).tolist():  # experts hit by at least one row

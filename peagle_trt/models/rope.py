@@ -19,7 +19,7 @@ from peagle_trt.errors import ConfigError
 @dataclass(frozen=True)
 class RopeConfig:
     theta: float = 10000.0
-    rope_type: str = "default"  # default | linear | llama3 | yarn
+    rope_type: str = "default"  # default | linear | llama3 | yarn | proportional
     params: dict = field(default_factory=dict)  # the remaining scaling keys, as in config.json
     max_position_embeddings: int = 4096
 
@@ -91,7 +91,16 @@ def _yarn(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, 
     return inv / factor * (1 - extrapolate) + inv * extrapolate, float(attn)
 
 
-_INV_FREQ = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn}
+def _proportional(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
+    """Gemma-4 full layers: only the first partial_rotary_factor * dim / 2 pairs rotate (at the
+    frequencies of the full head size); the other pairs get frequency 0 (cos 1, sin 0: unrotated)."""
+    rotated = int(float(rope.params.get("partial_rotary_factor", 1.0)) * dim // 2)
+    inv = torch.cat((inv[:rotated], torch.zeros(dim // 2 - rotated)))
+    return inv / float(rope.params.get("factor", 1.0)), 1.0
+
+
+_INV_FREQ = {"default": _default, "linear": _linear, "llama3": _llama3, "yarn": _yarn,
+             "proportional": _proportional}
 
 
 def rope_cos_sin(inv_freq: torch.Tensor, scale: float, positions: torch.Tensor,

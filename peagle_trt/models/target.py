@@ -1,9 +1,11 @@
-"""The target model: a Llama / Qwen3 / Qwen3-MoE / GPT-OSS decoder over a `KVCache`, returning
-logits and the residual streams at the drafter's tap layers. Per-layer differences (sliding
-windows, attention sinks, sparse MoE MLPs) come from the resolved `TargetConfig`.
+"""The target model: a Llama / Qwen3 / Qwen3-MoE / GPT-OSS / Gemma-4 decoder over a `KVCache`,
+returning logits and the residual streams at the drafter's tap layers. Per-layer differences
+(sliding windows, attention sinks, sparse MoE MLPs, head sizes and rope, KV sharing, sandwich
+norms and per-layer inputs) come from the resolved `TargetConfig`.
 
 Tap semantics (vLLM): tap i = the hidden state ENTERING decoder layer i (= output of layer i-1,
-before any norm); tap 0 is the embedding and tap L the last layer's output before the final norm.
+before any norm); tap 0 is the embedding (Gemma-4: scaled by sqrt(H), as vLLM taps it) and tap L the
+last layer's output before the final norm.
 The taps are concatenated in tap order: aux [B, S, len(taps) * hidden].
 """
 
@@ -15,9 +17,10 @@ from torch import nn
 from peagle_trt.checkpoint.arch import TargetConfig
 from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.kv_cache import KVCache
-from peagle_trt.models.layers import Attention, DecoderLayer, RMSNorm
+from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.moe import SparseMoE
 from peagle_trt.models.rope import rope_cos_sin
+from peagle_trt.models.sandwich import PerLayerInputs, SandwichDecoderLayer
 
 
 class TargetModel(nn.Module):
@@ -26,18 +29,39 @@ class TargetModel(nn.Module):
         c = self.config = config
         self.taps = tuple(taps)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        if c.per_layer_input_size:
+            self.per_layer_inputs = PerLayerInputs(c.hidden_size, c.num_layers, c.per_layer_input_size,
+                                                   c.per_layer_input_vocab, c.rms_norm_eps)
         self.layers = nn.ModuleList(decoder_layer(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.vocab_size, bias=False)
-        inv_freq, self.rope_scale = c.rope.inv_freq(c.head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.layer_rope, self.rope_scales = rope_tables(c)  # layer -> table index; cos/sin scale per table
+        self.set_inv_freqs()
+
+    def set_inv_freqs(self) -> None:
+        """Buffers `inv_freq` (table 0, the first layer's rope), `inv_freq_1`, ... (distinct ropes)."""
+        seen = {}
+        for i in range(self.config.num_layers):
+            a = self.config.attention(i)
+            seen.setdefault(self.layer_rope[i], a.rope.inv_freq(a.head_dim)[0])
+        for j, inv in sorted(seen.items()):
+            self.register_buffer("inv_freq" if j == 0 else f"inv_freq_{j}", inv, persistent=False)
+        self.rope_scale = self.rope_scales[0]
+
+    def inv_freqs(self) -> list[torch.Tensor]:
+        return [self.inv_freq if j == 0 else getattr(self, f"inv_freq_{j}")
+                for j in range(len(self.rope_scales))]
 
     def new_cache(self, num_slots: int, max_len: int, max_rows: int | None = None) -> KVCache:
         """KV cache of `num_slots` sequences of up to `max_len` positions. With `max_rows` (most
-        rows one forward may carry), sliding-window layers keep only W + max_rows - 1 positions."""
+        rows one forward may carry), sliding-window layers keep only W + max_rows - 1 positions;
+        KV-shared layers hold none of their own."""
         c, p = self.config, self.lm_head.weight
+        attn = [c.attention(i) for i in range(c.num_layers)]
         return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device,
-                       layer_lens=kv_layer_lens(c, max_len, max_rows))
+                       layer_lens=kv_layer_lens(c, max_len, max_rows),
+                       layer_shapes=tuple((a.num_kv_heads, a.head_dim) for a in attn),
+                       kv_sources=tuple(a.kv_source for a in attn))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 cache: KVCache, logit_rows: torch.Tensor | None = None
@@ -45,18 +69,29 @@ class TargetModel(nn.Module):
         # tokens, positions [B, S] (position -1 = padding row); slots [B]
         # logit_rows [B, R] row indices to compute logits for (None: all S rows)
         # returns logits [B, R, V] (float32), aux [B, S, len(taps) * hidden]
+        c = self.config
         x = self.embed_tokens(tokens)
-        cos, sin = rope_cos_sin(self.inv_freq, self.rope_scale, positions.clamp(min=0), x.dtype)
+        if c.embed_scale != 1.0:
+            x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
+        pli = self.per_layer_inputs(tokens, x) if c.per_layer_input_size else None  # [B, S, L, P]
+        tables = [rope_cos_sin(inv, scale, positions.clamp(min=0), x.dtype)
+                  for inv, scale in zip(self.inv_freqs(), self.rope_scales)]
         tapped = {}
         for i, layer in enumerate(self.layers):
             if i in self.taps:
                 tapped[i] = x
-            x = layer(x, cos, sin, cache, i, slots, positions)
+            cos, sin = tables[self.layer_rope[i]]
+            if pli is None:
+                x = layer(x, cos, sin, cache, i, slots, positions)
+            else:
+                x = layer(x, cos, sin, cache, i, slots, positions, pli[:, :, i])
         tapped[len(self.layers)] = x
         aux = [tapped[t] for t in self.taps]
         if logit_rows is not None:
             x = torch.gather(x, 1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
         logits = self.lm_head(self.norm(x)).float()
+        if c.logit_softcap:
+            logits = torch.tanh(logits / c.logit_softcap) * c.logit_softcap
         return logits, (torch.cat(aux, dim=-1) if aux else x.new_zeros(*tokens.shape, 0))
 
     @classmethod
@@ -67,17 +102,38 @@ class TargetModel(nn.Module):
         # FP8 checkpoints (`peagle-trt quantize`): FP8 linears become FP8Linear; no-op otherwise
         fp8_swap(model, tensors, name)
         load_strict(model, tensors, name)
-        inv_freq, _ = config.rope.inv_freq(config.head_dim)
-        model.inv_freq = inv_freq
+        model.set_inv_freqs()
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False)
 
 
-def decoder_layer(c: TargetConfig, i: int) -> DecoderLayer:
-    """Decoder layer `i` as the resolved config describes it (window, sinks, dense or MoE MLP)."""
-    attn = Attention(c.hidden_size, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.attention_bias,
+def rope_tables(c: TargetConfig) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(per layer: index of its rope table, per table: cos/sin scale); one table per distinct
+    (rope, head size), table 0 being the first layer's."""
+    keys, layer_rope, scales = [], [], []
+    for i in range(c.num_layers):
+        a = c.attention(i)
+        key = (a.rope, a.head_dim)
+        if key not in keys:
+            keys.append(key)
+            scales.append(a.rope.inv_freq(a.head_dim)[1])
+        layer_rope.append(keys.index(key))
+    return tuple(layer_rope), tuple(scales)
+
+
+def decoder_layer(c: TargetConfig, i: int) -> nn.Module:
+    """Decoder layer `i` as the resolved config describes it (window, sinks, head size, KV sharing,
+    dense or MoE MLP, Llama pre-norm or sandwich norms)."""
+    a = c.attention(i)
+    attn = Attention(c.hidden_size, c.hidden_size, c.num_heads, a.num_kv_heads, a.head_dim, c.attention_bias,
                      c.rms_norm_eps if c.qk_norm else None, o_bias=c.attention_bias, window=c.window(i),
-                     sinks=c.attention_sinks)
-    mlp = SparseMoE(c.hidden_size, c.moe) if c.is_moe(i) else None
+                     sinks=c.attention_sinks, scale=c.attn_scale, v_norm=c.v_norm, k_eq_v=a.k_eq_v,
+                     kv_shared=a.kv_source != i)
+    dense = MLP(c.hidden_size, c.intermediate(i), c.mlp_bias, c.hidden_act)
+    moe = SparseMoE(c.hidden_size, c.moe) if c.is_moe(i) else None
+    if c.sandwich_norm:  # an MoE there runs beside the dense MLP (MoEConfig.beside_dense)
+        return SandwichDecoderLayer(c.hidden_size, c.rms_norm_eps, attn, dense, c.hidden_act,
+                                    c.per_layer_input_size, c.layer_scalar, moe)
+    mlp = moe or dense
     return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
                         c.rms_norm_eps, c.attention_bias, c.mlp_bias, c.qk_norm, attn=attn, mlp=mlp)
 

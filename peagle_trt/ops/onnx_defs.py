@@ -84,21 +84,31 @@ def _function(name: str, b: Builder, inputs: list[str], outputs: list[str], attr
                                 attribute_protos=list(defaults))
 
 
-def _attr_tensor(b: Builder, attr: str) -> str:
-    """An int64 scalar holding the calling node's attribute `attr` (attribute reference)."""
+def _attr_tensor(b: Builder, attr: str, kind: str = "int") -> str:
+    """A scalar (int64, or float32 for kind="float") holding the calling node's attribute `attr`
+    (attribute reference)."""
     out = b.name(attr)
     node = helper.make_node("Constant", [], [out], name=b.name("Constant"))
-    node.attribute.append(helper.make_attribute_ref("value_int", onnx.AttributeProto.INT, ref_attr_name=attr))
+    value, proto = ("value_int", onnx.AttributeProto.INT) if kind == "int" else ("value_float",
+                                                                                 onnx.AttributeProto.FLOAT)
+    node.attribute.append(helper.make_attribute_ref(value, proto, ref_attr_name=attr))
     b.nodes.append(node)
     return out
 
 
-def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                          dtype=np.float32, sinks: bool = False) -> onnx.FunctionProto:
+def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.FunctionProto:
     """Body of PEagleKVAttention (cache layout [N, KV, T+1, d]; row T is the trash row; position
-    q lives at row q % T, see ops.reference.kv_attention). `sinks`: the body reads the 8th input."""
+    q lives at row q % T, see ops.reference.kv_attention). Head counts, head size and scale come
+    from the calling node's attributes, so one body serves layers of different shapes (Gemma-4).
+    `sinks`: the body reads the 8th input."""
     b = Builder("att_")
-    group = num_heads // num_kv_heads
+    kv1 = b.op("Unsqueeze", _attr_tensor(b, "num_kv_heads"), b.ints(0))  # [1]
+    d = _attr_tensor(b, "head_dim")
+    d1 = b.op("Unsqueeze", d, b.ints(0))  # [1]
+    given = _attr_tensor(b, "scale", "float")  # <= 0 means 1/sqrt(d)
+    scale = b.op("Where", b.op("Greater", given, b.const(np.float32(0))), given,
+                 b.op("Reciprocal", b.op("Sqrt", b.op("Cast", d, to=onnx.TensorProto.FLOAT))))
+    scale = b.op("Cast", scale, to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
     # 1. write K/V at (slot, position % T); padding rows (position < 0) write the trash row T
     t1 = b.op("Gather", b.op("Shape", "k_cache"), b.ints(2), axis=0)  # [1] = T+1
     trash = b.op("Sub", t1, b.ints(1))  # [1] = T
@@ -106,7 +116,7 @@ def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scal
                  trash)  # [B,S]
     slot_bs = b.op("Expand", b.op("Unsqueeze", "slots", b.ints(1)), b.op("Shape", "positions"))
     index = b.op("Concat", b.op("Unsqueeze", slot_bs, b.ints(2)), b.op("Unsqueeze", write, b.ints(2)), axis=2)
-    rows = b.ints(0, 0, num_kv_heads, head_dim)
+    rows = b.op("Concat", b.ints(0, 0), kv1, d1, axis=0)  # [B, S, KV, d]
 
     def scatter(cache: str, new: str, out: str) -> None:
         transposed = b.op("Transpose", cache, perm=[0, 2, 1, 3])  # [N, T+1, KV, d]
@@ -118,10 +128,10 @@ def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scal
     # 2. attention of each row over its slot, causal by absolute position, GQA by broadcasting
     keys = b.op("Unsqueeze", b.op("Gather", "k_cache_out", "slots", axis=0), b.ints(2))  # [B,KV,1,T1,d]
     values = b.op("Unsqueeze", b.op("Gather", "v_cache_out", "slots", axis=0), b.ints(2))
-    q = b.op("Reshape", "q", b.ints(0, 0, num_kv_heads, group, head_dim))  # [B,S,KV,G,d]
+    q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
     scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])),
-                  b.const(np.asarray(scale, dtype=dtype)))  # [B,KV,G,S,T1]
+                  scale)  # [B,KV,G,S,T1]
     ring = b.op("Range", b.const(np.int64(0)),
                 b.op("Squeeze", t1, b.ints(0)), b.const(np.int64(1)))  # [T1] cache rows
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
@@ -139,7 +149,7 @@ def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scal
     bias = b.op("Where", visible, b.const(np.asarray(0, dtype=dtype)), b.const(np.asarray(-np.inf, dtype=dtype)))
     scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))  # [B,KV,G,S,T1]
     if sinks:  # one extra logit per head joins the softmax and is dropped after it
-        sink = b.op("Reshape", "sinks", b.ints(1, num_kv_heads, group, 1, 1))
+        sink = b.op("Reshape", "sinks", b.op("Concat", b.ints(1), kv1, b.ints(-1, 1, 1), axis=0))
         sink = b.op("Expand", sink, b.op("Concat", b.op("Slice", b.op("Shape", scores), b.ints(0), b.ints(4)),
                                           b.ints(1), axis=0))  # [B,KV,G,S,1]
         probs = b.op("Softmax", b.op("Concat", scores, sink, axis=-1), axis=-1)
@@ -148,7 +158,7 @@ def kv_attention_function(num_heads: int, num_kv_heads: int, head_dim: int, scal
         probs = b.op("Softmax", scores, axis=-1)
     out = b.op("MatMul", probs, values)  # [B,KV,G,S,d]
     out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
-    b.op("Reshape", out, b.ints(0, 0, num_heads * head_dim), outputs=["out"])
+    b.op("Reshape", out, b.ints(0, 0, -1), outputs=["out"])
     inputs = ["q", "k", "v", "positions", "slots", "k_cache", "v_cache"] + (["sinks"] if sinks else [])
     return _function("PEagleKVAttention", b, inputs, ["out", "k_cache_out", "v_cache_out"],
                      ["num_heads", "num_kv_heads", "head_dim", "scale"],

@@ -24,7 +24,9 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
 
     Optional (defaults give the original op): `sliding_window` W > 0 restricts a row at position p
     to keys at positions > p - W (Mistral / GPT-OSS / Gemma sliding layers); `sinks` [H] adds one
-    learned logit per head to the softmax denominator (GPT-OSS attention sinks, no value).
+    learned logit per head to the softmax denominator (GPT-OSS attention sinks, no value);
+    k = v = None reads the cache without writing (Gemma-4 KV-shared layers: this forward's keys
+    were written by the layer that owns the cache).
     The cache is a ring of T positions (position q lives at row q % T): with T >= every position
     this is plain absolute indexing; a windowed layer may use T >= W + S - 1 (S: most rows of one
     forward) and still see every key of its window, so its memory is bounded by the window.
@@ -37,10 +39,11 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
 
         raise RuntimeInvariantError(f"kv_attention: {s} rows in one forward overrun a windowed KV ring of {ring} "
                                     f"positions (window {sliding_window}); allocate W + rows - 1 >= {sliding_window + s - 1}")
-    write = torch.where(positions >= 0, positions % ring, ring)  # [B, S]
-    rows = slots[:, None]
-    k_cache[rows, :, write] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
-    v_cache[rows, :, write] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
+    if k is not None:  # k = v = None: read only (a KV-shared layer over the cache another layer wrote)
+        write = torch.where(positions >= 0, positions % ring, ring)  # [B, S]
+        rows = slots[:, None]
+        k_cache[rows, :, write] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
+        v_cache[rows, :, write] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
     length = min(int(positions.max()) + 1, ring)
     keys = k_cache[slots, :, :length].to(q.dtype)  # [B, KV, L, d]
     values = v_cache[slots, :, :length].to(q.dtype)

@@ -1,6 +1,6 @@
-"""Qwen3-MoE and GPT-OSS end to end: greedy speculative output equals transformers' greedy
+"""Qwen3-MoE, GPT-OSS and Gemma-4 end to end: greedy speculative output equals transformers' greedy
 `generate` token for token in every spec mode (torch backend); the exported graphs (dense MoE,
-attention sinks, sliding windows) equal the torch reference in onnxruntime, and greedy
+attention sinks, sliding windows, Gemma-4's per-layer head sizes and KV-shared layers) equal the torch reference in onnxruntime, and greedy
 generation there is identical to target-only decoding in every mode, chunked prefill included."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from peagle_trt.runtime.ort_executor import OrtExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
 
-FAMILIES = ["qwen3_moe", "gpt_oss"]
+FAMILIES = ["qwen3_moe", "gpt_oss", "gemma4", "gemma4_moe"]
 K, SLOTS, SEQ = 3, 2, 96
 MAX_ROWS = 20  # the export's sliding layers keep a ring of 8 + 20 - 1 positions (< SEQ)
 MODES = ["none", "eagle3", "peagle"]
@@ -89,8 +89,9 @@ def test_ort_greedy_identical_to_target_only_in_every_mode(exported, family):
         assert outputs["eagle3"] == outputs["none"] and outputs["peagle"] == outputs["none"]
 
 
-def test_ort_chunked_prefill_across_the_window(exported):
-    target, drafter, out = exported("gpt_oss")
+@pytest.mark.parametrize("family", ["gpt_oss", "gemma4"])
+def test_ort_chunked_prefill_across_the_window(exported, family):
+    target, drafter, out = exported(family)
     prompt = list(range(200, 237))
     outputs = []
     for ex in (TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), OrtExecutor(out)):
@@ -123,6 +124,20 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
         assert windows == [8, 0] * 4 and all(len(n.input) == 8 for n in attn)  # + sinks input
         ring = [i.type.tensor_type.shape.dim[2].dim_value - 1 for i in model.graph.input if i.name.startswith("past_key")]
         assert ring == [8 + MAX_ROWS - 1, SEQ + K + 1] * 4  # windowed layers keep only their window
+    elif family.startswith("gemma4"):  # layers 5-7 read the caches of 2, 4, 2: no KV inputs of their own
+        assert windows == [8, 8, 0, 8, 8, 0, 8, 0] and all(len(n.input) == 7 for n in attn)
+        assert [(next(a.i for a in n.attribute if a.name == "num_kv_heads"),
+                 next(a.i for a in n.attribute if a.name == "head_dim")) for n in attn] == \
+            [(2, 32), (2, 32), (1, 64), (2, 32), (2, 32), (1, 64), (2, 32), (1, 64)] and {a.f for n in attn for a in n.attribute if a.name == "scale"} == {1.0}
+        kv = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input
+              if i.name.startswith("past_key")}
+        sliding, full = [SLOTS, 2, 8 + MAX_ROWS, 32], [SLOTS, 1, SEQ + K + 2, 64]
+        assert kv == {f"past_key_{i}": shape for i, shape in enumerate([sliding, sliding, full, sliding, sliding])}
+        from peagle_trt.engine import _graph_info
+        from peagle_trt.errors import BuildError
+
+        with pytest.raises(BuildError, match=r"sliding windows.*KV-shared layers"):  # TensorRT refuses both
+            _graph_info(out / "trt" / "target.onnx")
     else:
         assert windows == [0] * 8 and all(len(n.input) == 7 for n in attn)
 

@@ -1,6 +1,7 @@
-"""FP8 (ModelOpt) MoE targets: ModelOpt quantizes attention and the experts (routers stay
-unquantized). Qwen3-MoE comes out as per-expert FP8 linears, GPT-OSS as stacked FP8 expert
-tensors with one scale pair per projection; our loader reads both, reproduces ModelOpt's
+"""FP8 (ModelOpt) targets of the P-EAGLE families: ModelOpt quantizes attention and the experts
+(routers stay unquantized). Qwen3-MoE comes out as per-expert FP8 linears, GPT-OSS as stacked FP8
+expert tensors with one scale pair per projection, Gemma-4 as FP8 attention / MLP / per-layer-input
+linears (KV-shared layers have no k/v) and, with the MoE block, per-expert FP8 linears; our loader reads them, reproduces ModelOpt's
 fake-quantized HF model, and speculative output over the FP8 target equals its own greedy output."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.quantize.test_fp8 import build, hf, ours  # noqa: E402
 
 SPEC = QuantSpec(num_calib=4, max_calib_len=64)
 FAMILIES = ["qwen3_moe", "gpt_oss"]
+ALL = FAMILIES + ["gemma4", "gemma4_moe"]
 # FP8 linears: qwen3_moe 8 layers x 4 attention + 6 sparse layers x 8 experts x 3 + 2 dense x 3;
 # gpt_oss 8 layers x (4 attention + 8 experts x 3)
 FP8_LAYERS = {"qwen3_moe": 8 * 4 + 6 * 8 * 3 + 2 * 3, "gpt_oss": 8 * (4 + 8 * 3)}
@@ -46,7 +48,27 @@ def test_experts_and_attention_are_fp8_routers_are_not(fp8_moe, family):
     assert load_target(path).tensors["layers.1.mlp.gate.weight"].dtype == torch.float32  # router
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+def test_gemma4_attention_mlp_and_per_layer_inputs_are_fp8(fp8_moe):
+    names = set(fp8_layers(build(fp8_moe("gemma4"))))
+    # 4 sliding owners x (q k v o + 3 MLP + 2 per-layer-input) + the k_eq_v full layer 2 (no v_proj)
+    # + 3 KV-shared layers (no k / v) + the per-layer model projection; embeddings stay unquantized
+    assert len(names) == 4 * 9 + 8 + 3 * 7 + 1
+    assert {"layers.2.self_attn.k_proj", "layers.5.self_attn.q_proj", "layers.0.per_layer_input_gate",
+            "per_layer_inputs.per_layer_model_projection"} <= names
+    assert "layers.5.self_attn.k_proj" not in names and "layers.2.self_attn.v_proj" not in names
+    tensors = load_target(fp8_moe("gemma4")).tensors
+    assert tensors["per_layer_inputs.embed_tokens_per_layer.weight"].dtype == torch.float32
+
+
+def test_gemma4_moe_experts_are_fp8_router_is_not(fp8_moe):
+    path = fp8_moe("gemma4_moe")
+    names = set(fp8_layers(build(path)))
+    assert len(names) == 4 * 9 + 8 + 3 * 7 + 1 + 8 * 8 * 3  # the dense Gemma-4 count + 8 layers x 8 experts x 3
+    assert "layers.3.moe.experts.7.down_proj" in names and "layers.3.moe.gate" not in names
+    assert load_target(path).tensors["layers.3.moe.gate.weight"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("family", ALL)
 def test_loader_reproduces_modelopt_fake_quant(fp8_moe, tiny_moe, family, monkeypatch):
     """Same check as for the dense families (tests/quantize/test_fp8.py): with ModelOpt's quantizer
     in the division form our FP8 forward is the same numbers."""
@@ -68,10 +90,10 @@ def test_loader_reproduces_modelopt_fake_quant(fp8_moe, tiny_moe, family, monkey
         assert torch.equal(ref.argmax(-1), got.argmax(-1))
 
 
-@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("family", ALL)
 def test_speculative_equals_fp8_greedy(fp8_moe, tiny_moe, family):
     models = {"fp8": fp8_moe(family), "head": tiny_moe[f"drafter-{family}"]}
-    prompt = [7, 8, 9, 100, 200, 300, 5, 6, 7, 8, 9, 10]  # 12 > GPT-OSS's window of 8
+    prompt = [7, 8, 9, 100, 200, 300, 5, 6, 7, 8, 9, 10]  # 12 > GPT-OSS's / Gemma-4's window of 8
     plain = generate(make_decoder(models, "fp8", None, "none", 1, max_len=128), prompt, greedy(24)).output
     for mode in ("peagle", "eagle3"):
         spec = generate(make_decoder(models, "fp8", "head", mode, 3, max_len=128), prompt, greedy(24))

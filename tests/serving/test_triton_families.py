@@ -1,7 +1,9 @@
-"""Qwen3-MoE and GPT-OSS through a real tritonserver: a streamed greedy request (P-EAGLE, K=3)
-equals target-only greedy decoding of the same checkpoint in process, on the torch backend
-(Qwen3-MoE) and the onnxruntime backend (GPT-OSS: dense MoE graph, sinks, sliding windows).
-Marked slow: its own server with two more Python models (the shared one already holds four)."""
+"""Qwen3-MoE, GPT-OSS and Gemma-4 through a real tritonserver: a streamed greedy request (P-EAGLE,
+K=3) equals target-only greedy decoding of the same checkpoint in process, on the torch backend
+(Qwen3-MoE) and the onnxruntime backend (GPT-OSS: dense MoE graph, sinks, sliding windows;
+Gemma-4: per-layer head sizes, KV-shared layers, per-layer inputs, windows; Gemma-4 with the MoE
+block on the torch backend).
+Marked slow: its own server with four more Python models (the shared one already holds four)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from peagle_trt.tokenizer import TextCodec
 from tests.serving.conftest import free_port
 
 pytestmark = [pytest.mark.triton, pytest.mark.slow]
-MODELS = {"qwen3_moe_torch": ("qwen3_moe", "torch"), "gpt_oss_ort": ("gpt_oss", "onnxruntime")}
+MODELS = {"qwen3_moe_torch": ("qwen3_moe", "torch"), "gpt_oss_ort": ("gpt_oss", "onnxruntime"),
+          "gemma4_ort": ("gemma4", "onnxruntime"), "gemma4_moe_torch": ("gemma4_moe", "torch")}
 PROMPTS = ["Hello there", "Explain how a transformer attends to earlier tokens"]  # the 2nd: > window
 
 

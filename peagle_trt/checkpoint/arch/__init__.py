@@ -3,7 +3,8 @@
 Adding a family = one module with a `TargetAdapter` subclass + one line here.
 """
 
-from peagle_trt.checkpoint.arch.base import MoEConfig, TargetAdapter, TargetConfig
+from peagle_trt.checkpoint.arch.base import LayerAttention, MoEConfig, TargetAdapter, TargetConfig
+from peagle_trt.checkpoint.arch.gemma4 import Gemma4Adapter
 from peagle_trt.checkpoint.arch.gpt_oss import GptOssAdapter
 from peagle_trt.checkpoint.arch.llama import LlamaAdapter
 from peagle_trt.checkpoint.arch.qwen3 import Qwen3Adapter
@@ -11,7 +12,8 @@ from peagle_trt.checkpoint.arch.qwen3_moe import Qwen3MoeAdapter
 from peagle_trt.errors import ConfigError
 
 ADAPTERS: dict[str, TargetAdapter] = {
-    model_type: adapter for adapter in (LlamaAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), GptOssAdapter())
+    model_type: adapter for adapter in (LlamaAdapter(), Qwen3Adapter(), Qwen3MoeAdapter(), GptOssAdapter(),
+                                     Gemma4Adapter())
     for model_type in adapter.model_types
 }
 
@@ -26,4 +28,4 @@ def adapter_for(cfg: dict, where: str) -> TargetAdapter:
     return ADAPTERS[model_type]
 
 
-__all__ = ["ADAPTERS", "MoEConfig", "TargetAdapter", "TargetConfig", "adapter_for"]
+__all__ = ["ADAPTERS", "LayerAttention", "MoEConfig", "TargetAdapter", "TargetConfig", "adapter_for"]

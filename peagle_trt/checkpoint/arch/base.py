@@ -53,11 +53,19 @@ class MoEConfig:
     norm_topk_prob: bool = False
     router_bias: bool = False
     expert_bias: bool = False
-    # expert activation: "silu" (SwiGLU) | "clamped_swiglu" (GPT-OSS: gate clamped above at
-    # `swiglu_limit`, up clamped to +-limit, out = (up + 1) * gate * sigmoid(alpha * gate))
+    # expert activation: "silu" (SwiGLU) | "gelu_tanh" (GeGLU, Gemma-4) | "clamped_swiglu" (GPT-OSS:
+    # gate clamped above at `swiglu_limit`, up clamped to +-limit,
+    # out = (up + 1) * gate * sigmoid(alpha * gate))
     activation: str = "silu"
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    # Gemma-4: the router sees rmsnorm(x) * router_scale / sqrt(H) (scale-free norm, learned [H] scale);
+    # the routing weights are multiplied by a learned per-expert scale; the MoE runs beside the
+    # dense MLP of a sandwich layer (each output normed, then summed) instead of replacing it
+    router_input_norm: bool = False
+    router_norm_eps: float = 1e-6
+    per_expert_scale: bool = False
+    beside_dense: bool = False
 
     def __post_init__(self):
         if not 1 <= self.top_k <= self.num_experts:
@@ -65,8 +73,19 @@ class MoEConfig:
                               f"{self.num_experts}]")
         if self.routing not in ("softmax_topk", "topk_softmax"):
             raise ConfigError(f"MoE routing {self.routing!r} is unknown")
-        if self.activation not in ("silu", "clamped_swiglu"):
+        if self.activation not in ("silu", "gelu_tanh", "clamped_swiglu"):
             raise ConfigError(f"MoE expert activation {self.activation!r} is unknown")
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """Per-layer attention shape when layers differ (Gemma-4: full layers have their own head size,
+    KV heads and rope; KV-shared layers read another layer's cache)."""
+    head_dim: int
+    num_kv_heads: int
+    rope: RopeConfig
+    kv_source: int  # the layer whose KV cache this layer reads (itself unless KV-shared)
+    k_eq_v: bool = False  # no v_proj: the values are the k_proj output (before k norm and rope)
 
 
 @dataclass(frozen=True)
@@ -94,21 +113,56 @@ class TargetConfig:
     attention_sinks: bool = False  # GPT-OSS: one learned softmax sink logit per head and layer
     moe: MoEConfig | None = None
     moe_layers: tuple[bool, ...] = ()  # per layer: sparse MoE MLP (True) or dense MLP
+    # -- options of sandwich-norm families (Gemma-4); the defaults give the Llama layer ------------
+    hidden_act: str = "silu"  # dense MLP activation: "silu" | "gelu_tanh"
+    embed_scale: float = 1.0  # token embeddings are multiplied by this (Gemma: sqrt(hidden_size))
+    sandwich_norm: bool = False  # norms on each block's output too (pre/post attention and MLP)
+    v_norm: bool = False  # scale-free per-head RMSNorm of v (needs qk_norm)
+    attn_scale: float | None = None  # softmax scale; None: 1/sqrt(head_dim)
+    layer_scalar: bool = False  # each layer's output is multiplied by a learned scalar
+    logit_softcap: float | None = None  # logits = c * tanh(logits / c)
+    per_layer_input_size: int = 0  # per-layer input embeddings of this width (0: none)
+    per_layer_input_vocab: int = 0  # rows of that table (tokens >= it get the zero row's lookup)
+    layer_attention: tuple[LayerAttention, ...] = ()  # () : every layer as the global fields say
+    layer_intermediate_sizes: tuple[int, ...] = ()  # () : intermediate_size everywhere
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"num_attention_heads ({self.num_heads}) must be a multiple of "
                               f"num_key_value_heads ({self.num_kv_heads})")
-        for name in ("layer_windows", "moe_layers"):
+        if self.hidden_act not in ("silu", "gelu_tanh"):
+            raise ConfigError(f"MLP activation {self.hidden_act!r} is unknown")
+        for name in ("layer_windows", "moe_layers", "layer_attention", "layer_intermediate_sizes"):
             value = getattr(self, name)
             if value and len(value) != self.num_layers:
                 raise ConfigError(f"{name} has {len(value)} entries for {self.num_layers} layers")
         if any(self.moe_layers) and self.moe is None:
             raise ConfigError("moe_layers marks sparse layers but no MoE config is given")
+        if self.moe is not None and self.moe.beside_dense != self.sandwich_norm:
+            raise ConfigError("an MoE beside the dense MLP needs sandwich-norm layers, and only there")
+        for i, a in enumerate(self.layer_attention):
+            if self.num_heads % a.num_kv_heads:
+                raise ConfigError(f"layer {i}: num_attention_heads ({self.num_heads}) must be a multiple of "
+                                  f"its {a.num_kv_heads} KV heads")
+            src = self.layer_attention[a.kv_source] if 0 <= a.kv_source < self.num_layers else None
+            if src is None or src.kv_source != a.kv_source or (src.head_dim, src.num_kv_heads) != (
+                    a.head_dim, a.num_kv_heads) or self.window(a.kv_source) != self.window(i):
+                raise ConfigError(f"layer {i} shares the KV cache of layer {a.kv_source}, which must own its "
+                                  "cache and have the same head size, KV heads and window")
 
     def window(self, layer: int) -> int:
         """Attention window of `layer` (0: full attention)."""
         return self.layer_windows[layer] if self.layer_windows else 0
+
+    def attention(self, layer: int) -> LayerAttention:
+        """Attention shape of `layer` (the global fields unless `layer_attention` sets it)."""
+        if self.layer_attention:
+            return self.layer_attention[layer]
+        return LayerAttention(self.head_dim, self.num_kv_heads, self.rope, layer)
+
+    def intermediate(self, layer: int) -> int:
+        sizes = self.layer_intermediate_sizes
+        return sizes[layer] if sizes else self.intermediate_size
 
     def is_moe(self, layer: int) -> bool:
         return bool(self.moe_layers) and self.moe_layers[layer]
@@ -131,9 +185,7 @@ class TargetAdapter:
     hidden_act = "silu"
 
     def parse(self, cfg: dict, where: str) -> TargetConfig:
-        act = cfg.get("hidden_act", "silu")
-        if act != self.hidden_act:
-            raise ConfigError(f"{where}: hidden_act {act!r} is not supported (expected {self.hidden_act!r})")
+        self.check_activation(cfg, where)
         hidden = int(require(cfg, "hidden_size", where))
         heads = int(require(cfg, "num_attention_heads", where))
         return TargetConfig(
@@ -156,6 +208,11 @@ class TargetAdapter:
             quantization=self.quantization(cfg, where),
             **self.extra_fields(cfg, where),
         )
+
+    def check_activation(self, cfg: dict, where: str) -> None:
+        act = cfg.get("hidden_act", "silu")
+        if act != self.hidden_act:
+            raise ConfigError(f"{where}: hidden_act {act!r} is not supported (expected {self.hidden_act!r})")
 
     def extra_fields(self, cfg: dict, where: str) -> dict:
         return {}
