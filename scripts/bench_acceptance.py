@@ -23,6 +23,8 @@ Machine: record it; the script prints `uptime` load averages next to every timin
 Run (from the repository root; about 10-15 minutes on 2 cores loaded by other work, load ~13):
     .venv/bin/python scripts/bench_acceptance.py --out artifacts/bench_acceptance
     .venv/bin/python scripts/bench_acceptance.py --prompts 40 --peagle-k 3,7 --eagle3-k 3   # quicker
+    .venv/bin/python scripts/bench_acceptance.py --interleaved --peagle-k 5,7 --eagle3-k 5,7 --timing-repeats 7
+        # batch-1 timing only: all configurations in one server, passes interleaved (steadier)
 Output: a table on stdout, a plot (--plot PNG), and as the LAST line one JSON object.
 """
 
@@ -151,6 +153,48 @@ def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dic
     return row
 
 
+def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts: list[str]) -> dict:
+    """Batch-1 timing with every configuration in ONE server, the passes interleaved: round r runs
+    the greedy batch-1 pass of each configuration in turn (--timing-repeats rounds), so a load
+    spike hits all of them alike. Returns {"rows": [...], ...} with the median pass per configuration."""
+    import statistics
+
+    root = args.out / "repo-interleaved"
+    build_all(args, pair, configs, root)
+    serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+                      log_path=args.out / "tritonserver-interleaved.log")
+    sub = prompts[:args.timing_prompts]
+    greedy = SamplingParams(max_tokens=args.max_tokens)
+    walls: dict = {c: [] for c in configs}
+    results: dict = {}
+    load0 = load_avg()
+    with TritonServer(serve) as server:
+        for method, k in configs:  # warm-up
+            run_requests(server.grpc_url, sub[:2], greedy, 1, model_name(method, k))
+        for r in range(args.timing_repeats):
+            for method, k in (configs if r % 2 == 0 else configs[::-1]):  # alternate the order too
+                wall, res = run_requests(server.grpc_url, sub, greedy, 1, model_name(method, k))
+                walls[(method, k)].append(wall)
+                results[(method, k)] = res
+            print(f"[bench] interleaved round {r + 1}/{args.timing_repeats}", file=sys.stderr, flush=True)
+    rows = []
+    for method, k in configs:
+        res = results[(method, k)]
+        tokens = sum(len(x["token_ids"]) for x in res)
+        wall = statistics.median(walls[(method, k)])
+        rows.append({"method": method, "K": k, **pooled(res, k), "tokens": tokens,
+                     "wall_s_passes": [round(w, 2) for w in walls[(method, k)]],
+                     "tokens_per_s_b1": round(tokens / wall, 2),
+                     "ids": [x["token_ids"] for x in res]})
+    base = rows[0]
+    for row in rows:
+        row["speedup_b1"] = round(row["tokens_per_s_b1"] / base["tokens_per_s_b1"], 3)
+        row["greedy_equal_to_first"] = sum(a == b for a, b in zip(row.pop("ids"), [x["token_ids"] for x in
+                                                                              results[configs[0]]]))
+    return {"mode": "interleaved batch 1", "prompts": len(sub), "rounds": args.timing_repeats,
+            "load_before": load0, "load_after": load_avg(), "rows": rows}
+
+
 def plot(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -209,6 +253,8 @@ def main() -> None:
     p.add_argument("--peagle-k", default="1,3,5,7,10")
     p.add_argument("--eagle3-k", default="1,3,5,7")
     p.add_argument("--skip-sampled", action="store_true")
+    p.add_argument("--interleaved", action="store_true",
+                   help="only the batch-1 timing, all configurations in one server, passes interleaved")
     p.add_argument("--merge", type=Path, nargs="*", default=[],
                    help="stdout files of earlier runs whose rows join this table and plot")
     args = p.parse_args()
@@ -223,10 +269,21 @@ def main() -> None:
     configs = [("none", 0)] + [("peagle", int(k)) for k in args.peagle_k.split(",") if k] + \
               [("eagle3", int(k)) for k in args.eagle3_k.split(",") if k]
     t0 = time.perf_counter()
+    if args.interleaved:
+        out = interleaved_batch1(args, args.pair, configs, prompts)
+        print("method   K    AL  tok/s b1  x first  passes (s)")
+        for r in out["rows"]:
+            print(f"{r['method']:7s} {r['K']:2d}  {r['acceptance_length']:4.2f}  {r['tokens_per_s_b1']:8.1f}  "
+                  f"{r['speedup_b1']:7.2f}  {r['wall_s_passes']}")
+        print(json.dumps({"env": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS"),
+                                  "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
+                          **out, "total_s": round(time.perf_counter() - t0, 1)}))
+        return
     rows = []
     for method, k in configs:
-        # one server per configuration: tritonserver deadlocked here loading several of these
-        # Python models at once (stubs waiting on a futex), so each model loads alone
+        # one server per configuration: tritonserver once deadlocked here loading all ten of these
+        # Python models at once (stubs waiting on a futex); --interleaved serves up to eight in one
+        # server, which loaded cleanly in every try (2026-11-23)
         root = args.out / f"repo-{model_name(method, k)}"
         build_all(args, args.pair, [(method, k)], root)
         serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
