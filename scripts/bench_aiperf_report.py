@@ -45,14 +45,15 @@ def humaneval(out: Path, osl: int) -> None:
 
 
 def samples(path: Path) -> list[tuple[float, dict[str, float]]]:
-    """`# t=EPOCH` headers, each followed by Prometheus lines of our metrics."""
+    """`# t=EPOCH` headers, each followed by Prometheus lines of our metrics (the run serves one
+    model: series are keyed by their name with the labels, {model=..., version=...}, dropped)."""
     out: list[tuple[float, dict[str, float]]] = []
     for line in path.read_text().splitlines() if path.is_file() else []:
         if line.startswith("# t="):
             out.append((float(line[4:]), {}))
         elif out and line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[-1][1][name] = float(value)
+            series, value = line.rsplit(" ", 1)
+            out[-1][1][series.split("{", 1)[0]] = float(value)
     return [s for s in out if "peagle_draft_steps_total" in s[1]]
 
 

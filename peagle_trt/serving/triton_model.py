@@ -134,7 +134,7 @@ class TritonPythonModel:
             model_dir = model_dir / args["model_name"]
         self.engine = ServingEngine.load(model_dir, params)
         self.k = int(params["num_spec_tokens"]) if params["spec_mode"] != "none" else 0
-        self._make_metrics()
+        self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
         self.engine.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
         self._next_metrics = 0.0
@@ -199,7 +199,9 @@ class TritonPythonModel:
                     self.engine.cancel(event.uid)
 
     # -- metrics -------------------------------------------------------------------------------------
-    def _make_metrics(self):
+    def _make_metrics(self, labels: dict):
+        """Our Prometheus series, labelled with this model's name and version (as Triton labels its
+        own): several models in one server each keep their own series."""
         pb = self.pb
 
         self._families = []  # a MetricFamily must outlive its Metric objects
@@ -210,20 +212,20 @@ class TritonPythonModel:
 
         gauge, counter = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER
         self.m_al = family("peagle_acceptance_length", gauge,
-                           "mean tokens per verify step incl. the bonus token (finished requests)").Metric(labels={})
+                           "mean tokens per verify step incl. the bonus token (finished requests)").Metric(labels=labels)
         pos = family("peagle_accept_rate_per_pos", gauge, "fraction of steps accepting >= i+1 drafts")
-        self.m_pos = [pos.Metric(labels={"position": str(i)}) for i in range(self.k)]
+        self.m_pos = [pos.Metric(labels={**labels, "position": str(i)}) for i in range(self.k)]
         self.m_tps = family("peagle_generated_tokens_per_second", gauge,
-                            "generated tokens per second over the last 10 s").Metric(labels={})
-        self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels={})
+                            "generated tokens per second over the last 10 s").Metric(labels=labels)
+        self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels=labels)
         # counters, so a benchmark gets the acceptance of its own window: 1 + d(accepted) / d(steps)
-        self.m_steps = family("peagle_draft_steps_total", counter, "verify steps of finished requests").Metric(labels={})
+        self.m_steps = family("peagle_draft_steps_total", counter, "verify steps of finished requests").Metric(labels=labels)
         self.m_accepted = family("peagle_accepted_drafts_total", counter,
-                                 "accepted draft tokens of finished requests").Metric(labels={})
+                                 "accepted draft tokens of finished requests").Metric(labels=labels)
         self._last_steps = self._last_accepted = 0
-        self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels={})
-        self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels={})
-        self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels={})
+        self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels=labels)
+        self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels=labels)
+        self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
         self.m_slots_total.set(self.engine.scheduler.decoder.ex.num_slots)
         self._last_tokens = 0
 

@@ -45,12 +45,27 @@ def http_post(server, path: str, body: dict) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
-def metric(server, name: str) -> float:
+def metric_lines(server) -> list[str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{server.spec.metrics_port}/metrics", timeout=10) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " ") or line.startswith(name + "{"):
-                return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"metric {name} not exported")
+        return [line for line in r.read().decode().splitlines() if line.startswith("peagle_")]
+
+
+def metric(server, name: str, model: str = "peagle") -> float:
+    """The value of our series `name` for `model` (each model's series carry its name as a label)."""
+    for line in metric_lines(server):
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"metric {name} of model {model} not exported")
+
+
+def test_each_model_exports_its_own_metric_series(server):
+    """Several models in one server: every peagle_* series is labelled with its model, so one
+    model's slots or acceptance never overwrite another's."""
+    lines = metric_lines(server)
+    for model in MODELS:
+        assert metric(server, "peagle_kv_slots_total", model) > 0
+        assert any(line.startswith("peagle_generated_tokens_total{") and f'model="{model}"' in line for line in lines)
+    assert not [line for line in lines if not line.split(" ")[0].endswith("}")], "a series without labels"
 
 
 @pytest.mark.parametrize("model", list(MODELS))
