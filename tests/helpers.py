@@ -11,6 +11,31 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 
 PAIRS = {"llama": "aws", "qwen3": "speculators"}  # target -> its P-EAGLE drafter
+# prefill chunks of a 45-token prompt that start and end inside and across a sliding window of 8
+CHUNKS_ACROSS_WINDOW = ((0, 11), (11, 12), (12, 20), (20, 21), (21, 33), (33, 45))
+
+
+def our_target(path, taps):
+    """Our TargetModel (fp32) for the checkpoint at `path`, tapping `taps`."""
+    from peagle_trt.checkpoint.target import load_target
+    from peagle_trt.models.target import TargetModel
+
+    ckpt = load_target(path)
+    return TargetModel.from_tensors(ckpt.config, ckpt.tensors, taps)
+
+
+def hf_target(path):
+    """transformers' own model for the checkpoint at `path` (fp32, eval): the oracle."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@torch.no_grad()
+def chunked_forward(model, ids: torch.Tensor, cache, chunks=CHUNKS_ACROSS_WINDOW):
+    """ids [1, T] run chunk by chunk through `model`'s KV cache (slot 0) -> (logits, aux) of all rows."""
+    outs, taps = zip(*[model(ids[:, a:b], torch.arange(a, b)[None], torch.tensor([0]), cache) for a, b in chunks])
+    return torch.cat(outs, 1), torch.cat(taps, 1)
 
 
 def make_decoder(tiny, target: str, drafter: str | None, mode: str, k: int, max_len: int = 512,

@@ -7,30 +7,21 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from peagle_trt.checkpoint import mxfp4
 from peagle_trt.checkpoint.target import load_target
 from peagle_trt.models.memory import kv_slot_memory
-from peagle_trt.models.target import TargetModel
+from tests.helpers import chunked_forward, hf_target, our_target
 from peagle_trt.tokenizer import TextCodec
 
 FAMILIES = ["qwen3_moe", "gpt_oss"]
 TAPS = (0, 2, 4, 5, 7)
 
 
-def _ours(path, taps=TAPS):
-    ckpt = load_target(path)
-    return TargetModel.from_tensors(ckpt.config, ckpt.tensors, taps)
-
-
-def _hf(path):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_and_taps_equal_transformers(tiny_moe, family):
-    ours, hf = _ours(tiny_moe[family]), _hf(tiny_moe[family])
+    ours, hf = our_target(tiny_moe[family], TAPS), hf_target(tiny_moe[family])
     ids = torch.randint(0, 500, (2, 40))  # longer than GPT-OSS's window of 8
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
@@ -43,18 +34,14 @@ def test_logits_and_taps_equal_transformers(tiny_moe, family):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("max_rows", [None, 12])  # 12: sliding layers keep 8 + 12 - 1 positions only
 def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, family, max_rows):
-    ours, hf = _ours(tiny_moe[family]), _hf(tiny_moe[family])
+    ours, hf = our_target(tiny_moe[family], TAPS), hf_target(tiny_moe[family])
     ids = torch.randint(0, 500, (1, 45))
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
         cache = ours.new_cache(1, 64, max_rows=max_rows)
-        outs, taps = [], []
-        for a, b in [(0, 11), (11, 12), (12, 20), (20, 21), (21, 33), (33, 45)]:  # chunks cross the window
-            logits, aux = ours(ids[:, a:b], torch.arange(a, b)[None], torch.tensor([0]), cache)
-            outs.append(logits)
-            taps.append(aux)
-    torch.testing.assert_close(torch.cat(outs, 1), ref.logits, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(torch.cat(taps, 1)[..., 64:128], ref.hidden_states[2], rtol=1e-4, atol=1e-4)
+    logits, aux = chunked_forward(ours, ids, cache)
+    torch.testing.assert_close(logits, ref.logits, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(aux[..., 64:128], ref.hidden_states[2], rtol=1e-4, atol=1e-4)
     if family == "gpt_oss" and max_rows:
         assert [t.shape[2] - 1 for t in cache.k] == [19, 64] * 4  # sliding, full, ...
 
@@ -69,7 +56,7 @@ def test_kv_bytes_per_slot_grow_with_full_layers_only(tiny_moe):
 def test_windowed_ring_refuses_a_forward_wider_than_it_holds(tiny_moe):
     from peagle_trt.errors import RuntimeInvariantError
 
-    ours = _ours(tiny_moe["gpt_oss"])
+    ours = our_target(tiny_moe["gpt_oss"], TAPS)
     cache = ours.new_cache(1, 64, max_rows=4)  # sliding layers: 8 + 4 - 1 positions
     with torch.no_grad():
         ours(torch.randint(0, 500, (1, 11)), torch.arange(11)[None], torch.tensor([0]), cache)
@@ -93,7 +80,7 @@ def test_mxfp4_dequantizes_exactly():
 def test_mxfp4_checkpoint_equals_transformers_dequantized(tiny_moe):
     """The MXFP4 layout (`*_blocks` / `*_scales`) read by us equals transformers' own reading."""
     path = tiny_moe["gpt_oss_mxfp4"]
-    ours, hf = _ours(path), _hf(path)
+    ours, hf = our_target(path, TAPS), hf_target(path)
     assert load_target(path).config.quantization is None  # dequantized on load
     ids = torch.randint(0, 500, (1, 24))
     with torch.no_grad():
@@ -116,7 +103,7 @@ def test_qwen3_moe_sparse_layer_rule_matches_transformers(tmp_path):
 
     path = make_target(tmp_path / "q", "qwen3_moe", layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
     c = load_target(path).config
-    hf = _hf(path)
+    hf = hf_target(path)
     assert c.moe_layers == tuple(hasattr(layer.mlp, "experts") for layer in hf.model.layers)
     assert c.moe_layers == (False, True, False, False, False, True)
 

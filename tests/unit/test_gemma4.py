@@ -11,23 +11,14 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
 from peagle_trt.checkpoint.target import load_target
 from peagle_trt.errors import ConfigError
 from peagle_trt.models.memory import kv_slot_memory
-from peagle_trt.models.target import TargetModel
+from tests.helpers import chunked_forward, hf_target, our_target
 
 TAPS = (0, 2, 4, 5, 7)  # 5 and 7: entering / leaving KV-shared layers
 
-
-def _ours(path, taps=TAPS):
-    ckpt = load_target(path)
-    return TargetModel.from_tensors(ckpt.config, ckpt.tensors, taps)
-
-
-def _hf(path):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def _check(logits, aux, ref, rows=slice(None)):
@@ -38,7 +29,7 @@ def _check(logits, aux, ref, rows=slice(None)):
 
 
 def test_logits_and_taps_equal_transformers(tiny_moe):
-    ours, hf = _ours(tiny_moe["gemma4"]), _hf(tiny_moe["gemma4"])
+    ours, hf = our_target(tiny_moe["gemma4"], TAPS), hf_target(tiny_moe["gemma4"])
     ids = torch.randint(0, 500, (2, 40))  # longer than the window of 8
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
@@ -48,17 +39,13 @@ def test_logits_and_taps_equal_transformers(tiny_moe):
 
 @pytest.mark.parametrize("max_rows", [None, 12])  # 12: sliding layers (and their sharers) keep 8 + 12 - 1
 def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, max_rows):
-    ours, hf = _ours(tiny_moe["gemma4"]), _hf(tiny_moe["gemma4"])
+    ours, hf = our_target(tiny_moe["gemma4"], TAPS), hf_target(tiny_moe["gemma4"])
     ids = torch.randint(0, 500, (1, 45))
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
         cache = ours.new_cache(1, 64, max_rows=max_rows)
-        outs, taps = [], []
-        for a, b in [(0, 11), (11, 12), (12, 20), (20, 21), (21, 33), (33, 45)]:  # chunks cross the window
-            logits, aux = ours(ids[:, a:b], torch.arange(a, b)[None], torch.tensor([0]), cache)
-            outs.append(logits)
-            taps.append(aux)
-    _check(torch.cat(outs, 1), torch.cat(taps, 1), ref)
+    logits, aux = chunked_forward(ours, ids, cache)
+    _check(logits, aux, ref)
     # KV-shared layers 5, 6, 7 hold no cache: they read layers 2, 4, 2
     assert cache.k[5] is cache.k[2] and cache.k[6] is cache.k[4] and cache.v[7] is cache.v[2]
     ring = 19 if max_rows else 64
@@ -70,7 +57,7 @@ def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, max_rows):
 def test_decode_steps_equal_transformers_with_its_cache(tiny_moe):
     """One token at a time after a prompt (past the window, through the shared layers' reads of
     a ring cache), against transformers' own incremental decoding with its KV cache."""
-    ours, hf = _ours(tiny_moe["gemma4"]), _hf(tiny_moe["gemma4"])
+    ours, hf = our_target(tiny_moe["gemma4"], TAPS), hf_target(tiny_moe["gemma4"])
     ids = torch.randint(0, 500, (1, 20))
     with torch.no_grad():
         ref = hf(ids[:, :4], use_cache=True, output_hidden_states=True)
@@ -89,7 +76,7 @@ def test_multimodal_wrapper_checkpoint_loads_its_language_model(tiny_moe):
 
     path = tiny_moe["gemma4_wrapper"]
     assert json.loads((path / "config.json").read_text())["model_type"] == "gemma4"
-    ours = _ours(path)
+    ours = our_target(path, TAPS)
     hf = Gemma4ForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
     ids = torch.randint(0, 500, (1, 30))
     with torch.no_grad():
@@ -170,11 +157,10 @@ def test_moe_block_equals_transformers(tiny_moe):
     path = tiny_moe["gemma4_moe"]
     c = load_target(path).config
     assert c.moe.beside_dense and c.moe_layers == (True,) * 8
-    ours, hf = _ours(path), _hf(path)
+    ours, hf = our_target(path, TAPS), hf_target(path)
     ids = torch.randint(0, 500, (1, 45))
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
-        cache = ours.new_cache(1, 64, max_rows=12)
-        outs, taps = zip(*[ours(ids[:, a:b], torch.arange(a, b)[None], torch.tensor([0]), cache)
-                           for a, b in [(0, 11), (11, 12), (12, 24), (24, 45 - 12), (45 - 12, 45)]])
-    _check(torch.cat(outs, 1), torch.cat(taps, 1), ref)
+    logits, aux = chunked_forward(ours, ids, ours.new_cache(1, 64, max_rows=12),
+                                  ((0, 11), (11, 12), (12, 24), (24, 45 - 12), (45 - 12, 45)))
+    _check(logits, aux, ref)
