@@ -90,17 +90,14 @@ def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperatur
     scheduler = Scheduler(decoder, max_batch=batch)
     responses: list[list[int]] = [[] for _ in prompts]
     errors: list[str] = []
-    done = [0]
 
     def collect(i: int):
         def on_output(out) -> None:
             responses[i] += out.new_token_ids
             if out.error:
                 errors.append(f"prompt {i}: {out.error}")
-            if out.finished:
-                done[0] += 1
-                if progress:
-                    progress(f"regenerated {done[0]}/{len(prompts)} responses")
+            if out.finished and progress:
+                progress(f"regenerated {scheduler.finished_requests}/{len(prompts)} responses")
         return on_output
 
     todo = iter(enumerate(prompts))

@@ -112,18 +112,14 @@ def test_bad_input_gets_a_clear_error(tiny, text_file, tmp_path):
 def test_batched_regeneration_equals_transformers_greedy(tiny):
     """The responses `train --data` supervises are the target's own greedy answers: regenerated in
     one batch through the scheduler, each equals transformers' greedy `generate` on its prompt."""
-    from transformers import AutoModelForCausalLM
-
-    from peagle_trt.checkpoint import load_target
-    from peagle_trt.models.target import TargetModel
     from peagle_trt.train.data import regenerate_all
+    from tests.helpers import hf_target, our_target
 
-    ckpt = load_target(tiny["llama"])
-    target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, (1, 3, 5))
+    target = our_target(tiny["llama"], (1, 3, 5))
     torch.manual_seed(1)
-    prompts = [torch.randint(5, ckpt.config.vocab_size, (n,)).tolist() for n in (3, 9, 5, 14)]
+    prompts = [torch.randint(5, target.config.vocab_size, (n,)).tolist() for n in (3, 9, 5, 14)]
     got = regenerate_all(target, prompts * 5, 10, 0.0, (), seed=0, batch=2)  # more than the queue holds at once
-    hf = AutoModelForCausalLM.from_pretrained(tiny["llama"], torch_dtype=torch.float32).eval()
+    hf = hf_target(tiny["llama"])
     assert got[:4] * 5 == got
     for prompt, response in zip(prompts, got):
         out = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, eos_token_id=None,
