@@ -18,11 +18,10 @@ expert, no per-token loop); the ONNX export computes every expert densely and we
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from peagle_trt.checkpoint.arch.base import MoEConfig
-from peagle_trt.models.layers import RMSNorm
+from peagle_trt.models.layers import ACTIVATIONS, RMSNorm
 
 
 class ExpertMLP(nn.Module):
@@ -39,10 +38,8 @@ class ExpertMLP(nn.Module):
 
 
 def expert_act(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float, limit: float) -> torch.Tensor:
-    if activation == "silu":
-        return F.silu(gate) * up
-    if activation == "gelu_tanh":
-        return F.gelu(gate, approximate="tanh") * up
+    if activation in ACTIVATIONS:  # SwiGLU / GeGLU, the dense MLP's gates
+        return ACTIVATIONS[activation](gate) * up
     # GPT-OSS clamped SwiGLU: the +1 on the linear half, alpha-scaled sigmoid, both halves clamped
     gate = gate.clamp(max=limit)
     up = up.clamp(min=-limit, max=limit)
