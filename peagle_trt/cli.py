@@ -5,6 +5,7 @@
     peagle-trt train --target DIR --output DIR --text-list FILES   # train a P-EAGLE / EAGLE-3 head
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
     peagle-trt inspect [TARGET_DIR] DRAFTER_DIR   # what a checkpoint is; whether a pair fits
+    peagle-trt bench SUITE [options]    # a benchmark suite (peagle-trt bench --help lists them)
 
 This is the only module that catches broad exceptions: it prints them and exits non-zero.
 """
@@ -263,6 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     e.set_defaults(func=cmd_export)
 
+    from peagle_trt.bench.cli import add_parser as add_bench_parser
     from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
     from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
@@ -274,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_quantize_parser(sub)
     add_train_parser(sub)
     add_demo_parser(sub)
+    add_bench_parser(sub)
 
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")

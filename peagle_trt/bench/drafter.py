@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Benchmark one drafting step of the drafter head: P-EAGLE parallel vs EAGLE-3 sequential, on CPU.
+"""Suite `drafter` (docs/BENCHMARKS.md, "Drafter forward"): one drafting step of the drafter head: P-EAGLE parallel vs EAGLE-3 sequential, on CPU.
 
 What: the wall time of the drafter forwards that produce K draft tokens for one sequence
 (batch 1) in the middle of a decode, for K = 1, 3, 7, 11 by default.
@@ -36,10 +35,10 @@ Heads:
 Also printed: the head's lm_head matmul alone for [1, M, H] inputs (--lm-head-rows), because on CPU
 the BLAS kernel changes with the row count M and that step dominates the big head's cost.
 
-Run (from the repository root; about 1.5 minutes on 2 idle cores, ~6.5 GB peak RSS):
-    .venv/bin/python scripts/bench_drafter.py
-    .venv/bin/python scripts/bench_drafter.py --heads tiny --ks 1,3,7,11 --repeats 50 --context 512
-Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
+Run (about 1.5 minutes on 2 idle cores, ~6.5 GB peak RSS):
+    peagle-trt bench drafter
+    peagle-trt bench drafter --heads tiny --ks 1,3,7,11 --repeats 50 --context 512
+Output: a markdown table on stdout, then as the LAST line one JSON object (env info + `rows`).
 """
 
 from __future__ import annotations
@@ -47,11 +46,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -63,7 +60,9 @@ from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import RopeConfig
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
-from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from peagle_trt.bench.common import cpu_counters, cpu_model, other_cpu_share, progress
+from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.errors import ConfigError
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token
 
@@ -166,15 +165,15 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     t0 = time.perf_counter()
     model = build_head(name)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"[{name}] built: {n_params / 1e6:.1f} M params "
-          f"({n_params * 4 / 2**30:.2f} GiB fp32) in {time.perf_counter() - t0:.1f} s", flush=True)
+    progress(f"[{name}] built: {n_params / 1e6:.1f} M params "
+             f"({n_params * 4 / 2**30:.2f} GiB fp32) in {time.perf_counter() - t0:.1f} s")
     for a in spec["assumed"]:
-        print(f"[{name}] ASSUMED: {a}", flush=True)
+        progress(f"[{name}] ASSUMED: {a}")
     gen = torch.Generator().manual_seed(1)
     cache = model.new_cache(1, context + max(ks))
     t0 = time.perf_counter()
     prefill(model, cache, context, gen)
-    print(f"[{name}] prefill of {context} positions: {time.perf_counter() - t0:.1f} s", flush=True)
+    progress(f"[{name}] prefill of {context} positions: {time.perf_counter() - t0:.1f} s")
     parallel, sequential = make_steps(model, cache, context, gen)
     rows = []
     head_counters = cpu_counters()
@@ -194,19 +193,19 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
                          repeats=repeats, warmup=warmup))
         share = other_cpu_share(counters, cpu_counters())
         rows[-1]["other_cpu_share"] = None if share is None else round(share, 3)
-        print(f"[{name}] K={k:<2d} parallel {rows[-1]['parallel_ms']:9.2f} ms   "
-              f"sequential {rows[-1]['sequential_ms']:9.2f} ms", flush=True)
+        progress(f"[{name}] K={k:<2d} parallel {rows[-1]['parallel_ms']:9.2f} ms   "
+                 f"sequential {rows[-1]['sequential_ms']:9.2f} ms")
         if share is not None and share > 0.05:
-            print(f"[{name}] K={k:<2d} WARNING: other processes used {share:.0%} of the CPU time while "
-                  "timing; these figures are noisy, rerun on an idle machine", flush=True)
+            progress(f"[{name}] K={k:<2d} WARNING: other processes used {share:.0%} of the CPU time while "
+                     "timing; these figures are noisy, rerun on an idle machine")
     head_share = other_cpu_share(head_counters, cpu_counters())
     for r in rows:  # per-K share when the K took long enough to measure, else the whole head's
         r["other_cpu_share_head"] = None if head_share is None else round(head_share, 3)
         share = r["other_cpu_share"] if r["other_cpu_share"] is not None else r["other_cpu_share_head"]
         r["noisy"] = share is not None and share > 0.05
     if head_share is not None and head_share > 0.05:
-        print(f"[{name}] WARNING: other processes used {head_share:.0%} of the CPU time while timing "
-              "this head; rerun on an idle machine", flush=True)
+        progress(f"[{name}] WARNING: other processes used {head_share:.0%} of the CPU time while timing "
+                 "this head; rerun on an idle machine")
     base = next((r["parallel_ms"] for r in rows if r["k"] == 1), None)
     for r in rows:
         r["seq_over_par"] = r["sequential_ms"] / r["parallel_ms"]
@@ -230,56 +229,25 @@ def lm_head_probe(name: str, rows_list: list[int], repeats: int) -> list[dict]:
         out.append(dict(head=name, rows=m, lm_head_ms=statistics.median(times), repeats=repeats,
                         other_cpu_share=None if share is None else round(share, 3)))
         noisy = "  (noisy: other processes busy)" if share is not None and share > 0.05 else ""
-        print(f"[{name}] lm_head alone, M={m:<2d} rows: {out[-1]['lm_head_ms']:10.3f} ms{noisy}",
-              flush=True)
+        progress(f"[{name}] lm_head alone, M={m:<2d} rows: {out[-1]['lm_head_ms']:10.3f} ms{noisy}")
     return out
 
 
-def cpu_counters() -> tuple[float, float, float] | None:
-    """(all CPUs' total seconds, their non-idle seconds, this process's CPU seconds), or None."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    own = os.times()
-    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is within user)
-    return total / tick, (total - fields[3] - fields[4]) / tick, own.user + own.system
+def table(rows: list[dict]) -> str:
+    """The markdown table of the drafting rows; `*` marks a row timed while other processes were busy."""
+    body = [[r["head"], r["k"], f"{r['parallel_ms']:.2f}", f"{r['sequential_ms']:.2f}",
+             f"{r['seq_over_par']:.2f}x",
+             (f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a")
+             + (" *" if r["noisy"] else "")] for r in rows]
+    text = markdown_table(["head", "K", "parallel ms", "sequential ms", "seq/par", "par K/par K=1"], body)
+    if any(r["noisy"] for r in rows):
+        text += "\n\n\\* other processes used > 5% of the CPU time while this row was timed: noisy figure"
+    return text
 
 
-def other_cpu_share(before, after, min_wall_s: float = 1.0) -> float | None:
-    """Share of all CPU time between two cpu_counters() samples used by OTHER processes (or steal);
-    None when unknown or when the interval is too short for the 10 ms /proc/stat ticks."""
-    if before is None or after is None:
-        return None
-    if (after[0] - before[0]) / (os.cpu_count() or 1) < min_wall_s:
-        return None
-    other = (after[1] - before[1]) - (after[2] - before[2])
-    return max(other, 0.0) / (after[0] - before[0])
-
-
-def print_table(rows: list[dict]) -> None:
-    header = (f"{'head':<20} {'K':>3} {'parallel ms':>12} {'sequential ms':>14} {'seq/par':>8} "
-              f"{'par K/par K=1':>14}")
-    print(header)
-    print("-" * len(header))
-    noisy = False
-    for r in rows:
-        ratio = f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a"
-        flag = " *" if r["noisy"] else ""
-        noisy |= bool(flag)
-        print(f"{r['head']:<20} {r['k']:>3} {r['parallel_ms']:>12.2f} {r['sequential_ms']:>14.2f} "
-              f"{r['seq_over_par']:>7.2f}x {ratio:>14}{flag}")
-    if noisy:
-        print("* other processes used > 5% of the CPU time while this row was timed: noisy figure")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", default="tiny,gpt-oss-20b-peagle",
-                        help=f"comma-separated heads from {sorted(HEADS)}")
+                        help=f"comma-separated heads from {sorted(HEADS)} (--smoke: tiny)")
     parser.add_argument("--ks", default="1,3,7,11", help="comma-separated draft lengths K")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions per (head, K, mode); default: "
@@ -290,18 +258,23 @@ def main() -> None:
     parser.add_argument("--lm-head-rows", default="1,2,3,4,5,9,13",
                         help="also time each head's lm_head matmul alone for these row counts "
                              "('' to skip)")
-    args = parser.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.smoke:  # tiny head, two K, a few repeats
+        args.heads, args.ks, args.repeats, args.warmup = "tiny", "1,3", 3, 1
+        args.context, args.lm_head_rows = 16, "1,2"
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     ks = [int(k) for k in args.ks.split(",")]
     unknown = [h for h in heads if h not in HEADS]
     if unknown:
-        parser.error(f"unknown heads {unknown}; choose from {sorted(HEADS)}")
+        raise ConfigError(f"unknown heads {unknown}; choose --heads from {sorted(HEADS)}")
     if min(ks) < 1 or args.context < PENDING:
-        parser.error(f"K must be >= 1 and --context >= {PENDING}")
+        raise ConfigError(f"--ks must all be >= 1 and --context >= {PENDING}")
 
     lm_rows = [int(m) for m in args.lm_head_rows.split(",") if m.strip()]
     counters = cpu_counters()
-    time.sleep(2.0)
+    time.sleep(0.0 if args.smoke else 2.0)
     busy = other_cpu_share(counters, cpu_counters())
     threads = args.threads or len(os.sched_getaffinity(0))
     torch.set_num_threads(threads)
@@ -309,12 +282,12 @@ def main() -> None:
                python=platform.python_version(), torch=torch.__version__, cpu=cpu_model(),
                threads=torch.get_num_threads(), context=args.context, pending_rows=PENDING,
                batch=1, dtype="float32", other_cpu_share_before=None if busy is None else round(busy, 3),
-               loadavg_start=list(os.getloadavg()))
-    print(f"torch {env['torch']} | python {env['python']} | CPU {env['cpu']} | "
-          f"torch threads {env['threads']} | context {args.context} | pending rows {PENDING}", flush=True)
+               loadavg_start=list(os.getloadavg()), smoke=args.smoke)
+    progress(f"torch {env['torch']} | python {env['python']} | CPU {env['cpu']} | "
+                f"torch threads {env['threads']} | context {args.context} | pending rows {PENDING}")
     if busy is not None and busy > 0.05:
-        print(f"WARNING: the CPUs were {busy:.0%} busy before starting; other processes compete for "
-              "the cores and the figures will be noisy", flush=True)
+        progress(f"WARNING: the CPUs were {busy:.0%} busy before starting; other processes compete for "
+                    "the cores and the figures will be noisy")
 
     rows, lm_head = [], []
     with torch.inference_mode():
@@ -322,20 +295,14 @@ def main() -> None:
             rows += bench_head(name, ks, args.context, args.repeats, args.warmup)
             if lm_rows:
                 lm_head += lm_head_probe(name, lm_rows, args.repeats or HEADS[name]["repeats"])
-    print()
-    print_table(rows)
+    text = f"## Drafting step, batch 1, context {args.context}: median ms\n\n{table(rows)}"
     if lm_head:
-        print()
-        print("lm_head matmul alone (ms) by row count M: "
-              + "; ".join(f"{h}: " + ", ".join(f"M={r['rows']} {r['lm_head_ms']:.3f}"
-                                               for r in lm_head if r["head"] == h) for h in heads))
+        text += ("\n\nlm_head matmul alone (ms) by row count M: "
+                 + "; ".join(f"{h}: " + ", ".join(f"M={r['rows']} {r['lm_head_ms']:.3f}"
+                                                  for r in lm_head if r["head"] == h) for h in heads))
+    emit(args, text)
     env["loadavg_end"] = list(os.getloadavg())
     heads_info = {h: dict(config={k: (asdict(v) if isinstance(v, RopeConfig) else v)
                                   for k, v in HEADS[h]["config"].items()},
                           assumed=HEADS[h]["assumed"]) for h in heads}
-    print(json.dumps(dict(**env, heads=heads_info, rows=rows, lm_head=lm_head)))
-    sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()
+    return dict(**env, heads=heads_info, rows=rows, lm_head=lm_head)

@@ -1,0 +1,96 @@
+"""`peagle-trt bench SUITE [options]`: the registry of benchmark suites and their common options.
+
+    peagle-trt bench --help                     # the suites, one line each
+    peagle-trt bench drafter --help             # one suite's options
+    peagle-trt bench scheduler --smoke --output-dir artifacts/bench
+
+A suite is a module of this package with `add_arguments(parser)` and `run(args) -> dict`; it is imported
+only when it is run (heavy optional dependencies stay out of every other command). The output contract,
+the same for every suite (peagle_trt/bench/report.py): a markdown report on stdout (and
+OUTPUT_DIR/bench_SUITE.md), plots where the suite has them (OUTPUT_DIR/bench_SUITE*.png; a failing plot
+warns, never aborts), and the results dict as OUTPUT_DIR/bench_SUITE.json and as the LAST stdout line
+(printed by peagle_trt/cli.py). Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from pathlib import Path
+
+# suite name -> (module, one line); the order is docs/BENCHMARKS.md's
+SUITES: dict[str, tuple[str, str]] = {
+    "drafter": ("peagle_trt.bench.drafter",
+                "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
+    "scheduler": ("peagle_trt.bench.scheduler",
+                  "Scheduler.step() host overhead per step with a no-op executor (+ cProfile)"),
+    "serving": ("peagle_trt.bench.serving",
+                "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
+    "backends": ("peagle_trt.bench.backends",
+                 "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),
+    "gpu": ("peagle_trt.bench.gpu",
+            "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
+    "kernels": ("peagle_trt.bench.kernels",
+                "GPU: the CUDA kernels alone (CUDA events), achieved KV bandwidth (needs the kernel library)"),
+    "aiperf": ("peagle_trt.bench.aiperf",
+               "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
+    "families": ("peagle_trt.bench.families",
+                 "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
+    "acceptance": ("peagle_trt.bench.acceptance",
+                   "trained code pair: acceptance length and batch-1 speed-up on HumanEval (or stdlib)"),
+    "step-cost": ("peagle_trt.bench.step_cost",
+                  "trained code pair: where a decode step's time goes (target, drafter, other)"),
+}
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """Register `bench` on an argparse subparsers object; sets func=cmd_bench."""
+    listing = "\n".join(f"  {name:<12} {line}" for name, (_, line) in SUITES.items())
+    b = sub.add_parser("bench", help="run a benchmark suite (markdown report, JSON last line)",
+                       description="Run one benchmark suite (docs/BENCHMARKS.md has one section per suite).",
+                       epilog=f"suites:\n{listing}\n\n`peagle-trt bench SUITE --help` lists a suite's options.",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    b.add_argument("suite", choices=sorted(SUITES), metavar="SUITE", help="one of the suites below")
+    b.add_argument("options", nargs=argparse.REMAINDER, help="the suite's options (SUITE --help)")
+    b.set_defaults(func=cmd_bench)
+    return b
+
+
+def suite_parser(name: str):
+    """(the argparse parser of suite `name`: common + suite options, its module)."""
+    module_name, line = SUITES[name]
+    module = importlib.import_module(module_name)
+    doc = (module.__doc__ or line).strip()
+    parser = argparse.ArgumentParser(prog=f"peagle-trt bench {name}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    common = parser.add_argument_group("common options (every suite)")
+    common.add_argument("--output-dir", type=Path, default=None,
+                        help=f"write bench_{name.replace('-', '_')}.md / .json (and plots) here")
+    common.add_argument("--smoke", action="store_true",
+                        help="a tiny size that only proves the suite runs (figures mean nothing)")
+    module.add_arguments(parser)
+    return parser, module
+
+
+def run_suite(name: str, argv: list[str]) -> dict:
+    """Parse `argv` for suite `name`, run it and write OUTPUT_DIR/bench_SUITE.json; returns the results
+    (JSON-safe: values json cannot write become strings)."""
+    parser, module = suite_parser(name)
+    args = parser.parse_args(argv)
+    args.suite, args.parser = name, parser
+    if args.output_dir is not None:
+        args.output_dir.mkdir(parents=True, exist_ok=True)
+    results = json.loads(json.dumps(module.run(args), default=str))
+    if args.output_dir is not None:
+        (args.output_dir / f"{stem(name)}.json").write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def stem(name: str) -> str:
+    """The file stem of a suite's outputs: bench_<suite> (dashes become underscores)."""
+    return "bench_" + name.replace("-", "_")
+
+
+def cmd_bench(args: argparse.Namespace) -> dict:
+    return run_suite(args.suite, args.options)
