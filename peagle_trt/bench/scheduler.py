@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Benchmark the host-side cost of one in-flight scheduler step, with model forwards that cost nothing.
+"""Suite `scheduler` (docs/BENCHMARKS.md, "Scheduler host overhead per step"): the host-side cost of one in-flight scheduler step, with model forwards that cost nothing.
 
 What: the wall time of `Scheduler.step()` (runtime/scheduler.py) when the executor's forwards are
 no-ops. One decode step then measures only the Python/host work around the models:
@@ -35,10 +34,10 @@ Configurations: peagle K=7 at B = 1, 16, 64 (the target), plus peagle K=3, spec 
 K=7 with 0 and all drafts accepted, at B = 64, for context. With --profile (default on) the
 B=64 K=7 configuration is also run under cProfile and the top functions by own time are printed.
 
-Run (from the repository root; about 10 seconds on 2 idle cores):
-    .venv/bin/python scripts/bench_scheduler.py
-    .venv/bin/python scripts/bench_scheduler.py --steps 500 --warmup 50 --accept 3 --no-profile
-Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
+Run (about 10 seconds on 2 idle cores):
+    peagle-trt bench scheduler
+    peagle-trt bench scheduler --steps 500 --warmup 50 --accept 3 --no-profile
+Output: a markdown table on stdout, then as the LAST line one JSON object (env info + `rows`).
 """
 
 from __future__ import annotations
@@ -47,12 +46,10 @@ import argparse
 import cProfile
 import datetime
 import io
-import json
 import os
 import platform
 import pstats
 import statistics
-import sys
 import time
 
 import torch
@@ -60,7 +57,8 @@ import torch
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.speculative.decoder import SpecDecoder
-from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from peagle_trt.bench.common import cpu_model, progress
+from peagle_trt.bench.report import emit, markdown_table
 
 VOCAB, HIDDEN = 64, 8
 TARGET_MS = 0.3
@@ -201,67 +199,62 @@ def busy_elsewhere(a, b) -> float | None:
     return round(max(0.0, (b[1] - a[1]) - (b[2] - a[2])) / (b[0] - a[0]), 3)
 
 
-def print_table(rows: list[dict]) -> None:
-    head = (f"{'mode':<7}{'K':>3}{'batch':>7}{'acc/step':>9}{'median ms':>11}{'p90 ms':>9}{'µs/request':>12}"
-            f"{'tok/req/step':>14}{'other CPU':>11}")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['mode']:<7}{r['k']:>3}{r['batch']:>7}{r['accepted_per_step']:>9}{r['median_ms']:>11.3f}"
-              f"{r['p90_ms']:>9.3f}{r['per_request_us']:>12.1f}{r['tokens_per_step']:>14.2f}"
-              f"{'-' if r['other_cpu_share'] is None else format(r['other_cpu_share'], '.0%'):>11}")
+def table(rows: list[dict]) -> str:
+    return markdown_table(
+        ["mode", "K", "batch", "acc/step", "median ms", "p90 ms", "µs/request", "tok/req/step", "other CPU"],
+        [[r["mode"], r["k"], r["batch"], r["accepted_per_step"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
+          f"{r['per_request_us']:.1f}", f"{r['tokens_per_step']:.2f}",
+          "-" if r["other_cpu_share"] is None else format(r["other_cpu_share"], ".0%")] for r in rows])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--steps", type=int, default=300, help="timed steps per configuration")
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (incl. the prefill step)")
     ap.add_argument("--accept", type=int, default=3, help="drafts accepted per step (default 3)")
     ap.add_argument("--batches", default="1,16,64", help="batch sizes for peagle K=7")
     ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
                     help="cProfile the batch-64 K=7 configuration")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    big = 64  # the batch of the target and of the context configurations
+    if args.smoke:  # a few steps at batches 1 and 4, no profile
+        args.steps, args.warmup, args.batches, args.profile, big = 5, 2, "1,4", False, 4
     torch.set_grad_enabled(False)
 
     configs = [("peagle", 7, b, args.accept) for b in map(int, args.batches.split(","))]
-    configs += [("peagle", 3, 64, args.accept), ("none", 0, 64, 0),
-                ("peagle", 7, 64, 0), ("peagle", 7, 64, 7)]
+    configs += [("peagle", 3, big, args.accept), ("none", 0, big, 0),
+                ("peagle", 7, big, 0), ("peagle", 7, big, 7)]
     rows = []
     for mode, k, b, acc in configs:
         rows.append(run_config(mode, k, b, acc, args.steps, args.warmup))
-        print(f"  done: {mode} K={k} B={b} accept={acc}", file=sys.stderr, flush=True)
+        progress(f"  done: {mode} K={k} B={b} accept={acc}")
 
-    print(f"Scheduler.step() host overhead, no-op executor (V={VOCAB}, H={HIDDEN}), "
-          f"{args.steps} timed steps after {args.warmup} warm-up, greedy, ignore_eos")
-    print_table(rows)
+    text = [f"## Scheduler.step() host overhead, no-op executor (V={VOCAB}, H={HIDDEN}), "
+            f"{args.steps} timed steps after {args.warmup} warm-up, greedy, ignore_eos", "", table(rows)]
     main_row = next((r for r in rows if r["mode"] == "peagle" and r["k"] == 7 and r["batch"] == 64
                      and r["accepted_per_step"] == min(args.accept, 7)), None)
     met = main_row is not None and main_row["median_ms"] <= TARGET_MS
     if main_row is not None:
-        print(f"\ntarget: <= {TARGET_MS} ms per step at batch 64 (peagle K=7): "
-              f"{'MET' if met else 'NOT MET'} (median {main_row['median_ms']:.3f} ms, "
-              f"{main_row['median_ms'] / TARGET_MS:.1f}x the target)")
+        text += ["", f"target: <= {TARGET_MS} ms per step at batch 64 (peagle K=7): "
+                 f"{'MET' if met else 'NOT MET'} (median {main_row['median_ms']:.3f} ms, "
+                 f"{main_row['median_ms'] / TARGET_MS:.1f}x the target)"]
 
     profile = None
     if args.profile:
         psteps = max(50, args.steps // 3)
-        text, profile = profile_config("peagle", 7, 64, args.accept, psteps, args.warmup)
-        print(f"\ncProfile, peagle K=7 batch 64, {psteps} steps, top functions by own time "
-              f"(per step; cProfile inflates Python-call-heavy code):")
-        print(f"{'own µs/step':>12}{'cum µs/step':>12}{'calls/step':>11}  function")
-        for p in profile:
-            print(f"{p['tottime_us_per_step']:>12.1f}{p['cumtime_us_per_step']:>12.1f}"
-                  f"{p['calls_per_step']:>11.1f}  "
-                  f"{p['function']}")
+        _, profile = profile_config("peagle", 7, 64, args.accept, psteps, args.warmup)
+        text += ["", f"### cProfile, peagle K=7 batch 64, {psteps} steps, top functions by own time "
+                 "(per step; cProfile inflates Python-call-heavy code)", "",
+                 markdown_table(["own µs/step", "cum µs/step", "calls/step", "function"],
+                                [[f"{p['tottime_us_per_step']:.1f}", f"{p['cumtime_us_per_step']:.1f}",
+                                  f"{p['calls_per_step']:.1f}", f"`{p['function']}`"] for p in profile])]
+    emit(args, "\n".join(text))
 
     env = {"benchmark": "scheduler_step_host_overhead",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "python": platform.python_version(), "torch": torch.__version__, "cpu": cpu_model(),
            "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
            "steps": args.steps, "warmup": args.warmup, "vocab": VOCAB, "hidden": HIDDEN,
-           "target_ms_at_batch_64": TARGET_MS, "target_met": met}
-    print(json.dumps(dict(**env, rows=rows, profile=profile)))
-
-
-if __name__ == "__main__":
-    main()
+           "target_ms_at_batch_64": TARGET_MS, "target_met": met, "smoke": args.smoke}
+    return dict(**env, rows=rows, profile=profile)
