@@ -1,7 +1,6 @@
-#!/usr/bin/env python3
-"""Where a decode step's time goes at batch 1: target verify vs drafter vs the rest, in-process, CPU.
+"""Suite `step-cost` (docs/BENCHMARKS.md, "Where a step's time goes"): where a decode step's time goes at batch 1: target verify vs drafter vs the rest, in-process, CPU.
 
-What: the trained code pair (tests/fixtures/code-pair/) decoding HumanEval prompts one at a
+What: the trained code pair (`peagle-trt demo`'s pair, --pair) decoding HumanEval prompts one at a
 time (greedy, --max-tokens tokens each) through the scheduler and the speculative decoder the
 served model runs, for none, P-EAGLE and EAGLE-3 at the given K. The executor's `target`,
 `draft_parallel` and `drafter` methods are wrapped with timers, so each step splits into
@@ -13,13 +12,12 @@ Why: it says how much acceptance a head needs to pay for its drafting on this CP
 AL = ms/step / ms/step of none), the "why" behind the HumanEval wall-clock figures.
 Configurations alternate within each of --rounds rounds; the figures are the medians over rounds.
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/bench_step_cost.py        # ~2 min; JSON last line
+    OMP_NUM_THREADS=1 peagle-trt bench step-cost        # ~2 min; markdown table, JSON last line
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -34,7 +32,8 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.tokenizer import TextCodec
-from benchlib import humaneval_prompts  # noqa: E402  (scripts/ is on sys.path when run as a script)
+from peagle_trt.bench.common import humaneval_prompts, progress
+from peagle_trt.bench.report import emit, markdown_table
 
 
 def timed(obj, name: str, bucket: dict) -> None:
@@ -61,14 +60,23 @@ def decoder_for(pair: Path, method: str, k: int) -> tuple[SpecDecoder, dict]:
     return SpecDecoder(ex, spec), bucket
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--pair", type=Path, default=Path("tests/fixtures/code-pair"))
-    p.add_argument("--configs", default="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5")
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=3)
-    args = p.parse_args()
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pair", type=Path, default=None,
+                   help="target dir holding drafter-peagle/ and drafter-eagle3/ (default: the demo pair)")
+    p.add_argument("--configs", default="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5",
+                   help="comma-separated METHOD[:K]")
+    p.add_argument("--prompts", type=int, default=16, help="HumanEval prompts")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per prompt")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the figures are medians over them")
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.pair is None:
+        from peagle_trt.demo import default_pair
+
+        args.pair = default_pair()
+    if args.smoke:
+        args.configs, args.prompts, args.max_tokens, args.rounds = "none,peagle:3,eagle3:3", 2, 8, 1
     codec = TextCodec(args.pair)
     rows = humaneval_prompts()[:args.prompts]
     prompts = [codec.encode_prompt(r["prompt"].rstrip(), chat_template=False)[-224:] for r in rows]
@@ -76,7 +84,8 @@ def main() -> None:
     configs = [(c.split(":")[0], int(c.split(":")[1]) if ":" in c else 0) for c in args.configs.split(",")]
     decoders = {c: decoder_for(args.pair, *c) for c in configs}
     runs: dict = {c: [] for c in configs}
-    for _ in range(args.rounds):
+    for rnd in range(args.rounds):
+        progress(f"[step-cost] round {rnd + 1}/{args.rounds}")
         for c in configs:
             dec, bucket = decoders[c]
             generate(dec, prompts[0], params)  # warm-up
@@ -93,7 +102,6 @@ def main() -> None:
                             "step": 1e3 * wall / steps})
     out = []
     base = statistics.median(r["tokens"] / r["wall"] for r in runs[("none", 0)]) if ("none", 0) in runs else None
-    print("config      AL    ms/step  target  drafter  other   tok/s  x none")
     for c in configs:
         med = {key: statistics.median(r[key] for r in runs[c]) for key in ("step", "target", "drafter")}
         tps = statistics.median(r["tokens"] / r["wall"] for r in runs[c])
@@ -103,12 +111,12 @@ def main() -> None:
                "other_ms": round(med["step"] - med["target"] - med["drafter"], 3), "tokens_per_s": round(tps, 1),
                "speedup": round(tps / base, 3) if base else None}
         out.append(row)
-        print(f"{c[0]:7s}{c[1]:3d}  {al:5.2f}  {row['ms_per_step']:7.2f}  {row['target_ms']:6.2f}  "
-              f"{row['drafter_ms']:7.2f}  {row['other_ms']:5.2f}  {tps:6.1f}  {row['speedup'] or 0:6.2f}")
-    print(json.dumps({"torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
-                      "prompts": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds,
-                      "load_avg": [round(x, 2) for x in os.getloadavg()], "rows": out}))
-
-
-if __name__ == "__main__":
-    main()
+    emit(args, f"## Where a step's time goes, batch 1, {len(prompts)} prompts x {args.max_tokens} tokens, "
+         f"medians of {args.rounds} rounds\n\n" + markdown_table(
+             ["config", "K", "AL", "ms/step", "target", "drafter", "other", "tok/s", "x none"],
+             [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['ms_per_step']:.2f}",
+               f"{r['target_ms']:.2f}", f"{r['drafter_ms']:.2f}", f"{r['other_ms']:.2f}",
+               f"{r['tokens_per_s']:.1f}", f"{r['speedup'] or 0:.2f}"] for r in out]))
+    return {"torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+            "prompts": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds,
+            "load_avg": [round(x, 2) for x in os.getloadavg()], "rows": out, "smoke": args.smoke}
