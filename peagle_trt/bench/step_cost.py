@@ -32,7 +32,8 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.tokenizer import TextCodec
-from peagle_trt.bench.common import humaneval_prompts, progress
+from peagle_trt.bench.common import progress
+from peagle_trt.bench.prompts import humaneval_prompts
 from peagle_trt.bench.report import emit, markdown_table
 
 

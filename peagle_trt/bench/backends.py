@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Benchmark the CPU backends: FP8 quantize time, ONNX export time, and the step time of the torch
+"""Suite `backends` (docs/BENCHMARKS.md, "Backends on CPU"): FP8 quantize time, ONNX export time, and the step time of the torch
 executor vs the onnxruntime executor, for fp32 and FP8 targets.
 
 What, per model shape (Llama target + AWS-layout P-EAGLE drafter, random seeded weights):
@@ -50,23 +49,21 @@ should not change with the target's precision.
 
 Threads: torch.set_num_threads(2) and onnxruntime intra_op_num_threads = 2 (both printed).
 
-Run (from the repository root; about 40 s on 2 idle cores, ~1.2 GB peak RSS, ~0.9 GB of temp files):
-    .venv/bin/python scripts/bench_backends.py
-    .venv/bin/python scripts/bench_backends.py --shapes tiny --repeats 30 --context 256
-Output: progress and a table on stdout, then as the LAST line one JSON object (env info + rows).
+Run (about 40 s on 2 idle cores, ~1.2 GB peak RSS, ~0.9 GB of temp files):
+    peagle-trt bench backends
+    peagle-trt bench backends --shapes tiny --repeats 30 --context 256
+Output: progress on stderr, markdown tables on stdout, then as the LAST line one JSON object (env info + rows).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import importlib.metadata
 import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,13 +71,15 @@ from pathlib import Path
 import torch
 
 from peagle_trt import tiny
+from peagle_trt.bench.common import cpu_counters, cpu_model, progress, stdout_to_stderr
+from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SpecConfig
+from peagle_trt.errors import ConfigError
 from peagle_trt.export import ExportSpec, export_pair
 from peagle_trt.quantize import QuantSpec, quantize_target
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.runtime.ort_executor import OrtExecutor
-from benchlib import cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 K = 7
 NUM_SLOTS = 4
@@ -165,23 +164,10 @@ def make_shape(name: str, root: Path) -> tuple[Path, Path]:
     if name == "h512":
         target = make_h512_target(root / "target")
         return target, make_h512_drafter(root / "drafter", target)
-    raise SystemExit(f"unknown shape {name!r} (tiny | h512)")
+    raise ConfigError(f"unknown shape {name!r} (tiny | h512)")
 
 
 # -- timing ------------------------------------------------------------------------------------
-def cpu_counters() -> tuple[float, float, float] | None:
-    """(all CPUs' seconds, their busy seconds, this process's CPU seconds) from /proc/stat."""
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:]]
-    except (OSError, ValueError):
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    total = sum(fields[:8])
-    own = os.times()
-    return total / tick, (total - fields[3] - fields[4]) / tick, own.user + own.system
-
-
 def other_share(before, after) -> float | None:
     """Share of all CPU time between two samples that OTHER processes (or steal) used."""
     if before is None or after is None or after[0] <= before[0]:
@@ -251,8 +237,8 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
         o_prefill = time.perf_counter() - t0
         prefills.append(dict(shape=shape, precision=precision, batch=batch, torch_s=round(t_prefill, 3),
                              ort_s_incl_session=round(o_prefill, 3)))
-        print(f"  [{shape} {precision} B={batch}] prefill {context} pos (target + drafter): torch "
-              f"{t_prefill:.2f} s, onnxruntime {o_prefill:.2f} s (incl. session creation)", flush=True)
+        progress(f"  [{shape} {precision} B={batch}] prefill {context} pos (target + drafter): torch "
+                 f"{t_prefill:.2f} s, onnxruntime {o_prefill:.2f} s (incl. session creation)")
         for op in OPS:
             with torch.inference_mode():
                 before = cpu_counters()
@@ -276,25 +262,10 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
                        other_cpu_share=None if share is None else round(share, 3))
             row["ort_over_torch"] = round(row["ort_ms"] / row["torch_ms"], 3)
             rows.append(row)
-            print(f"  [{shape} {precision} B={batch}] {op:<6s} torch {row['torch_ms']:8.2f} ms   "
-                  f"onnxruntime {row['ort_ms']:8.2f} ms   ratio {row['ort_over_torch']:.2f}", flush=True)
+            progress(f"  [{shape} {precision} B={batch}] {op:<6s} torch {row['torch_ms']:8.2f} ms   "
+                     f"onnxruntime {row['ort_ms']:8.2f} ms   ratio {row['ort_over_torch']:.2f}")
         del torch_steps, ort_steps
     return rows
-
-
-@contextlib.contextmanager
-def stdout_to_stderr():
-    """Send fd 1 (Python and native writers alike) to stderr, so stdout keeps only our lines."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 # -- environment -------------------------------------------------------------------------------
@@ -317,8 +288,7 @@ def mem_gib() -> float | None:
 
 
 # -- main --------------------------------------------------------------------------------------
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shapes", default="tiny,h512", help="comma-separated: tiny, h512")
     ap.add_argument("--context", type=int, default=256, help="positions prefilled before the steps")
     ap.add_argument("--repeats", type=int, default=None, help="timed repetitions (default tiny 50, h512 25)")
@@ -327,9 +297,13 @@ def main() -> None:
     ap.add_argument("--num-calib", type=int, default=16)
     ap.add_argument("--interleave", action="store_true",
                     help="alternate torch and onnxruntime run by run (shows the thread contention)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.smoke:  # the tiny shape, a short context, a few repeats and calibration prompts
+        args.shapes, args.context, args.repeats, args.warmup, args.num_calib = "tiny", 16, 2, 1, 2
     if args.context + PENDING + K > MAX_SEQ_LEN:
-        raise SystemExit(f"--context must be <= {MAX_SEQ_LEN - PENDING - K}")
+        raise ConfigError(f"--context must be <= {MAX_SEQ_LEN - PENDING - K}")
     shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
@@ -339,16 +313,15 @@ def main() -> None:
                transformers=version("transformers"), cpu=cpu_model(), cores=os.cpu_count(), mem_gib=mem_gib(),
                torch_threads=torch.get_num_threads(), ort_intra_op_threads=args.threads,
                order="interleaved" if args.interleave else "blocked")
-    print(f"{env['date']}  {env['cpu']}  {env['cores']} cores  {env['mem_gib']} GiB", flush=True)
-    print(f"python {env['python']}  torch {env['torch']}  onnxruntime {env['onnxruntime']}  "
-          f"onnx {env['onnx']}  modelopt {env['modelopt']}  transformers {env['transformers']}", flush=True)
-    print(f"torch threads {env['torch_threads']}  onnxruntime intra-op threads {env['ort_intra_op_threads']}",
-          flush=True)
+    progress(f"{env['date']}  {env['cpu']}  {env['cores']} cores  {env['mem_gib']} GiB")
+    progress(f"python {env['python']}  torch {env['torch']}  onnxruntime {env['onnxruntime']}  "
+             f"onnx {env['onnx']}  modelopt {env['modelopt']}  transformers {env['transformers']}")
+    progress(f"torch threads {env['torch_threads']}  onnxruntime intra-op threads {env['ort_intra_op_threads']}")
 
     t0 = time.perf_counter()
     import modelopt.torch.quantization  # noqa: F401  (timed alone: its import is a fixed cost)
     modelopt_import_s = time.perf_counter() - t0
-    print(f"modelopt import (torch, transformers already loaded): {modelopt_import_s:.2f} s", flush=True)
+    progress(f"modelopt import (torch, transformers already loaded): {modelopt_import_s:.2f} s")
 
     stages, steps, prefills = [], [], []
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
@@ -361,8 +334,8 @@ def main() -> None:
             tensors = load_pair(target_dir, None, SpecConfig("none")).target.tensors
             n_params = sum(t.numel() for t in tensors.values())
             del tensors
-            print(f"[{shape}] models written in {time.perf_counter() - t0:.1f} s "
-                  f"(target {n_params / 1e6:.1f} M params, vocab {vocab})", flush=True)
+            progress(f"[{shape}] models written in {time.perf_counter() - t0:.1f} s "
+                     f"(target {n_params / 1e6:.1f} M params, vocab {vocab})")
             t0 = time.perf_counter()
             with stdout_to_stderr():
                 manifest = quantize_target(target_dir, root / "target-fp8",
@@ -372,8 +345,8 @@ def main() -> None:
                                calibrate_s=manifest["timings"]["calibrate_s"],
                                calib_samples=manifest["calibration"]["samples"],
                                calib_tokens=manifest["calibration"]["tokens"]))
-            print(f"[{shape}] quantize: {q_s:.2f} s (calibrate {manifest['timings']['calibrate_s']:.2f} s, "
-                  f"{manifest['calibration']['samples']} samples)", flush=True)
+            progress(f"[{shape}] quantize: {q_s:.2f} s (calibrate {manifest['timings']['calibrate_s']:.2f} s, "
+                     f"{manifest['calibration']['samples']} samples)")
             exports = {}
             for precision, tdir in (("fp32", target_dir), ("fp8", root / "target-fp8")):
                 out = root / f"export-{precision}"
@@ -384,39 +357,26 @@ def main() -> None:
                 size = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
                 stages.append(dict(shape=shape, stage="export", precision=precision, wall_s=round(e_s, 2),
                                    graphs_s=manifest["export_s"], bytes=size))
-                print(f"[{shape}] export {precision}: {e_s:.2f} s ({size / 2**20:.1f} MiB on disk)",
-                      flush=True)
+                progress(f"[{shape}] export {precision}: {e_s:.2f} s ({size / 2**20:.1f} MiB on disk)")
                 exports[precision] = (tdir, out)
             repeats = args.repeats or (50 if shape == "tiny" else 25)
             for precision, (tdir, out) in exports.items():
                 steps += bench_steps(shape, precision, tdir, drafter_dir, out, args.context, repeats,
                                      args.warmup, args.threads, vocab, args.interleave, prefills)
 
-    print()
-    print("stage times (wall s)")
-    print(f"{'shape':<6s} {'stage':<9s} {'target':<6s} {'wall s':>8s}")
-    print(f"{'-':<6s} {'import':<9s} {'-':<6s} {modelopt_import_s:>8.2f}   (modelopt.torch.quantization)")
-    for s in stages:
-        print(f"{s['shape']:<6s} {s['stage']:<9s} {s['precision']:<6s} {s['wall_s']:>8.2f}")
-    print()
-    print(f"step time, median ms over the repetitions (context {args.context}, K = {K}, "
-          f"{args.threads} threads each)")
-    header = (f"{'shape':<6s} {'target':<6s} {'op':<7s} {'B':>2s} {'rows/req':>8s} {'torch ms':>9s} "
-              f"{'ort ms':>9s} {'ort/torch':>9s} {'other CPU':>9s}")
-    print(header)
-    print("-" * len(header))
-    for r in steps:
-        other = "-" if r["other_cpu_share"] is None else f"{r['other_cpu_share']:.0%}"
-        print(f"{r['shape']:<6s} {r['precision']:<6s} {r['op']:<7s} {r['batch']:>2d} "
-              f"{r['rows_per_request']:>8d} "
-              f"{r['torch_ms']:>9.2f} {r['ort_ms']:>9.2f} {r['ort_over_torch']:>9.2f} {other:>9s}")
+    stage_rows = [["-", "import", "-", f"{modelopt_import_s:.2f} (modelopt.torch.quantization)"]]
+    stage_rows += [[x["shape"], x["stage"], x["precision"], f"{x['wall_s']:.2f}"] for x in stages]
     total_s = time.perf_counter() - started
-    print(f"\ntotal {total_s:.0f} s")
-    print(json.dumps(dict(**env, modelopt_import_s=round(modelopt_import_s, 3), context=args.context, k=K,
-                          pending=PENDING, num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN,
-                          shapes={"h512": H512} if "h512" in shapes else {}, total_s=round(total_s, 1),
-                          stages=stages, prefills=prefills, steps=steps)))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    emit(args, "\n".join([
+        "## Stage times (wall s)", "", markdown_table(["shape", "stage", "target", "wall s"], stage_rows), "",
+        f"## Step time, median ms over the repetitions (context {args.context}, K = {K}, "
+        f"{args.threads} threads each)", "",
+        markdown_table(["shape", "target", "op", "B", "rows/req", "torch ms", "ort ms", "ort/torch", "other CPU"],
+                       [[r["shape"], r["precision"], r["op"], r["batch"], r["rows_per_request"],
+                         f"{r['torch_ms']:.2f}", f"{r['ort_ms']:.2f}", f"{r['ort_over_torch']:.2f}",
+                         "-" if r["other_cpu_share"] is None else f"{r['other_cpu_share']:.0%}"] for r in steps]),
+        "", f"total {total_s:.0f} s"]))
+    return dict(**env, modelopt_import_s=round(modelopt_import_s, 3), context=args.context, k=K,
+                pending=PENDING, num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN,
+                shapes={"h512": H512} if "h512" in shapes else {}, total_s=round(total_s, 1),
+                stages=stages, prefills=prefills, steps=steps, smoke=args.smoke)

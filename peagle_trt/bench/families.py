@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""Real-width layer slices of the P-EAGLE target models on CPU, and the bytes a decode step reads.
+"""Suite `families` (docs/BENCHMARKS.md, "MoE targets at real widths on CPU"): real-width layer slices of the P-EAGLE target models on CPU, and the bytes a decode step reads.
 
 Measured (random weights, fp32 on CPU, our reference decoder layers and KV cache):
   * a layer slice of Qwen3-Coder-30B-A3B (1 sparse layer) and GPT-OSS-20B (2 layers: one
@@ -10,7 +9,9 @@ Computed (not measured): bytes read per decode / verify step of the FULL models 
 attention, routers, the experts the rows route to, lm_head, plus the KV cache), and the
 memory-bandwidth floor of that step on H200 / B200 (a projection, not a measurement).
 
-    .venv/bin/python scripts/bench_families.py [--reps 5] > bench_families.json
+    peagle-trt bench families [--reps 5] --output-dir artifacts/bench   # ~4 min, ~7 GB peak RSS
+    peagle-trt bench families --bytes-only                               # the computed bytes alone
+(--smoke is --bytes-only: the real-width slices need several GB of memory even for one repetition.)
 
 The configs are those of the released checkpoints (config.json as published); the adapters of
 peagle_trt/checkpoint/arch/ parse them, so this also checks they read the real configs.
@@ -19,16 +20,15 @@ peagle_trt/checkpoint/arch/ parse them, so this also checks they read the real c
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
-import sys
 import time
 
 import torch
 
-from benchlib import cpu_model
+from peagle_trt.bench.common import cpu_model, progress
+from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint.arch import adapter_for
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import rope_cos_sin
@@ -142,24 +142,45 @@ def step_bytes(cfg: dict, expert_bytes: float, attn_bytes: float, rows: int, con
             "bandwidth_floor_us (projection)": {gpu: round(total / bw * 1e6, 1) for gpu, bw in BANDWIDTH.items()}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--reps", type=int, default=5)
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--reps", type=int, default=5, help="timed repetitions of each step")
     parser.add_argument("--bytes-only", action="store_true", help="only the computed bytes per step")
-    args = parser.parse_args()
+
+
+def report(result: dict) -> str:
+    """The markdown tables: the measured CPU slices, then the computed bytes per step."""
+    text = [f"## MoE targets on CPU (fp32, position {CONTEXT}, {result['env']['threads']} threads)"]
+    slices = [[name, f"{r['cpu_slice']['layers_in_slice']}", what,
+               f"{t['wall_ms']:.1f}", f"{t['cpu_ms']:.1f}"]
+              for name, r in result.items() if name != "env" and r["cpu_slice"]
+              for what, t in [*r["cpu_slice"]["step"].items(),
+                              *((f"one expert, {k}", v) for k, v in r["cpu_slice"]["one_expert"].items())]]
+    if slices:
+        text += ["", "### Layer slices, measured (median ms)", "",
+                 markdown_table(["model", "layers", "step", "wall ms", "CPU ms"], slices)]
+    text += ["", "### Bytes per decode / verify step of the full model, computed (batch 1)", "",
+             markdown_table(["model", "format", "rows", "experts / layer", "weights GiB", "KV GiB", "total GiB",
+                             *(f"{gpu} floor µs (projection)" for gpu in BANDWIDTH)],
+                            [[name, r["expert_format"], b["rows"], *map(str, (b["experts_touched_per_layer"], b["weights_gib"],
+                              b["kv_gib"], b["total_gib"], *b["bandwidth_floor_us (projection)"].values()))]
+                             for name, r in result.items() if name != "env"
+                             for b in r["full_model_bytes_per_step"]])]
+    return "\n".join(text)
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.smoke:  # the real-width slices need several GB even once: the computed part only
+        args.bytes_only, args.reps = True, 1
     torch.set_num_threads(2)
     result = {"env": {"cpu": cpu_model(), "torch": torch.__version__, "threads": 2, "dtype": str(DTYPE),
                       "context_position": CONTEXT, "load_avg_start": load_avg(),
-                      "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime())}}
+                      "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "smoke": args.smoke}}
     for name, (cfg, layers, fmt, expert_bytes, attn_bytes) in MODELS.items():
+        progress(f"[families] {name} ...")
         result[name] = {"cpu_slice": bench_slice(cfg, layers, args.reps) if not args.bytes_only else None,
                         "full_model_bytes_per_step": [step_bytes(cfg, expert_bytes, attn_bytes, n)
                                                       for n in (1, K + 1)],
                         "expert_format": fmt}
-        print(json.dumps({name: result[name]}), flush=True, file=sys.stderr)
     result["env"]["load_avg_end"] = load_avg()
-    print(json.dumps(result, indent=1))
-
-
-if __name__ == "__main__":
-    main()
+    emit(args, report(result))
+    return result

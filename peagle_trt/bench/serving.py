@@ -1,5 +1,5 @@
-#!/usr/bin/env python3
-"""Benchmark streaming generation through a real tritonserver against the same engine in-process.
+"""Suite `serving` (docs/BENCHMARKS.md, "Streaming serving" and "OpenAI endpoint", --openai): streaming
+generation through a real tritonserver against the same engine in-process.
 
 What: the same set of greedy requests (default 16 prompts x 64 output tokens, ignore_eos) served
   triton       by `tritonserver` (the one bundled in nvidia-pytriton, loopback) running the `peagle`
@@ -47,11 +47,11 @@ Order: after one untimed warm-up pass per path, --repeats rounds; in each round 
 each C, alternating which goes first. Reported: the median wall time over rounds; TTFT and
 latency means over all requests of all rounds.
 
-Run (from the repository root; about 1 minute on 2 idle cores, incl. ~7 s model build + server start):
-    .venv/bin/python scripts/bench_serving.py
-    .venv/bin/python scripts/bench_serving.py --prompts 16 --max-tokens 64 --concurrency 1,8 --repeats 3
-    .venv/bin/python scripts/bench_serving.py --openai --prompts 48 --concurrency 1,16 --max-batch 16
-Output: a table on stdout, then as the LAST line one JSON object (env info + `rows`).
+Run (about 1 minute on 2 idle cores, incl. ~7 s model build + server start):
+    peagle-trt bench serving
+    peagle-trt bench serving --prompts 16 --max-tokens 64 --concurrency 1,8 --repeats 3
+    peagle-trt bench serving --openai --prompts 48 --concurrency 1,16 --max-batch 16
+Output: a markdown table on stdout, then as the LAST line one JSON object (env info + `rows`).
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ import os
 import platform
 import queue
 import shutil
-import socket
 import statistics
 import sys
 import tempfile
@@ -73,6 +72,8 @@ from pathlib import Path
 
 import torch
 
+from peagle_trt.bench.common import closed_loop, cpu_model, free_port, progress, stdout_to_stderr
+from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.package import RepoSpec, build_repository
 from peagle_trt.serving.client import stream_generate
@@ -80,29 +81,8 @@ from peagle_trt.serving.engine import ServingEngine
 from peagle_trt.serving.repo import model_params
 from peagle_trt.serving.server import ServeSpec, TritonServer
 from peagle_trt.tiny import CORPUS, make_all
-from benchlib import closed_loop, cpu_model  # noqa: E402  (scripts/ is on sys.path when run as a script)
 
 TARGET_RATIO = 1.10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def stdout_to_stderr():
-    """Send everything written to stdout, also by native code on fd 1, to stderr for a while."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def make_prompts(n: int) -> list[str]:
@@ -328,8 +308,7 @@ def fmt(v: float | None, scale: float = 1.0, spec: str = ".1f") -> str:
     return "-" if v is None else format(v * scale, spec)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--concurrency", default="1,8")
@@ -340,22 +319,26 @@ def main() -> None:
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch intra-op threads on BOTH paths (OMP_NUM_THREADS for the server); "
                          "0 keeps torch's default (one per core)")
-    args = ap.parse_args()
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.smoke:  # a few short requests, one round
+        args.prompts, args.max_tokens, args.concurrency, args.repeats = 4, 8, "1,2", 1
     if args.torch_threads > 0:  # before the server starts: its Python-backend stub inherits it
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
         torch.set_num_threads(args.torch_threads)
     concs = [int(c) for c in args.concurrency.split(",")]
-    bg = background_cpu()
+    bg = background_cpu(0.5 if args.smoke else 2.0)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-serving-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        bench(args, concs, bg, work)
+        return bench(args, concs, bg, work)
     finally:
         if args.workdir is None:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
+def bench(args, concs: list[int], bg: float | None, work: Path) -> dict:
     t_setup = time.perf_counter()
     repo_root = work / "repo"
     with stdout_to_stderr():  # keep stdout for the table + JSON (the tokenizer trainer writes to fd 1)
@@ -377,7 +360,7 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
         with TritonServer(spec) as server, (openai_frontend(repo_root, server.grpc_url) if args.openai
                                             else contextlib.nullcontext((None, None))) as (openai_url, fe_pid):
             setup_s = time.perf_counter() - t_setup
-            print(f"  server ready after {setup_s:.1f} s of setup", file=sys.stderr, flush=True)
+            progress(f"  server ready after {setup_s:.1f} s of setup")
             server_env = server_threads_env(server.proc.pid)
             # warm-up (untimed): first forwards, first gRPC connection, lazy imports
             run_inprocess(engine, prompts[:2], params, 2, "warmup")
@@ -396,9 +379,8 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
                             else:
                                 wall, recs = run_openai(openai_url, prompts, params, conc)
                         results.setdefault((path, conc), []).append((wall, recs, cpu))
-                        print(f"  round {rnd} C={conc} {path}: {wall:.2f} s, CPU own {cpu.own_s:.2f} s "
-                              f"server {cpu.server_s:.2f} s, other {cpu.other_share or 0:.0%}",
-                              file=sys.stderr, flush=True)
+                        progress(f"  round {rnd} C={conc} {path}: {wall:.2f} s, CPU own {cpu.own_s:.2f} s "
+                                 f"server {cpu.server_s:.2f} s, other {cpu.other_share or 0:.0%}")
     finally:
         engine.stop()
 
@@ -452,39 +434,35 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
             o["target_met"] = o["wall_ratio_vs_triton"] <= TARGET_RATIO
         rows += [per_path[p] for p in paths]
 
-    print(f"Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
-          f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
-          f"torch threads {torch.get_num_threads()}; median wall of {args.repeats} rounds")
-    head = (f"{'path':<8}{'conc':>5}{'wall s':>9}{'tok/s':>9}{'TTFT ms':>9}{'latency ms':>12}"
-            f"{'wall ratio':>12}{'TTFT ratio':>12}{'CPU s proc':>12}{'CPU s srv':>11}{'other CPU':>11}")
-    print(head)
-    print("-" * len(head))
-    for r in rows:
-        print(f"{r['path']:<8}{r['concurrency']:>5}{r['wall_s']:>9.2f}{r['tokens_per_s']:>9.1f}"
-              f"{r['mean_ttft_ms']:>9.1f}{r['mean_latency_ms']:>12.1f}"
-              f"{fmt(r.get('wall_ratio_vs_inproc'), spec='.3f'):>12}"
-              f"{fmt(r.get('ttft_ratio_vs_inproc'), spec='.3f'):>12}"
-              f"{r['cpu_s_this_process']:>12.2f}{r['cpu_s_server']:>11.2f}"
-              f"{fmt(r['other_cpu_share_max'], 100, '.0f'):>10}%")
-    print()
+    text = [f"## Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
+            f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
+            f"torch threads {torch.get_num_threads()}; median wall of {args.repeats} rounds", "",
+            markdown_table(["path", "conc", "wall s", "tok/s", "TTFT ms", "latency ms", "wall ratio", "TTFT ratio",
+                            "CPU s proc", "CPU s srv", "other CPU"],
+                           [[r["path"], r["concurrency"], f"{r['wall_s']:.2f}", f"{r['tokens_per_s']:.1f}",
+                             f"{r['mean_ttft_ms']:.1f}", f"{r['mean_latency_ms']:.1f}",
+                             fmt(r.get("wall_ratio_vs_inproc"), spec=".3f"),
+                             fmt(r.get("ttft_ratio_vs_inproc"), spec=".3f"), f"{r['cpu_s_this_process']:.2f}",
+                             f"{r['cpu_s_server']:.2f}", fmt(r["other_cpu_share_max"], 100, ".0f") + "%"]
+                            for r in rows]), ""]
     for r in rows:
         if r["path"] == "inproc":
-            print(f"in-process C={r['concurrency']}: mean time to first token ids "
-                  f"{r['mean_ttft_ids_ms']:.1f} ms "
-                  f"(first non-empty text {r['mean_ttft_ms']:.1f} ms)")
+            text.append(f"- in-process C={r['concurrency']}: mean time to first token ids "
+                        f"{r['mean_ttft_ids_ms']:.1f} ms (first non-empty text {r['mean_ttft_ms']:.1f} ms)")
     for r in rows:
         if r["path"] == "openai":
-            print(f"target OpenAI wall <= {TARGET_RATIO:.2f}x Triton gRPC at C={r['concurrency']}: "
-                  f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_triton']:.3f}x; per-round "
-                  f"ratios {r['paired_wall_ratios_vs_triton']})")
+            text.append(f"- target OpenAI wall <= {TARGET_RATIO:.2f}x Triton gRPC at C={r['concurrency']}: "
+                        f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_triton']:.3f}x; "
+                        f"per-round ratios {r['paired_wall_ratios_vs_triton']})")
     all_met = all(r["target_met"] for r in rows if r["path"] == "triton")
     for r in rows:
         if r["path"] == "triton":
-            print(f"target Triton wall <= {TARGET_RATIO:.2f}x in-process at C={r['concurrency']}: "
-                  f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_inproc']:.3f}x; per-round "
-                  f"ratios {r['paired_wall_ratios']}, median {r['median_paired_wall_ratio']:.3f}x)")
-    print(f"token ids identical across paths, concurrency levels and rounds: "
-          f"{'YES' if identical else 'NO (' + str(len(mismatches)) + ' mismatching request(s))'}")
+            text.append(f"- target Triton wall <= {TARGET_RATIO:.2f}x in-process at C={r['concurrency']}: "
+                        f"{'MET' if r['target_met'] else 'NOT MET'} ({r['wall_ratio_vs_inproc']:.3f}x; per-round "
+                        f"ratios {r['paired_wall_ratios']}, median {r['median_paired_wall_ratio']:.3f}x)")
+    text.append(f"- token ids identical across paths, concurrency levels and rounds: "
+                f"{'YES' if identical else 'NO (' + str(len(mismatches)) + ' mismatching request(s))'}")
+    emit(args, "\n".join(text))
 
     env = {"benchmark": "serving_triton_vs_inprocess",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -495,9 +473,5 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> None:
            "spec": {"mode": "peagle", "k": 3}, "max_batch": args.max_batch, "max_seq_len": 512,
            "repeats": args.repeats, "target_wall_ratio": TARGET_RATIO, "target_met": all_met,
            "token_ids_identical": identical, "mismatches": mismatches[:20],
-           "setup_s": round(setup_s, 1)}
-    print(json.dumps(dict(**env, rows=rows)))
-
-
-if __name__ == "__main__":
-    main()
+           "setup_s": round(setup_s, 1), "smoke": args.smoke}
+    return dict(**env, rows=rows)
