@@ -1,25 +1,20 @@
-"""scripts/bench_gpu.py executes: its --smoke mode (tiny shapes, CPU here) runs every section the GPU
+"""`peagle-trt bench gpu` executes: its --smoke mode (tiny shapes, CPU here) runs every section the GPU
 run has except FP8, writes the JSON / markdown report, and evaluates the issue-15 targets on what it
 measured. The figures of a smoke run mean nothing; the GPU run is scripts/gpu_validate.sh.
 About 5 s on the 2-core CI machine (in-process: no second torch import)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
+from peagle_trt.cli import main
 
 
-def test_bench_gpu_smoke_run_writes_the_report(tmp_path, monkeypatch, capsys):
-    monkeypatch.syspath_prepend(str(SCRIPTS))
-    spec = importlib.util.spec_from_file_location("bench_gpu_smoke_under_test", SCRIPTS / "bench_gpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    summary = module.main(["--smoke", "--out", str(tmp_path)])
+def test_bench_gpu_smoke_run_writes_the_report(tmp_path, capsys):
+    assert main(["bench", "gpu", "--smoke", "--output-dir", str(tmp_path)]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert json.loads(last) == json.loads(json.dumps(summary))  # the JSON last line
+    summary = json.loads(last)  # the JSON last line: the results
+    assert summary == json.loads((tmp_path / "bench_gpu.json").read_text())
     assert summary["errors"] == {} and summary["smoke"] is True
     results = json.loads((tmp_path / "bench_gpu.json").read_text())
     for section in ("copy", "drafter", "target", "iteration", "projection"):

@@ -1,13 +1,16 @@
-"""The report of scripts/bench_gpu.py: markdown tables, plots and the issue-15 target checks.
+"""The report of the `gpu` suite (peagle_trt/bench/gpu.py): markdown tables, plots and the issue-15 target checks.
 
-`write_report(results, out_dir)` writes out_dir/bench_gpu.md and out_dir/bench_gpu_*.png (when matplotlib
-is installed) from the results dict that bench_gpu.py builds, and returns the one-line JSON summary.
-Tested through tests/plugins/test_bench_gpu_smoke.py (the --smoke run).
+`write_report(results, args)` emits the markdown report (stdout and OUTPUT_DIR/bench_gpu.md) and draws
+OUTPUT_DIR/bench_gpu_*.png (when matplotlib works) from the results dict that gpu.py builds, and returns
+the summary keys that join the results (targets, files). Tested through
+tests/plugins/test_bench_gpu_smoke.py (the --smoke run).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import argparse
+
+from peagle_trt.bench.report import emit, markdown_table, save_plot
 
 
 def _pick(rows, **want):
@@ -45,52 +48,44 @@ def check_targets(res: dict) -> list[dict]:
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
-    fmt = lambda x: f"{x:.3f}" if isinstance(x, float) else ("" if x is None else str(x))  # noqa: E731
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return lines + ["| " + " | ".join(fmt(x) for x in r) + " |" for r in rows]
+    return markdown_table(header, rows).splitlines()
 
 
-def _plots(res: dict, out: Path) -> list[str]:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return []
+def _plots(res: dict, args: argparse.Namespace) -> list[str]:
     files = []
     drafts = _pick(res.get("drafter", []), head=res["heads"][0], kernels=res.get("kernels_used"))
     if drafts:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for b in sorted({r["batch"] for r in drafts}):
-            rs = sorted(_pick(drafts, batch=b), key=lambda r: r["k"])
-            ax.plot([r["k"] for r in rs], [r["parallel_ms"] for r in rs], "o-", label=f"parallel B={b}")
-            ax.plot([r["k"] for r in rs], [r["sequential_ms"] for r in rs], "s--", label=f"sequential B={b}")
-        ax.set(xlabel="K (draft tokens)", ylabel="ms per drafting step", title=f"drafter {res['heads'][0]}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "bench_gpu_drafter.png", dpi=110)
-        plt.close(fig)
-        files.append("bench_gpu_drafter.png")
+        def draw_drafter(plt):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for b in sorted({r["batch"] for r in drafts}):
+                rs = sorted(_pick(drafts, batch=b), key=lambda r: r["k"])
+                ax.plot([r["k"] for r in rs], [r["parallel_ms"] for r in rs], "o-", label=f"parallel B={b}")
+                ax.plot([r["k"] for r in rs], [r["sequential_ms"] for r in rs], "s--", label=f"sequential B={b}")
+            ax.set(xlabel="K (draft tokens)", ylabel="ms per drafting step", title=f"drafter {res['heads'][0]}")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            return fig
+
+        files.append(save_plot(args, "drafter", draw_drafter))
     target = _pick(res.get("target", []), kernels=res.get("kernels_used"))
     if target:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for w in sorted({r["weights"] for r in target}):
-            for b in sorted({r["batch"] for r in target}):
-                rs = sorted(_pick(target, weights=w, batch=b), key=lambda r: r["k"])
-                ax.plot([r["k"] + 1 for r in rs], [r["ms"] for r in rs], "o-", label=f"{w} B={b}")
-        ax.set(xlabel="rows per sequence (1 = decode, K+1 = verify)", ylabel="ms per target forward",
-               title=f"target {res['target_shape']}")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(out / "bench_gpu_target.png", dpi=110)
-        plt.close(fig)
-        files.append("bench_gpu_target.png")
-    return files
+        def draw_target(plt):
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for w in sorted({r["weights"] for r in target}):
+                for b in sorted({r["batch"] for r in target}):
+                    rs = sorted(_pick(target, weights=w, batch=b), key=lambda r: r["k"])
+                    ax.plot([r["k"] + 1 for r in rs], [r["ms"] for r in rs], "o-", label=f"{w} B={b}")
+            ax.set(xlabel="rows per sequence (1 = decode, K+1 = verify)", ylabel="ms per target forward",
+                   title=f"target {res['target_shape']}")
+            ax.legend(fontsize=7)
+            fig.tight_layout()
+            return fig
+
+        files.append(save_plot(args, "target", draw_target))
+    return [f for f in files if f]
 
 
-def write_report(res: dict, out: Path) -> dict:
-    out = Path(out)
+def write_report(res: dict, args: argparse.Namespace) -> dict:
     env = res["env"]
     targets = check_targets(res)
     md = [f"# GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if res['smoke'] else 'real shapes'})",
@@ -129,9 +124,8 @@ def write_report(res: dict, out: Path) -> dict:
     if res["skipped"] or res["errors"]:
         md += ["", "## Not measured", ""] + [f"- skipped: {s}" for s in res["skipped"]]
         md += [f"- FAILED {k}: {v}" for k, v in res["errors"].items()]
-    plots = _plots(res, out)
+    plots = _plots(res, args)
     md += [""] + [f"![{p}]({p})" for p in plots]
-    (out / "bench_gpu.md").write_text("\n".join(md) + "\n")
-    return {"bench_gpu": "done", "smoke": res["smoke"], "device": env.get("gpu", env["device"]),
-            "wall_s": res.get("wall_s"), "targets": targets, "errors": res["errors"], "skipped": res["skipped"],
-            "files": ["bench_gpu.json", "bench_gpu.md", *plots], "out": str(out)}
+    emit(args, "\n".join(md))
+    return {"bench_gpu": "done", "device": env.get("gpu", env["device"]), "targets": targets,
+            "files": ["bench_gpu.json", "bench_gpu.md", *plots], "out": str(args.output_dir)}

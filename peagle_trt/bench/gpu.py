@@ -1,5 +1,4 @@
-#!/usr/bin/env python3
-"""GPU benchmark of the speculate-verify step at real shapes, with random weights (issue 15, item 4).
+"""Suite `gpu` (docs/BENCHMARKS.md, "GPU: verify, drafting, MBU and iteration overhead"): the speculate-verify step at real shapes, with random weights (issue 15, item 4).
 
 What (each figure the median of CUDA-event timings after warm-up, on the torch executor):
   copy       device-to-device copy bandwidth (bytes read + written), the MBU reference of this run
@@ -23,10 +22,11 @@ Why: speed on NVIDIA GPUs is the product's reason to exist; these are the figure
 (parallel K=7 within 1.2x of K=1; sequential K=7 >= 4x parallel K=7; FP8 verify K=7 batch 1 >= 70% of
 the bandwidth floor; overhead <= 0.3 ms at batch 1 and <= 1 ms at batch 64), which the report checks.
 
-Run: `python scripts/bench_gpu.py --out DIR` (scripts/gpu_validate.sh does, within its time budget);
-`--smoke` runs tiny shapes on CPU (or GPU) in seconds, to prove the script executes (a default-suite test,
+Run: `peagle-trt bench gpu --output-dir DIR` (scripts/gpu_validate.sh does, within its time budget);
+`--smoke` runs tiny shapes on CPU (or GPU) in seconds, to prove the suite executes (a default-suite test,
 tests/plugins/test_bench_gpu_smoke.py). Writes DIR/bench_gpu.json (after every section, so a time-out
-keeps what finished), DIR/bench_gpu.md and DIR/bench_gpu_*.png; the LAST stdout line is one JSON object.
+keeps what finished), DIR/bench_gpu.md and DIR/bench_gpu_*.png (DIR defaults to $OUT, else gpu_results);
+the markdown report (peagle_trt/bench/gpu_report.py) on stdout, and the LAST stdout line is the results.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -47,22 +46,21 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchlib / bench_gpu_report beside this file
-from benchlib import cpu_model  # noqa: E402
-from bench_gpu_report import write_report  # noqa: E402
-
-from peagle_trt.checkpoint.arch import TargetConfig  # noqa: E402
-from peagle_trt.checkpoint.drafter import DrafterConfig  # noqa: E402
-from peagle_trt.config import SamplingParams, SpecConfig  # noqa: E402
-from peagle_trt.models.drafter import DrafterModel  # noqa: E402
-from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, FP8Linear  # noqa: E402
-from peagle_trt.models.rope import RopeConfig  # noqa: E402
-from peagle_trt.models.target import TargetModel  # noqa: E402
-from peagle_trt.ops import kernels as cuda_kernels  # noqa: E402
-from peagle_trt.runtime.executor import TorchExecutor  # noqa: E402
-from peagle_trt.speculative.decoder import Sequence, SpecDecoder  # noqa: E402
-from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter  # noqa: E402
-from peagle_trt.speculative.stats import SpecStats  # noqa: E402
+from peagle_trt.bench.common import cpu_model, progress
+from peagle_trt.bench.gpu_report import write_report
+from peagle_trt.checkpoint.arch import TargetConfig
+from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.errors import ConfigError
+from peagle_trt.models.drafter import DrafterModel
+from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, FP8Linear
+from peagle_trt.models.rope import RopeConfig
+from peagle_trt.models.target import TargetModel
+from peagle_trt.ops import kernels as cuda_kernels
+from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.speculative.decoder import Sequence, SpecDecoder
+from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
+from peagle_trt.speculative.stats import SpecStats
 
 LLAMA3_ROPE = RopeConfig(theta=500000.0, rope_type="llama3", max_position_embeddings=131072,
                          params={"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -98,7 +96,7 @@ def env_info(device: torch.device) -> dict:
             "cpu": cpu_model(), "load_avg": list(os.getloadavg()), "device": str(device)}
     try:
         info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).resolve().parents[1], timeout=10).stdout.strip()
+                                        cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         info["commit"] = None
     if device.type == "cuda":
@@ -344,18 +342,21 @@ def section_projection(results: dict, al: dict) -> list[dict]:
     return rows
 
 
-def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu_results"))
-    p.add_argument("--smoke", action="store_true", help="tiny shapes, few repeats (CPU ok): proves it runs")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="skip the sections that start later")
     p.add_argument("--context", type=int, default=None, help="KV positions already cached (default 1024)")
     p.add_argument("--acceptance", type=Path, default=None, help="per-position rates JSON of a trained pair")
-    a = p.parse_args(argv)
+
+
+def run(a: argparse.Namespace) -> dict:
+    """--smoke: tiny shapes, few repeats (CPU ok): proves the suite runs."""
     t0 = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not a.smoke:
-        p.error("no CUDA device: the GPU benchmark needs one (use --smoke for the CPU smoke run)")
+        raise ConfigError("no CUDA device: the GPU benchmark needs one (torch.cuda.is_available() is False); "
+                          "run it on an H100/H200 (scripts/gpu_validate.sh), or pass --smoke for the CPU smoke run")
+    a.output_dir = a.output_dir or Path(os.environ.get("OUT") or "gpu_results")
+    a.out = a.output_dir
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a.batches, a.ks, a.draft_ks = ((1, 2), (1, 3), (1, 3)) if a.smoke else ((1, 16, 64), (3, 7, 11), (1, 3, 7, 11))
     a.iter_k = 3 if a.smoke else 7
@@ -373,16 +374,16 @@ def main(argv=None) -> dict:
     def run(name: str, fn):
         if time.monotonic() - t0 > a.budget_s:
             results["skipped"].append(name)
-            print(f"[bench_gpu] {name}: skipped (budget {a.budget_s:.0f} s spent)", file=sys.stderr)
+            progress(f"[bench gpu] {name}: skipped (budget {a.budget_s:.0f} s spent)")
             return
-        print(f"[bench_gpu] {name} ...", file=sys.stderr, flush=True)
+        progress(f"[bench gpu] {name} ...")
         try:
             out = fn()
             if out is not None:
                 results.setdefault(name.split(":")[0], []).extend(out if isinstance(out, list) else [out])
         except Exception as exc:  # a failed section must not lose the others: recorded, reported
             results["errors"][name] = f"{type(exc).__name__}: {exc}"
-            print(f"[bench_gpu] {name} FAILED: {exc}", file=sys.stderr)
+            progress(f"[bench gpu] {name} FAILED: {exc}")
         if device.type == "cuda":
             torch.cuda.empty_cache()
         (a.out / "bench_gpu.json").write_text(json.dumps(results, indent=1, default=str))
@@ -414,10 +415,4 @@ def main(argv=None) -> dict:
     run("projection", lambda: section_projection(results, al))
     results["wall_s"] = round(time.monotonic() - t0, 1)
     (a.out / "bench_gpu.json").write_text(json.dumps(results, indent=1, default=str))
-    summary = write_report(results, a.out)
-    print(json.dumps(summary))
-    return summary
-
-
-if __name__ == "__main__":
-    main()
+    return {**results, **write_report(results, a)}
