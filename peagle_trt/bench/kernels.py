@@ -1,0 +1,108 @@
+"""Suite `kernels` (docs/BENCHMARKS.md, "GPU: ... kernels alone"): the P-EAGLE CUDA kernels of plugins/
+timed on the GPU (CUDA events), with the achieved KV bandwidth.
+
+    peagle-trt bench kernels [--dtype bfloat16] [--fp8] [--iters 50] [--smoke]
+
+Needs a CUDA GPU and the kernel library (scripts/build_plugins.sh -> plugins/build/libpeagle_kernels.so);
+without them it stops with a ConfigError naming what is missing.
+
+Shapes: a Llama-3-8B-like layer (H=32, KV=8, d=128); verify rows S = K+1 = 8 and drafter rows
+S = P+K-1; batch 1/8/32; every request at the same context length (512 .. 8192). The KV bytes read
+(context x KV x d x 2 tensors) over the time gives the bandwidth to compare with the HBM peak
+(H200: ~4.8 TB/s). --smoke: batch 1, one context, the smallest vocabulary, 5 iterations. A markdown
+table on stdout, and the LAST stdout line is one JSON object with every measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from peagle_trt.bench.common import progress
+from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.errors import ConfigError
+from peagle_trt.ops import kernels as plugins
+
+
+def bench(fn, iters: int) -> float:
+    """Median milliseconds of fn() over iters runs (after warm-up)."""
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters):
+    t1 = ctx + s + 1
+    cache_dtype = torch.float8_e4m3fn if fp8 else dtype
+    q = torch.randn(b, s, h * d, device="cuda", dtype=dtype)
+    k = torch.randn(b, s, kv * d, device="cuda", dtype=dtype)
+    v = torch.randn_like(k)
+    positions = (torch.arange(s, device="cuda") + ctx - s + 1).expand(b, s).contiguous()
+    slots = torch.arange(b, device="cuda")
+    kc = torch.randn(b, kv, t1, d, device="cuda").to(cache_dtype)
+    vc = torch.randn(b, kv, t1, d, device="cuda").to(cache_dtype)
+    extra = dict(k_scale=0.05, v_scale=0.05) if fp8 else {}
+    ms = bench(lambda: plugins.kv_attention(q, k, v, positions, slots, kc, vc, h, kv, d, **extra), iters)
+    kv_bytes = 2 * b * kv * (ctx + 1) * d * kc.element_size()
+    return dict(op="kv_attention", batch=b, rows=s, context=ctx, heads=h, kv_heads=kv, head_dim=d,
+                dtype=str(dtype), fp8_cache=fp8, ms=round(ms, 4), kv_gbps=round(kv_bytes / ms / 1e6, 1))
+
+
+def sample_case(rows, vocab, iters):
+    logits = torch.randn(rows, vocab, device="cuda")
+    d2t = torch.zeros(vocab, dtype=torch.int64, device="cuda")
+    ms = bench(lambda: plugins.draft_sample(logits, d2t), iters)
+    return dict(op="draft_sample", rows=rows, vocab=vocab, ms=round(ms, 4),
+                gbps=round(logits.numel() * 4 / ms / 1e6, 1))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
+    ap.add_argument("--fp8", action="store_true", help="FP8 (E4M3) KV cache")
+    ap.add_argument("--iters", type=int, default=50, help="timed iterations per case (median reported)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    if not torch.cuda.is_available():
+        raise ConfigError("no CUDA device: the kernel benchmark times the CUDA kernels on a GPU "
+                          "(torch.cuda.is_available() is False)")
+    if not plugins.available():
+        raise ConfigError("the kernel library did not load: build it with scripts/build_plugins.sh "
+                          "(plugins/build/libpeagle_kernels.so, or set PEAGLE_KERNELS_LIB)")
+    dtype = getattr(torch, args.dtype)
+    batches, contexts, samples = (1, 8, 32), (512, 2048, 8192), ((7, 32000), (56, 201088), (224, 151936))
+    if args.smoke:
+        batches, contexts, samples, args.iters = (1,), (512,), ((7, 32000),), 5
+    results = []
+    for b in batches:
+        for s in (8, 14):  # verify (K=7) and drafter (P=8, K=7) rows
+            for ctx in contexts:
+                r = attention_case(b, s, ctx, 32, 8, 128, dtype, args.fp8, args.iters)
+                progress(f"kv_attention b={b:3d} s={s:3d} ctx={ctx:5d}: {r['ms']:.4f} ms  {r['kv_gbps']:8.1f} GB/s")
+                results.append(r)
+    for rows, vocab in samples:
+        r = sample_case(rows, vocab, args.iters)
+        progress(f"draft_sample rows={rows:3d} vocab={vocab}: {r['ms']:.4f} ms  {r['gbps']:8.1f} GB/s")
+        results.append(r)
+    device = torch.cuda.get_device_name()
+    attn = [r for r in results if r["op"] == "kv_attention"]
+    emit(args, "\n".join([
+        f"## CUDA kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median of "
+        f"{args.iters} iterations", "",
+        markdown_table(["op", "batch", "rows", "context", "ms", "KV GB/s"],
+                       [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}"]
+                        for r in attn]), "",
+        markdown_table(["op", "rows", "vocab", "ms", "GB/s"],
+                       [[r["op"], r["rows"], r["vocab"], f"{r['ms']:.4f}", f"{r['gbps']:.1f}"]
+                        for r in results if r["op"] == "draft_sample"])]))
+    return {"device": device, "dtype": args.dtype, "fp8_cache": args.fp8, "iters": args.iters,
+            "smoke": args.smoke, "results": results}
