@@ -7,7 +7,7 @@ experts in the MXFP4 layout of the released checkpoints). Drafters are written i
 `ptd_token_id`, `d2t`/`t2d` with a smaller draft vocabulary), the `speculators` layout, and as a
 plain EAGLE-3 head. Weights are random: acceptance of these drafters is low by construction.
 
-    python scripts/make_tiny_models.py OUT_DIR
+    peagle-trt make-tiny OUT_DIR [--families]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 #   3 tests   every GPU-marked test: the kernels against their CPU references and the torch executor
 #             (token identity, every spec mode and target family, bf16/fp32/FP8, both op backends)
 #                                                                                -> gpu_tests.log, gpu_tests.xml
-#   4 bench   scripts/bench_gpu.py                                               -> bench_gpu.{json,md,*.png}
+#   4 bench   peagle-trt bench gpu (python -m peagle_trt.cli)                      -> bench_gpu.{json,md,*.png}
 # Then gpu_validate.json + gpu_validate.md (stage status, seconds, test counts, benchmark targets),
 # and the LAST stdout line is the JSON summary; exit status 0 only when every stage and test passed.
 # Nothing is shipped prebuilt: the kernels are built here.
@@ -88,7 +88,8 @@ run_stage tests 270 "$OUT_DIR/gpu_tests.log" "$PY" -m pytest -m gpu -v -rfE -p n
 # -- 4 benchmark ------------------------------------------------------------------------------------------
 BENCH_BUDGET=$(( $(left) - 90 ))
 (( BENCH_BUDGET < 30 )) && BENCH_BUDGET=30
-run_stage bench 300 "$OUT_DIR/bench_gpu.log" "$PY" scripts/bench_gpu.py --out "$OUT_DIR" --budget-s "$BENCH_BUDGET"
+run_stage bench 300 "$OUT_DIR/bench_gpu.log" "$PY" -m peagle_trt.cli bench gpu --output-dir "$OUT_DIR" \
+    --budget-s "$BENCH_BUDGET"
 
 # -- summary ----------------------------------------------------------------------------------------------
 "$PY" - "$OUT_DIR" "$ARCH" "$(( SECONDS - START ))" <<'EOF'
@@ -110,7 +111,9 @@ bench = {}
 if (out / "bench_gpu.log").is_file():
     lines = (out / "bench_gpu.log").read_text(errors="replace").strip().splitlines()
     try:
-        bench = json.loads(lines[-1]) if lines else {}
+        bench = json.loads(lines[-1]) if lines else {}  # the suite's results: keep the summary keys
+        bench = {k: bench[k] for k in ("bench_gpu", "smoke", "device", "wall_s", "targets", "errors",
+                                         "skipped", "files", "out", "error") if k in bench}
     except json.JSONDecodeError:
         bench = {"error": lines[-1][:300] if lines else "no output"}
 summary = {"gpu_validate": "done", "wall_s": wall, "arch": arch, "stages": stages, "tests": counts,
