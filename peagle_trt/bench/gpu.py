@@ -24,7 +24,7 @@ the bandwidth floor; overhead <= 0.3 ms at batch 1 and <= 1 ms at batch 64), whi
 
 Run: `peagle-trt bench gpu --output-dir DIR` (scripts/gpu_validate.sh does, within its time budget);
 `--smoke` runs tiny shapes on CPU (or GPU) in seconds, to prove the suite executes (a default-suite test,
-tests/plugins/test_bench_gpu_smoke.py). Writes DIR/bench_gpu.json (after every section, so a time-out
+tests/bench/test_bench_gpu_smoke.py). Writes DIR/bench_gpu.json (after every section, so a time-out
 keeps what finished), DIR/bench_gpu.md and DIR/bench_gpu_*.png (DIR defaults to $OUT, else gpu_results);
 the markdown report (peagle_trt/bench/gpu_report.py) on stdout, and the LAST stdout line is the results.
 """

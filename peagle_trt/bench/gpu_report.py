@@ -3,7 +3,7 @@
 `write_report(results, args)` emits the markdown report (stdout and OUTPUT_DIR/bench_gpu.md) and draws
 OUTPUT_DIR/bench_gpu_*.png (when matplotlib works) from the results dict that gpu.py builds, and returns
 the summary keys that join the results (targets, files). Tested through
-tests/plugins/test_bench_gpu_smoke.py (the --smoke run).
+tests/bench/test_bench_gpu_smoke.py (the --smoke run).
 """
 
 from __future__ import annotations
