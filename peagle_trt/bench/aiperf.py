@@ -55,8 +55,8 @@ def write_humaneval(out: Path, osl: int) -> None:
     """The 164 HumanEval prompts as AIPerf `single_turn` records."""
     rows = humaneval_prompts()
     with open(out, "w") as f:
-        for row in rows:
-            f.write(json.dumps({"type": "single_turn", "text": row["prompt"], "output_length": osl}) + "\n")
+        f.writelines(json.dumps({"type": "single_turn", "text": row["prompt"], "output_length": osl}) + "\n"
+                     for row in rows)
     progress(f"{len(rows)} HumanEval prompts -> {out}")
 
 
@@ -286,8 +286,8 @@ def run(args: argparse.Namespace) -> dict:
     emit(args, "\n".join([
         f"## AIPerf against the OpenAI endpoint (tiny models, CPU; {args.duration:g} s per point)", "",
         table(rows), "",
-        f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
-        f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs", "",
+        (f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
+         f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs"), "",
         *(f"![{p}]({p})" for p in plots if p)]))
     return {"started_utc": started, "load_avg_start": load_start,
             "load_avg_end": [round(x, 2) for x in os.getloadavg()], "ks": args.ks,

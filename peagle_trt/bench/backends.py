@@ -369,8 +369,8 @@ def run(args: argparse.Namespace) -> dict:
     total_s = time.perf_counter() - started
     emit(args, "\n".join([
         "## Stage times (wall s)", "", markdown_table(["shape", "stage", "target", "wall s"], stage_rows), "",
-        f"## Step time, median ms over the repetitions (context {args.context}, K = {K}, "
-        f"{args.threads} threads each)", "",
+        (f"## Step time, median ms over the repetitions (context {args.context}, K = {K}, "
+         f"{args.threads} threads each)"), "",
         markdown_table(["shape", "target", "op", "B", "rows/req", "torch ms", "ort ms", "ort/torch", "other CPU"],
                        [[r["shape"], r["precision"], r["op"], r["batch"], r["rows_per_request"],
                          f"{r['torch_ms']:.2f}", f"{r['ort_ms']:.2f}", f"{r['ort_over_torch']:.2f}",

@@ -12,7 +12,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 
 def cpu_model() -> str:

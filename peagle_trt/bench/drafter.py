@@ -55,14 +55,14 @@ from types import SimpleNamespace
 
 import torch
 
+from peagle_trt.bench.common import cpu_counters, cpu_model, other_cpu_share, progress
+from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.errors import ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import RopeConfig
 from peagle_trt.runtime.executor import TorchExecutor
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
-from peagle_trt.bench.common import cpu_counters, cpu_model, other_cpu_share, progress
-from peagle_trt.bench.report import emit, markdown_table
-from peagle_trt.errors import ConfigError
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token
 

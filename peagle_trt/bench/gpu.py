@@ -218,7 +218,7 @@ def draft_batch(model, b: int, n: int, context: int, device) -> DraftBatch:
     c = model.config
     seqs = [Sequence([0], SamplingParams(), i, stats=SpecStats(1)) for i in range(b)]
     aux = torch.randn(b, n, c.num_aux * c.target_hidden_size, device=device, dtype=model.fc.weight.dtype)
-    full = lambda v: torch.full((b,), v, dtype=torch.long, device=device)  # noqa: E731
+    full = lambda v: torch.full((b,), v, dtype=torch.long, device=device)
     return DraftBatch(seqs, torch.randint(0, c.vocab_size - 1, (b, n), device=device), aux, full(n),
                       full(context), torch.arange(b, device=device))
 

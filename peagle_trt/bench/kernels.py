@@ -96,8 +96,8 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.cuda.get_device_name()
     attn = [r for r in results if r["op"] == "kv_attention"]
     emit(args, "\n".join([
-        f"## CUDA kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median of "
-        f"{args.iters} iterations", "",
+        (f"## CUDA kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median of "
+         f"{args.iters} iterations"), "",
         markdown_table(["op", "batch", "rows", "context", "ms", "KV GB/s"],
                        [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}"]
                         for r in attn]), "",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def markdown_table(header: list[str], rows: list[list], digits: int = 3) -> str:

@@ -54,11 +54,11 @@ import time
 
 import torch
 
+from peagle_trt.bench.common import cpu_model, progress
+from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.bench.common import cpu_model, progress
-from peagle_trt.bench.report import emit, markdown_table
 
 VOCAB, HIDDEN = 64, 8
 TARGET_MS = 0.3
@@ -230,22 +230,22 @@ def run(args: argparse.Namespace) -> dict:
         rows.append(run_config(mode, k, b, acc, args.steps, args.warmup))
         progress(f"  done: {mode} K={k} B={b} accept={acc}")
 
-    text = [f"## Scheduler.step() host overhead, no-op executor (V={VOCAB}, H={HIDDEN}), "
-            f"{args.steps} timed steps after {args.warmup} warm-up, greedy, ignore_eos", "", table(rows)]
+    text = [(f"## Scheduler.step() host overhead, no-op executor (V={VOCAB}, H={HIDDEN}), "
+             f"{args.steps} timed steps after {args.warmup} warm-up, greedy, ignore_eos"), "", table(rows)]
     main_row = next((r for r in rows if r["mode"] == "peagle" and r["k"] == 7 and r["batch"] == 64
                      and r["accepted_per_step"] == min(args.accept, 7)), None)
     met = main_row is not None and main_row["median_ms"] <= TARGET_MS
     if main_row is not None:
-        text += ["", f"target: <= {TARGET_MS} ms per step at batch 64 (peagle K=7): "
-                 f"{'MET' if met else 'NOT MET'} (median {main_row['median_ms']:.3f} ms, "
-                 f"{main_row['median_ms'] / TARGET_MS:.1f}x the target)"]
+        text += ["", (f"target: <= {TARGET_MS} ms per step at batch 64 (peagle K=7): "
+                  f"{'MET' if met else 'NOT MET'} (median {main_row['median_ms']:.3f} ms, "
+                  f"{main_row['median_ms'] / TARGET_MS:.1f}x the target)")]
 
     profile = None
     if args.profile:
         psteps = max(50, args.steps // 3)
         _, profile = profile_config("peagle", 7, 64, args.accept, psteps, args.warmup)
-        text += ["", f"### cProfile, peagle K=7 batch 64, {psteps} steps, top functions by own time "
-                 "(per step; cProfile inflates Python-call-heavy code)", "",
+        text += ["", (f"### cProfile, peagle K=7 batch 64, {psteps} steps, top functions by own time "
+                  "(per step; cProfile inflates Python-call-heavy code)"), "",
                  markdown_table(["own µs/step", "cum µs/step", "calls/step", "function"],
                                 [[f"{p['tottime_us_per_step']:.1f}", f"{p['cumtime_us_per_step']:.1f}",
                                   f"{p['calls_per_step']:.1f}", f"`{p['function']}`"] for p in profile])]

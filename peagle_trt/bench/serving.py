@@ -277,7 +277,7 @@ class CpuMeter:
     def __init__(self, server_pid: int, frontend_pid: int | None = None):
         self.pids = [server_pid] + ([frontend_pid] if frontend_pid else [])  # the frontend counts as server
 
-    def __enter__(self) -> "CpuMeter":
+    def __enter__(self) -> CpuMeter:
         t = os.times()
         self.a, self.own, self.srv = cpu_sample(), t.user + t.system, sum(tree_cpu(p) for p in self.pids)
         return self
@@ -434,9 +434,9 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> dict:
             o["target_met"] = o["wall_ratio_vs_triton"] <= TARGET_RATIO
         rows += [per_path[p] for p in paths]
 
-    text = [f"## Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
-            f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
-            f"torch threads {torch.get_num_threads()}; median wall of {args.repeats} rounds", "",
+    text = [(f"## Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
+             f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
+             f"torch threads {torch.get_num_threads()}; median wall of {args.repeats} rounds"), "",
             markdown_table(["path", "conc", "wall s", "tok/s", "TTFT ms", "latency ms", "wall ratio", "TTFT ratio",
                             "CPU s proc", "CPU s srv", "other CPU"],
                            [[r["path"], r["concurrency"], f"{r['wall_s']:.2f}", f"{r['tokens_per_s']:.1f}",

@@ -25,6 +25,9 @@ from pathlib import Path
 
 import torch
 
+from peagle_trt.bench.common import progress
+from peagle_trt.bench.prompts import humaneval_prompts
+from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.executor import TorchExecutor
@@ -32,9 +35,6 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.tokenizer import TextCodec
-from peagle_trt.bench.common import progress
-from peagle_trt.bench.prompts import humaneval_prompts
-from peagle_trt.bench.report import emit, markdown_table
 
 
 def timed(obj, name: str, bucket: dict) -> None:
