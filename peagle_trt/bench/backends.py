@@ -1,5 +1,5 @@
-"""Suite `backends` (docs/BENCHMARKS.md, "Backends on CPU"): FP8 quantize time, ONNX export time, and the step time of the torch
-executor vs the onnxruntime executor, for fp32 and FP8 targets.
+"""Suite `backends` (docs/BENCHMARKS.md, "Backends on CPU"): FP8 quantize time, ONNX export time, and the
+step time of the torch executor vs the onnxruntime executor, for fp32 and FP8 targets.
 
 What, per model shape (Llama target + AWS-layout P-EAGLE drafter, random seeded weights):
   1. quantize  wall time of `quantize_target(target, out, QuantSpec(num_calib=16))` (ModelOpt FP8

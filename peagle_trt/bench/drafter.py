@@ -1,4 +1,5 @@
-"""Suite `drafter` (docs/BENCHMARKS.md, "Drafter forward"): one drafting step of the drafter head: P-EAGLE parallel vs EAGLE-3 sequential, on CPU.
+"""Suite `drafter` (docs/BENCHMARKS.md, "Drafter forward"): one drafting step of the drafter head: P-EAGLE
+parallel vs EAGLE-3 sequential, on CPU.
 
 What: the wall time of the drafter forwards that produce K draft tokens for one sequence
 (batch 1) in the middle of a decode, for K = 1, 3, 7, 11 by default.

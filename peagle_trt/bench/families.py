@@ -1,4 +1,5 @@
-"""Suite `families` (docs/BENCHMARKS.md, "MoE targets at real widths on CPU"): real-width layer slices of the P-EAGLE target models on CPU, and the bytes a decode step reads.
+"""Suite `families` (docs/BENCHMARKS.md, "MoE targets at real widths on CPU"): real-width layer slices of
+the P-EAGLE target models on CPU, and the bytes a decode step reads.
 
 Measured (random weights, fp32 on CPU, our reference decoder layers and KV cache):
   * a layer slice of Qwen3-Coder-30B-A3B (1 sparse layer) and GPT-OSS-20B (2 layers: one

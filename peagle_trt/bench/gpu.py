@@ -1,4 +1,5 @@
-"""Suite `gpu` (docs/BENCHMARKS.md, "GPU: verify, drafting, MBU and iteration overhead"): the speculate-verify step at real shapes, with random weights (issue 15, item 4).
+"""Suite `gpu` (docs/BENCHMARKS.md, "GPU: verify, drafting, MBU and iteration overhead"): the
+speculate-verify step at real shapes, with random weights (issue 15, item 4).
 
 What (each figure the median of CUDA-event timings after warm-up, on the torch executor):
   copy       device-to-device copy bandwidth (bytes read + written), the MBU reference of this run

@@ -1,4 +1,5 @@
-"""The report of the `gpu` suite (peagle_trt/bench/gpu.py): markdown tables, plots and the issue-15 target checks.
+"""The report of the `gpu` suite (peagle_trt/bench/gpu.py): markdown tables, plots and the issue-15 target
+checks.
 
 `write_report(results, args)` emits the markdown report (stdout and OUTPUT_DIR/bench_gpu.md) and draws
 OUTPUT_DIR/bench_gpu_*.png (when matplotlib works) from the results dict that gpu.py builds, and returns

@@ -1,4 +1,5 @@
-"""Suite `scheduler` (docs/BENCHMARKS.md, "Scheduler host overhead per step"): the host-side cost of one in-flight scheduler step, with model forwards that cost nothing.
+"""Suite `scheduler` (docs/BENCHMARKS.md, "Scheduler host overhead per step"): the host-side cost of one
+in-flight scheduler step, with model forwards that cost nothing.
 
 What: the wall time of `Scheduler.step()` (runtime/scheduler.py) when the executor's forwards are
 no-ops. One decode step then measures only the Python/host work around the models:

@@ -1,4 +1,5 @@
-"""Suite `step-cost` (docs/BENCHMARKS.md, "Where a step's time goes"): where a decode step's time goes at batch 1: target verify vs drafter vs the rest, in-process, CPU.
+"""Suite `step-cost` (docs/BENCHMARKS.md, "Where a step's time goes"): where a decode step's time goes at
+batch 1: target verify vs drafter vs the rest, in-process, CPU.
 
 What: the trained code pair (`peagle-trt demo`'s pair, --pair) decoding HumanEval prompts one at a
 time (greedy, --max-tokens tokens each) through the scheduler and the speculative decoder the
