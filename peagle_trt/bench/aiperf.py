@@ -89,11 +89,17 @@ def epoch(stamp: str) -> float:
 
 def collect(work: Path) -> list[dict]:
     rows = []
-    for export in sorted(work.glob("runs/k*/*/concurrency_*/profile_export_aiperf.json")):
+    # a sweep writes WORKLOAD/concurrency_C/..., a single concurrency WORKLOAD/... directly
+    exports = [*work.glob("runs/k*/*/concurrency_*/profile_export_aiperf.json"),
+               *work.glob("runs/k*/*/profile_export_aiperf.json")]
+    for export in sorted(exports):
         run = json.loads(export.read_text())
-        k = int(export.parts[-4][1:])
-        workload, conc = export.parts[-3], int(export.parts[-2].split("_")[1])
-        series = samples(export.parents[2] / "metrics.log")
+        swept = export.parent.name.startswith("concurrency_")
+        kdir = export.parents[2] if swept else export.parents[1]
+        k, workload = int(kdir.name[1:]), export.parts[-3] if swept else export.parts[-2]
+        conc = int(export.parent.name.split("_")[1]) if swept else next(
+            p["concurrency"] for p in run["input_config"]["phases"] if p["kind"] == "profiling")
+        series = samples(kdir / "metrics.log")
         errors = sum(e.get("count", 0) for e in run.get("error_summary") or [])
         row = {"k": k, "workload": workload, "concurrency": conc,
                "requests": int(run["request_count"]["avg"]), "errors": errors,
@@ -284,12 +290,12 @@ def run(args: argparse.Namespace) -> dict:
              for key, label, _ in METRICS + [("acceptance_length", "acceptance length (tokens/step)", "")]]
     bad = [r for r in rows if r["errors"] or r["osl_mismatch"]]
     emit(args, "\n".join([
-        f"## AIPerf against the OpenAI endpoint (tiny models, CPU; {args.duration:g} s per point)", "",
+        "## AIPerf against the OpenAI endpoint (tiny models, CPU)", "",
         table(rows), "",
         (f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
          f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs"), "",
         *(f"![{p}]({p})" for p in plots if p)]))
     return {"started_utc": started, "load_avg_start": load_start,
-            "load_avg_end": [round(x, 2) for x in os.getloadavg()], "ks": args.ks,
-            "concurrency": args.concurrency, "duration_s": args.duration, "isl": args.isl, "osl": args.osl,
+            "load_avg_end": [round(x, 2) for x in os.getloadavg()], "report_only": args.report_only,
+            "ks": sorted({r["k"] for r in rows}), "concurrency": sorted({r["concurrency"] for r in rows}),
             "smoke": args.smoke, "rows": rows}

@@ -78,7 +78,7 @@ def run_suite(name: str, argv: list[str]) -> dict:
     (JSON-safe: values json cannot write become strings)."""
     parser, module = suite_parser(name)
     args = parser.parse_args(argv)
-    args.suite, args.parser = name, parser
+    args.suite = name
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     results = json.loads(json.dumps(module.run(args), default=str))
