@@ -85,13 +85,13 @@ def cmd_generate(args: argparse.Namespace) -> dict:
 
 
 def _load_engine(args: argparse.Namespace):
-    from peagle_trt.serving.engine import ServingEngine
+    from peagle_trt.serving.generator import TextGenerator
 
     if args.repo:
-        from peagle_trt.serving.repo import model_params
+        from peagle_trt.serving.options import read_options
 
-        return ServingEngine.load(*model_params(args.repo, args.model))
-    return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
+        return TextGenerator.load(*read_options(args.repo, args.model))
+    return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
                                           args.max_seq_len)
 
 
@@ -112,30 +112,30 @@ def resolve_backend(name: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> dict:
-    from peagle_trt.export import ExportSpec, export_pair
+    from peagle_trt.export import ExportOptions, export_pair
 
     spec = resolve_spec(args)
     t0 = time.perf_counter()
     manifest = export_pair(args.target, args.drafter, args.output,
-                           ExportSpec(spec, args.max_batch, args.max_seq_len, args.dtype), args.force)
+                           ExportOptions(spec, args.max_batch, args.max_seq_len, args.dtype), args.force)
     return {"output": str(args.output), "graphs": manifest["graphs"], "export_s": manifest["export_s"],
             "total_s": round(time.perf_counter() - t0, 3)}
 
 
 def cmd_build(args: argparse.Namespace) -> dict:
-    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.repository import RepositoryOptions, build_repository
 
     spec = resolve_spec(args)
     backend = resolve_backend(args.backend)
-    repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
+    repo = RepositoryOptions(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
                     str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels,
                     max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes)
     quant = None
     if args.quantization == "fp8":
-        from peagle_trt.quantize import QuantSpec
+        from peagle_trt.quantize import QuantizeOptions
 
-        quant = QuantSpec(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data)
+        quant = QuantizeOptions(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data)
     t0 = time.perf_counter()
     manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force, quant=quant)
     return {"repository": str(args.output), "model": args.model_name, "backend": backend,

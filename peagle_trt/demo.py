@@ -59,12 +59,12 @@ def _note(msg: str) -> None:
 
 def build_demo_repo(pair: Path, repo: Path, spec: SpecConfig, backend: str) -> None:
     """One repository with two models: `peagle` (target + P-EAGLE head) and `target` (no drafter)."""
-    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.repository import RepositoryOptions, build_repository
 
     side = repo.parent / f".{repo.name}-target"
     build_repository(pair, pair / "drafter-peagle", repo,
-                     RepoSpec(spec, backend=backend, max_batch=2, max_seq_len=1024), force=True)
-    build_repository(pair, None, side, RepoSpec(SpecConfig("none", 0), model_name="target", backend=backend,
+                     RepositoryOptions(spec, backend=backend, max_batch=2, max_seq_len=1024), force=True)
+    build_repository(pair, None, side, RepositoryOptions(SpecConfig("none", 0), model_name="target", backend=backend,
                                                 max_batch=2, max_seq_len=1024), force=True)
     shutil.move(str(side / "target"), str(repo / "target"))
     shutil.rmtree(side)

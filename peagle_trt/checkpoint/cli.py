@@ -124,9 +124,9 @@ def cmd_inspect(args: argparse.Namespace) -> dict:
     result = {info["kind"]: info for info in infos}
     if targets:  # KV memory per slot as `build` allocates it (bf16/fp16, build's default prefill chunk)
         from peagle_trt.models.memory import kv_slot_memory
-        from peagle_trt.package import RepoSpec
+        from peagle_trt.repository import RepositoryOptions
 
-        max_rows = RepoSpec.prefill_chunk if args.backend != "tensorrt" else None
+        max_rows = RepositoryOptions.prefill_chunk if args.backend != "tensorrt" else None
         memory = kv_slot_memory(load_target_config(targets[0]), loaded.config if loaded else None,
                                 args.max_seq_len, max_rows)
         print(f"{memory.describe(1)} (max_seq_len {args.max_seq_len}, 2-byte KV)")

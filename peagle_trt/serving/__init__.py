@@ -1,2 +1,2 @@
-"""Serving: the engine behind the Triton model (`engine.ServingEngine`), the Triton Python model
+"""Serving: the engine behind the Triton model (`engine.TextGenerator`), the Triton Python model
 itself (`triton_model`), the server launcher (`server`) and the gRPC streaming client (`client`)."""

@@ -1,5 +1,5 @@
 """The `peagle` Triton Python model: decoupled, `execute` only enqueues; the engine's background
-thread steps the in-flight scheduler and streams through each request's response sender.
+thread steps the in-flight scheduler (serving/generator.py) and streams through each request's response sender.
 
 Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens`, `stream`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
@@ -32,8 +32,9 @@ from pathlib import Path
 import numpy as np
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import ConfigError, PeagleError
-from peagle_trt.serving.engine import Event, ServingEngine
+from peagle_trt.errors import PeagleError, RequestError
+from peagle_trt.serving.options import from_parameters
+from peagle_trt.serving.generator import Event, TextGenerator
 from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS, InputLimits
 
 log = logging.getLogger("peagle_trt.triton")
@@ -45,7 +46,7 @@ def _scalar(pb_utils, request, name: str, default):
         return default
     value = tensor.as_numpy().reshape(-1)
     if value.size != 1:
-        raise ConfigError(f"input {name!r} must hold exactly one value, got {value.size}")
+        raise RequestError(f"input {name!r} must hold exactly one value, got {value.size}")
     return value[0].item() if hasattr(value[0], "item") else value[0]
 
 
@@ -54,18 +55,18 @@ def _text(value, name: str) -> str:
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+            raise RequestError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     return str(value)
 
 
 def parse_request(pb_utils, request, limits: InputLimits) -> tuple[str, SamplingParams, dict]:
-    """Triton request -> (prompt, sampling params, options); ConfigError on bad input (sizes are
+    """Triton request -> (prompt, sampling params, options); RequestError on bad input (sizes are
     checked on the raw bytes, before decoding)."""
     # HTTP /generate turns JSON keys that are not inputs into request parameters: refuse them
     # rather than silently ignoring a misspelled option.
     unknown = sorted(json.loads(request.parameters() or "{}"))
     if unknown:
-        raise ConfigError(f"unknown input(s) {unknown}; accepted inputs: {', '.join(INPUTS)}")
+        raise RequestError(f"unknown input(s) {unknown}; accepted inputs: {', '.join(INPUTS)}")
     raw_prompt = _scalar(pb_utils, request, "text_input", b"")
     limits.check_prompt(raw_prompt)
     prompt = _text(raw_prompt, "text_input")
@@ -129,11 +130,12 @@ class TritonPythonModel:
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        options, paths = from_parameters(params, args["model_name"])
         model_dir = Path(args["model_repository"])
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
-        self.engine = ServingEngine.load(model_dir, params)
-        self.k = int(params["num_spec_tokens"]) if params["spec_mode"] != "none" else 0
+        self.engine = TextGenerator.load(model_dir, options, paths)
+        self.k = options.speculation.k
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
         self.engine.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []

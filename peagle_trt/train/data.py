@@ -81,7 +81,7 @@ def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperatur
     seed + i for prompt i), `batch` at a time through the serving scheduler (target only): the
     same in-flight batched decode the server runs, so a big prompt file regenerates in batches."""
     from peagle_trt.config import SamplingParams, SpecConfig
-    from peagle_trt.runtime.executor import TorchExecutor
+    from peagle_trt.executors.torch import TorchExecutor
     from peagle_trt.runtime.scheduler import Request, Scheduler
     from peagle_trt.speculative.decoder import SpecDecoder
 

@@ -1,4 +1,5 @@
-"""The training loop behind `peagle_trt.train.train`: set-up, steps, checkpoints, export.
+"""The training loop: `train(TrainConfig)` (the stage's entry point), set-up, steps, resumable
+checkpoints, the trained head written by save.py.
 
 Per step: sample `batch` sequences, run the frozen target over each (taps + distribution over
 the draft vocabulary), COD-sample the flat multi-depth elements, then forward+backward each
@@ -10,6 +11,7 @@ a resumed run continues with exactly the batches an uninterrupted run would have
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict
 
@@ -23,7 +25,8 @@ from peagle_trt.models.target import TargetModel
 from peagle_trt.tokenizer import TextCodec
 from peagle_trt.train import data as D
 from peagle_trt.train.cod import cod_sample, partition
-from peagle_trt.train.export import write_head
+from peagle_trt.train.config import TrainConfig
+from peagle_trt.train.save import write_head
 from peagle_trt.train.forward import TrainHead, segment_loss
 
 MASK_TOKEN_NAMES = ("<|reserved_mask|>", "<|mask|>", "<mask>", "[MASK]")
@@ -168,3 +171,20 @@ def _save(path, cfg, head, opt, gen, step: int) -> None:
                 "generator": gen.get_state(), "step": step}, tmp)
     tmp.replace(path)
 
+
+def train(cfg: TrainConfig, progress=None) -> dict:
+    """Train and write the head to `cfg.output`; returns a summary (loss, per-depth accuracy, times)."""
+    cfg.check()
+    if cfg.output.exists() and any(cfg.output.iterdir()) and not cfg.force:
+        raise ConfigError(f"{cfg.output} exists and is not empty; pass --force to replace it")
+    return run(cfg, progress or _stderr_progress())
+
+
+def _stderr_progress():
+    start = time.perf_counter()
+
+    def show(line: str, final: bool = False) -> None:
+        stamp = f"[train {time.perf_counter() - start:6.0f}s] "
+        # in-place progress line; `final` lines are kept (newline)
+        print("\r" + stamp + line, end="\n" if final else "", file=sys.stderr, flush=True)
+    return show

@@ -13,7 +13,7 @@ import pytest
 from peagle_trt.checkpoint import load_drafter, load_pair
 from peagle_trt.cli import main
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tokenizer import TextCodec

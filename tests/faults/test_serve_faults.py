@@ -26,7 +26,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import PortInUseError, ServeError
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.serving.client import build_inputs, stream_generate
 from tests.serving.conftest import free_port
 
@@ -40,7 +40,7 @@ def repo(tiny, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     path = tmp_path_factory.mktemp("faults") / "repo"
     build_repository(tiny["llama"], tiny["aws"], path,
-                     RepoSpec(SpecConfig("peagle", 2), max_batch=8, max_seq_len=256, prefill_chunk=32))
+                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=8, max_seq_len=256, prefill_chunk=32))
     return path
 
 

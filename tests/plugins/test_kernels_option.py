@@ -11,7 +11,7 @@ import torch
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError, ConfigError
 from peagle_trt.ops import kernels, reference
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from tests.helpers import greedy, make_decoder
 
 
@@ -39,7 +39,7 @@ def test_routed_ops_never_fall_back_to_the_reference(restore_ops):
     """Inside routed() (kernels="cuda") a call the kernel cannot serve raises; here: CPU tensors."""
     logits = torch.randn(2, 3, 11)
     with kernels.routed():
-        from peagle_trt.runtime import executor
+        from peagle_trt.executors import torch as executor
 
         with pytest.raises(kernels.KernelsUnavailable, match="no CUDA device"):
             executor.draft_sample(logits, None)
@@ -59,20 +59,21 @@ def test_installed_dispatchers_change_no_result_outside_routed(tiny, restore_ops
 
 
 def test_build_plumbs_kernels_into_config_pbtxt_and_checks_it(tiny, tmp_path):
-    from peagle_trt.package import RepoSpec, build_repository
-    from peagle_trt.serving.engine import make_executor
+    from peagle_trt.repository import RepositoryOptions, build_repository
+    from peagle_trt.serving.generator import make_executor
+    from peagle_trt.serving.options import read_options
 
     spec = SpecConfig("peagle", 3)
     with pytest.raises(BuildError, match="needs --backend torch --device cuda"):
-        RepoSpec(spec, kernels="cuda")  # device cpu
+        RepositoryOptions(spec, kernels="cuda")  # device cpu
     with pytest.raises(BuildError, match="not one of"):
-        RepoSpec(spec, kernels="fast")
-    repo = RepoSpec(spec, device="cuda", dtype="bfloat16", kernels="cuda")
+        RepositoryOptions(spec, kernels="fast")
+    repo = RepositoryOptions(spec, device="cuda", dtype="bfloat16", kernels="cuda")
     manifest = build_repository(tiny["llama"], tiny["aws"], tmp_path / "repo", repo)
     config = (tmp_path / "repo" / "peagle" / "config.pbtxt").read_text()
     assert 'key: "kernels" value { string_value: "cuda" }' in config
     assert manifest["repo"]["kernels"] == "cuda"
-    params = {"backend": "torch", "target_path": "artifacts/target", "drafter_path": "artifacts/drafter",
-              "device": "cpu", "dtype": "float32", "kernels": "cuda"}
+    model_dir, options, paths = read_options(tmp_path / "repo")
+    assert options.kernels == "cuda"  # read back from config.pbtxt
     with pytest.raises(kernels.KernelsUnavailable, match="CUDA device"):  # the served executor checks too
-        make_executor(params, tmp_path / "repo" / "peagle" / "1", spec, 1, 64)
+        make_executor(options, paths, model_dir / "1", 1, 64)

@@ -10,14 +10,14 @@ import stat
 import pytest
 
 from peagle_trt.config import SpecConfig
-from peagle_trt.errors import BuildError, ConfigError, ManifestError, PairingError, ServeError
-from peagle_trt.package import RepoSpec, build_repository
-from peagle_trt.serving.engine import ServingEngine
-from peagle_trt.serving.repo import model_params
+from peagle_trt.errors import BuildError, ConfigError, ManifestError, PairingError, RequestError, ServeError
+from peagle_trt.repository import RepositoryOptions, build_repository
+from peagle_trt.serving.generator import TextGenerator
+from peagle_trt.serving.options import read_options, read_parameters
 
 
 def build(tiny, out, drafter="aws", spec=SpecConfig("peagle", 3), **kw):
-    return build_repository(tiny["llama"], tiny[drafter], out, RepoSpec(spec, max_batch=2, max_seq_len=128), **kw)
+    return build_repository(tiny["llama"], tiny[drafter], out, RepositoryOptions(spec, max_batch=2, max_seq_len=128), **kw)
 
 
 def test_repository_layout_and_config_parse(tiny, tmp_path):
@@ -26,7 +26,7 @@ def test_repository_layout_and_config_parse(tiny, tmp_path):
     assert (model / "1" / "model.py").is_file() and (model / "manifest.json").is_file()
     assert "1/artifacts/target/model.safetensors" in manifest["files"]
     assert "1/artifacts/drafter/model.safetensors" in manifest["files"]
-    _, params = model_params(tmp_path / "repo")
+    _, params = read_parameters(tmp_path / "repo")
     assert params["spec_mode"] == "peagle" and params["num_spec_tokens"] == "3" and params["max_batch"] == "2"
     text_format = pytest.importorskip("google.protobuf.text_format")
     model_config_pb2 = pytest.importorskip("tritonclient.grpc.model_config_pb2")
@@ -42,7 +42,7 @@ def test_built_repository_runs_in_process(tiny, tmp_path):
     from peagle_trt.config import SamplingParams
 
     build(tiny, tmp_path / "repo")
-    engine = ServingEngine.load(*model_params(tmp_path / "repo"))
+    engine = TextGenerator.load(*read_options(tmp_path / "repo"))
     events = []
     engine.generate("hello", SamplingParams(max_tokens=6, ignore_eos=True), events.append, chat_template=False)
     assert sum(len(e.token_ids) for e in events) == 6 and events[-1].finished
@@ -56,10 +56,10 @@ def test_manifest_mismatch_refuses_to_load(tiny, tmp_path):
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
     with pytest.raises(ManifestError, match="does not match its hash"):
-        ServingEngine.load(*model_params(tmp_path / "repo"))
+        TextGenerator.load(*read_options(tmp_path / "repo"))
     weights.unlink()
     with pytest.raises(ManifestError, match="missing"):
-        ServingEngine.load(*model_params(tmp_path / "repo"))
+        TextGenerator.load(*read_options(tmp_path / "repo"))
 
 
 def test_bad_drafter_leaves_no_repository(tiny, tmp_path):
@@ -73,7 +73,7 @@ def test_existing_output_is_kept_without_force(tiny, tmp_path):
     with pytest.raises(BuildError, match="already exists"):
         build(tiny, tmp_path / "repo")
     build(tiny, tmp_path / "repo", spec=SpecConfig("eagle3", 2), force=True)
-    assert model_params(tmp_path / "repo")[1]["spec_mode"] == "eagle3"
+    assert read_parameters(tmp_path / "repo")[1]["spec_mode"] == "eagle3"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["repo"]  # no temporary leftovers
 
 
@@ -92,7 +92,7 @@ def test_unwritable_output_leaves_nothing(tiny, tmp_path):
 
 def test_failure_midway_removes_the_temporary_directory(tiny, tmp_path, monkeypatch):
     """Any failure while writing (disk full, interrupted copy) removes the partial output."""
-    import peagle_trt.package as package
+    import peagle_trt.repository.build as package
 
     def boom(*args, **kwargs):
         raise OSError(28, "No space left on device")
@@ -119,7 +119,7 @@ def test_serve_refuses_a_directory_that_is_not_a_repository(tmp_path):
 
 def test_repo_without_the_model(tmp_path):
     with pytest.raises(ConfigError, match="no model 'peagle'"):
-        model_params(tmp_path)
+        read_parameters(tmp_path)
 
 
 def test_cli_build_json(tiny, tmp_path, capsys):
@@ -142,7 +142,7 @@ def test_build_with_fp8_quantization_serves_the_fp8_target(tiny, tmp_path, capsy
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and result["quantization"] == "fp8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r"]  # the temporary FP8 checkpoint is gone
-    engine = ServingEngine.load(*model_params(tmp_path / "r"))
+    engine = TextGenerator.load(*read_options(tmp_path / "r"))
     events = []
     engine.generate("hi", SamplingParams(max_tokens=5, ignore_eos=True), events.append, chat_template=False)
     assert sum(len(e.token_ids) for e in events) == 5
@@ -152,15 +152,15 @@ def test_build_writes_the_input_byte_limits_the_model_enforces(tiny, tmp_path):
     from peagle_trt.config import SamplingParams
 
     build_repository(tiny["llama"], tiny["aws"], tmp_path / "repo",
-                     RepoSpec(SpecConfig("none", 1), max_batch=1, max_seq_len=64, max_prompt_bytes=100,
+                     RepositoryOptions(SpecConfig("none", 1), max_batch=1, max_seq_len=64, max_prompt_bytes=100,
                               max_stop_bytes=8))
-    _, params = model_params(tmp_path / "repo")
+    _, params = read_parameters(tmp_path / "repo")
     assert (params["max_prompt_bytes"], params["max_stop_bytes"]) == ("100", "8")
-    engine = ServingEngine.load(*model_params(tmp_path / "repo"))
-    with pytest.raises(ConfigError, match="max_prompt_bytes"):
+    engine = TextGenerator.load(*read_options(tmp_path / "repo"))
+    with pytest.raises(RequestError, match="max_prompt_bytes"):
         engine.submit("x", "y" * 101, SamplingParams(max_tokens=2), lambda event: None)
-    with pytest.raises(ConfigError, match="max_stop_bytes"):
+    with pytest.raises(RequestError, match="max_stop_bytes"):
         engine.submit("x", "hi", SamplingParams(max_tokens=2, stop=("123456789",)), lambda event: None)
     build(tiny, tmp_path / "default")
-    _, default = model_params(tmp_path / "default")
+    _, default = read_parameters(tmp_path / "default")
     assert (default["max_prompt_bytes"], default["max_stop_bytes"]) == (str(16 * 128), "1024")

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 from tests.serving.conftest import free_port
 from tests.serving.test_triton import metric
 
@@ -180,7 +180,7 @@ def test_a_server_still_loading_answers_503(repo):
 def test_serve_with_openai_port_streams_and_stops_on_sigterm(tiny, tmp_path):
     pytest.importorskip("pytriton")
     repo = tmp_path / "repo"
-    build_repository(tiny["llama"], tiny["aws"], repo, RepoSpec(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
+    build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
     port = free_port()
     cmd = [sys.executable, "-m", "peagle_trt.cli", "serve", str(repo), "--http-port", str(free_port()),
            "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--openai-port", str(port)]

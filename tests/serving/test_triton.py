@@ -16,7 +16,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.serving.client import build_inputs, stream_generate
-from peagle_trt.serving.engine import ServingEngine
+from peagle_trt.serving.generator import TextGenerator
 from tests.serving.conftest import MAX_SEQ_LEN, MODELS
 
 pytestmark = pytest.mark.triton
@@ -25,7 +25,7 @@ PROMPTS = ["Hello there", "Write a poem about the sea", "x", "def fibonacci(n):\
 
 @pytest.fixture(scope="module")
 def offline(tiny):
-    engines = {name: ServingEngine.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN)
+    engines = {name: TextGenerator.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN)
                for name, spec in MODELS.items()}
 
     def reference(prompt: str, max_tokens: int, model: str = "peagle") -> list[int]:

@@ -15,7 +15,7 @@ import torch
 
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
-from peagle_trt.runtime.executor import SlotPool
+from peagle_trt.executors.slots import SlotPool
 
 
 def _session(path: Path, threads: int | None):

@@ -1,12 +1,15 @@
-"""The serving engine: tokenizer + executor + in-flight scheduler, with text streaming and stop
+"""The text generator: tokenizer + executor + in-flight scheduler, with text streaming and stop
 strings per request. Every generate path runs it, so they all run the code that serves:
 
-    Triton model (`triton_model.py`)     ServingEngine.load(REPO/peagle, params) + start() (background thread)
-    peagle-trt generate --repo REPO     ServingEngine.load(...).generate(...)   (calling thread)
-    peagle-trt generate --target DIR    ServingEngine.from_checkpoints(...).generate(...)
+    Triton model (`triton_model.py`)     TextGenerator.load(REPO/peagle, options, paths) + start()
+                                         (background thread)
+    peagle-trt generate --repo REPO     TextGenerator.load(*read_options(REPO)).generate(...)
+                                         (calling thread)
+    peagle-trt generate --target DIR    TextGenerator.from_checkpoints(...).generate(...)
 
-`from_checkpoints` describes the checkpoints with the same parameters a built repository's
-config.pbtxt carries (torch backend), so both constructors are one (`from_params`).
+`from_checkpoints` describes the checkpoints with the same typed settings a built repository's
+config.pbtxt carries (`RepositoryOptions` + `ArtifactPaths` of peagle_trt/serving/options.py,
+torch backend), so both constructors are one (`from_options`).
 Requests are refused before any tokenization when their prompt or stop strings exceed the byte
 limits (`InputLimits`); text work per streamed piece is bounded (`TextStream`). `submit` returns
 the scheduler's uid of the request: the only handle `cancel` accepts (client ids may collide).
@@ -29,9 +32,10 @@ import torch
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.checkpoint.target import load_target_config
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.errors import ConfigError, RuntimeInvariantError
+from peagle_trt.errors import BuildError, ConfigError, RequestError, RuntimeInvariantError
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.manifest import verify_manifest
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
 from peagle_trt.serving.protocol import InputLimits, generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
@@ -50,90 +54,92 @@ class Event:
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     stats: dict | None = None  # on the final event
-    uid: int = -1  # the engine's id of the request (`ServingEngine.cancel`)
+    uid: int = -1  # the generator's id of the request (`TextGenerator.cancel`)
     error: str | None = None  # with finish_reason "error"
 
 
-def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int, max_len: int):
-    """The executor a model directory's `backend` parameter asks for."""
-    backend = params.get("backend", "torch")
-    if backend == "torch":
-        drafter = version / params["drafter_path"] if params.get("drafter_path") else None
-        pair = load_pair(version / params["target_path"], drafter, spec)
-        target, drafter_model = pair.build(params.get("device", "cpu"), DTYPES[params.get("dtype", "float32")])
-        max_rows = max(int(params.get("prefill_chunk", 256)), spec.k + 1)  # windowed layers keep only W + this - 1
-        return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len,
-                             kernels=params.get("kernels", "reference"), max_rows=max_rows)
-    if backend == "onnxruntime":
-        from peagle_trt.runtime.ort_executor import OrtExecutor
+def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Path, num_slots: int, max_len: int):
+    """The executor the options' backend asks for; paths are relative to `version` (or absolute)."""
+    spec = options.speculation
+    if options.backend == "torch":
+        if options.kernels == "cuda":  # before any weight is read
+            from peagle_trt.ops import kernels as cuda_kernels
 
-        executor = OrtExecutor(version / params["onnx_path"], verify=False)  # the repo manifest covers it
+            cuda_kernels.require(torch.device(options.device))
+        pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
+        target, drafter_model = pair.build(options.device, DTYPES[options.dtype])
+        # windowed layers keep only W + max_rows - 1 positions
+        return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len,
+                             kernels=options.kernels, max_rows=options.max_rows)
+    if options.backend == "onnxruntime":
+        from peagle_trt.executors.onnxruntime import OrtExecutor
+
+        executor = OrtExecutor(version / paths.onnx, verify=False)  # the repo manifest covers it
         if (executor.num_slots, executor.max_len) != (num_slots, max_len):
             raise ConfigError(f"{version}: the ONNX export was made for {executor.num_slots} slots x "
                               f"{executor.max_len} positions, config.pbtxt asks {num_slots} x {max_len}; rebuild")
         return executor
-    if backend == "tensorrt":
-        import numpy as np
+    import numpy as np
 
-        from peagle_trt.runtime.trt_executor import TensorRTExecutor
+    from peagle_trt.executors.tensorrt import TensorRTExecutor
 
-        d2t_path = version / params["onnx_path"] / "d2t.npy"
-        d2t = torch.from_numpy(np.load(d2t_path, allow_pickle=False)) if d2t_path.is_file() else None
-        return TensorRTExecutor(version / params["engine_path"], arch=params.get("gpu_arch") or None, d2t=d2t,
-                                verify=False)
-    raise ConfigError(f"backend {backend!r} is not supported (torch | onnxruntime | tensorrt)")
+    d2t_path = version / paths.onnx / "d2t.npy"
+    d2t = torch.from_numpy(np.load(d2t_path, allow_pickle=False)) if d2t_path.is_file() else None
+    return TensorRTExecutor(version / paths.engine, arch=options.gpu_arch or None, d2t=d2t, verify=False)
 
 
-class ServingEngine:
-    def __init__(self, codec: TextCodec, scheduler: Scheduler, params: dict):
-        self.codec, self.scheduler, self.params = codec, scheduler, params
-        self.limits = InputLimits.from_params(params)
+class TextGenerator:
+    def __init__(self, codec: TextCodec, scheduler: Scheduler, options: RepositoryOptions):
+        self.codec, self.scheduler, self.options = codec, scheduler, options
+        self.limits = InputLimits.resolve(options.max_seq_len, options.max_prompt_bytes, options.max_stop_bytes)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.on_step: Callable[[], None] | None = None  # e.g. metrics refresh (throttled by the callee)
         self.step_error: Exception | None = None
 
     @classmethod
-    def load(cls, model_dir: str | Path, params: dict[str, str], verify: bool = True) -> "ServingEngine":
-        """Build from a rendered model directory (`REPO/peagle`) and its config.pbtxt parameters."""
+    def load(cls, model_dir: str | Path, options: RepositoryOptions, paths: ArtifactPaths,
+             verify: bool = True) -> "TextGenerator":
+        """Build from a rendered model directory (`REPO/peagle`) and its config.pbtxt settings."""
         model_dir = Path(model_dir)
         if verify:
             verify_manifest(model_dir)
-        return cls.from_params(model_dir / "1", params)
+        return cls.from_options(model_dir / "1", options, paths)
 
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
-                         max_batch: int = 1, prefill_chunk: int = 256) -> "ServingEngine":
+                         max_batch: int = 1, prefill_chunk: int = 256) -> "TextGenerator":
         """Serve checkpoint directories in-process on the torch backend (`generate --target`)."""
-        params = {"backend": "torch", "spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),
-                  "max_batch": str(max_batch), "max_seq_len": str(max_seq_len),
-                  "prefill_chunk": str(prefill_chunk), "device": device, "dtype": dtype,
-                  "target_path": str(Path(target_dir).absolute()),
-                  "drafter_path": str(Path(drafter_dir).absolute()) if drafter_dir else ""}
-        return cls.from_params(Path("."), params)
+        try:
+            options = RepositoryOptions(spec, backend="torch", max_batch=max_batch, max_seq_len=max_seq_len,
+                                        prefill_chunk=prefill_chunk, device=device, dtype=dtype)
+        except BuildError as exc:
+            raise ConfigError(str(exc)) from exc
+        paths = ArtifactPaths(str(Path(target_dir).absolute()),
+                              str(Path(drafter_dir).absolute()) if drafter_dir else "")
+        return cls.from_options(Path("."), options, paths)
 
     @classmethod
-    def from_params(cls, version: Path, params: dict[str, str]) -> "ServingEngine":
-        """The one constructor: model paths in `params` are relative to `version` (or absolute)."""
-        spec = SpecConfig(params["spec_mode"], int(params["num_spec_tokens"]))
-        max_batch, max_seq_len = int(params["max_batch"]), int(params["max_seq_len"])
-        executor = make_executor(params, version, spec, max_batch, max_seq_len + spec.k + 1)
-        target_dir = version / params["target_path"]
+    def from_options(cls, version: Path, options: RepositoryOptions, paths: ArtifactPaths) -> "TextGenerator":
+        """The one constructor: model paths are relative to `version` (or absolute)."""
+        spec = options.speculation
+        executor = make_executor(options, paths, version, options.max_batch, options.max_seq_len + spec.k + 1)
+        target_dir = version / paths.target
         codec = TextCodec(target_dir)
         eos = tuple(sorted(set(codec.eos_ids) | set(load_target_config(target_dir).eos_token_ids)))
         decoder = SpecDecoder(executor, spec, eos)
-        scheduler = Scheduler(decoder, max_batch, int(params.get("prefill_chunk", 256)))
-        return cls(codec, scheduler, params)
+        scheduler = Scheduler(decoder, options.max_batch, options.prefill_chunk)
+        return cls(codec, scheduler, options)
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request_id: str, prompt: str, params: SamplingParams, on_event: Callable[[Event], None],
                is_cancelled: Callable[[], bool] | None = None, chat_template: bool = False,
                echo_prompt: bool = False) -> int:
-        """Queue a request and return its uid (for `cancel`); raises ConfigError for bad input
+        """Queue a request and return its uid (for `cancel`); raises RequestError for bad input
         (nothing queued). `request_id` is the client's, only echoed in events and logs."""
         if not prompt:
-            raise ConfigError("text_input is empty; send a non-empty prompt")
+            raise RequestError("text_input is empty; send a non-empty prompt")
         self.limits.check_prompt(prompt)  # before any tokenization
         self.limits.check_stop(params.stop)
         ids = self.codec.encode_prompt(prompt, chat_template)
@@ -146,7 +152,7 @@ class ServingEngine:
                 text += stream.finish()
             head_text, head_ids = prefix
             prefix[:] = ["", []]
-            stats = dict(out.stats.to_dict(), prompt_tokens=len(ids), spec_mode=self.params["spec_mode"]) \
+            stats = dict(out.stats.to_dict(), prompt_tokens=len(ids), spec_mode=self.options.speculation.mode) \
                 if out.finished else None
             on_event(Event(request_id, head_text + text, head_ids + out.new_token_ids, out.finished,
                            out.finish_reason, stats, out.uid, out.error))

@@ -1,4 +1,4 @@
-"""TensorRTExecutor: the `Executor` interface (runtime/executor.py) over the plans of `peagle-trt engine`.
+"""TensorRTExecutor: the `Executor` interface (speculative/executor.py) over the plans of `peagle-trt engine`.
 
 What: deserializes `<graph>.<arch>.plan` (target, drafter, drafter_step, drafter_fc; see
 docs/EXPORT.md), creates one execution context per optimization profile, allocates every KV cache
@@ -21,7 +21,7 @@ import torch
 
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
 from peagle_trt.manifest import verify_manifest
-from peagle_trt.runtime.executor import SlotPool
+from peagle_trt.executors.slots import SlotPool
 
 log = logging.getLogger(__name__)
 

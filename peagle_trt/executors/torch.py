@@ -1,61 +1,21 @@
-"""Executors: the two model forwards the speculative step needs, behind one small interface.
+"""The torch executor: the reference models (peagle_trt/models/) behind the `Executor` interface of
+peagle_trt/speculative/executor.py, on CPU or CUDA.
 
-The interface (`Executor` below) is what `SpecDecoder` calls: `target(...)` for prefill and verify,
-`draft_parallel(...)` for the one-pass P-EAGLE draft, `drafter(...)` / `project(...)` /
-`to_target_ids(...)` for sequential EAGLE-3 drafting, plus KV-slot bookkeeping. onnxruntime and
-TensorRT executors implement the same methods.
 KV caches live in the executor, one slot per running sequence, indexed by absolute position.
-`TorchExecutor(kernels="cuda")` runs the three custom ops on the CUDA kernels of plugins/
-(peagle_trt.ops.kernels.routed()) instead of their torch references.
+The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the CUDA kernels
+of plugins/ (peagle_trt.ops.kernels.routed()) instead of their torch references.
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Protocol
 
 import torch
 
-from peagle_trt.errors import ConfigError, RuntimeInvariantError
+from peagle_trt.config import KERNELS
+from peagle_trt.errors import ConfigError
+from peagle_trt.executors.slots import SlotPool
 from peagle_trt.ops.reference import draft_inputs, draft_sample
-
-KERNELS = ("reference", "cuda")  # the custom ops: torch references | CUDA kernels (plugins/)
-
-
-class Executor(Protocol):
-    device: torch.device
-    num_slots: int
-    max_len: int  # KV positions per slot
-
-    def alloc_slot(self) -> int | None: ...
-    def free_slot(self, slot: int) -> None: ...
-    @property
-    def free_slots(self) -> int: ...
-    def target(self, tokens, positions, slots, logit_rows=None) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor: ...
-    def drafter(self, tokens, hidden, positions, slots) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def project(self, aux: torch.Tensor) -> torch.Tensor: ...
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...
-
-
-class SlotPool:
-    """KV-slot bookkeeping shared by the executors: one slot per running sequence."""
-
-    def __init__(self, num_slots: int):
-        self.num_slots = num_slots
-        self._free = list(range(num_slots))[::-1]
-
-    def alloc_slot(self) -> int | None:
-        return self._free.pop() if self._free else None
-
-    def free_slot(self, slot: int) -> None:
-        if slot in self._free or not 0 <= slot < self.num_slots:
-            raise RuntimeInvariantError(f"slot {slot} freed twice or out of range")
-        self._free.append(slot)
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
 
 
 def check_kernels(kernels: str) -> str:
@@ -63,7 +23,6 @@ def check_kernels(kernels: str) -> str:
         raise ConfigError(f"kernels={kernels!r} is not one of {KERNELS}: 'reference' runs the custom ops "
                           "in torch (any device), 'cuda' on the CUDA kernels of plugins/ (GPU)")
     return kernels
-
 
 
 class TorchExecutor(SlotPool):
