@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Mapping
 
-from peagle_trt.config import KERNELS, MAX_STOP_BYTES, PROMPT_BYTES_PER_TOKEN, SpecConfig
+from peagle_trt.config import KERNELS, MAX_STOP_BYTES, PREFILL_CHUNK, PROMPT_BYTES_PER_TOKEN, SpecConfig
 from peagle_trt.errors import BuildError, ConfigError
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -30,7 +30,7 @@ class RepositoryOptions:
     backend: str = "torch"
     max_batch: int = 8
     max_seq_len: int = 2048
-    prefill_chunk: int = 256
+    prefill_chunk: int = PREFILL_CHUNK
     device: str = "cpu"
     dtype: str = "float32"
     gpu_arch: str = "sm_90"  # tensorrt backend: sm_90 (H100/H200) | sm_100 (B200)

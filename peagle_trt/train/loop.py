@@ -18,7 +18,7 @@ from dataclasses import asdict
 import torch
 
 from peagle_trt.checkpoint import load_target
-from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.architecture import DrafterConfig
 from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.target import TargetModel

@@ -119,7 +119,7 @@ def test_qwen3_moe_sparse_layer_rule_matches_transformers(tmp_path):
 def test_published_heads_tap_the_layers_vllm_taps(cfg, taps):
     """vLLM's default EAGLE-3 taps (2, L//2, L-3) for the targets of the published P-EAGLE heads
     (no eagle_aux_hidden_state_layer_ids in those heads)."""
-    from peagle_trt.checkpoint.arch import adapter_for
+    from peagle_trt.checkpoint.adapters import adapter_for
 
     full = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, **cfg}
     assert adapter_for(full, "cfg").parse(full, "cfg").default_taps == taps

@@ -115,7 +115,7 @@ def test_unsupported_features_are_refused_by_name(tiny_moe, tmp_path, key, value
 
 def test_released_config_spelling_global_head_dim(tiny_moe):
     """Released configs say global_head_dim / num_global_key_value_heads (no per_layer_config)."""
-    from peagle_trt.checkpoint.arch import adapter_for
+    from peagle_trt.checkpoint.adapters import adapter_for
 
     cfg = json.loads((tiny_moe["gemma4"] / "config.json").read_text())
     ours = load_target(tiny_moe["gemma4"]).config
@@ -129,7 +129,7 @@ def test_released_config_spelling_global_head_dim(tiny_moe):
 def test_gemma4_31b_head_taps_the_layers_vllm_taps():
     """vLLM's Gemma4 takes its EAGLE-3 aux states from the default layers (2, L//2, L-3), tap i
     being the stream entering layer i (0: the scaled embedding); here a 60-layer config."""
-    from peagle_trt.checkpoint.arch import adapter_for
+    from peagle_trt.checkpoint.adapters import adapter_for
 
     cfg = {"model_type": "gemma4", "text_config": {
         "model_type": "gemma4_text", "num_hidden_layers": 60, "hidden_size": 64, "num_attention_heads": 4,

@@ -3,12 +3,14 @@
 Adding a family = one module with a `TargetAdapter` subclass + one line here.
 """
 
-from peagle_trt.checkpoint.arch.base import LayerAttention, MoEConfig, TargetAdapter, TargetConfig
-from peagle_trt.checkpoint.arch.gemma4 import Gemma4Adapter
-from peagle_trt.checkpoint.arch.gpt_oss import GptOssAdapter
-from peagle_trt.checkpoint.arch.llama import LlamaAdapter
-from peagle_trt.checkpoint.arch.qwen3 import Qwen3Adapter
-from peagle_trt.checkpoint.arch.qwen3_moe import Qwen3MoeAdapter
+from __future__ import annotations
+
+from peagle_trt.checkpoint.adapters.base import TargetAdapter
+from peagle_trt.checkpoint.adapters.gemma4 import Gemma4Adapter
+from peagle_trt.checkpoint.adapters.gpt_oss import GptOssAdapter
+from peagle_trt.checkpoint.adapters.llama import LlamaAdapter
+from peagle_trt.checkpoint.adapters.qwen3 import Qwen3Adapter
+from peagle_trt.checkpoint.adapters.qwen3_moe import Qwen3MoeAdapter
 from peagle_trt.errors import ConfigError
 
 ADAPTERS: dict[str, TargetAdapter] = {
@@ -27,5 +29,3 @@ def adapter_for(cfg: dict, where: str) -> TargetAdapter:
                           f"supported: {sorted(ADAPTERS)}")
     return ADAPTERS[model_type]
 
-
-__all__ = ["ADAPTERS", "LayerAttention", "MoEConfig", "TargetAdapter", "TargetConfig", "adapter_for"]

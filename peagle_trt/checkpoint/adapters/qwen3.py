@@ -1,6 +1,6 @@
 """Qwen3 dense: Llama plus per-head RMSNorm on q and k; sliding-window layers are refused."""
 
-from peagle_trt.checkpoint.arch.base import TargetAdapter
+from peagle_trt.checkpoint.adapters.base import TargetAdapter
 from peagle_trt.errors import ConfigError
 
 

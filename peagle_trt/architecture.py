@@ -1,44 +1,38 @@
-"""The resolved target architecture (`TargetConfig`) and the adapter base class.
+"""The resolved architecture of a target and a drafter: frozen dataclasses, no torch, no I/O.
 
-An adapter turns one family's `config.json` into a `TargetConfig` and maps its tensor names
-onto ours. Family differences live in the adapters (llama.py, qwen3.py); generic code only sees
-`TargetConfig` fields.
+checkpoint/ builds them from config.json (checkpoint/adapters/ per target family,
+checkpoint/drafter.py for heads); models/ builds torch modules from them. Both import this
+module, neither imports the other for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from peagle_trt.errors import ConfigError
-from peagle_trt.models.rope import RopeConfig
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")  # models/rope.py computes each
 
 
-def require(cfg: dict, key: str, where: str):
-    if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"{where}: required key {key!r} is missing; a Hugging Face config.json "
-                          f"of this model family always has it")
-    return cfg[key]
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"  # default | linear | llama3 | yarn | proportional
+    params: dict = field(default_factory=dict)  # the remaining scaling keys, as in config.json
+    max_position_embeddings: int = 4096
 
-
-def token_ids(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
-
-
-def quantization(cfg: dict, where: str) -> str | None:
-    """config.json `quantization_config` -> None or "fp8" (ModelOpt FP8, as `peagle-trt quantize`
-    writes it; the weights load through peagle_trt/models/fp8.py)."""
-    q = cfg.get("quantization_config")
-    if q is None:
-        return None
-    method = q.get("quant_method") if isinstance(q, dict) else None
-    algo = q.get("quant_algo") if isinstance(q, dict) else None
-    if method == "modelopt" and str(algo).upper() == "FP8":
-        return "fp8"
-    raise ConfigError(f"{where}: quantization_config (quant_method={method!r}, quant_algo={algo!r}) is "
-                      "not supported; supported: ModelOpt per-tensor FP8 as written by `peagle-trt "
-                      "quantize`. Start from the unquantized checkpoint and run `peagle-trt quantize`")
+    @classmethod
+    def from_hf(cls, cfg: dict, where: str) -> "RopeConfig":
+        params = dict(cfg.get("rope_parameters") or {})
+        if not params:
+            params = dict(cfg.get("rope_scaling") or {})
+            params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+        theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
+        rope_type = params.pop("rope_type", params.pop("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise ConfigError(f"{where}: rope type {rope_type!r} is not supported; "
+                              f"supported: {sorted(ROPE_TYPES)}")
+        return cls(theta, rope_type, params, int(cfg.get("max_position_embeddings", 4096)))
 
 
 @dataclass(frozen=True)
@@ -174,63 +168,49 @@ class TargetConfig:
         return (2, n // 2, n - 3)
 
 
-class TargetAdapter:
-    """Llama-family parsing; subclasses override the class attributes or `extra_fields`."""
+@dataclass(frozen=True)
+class DrafterConfig:
+    layout: str  # aws | speculators | eagle3
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    vocab_size: int  # size of the target vocabulary the head maps into (through d2t)
+    draft_vocab_size: int
+    target_hidden_size: int  # fc input width / num_aux
+    num_aux: int = 3
+    aux_layer_ids: tuple[int, ...] | None = None
+    mask_token_id: int | None = None
+    has_mask_hidden: bool = False
+    has_embed: bool = True  # False: the head shares the target's embedding table
+    norm_before_residual: bool = False
+    norm_before_fc: bool = False
+    fc_norm: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    trained_depth: int | None = None
+    norm_output: bool = False  # sequential steps feed back norm(x) instead of x (EAGLE 3.1)
+    embed_requires_grad: bool | None = None  # training-only flag, kept for `inspect`
+    sliding_window: int | None = None  # window of the layers in `sliding_layers`
+    sliding_layers: tuple[int, ...] = ()  # drafter layers with sliding-window attention
 
-    name = "llama"
-    model_types: tuple[str, ...] = ("llama",)
-    qk_norm = False
-    weight_prefix = "model."
+    @property
+    def supports_parallel(self) -> bool:
+        return self.has_mask_hidden and self.mask_token_id is not None
 
-    hidden_act = "silu"
+    def window(self, layer: int) -> int:
+        """Attention window of drafter `layer` (0: full attention). Sliding layers restrict a row
+        at position p to keys at positions > p - W, the library's own masks (eagle3/attention.py,
+        peagle/attention.py) and transformers' convention; ops.reference.kv_attention computes it."""
+        return int(self.sliding_window or 0) if layer in self.sliding_layers else 0
 
-    def parse(self, cfg: dict, where: str) -> TargetConfig:
-        self.check_activation(cfg, where)
-        hidden = int(require(cfg, "hidden_size", where))
-        heads = int(require(cfg, "num_attention_heads", where))
-        return TargetConfig(
-            arch=self.name,
-            vocab_size=int(require(cfg, "vocab_size", where)),
-            hidden_size=hidden,
-            num_layers=int(require(cfg, "num_hidden_layers", where)),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(require(cfg, "intermediate_size", where)),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope=RopeConfig.from_hf(cfg, where),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            qk_norm=self.qk_norm,
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=token_ids(cfg.get("eos_token_id")),
-            quantization=self.quantization(cfg, where),
-            **self.extra_fields(cfg, where),
-        )
-
-    def check_activation(self, cfg: dict, where: str) -> None:
-        act = cfg.get("hidden_act", "silu")
-        if act != self.hidden_act:
-            raise ConfigError(f"{where}: hidden_act {act!r} is not supported (expected {self.hidden_act!r})")
-
-    def extra_fields(self, cfg: dict, where: str) -> dict:
-        return {}
-
-    def quantization(self, cfg: dict, where: str) -> str | None:
-        return quantization(cfg, where)
-
-    def convert(self, tensors: dict, config: TargetConfig, where: str) -> dict:
-        """Checkpoint tensors -> our canonical names and layouts (default: `our_name` renames)."""
-        out = {}
-        for name, tensor in tensors.items():
-            ours = self.our_name(name)
-            if ours is not None:
-                out[ours] = tensor
-        return out
-
-    def our_name(self, hf_name: str) -> str | None:
-        """Our parameter name for a checkpoint tensor (None: not a weight we use)."""
-        if hf_name.startswith(self.weight_prefix):
-            return hf_name[len(self.weight_prefix):]
-        return hf_name if hf_name.startswith("lm_head.") else None
+    @property
+    def max_positions(self) -> int | None:
+        """KV positions per sequence a full-causal attention op serves exactly (None: unbounded):
+        the window of the sliding layers. The torch and onnxruntime backends compute windows
+        (no limit); the TensorRT plugins do not (plugins/), so `check_window` bounds that backend."""
+        return self.sliding_window if self.sliding_layers and self.sliding_window else None

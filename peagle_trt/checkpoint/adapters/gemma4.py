@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import re
 
-from peagle_trt.checkpoint.arch.base import LayerAttention, MoEConfig, TargetAdapter, TargetConfig, require
+from peagle_trt.architecture import LayerAttention, MoEConfig, RopeConfig, TargetConfig
+from peagle_trt.checkpoint.adapters.base import TargetAdapter, require
 from peagle_trt.errors import ConfigError
-from peagle_trt.models.rope import RopeConfig
 
 TYPES = ("sliding_attention", "full_attention")
 DEFAULT_ROPE = {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},

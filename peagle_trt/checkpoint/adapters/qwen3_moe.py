@@ -6,8 +6,9 @@ Routing: softmax over all experts in float32, top-k, renormalised when
 `norm_topk_prob`. The checkpoint's per-expert layout (`mlp.experts.{e}.gate_proj.weight`, router
 `mlp.gate.weight`) is already ours."""
 
-from peagle_trt.checkpoint.arch.base import MoEConfig, require
-from peagle_trt.checkpoint.arch.qwen3 import Qwen3Adapter
+from peagle_trt.architecture import MoEConfig
+from peagle_trt.checkpoint.adapters.base import require
+from peagle_trt.checkpoint.adapters.qwen3 import Qwen3Adapter
 from peagle_trt.errors import ConfigError
 
 
