@@ -2,8 +2,8 @@
 
     peagle-trt demo [--prompt CODE] [--max-tokens 128] [--num-spec-tokens 7]
 
-Builds one Triton model repository holding two models of the code pair in
-tests/fixtures/code-pair/ (made by scripts/make_code_pair.py: a small Llama trained on the
+Builds one Triton model repository holding two models of the code pair shipped in
+peagle_trt/assets/code-pair/ (made by scripts/make_code_pair.py: a small Llama trained on the
 Python standard library and its P-EAGLE head): `peagle` (speculative, one drafter pass per
 step) and `target` (the same target, no drafter). Serves it with a real `tritonserver`
 (loopback), streams the P-EAGLE answer to the terminal, runs the same greedy request on
@@ -19,6 +19,7 @@ import shutil
 import socket
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -28,13 +29,14 @@ DEFAULT_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty.
 
 
 def default_pair() -> Path:
-    return Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "code-pair"
+    """The trained code pair installed with the package (peagle_trt/assets/code-pair/)."""
+    return Path(str(resources.files("peagle_trt.assets") / "code-pair"))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job on CPU: the trained code pair served by tritonserver")
     d.add_argument("--pair", type=Path, default=None,
-                   help="target dir holding drafter-peagle/ (default: tests/fixtures/code-pair of this checkout)")
+                   help="target dir holding drafter-peagle/ (default: the trained code pair shipped in the package)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=DEFAULT_PROMPT,
                    help="code to continue (trailing whitespace is dropped: the tokenizer merges a newline "
