@@ -264,9 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
+    from peagle_trt.demo import add_parser as add_demo_parser
     from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
-    from peagle_trt.demo import add_parser as add_demo_parser
     from peagle_trt.train.cli import add_parser as add_train_parser
 
     add_engine_parser(sub)

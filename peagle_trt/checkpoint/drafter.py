@@ -1,6 +1,6 @@
 """Drafter checkpoints: P-EAGLE (AWS layout and `speculators` layout) and plain EAGLE-3 heads.
 
-Layouts (see ../shared/docs/peagle-spec.md §1.3-1.4):
+Layouts (as the AWS P-EAGLE heads, `speculators` and EAGLE-3 heads write them):
   aws          Llama-style config.json; tensors `midlayer.*` (or `layers.0.*`) + `layers.N.*`,
                `fc`, `mask_hidden` [1,1,3·H_t], `d2t`, `t2d`; mask token id under one of
                `ptd_token_id` / `pard_token` / `mask_token_id` / `dflash_config.mask_token_id`.
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import torch
 
+from peagle_trt.architecture import DrafterConfig, RopeConfig
 from peagle_trt.checkpoint.adapters.base import require
 from peagle_trt.checkpoint.safetensors_io import load_tensors, read_config
 from peagle_trt.errors import CheckpointError, ConfigError
-from peagle_trt.architecture import DrafterConfig, RopeConfig
 
 # Where producers store the mask token id, most explicit first (vLLM accepts all of these).
 MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "pard_token", "ptd_token_id")

@@ -3,8 +3,17 @@
 build.py builds them (profiles, plugin loading, manifest); cli.py is the subcommand.
 """
 
-from peagle_trt.engine.build import (ARCHES, GRAPHS, PLUGIN_OPS, EngineOptions, build_engines, import_tensorrt,
-                                     load_plugins, profiles_for, visible_gpu)
+from peagle_trt.engine.build import (
+                                     ARCHES,
+                                     GRAPHS,
+                                     PLUGIN_OPS,
+                                     EngineOptions,
+                                     build_engines,
+                                     import_tensorrt,
+                                     load_plugins,
+                                     profiles_for,
+                                     visible_gpu,
+)
 
 __all__ = ["ARCHES", "GRAPHS", "PLUGIN_OPS", "EngineOptions", "build_engines", "import_tensorrt", "load_plugins",
            "profiles_for", "visible_gpu"]

@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from peagle_trt.errors import ConfigError
-from peagle_trt.manifest import verify_manifest
 from peagle_trt.executors.slots import SlotPool
+from peagle_trt.manifest import verify_manifest
 
 
 def _session(path: Path, threads: int | None):

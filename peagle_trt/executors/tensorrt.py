@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
-from peagle_trt.manifest import verify_manifest
 from peagle_trt.executors.slots import SlotPool
+from peagle_trt.manifest import verify_manifest
 
 log = logging.getLogger(__name__)
 

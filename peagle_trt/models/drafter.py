@@ -1,4 +1,4 @@
-"""The EAGLE-3 / P-EAGLE drafter head (spec §1.1-1.2).
+"""The EAGLE-3 / P-EAGLE drafter head (the P-EAGLE paper's architecture).
 
 Per row: e = embed(token), g = hidden input (fc-projected target taps, the projected
 `mask_hidden` for mask rows, or the drafter's own previous output in sequential mode).
@@ -21,7 +21,8 @@ from torch import nn
 from peagle_trt.architecture import DrafterConfig
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
-from peagle_trt.models.rope import inv_freq as rope_inv_freq, rope_cos_sin
+from peagle_trt.models.rope import inv_freq as rope_inv_freq
+from peagle_trt.models.rope import rope_cos_sin
 from peagle_trt.models.target import load_strict
 
 
@@ -137,6 +138,6 @@ class DrafterModel(nn.Module):
         model.h_mask = torch.zeros(config.hidden_size)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         model.d2t = model.d2t.long()
-        with torch.no_grad():  # h_mask = fc(mask_hidden), computed once (spec §1.2)
+        with torch.no_grad():  # h_mask = fc(mask_hidden), computed once (the P-EAGLE paper)
             model.h_mask = model.project(model.mask_hidden.to(dtype)).reshape(-1)
         return model

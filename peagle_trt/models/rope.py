@@ -9,6 +9,7 @@ Tests compare against transformers' own models, which must give identical logits
 from __future__ import annotations
 
 import math
+
 import torch
 
 from peagle_trt.architecture import ROPE_TYPES, RopeConfig

@@ -16,8 +16,15 @@ from starlette.exceptions import HTTPException
 
 from peagle_trt.errors import ConfigError, RemoteError, RequestError, ServeError
 from peagle_trt.openai_frontend.backend import ModelNotFound, ModelUnavailable, TritonBackend
-from peagle_trt.openai_frontend.protocol import (ChatRequest, CompletionRequest, ValidationError, error_body,
-                                                 new_id, now, validation_message)
+from peagle_trt.openai_frontend.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    ValidationError,
+    error_body,
+    new_id,
+    now,
+    validation_message,
+)
 from peagle_trt.serving.client import Chunk
 
 FINISH = {"stop": "stop", "length": "length"}  # "abort" (cancelled / failed step) becomes an error

@@ -4,8 +4,14 @@ fp8.py quantizes and writes the checkpoint; calib.py holds the calibration promp
 subcommand.
 """
 
-from peagle_trt.quantize.fp8 import (QuantizeOptions, calibrate, export_checkpoint, quant_config, quantize_target,
-                                     verify_fp8_checkpoint)
+from peagle_trt.quantize.fp8 import (
+                                     QuantizeOptions,
+                                     calibrate,
+                                     export_checkpoint,
+                                     quant_config,
+                                     quantize_target,
+                                     verify_fp8_checkpoint,
+)
 
 __all__ = ["QuantizeOptions", "calibrate", "export_checkpoint", "quant_config", "quantize_target",
            "verify_fp8_checkpoint"]

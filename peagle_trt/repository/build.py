@@ -24,8 +24,8 @@ from dataclasses import fields
 from importlib import resources
 from pathlib import Path
 
-from peagle_trt.checkpoint import load_pair
 from peagle_trt.atomic import check_output, staged_dir
+from peagle_trt.checkpoint import load_pair
 from peagle_trt.checkpoint.drafter import check_window
 from peagle_trt.checkpoint.safetensors_io import require_safetensors
 from peagle_trt.errors import BuildError

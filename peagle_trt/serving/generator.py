@@ -35,8 +35,8 @@ from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import BuildError, ConfigError, RequestError, RuntimeInvariantError
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.manifest import verify_manifest
-from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
+from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions
 from peagle_trt.serving.protocol import InputLimits, generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec

@@ -33,8 +33,8 @@ import numpy as np
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import PeagleError, RequestError
-from peagle_trt.serving.options import from_parameters
 from peagle_trt.serving.generator import Event, TextGenerator
+from peagle_trt.serving.options import from_parameters
 from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS, InputLimits
 
 log = logging.getLogger("peagle_trt.triton")

@@ -19,8 +19,8 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
+from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.sampling import make_generator
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.verify import verify

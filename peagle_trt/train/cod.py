@@ -1,4 +1,5 @@
-"""COD sampling, the (anchor, depth) attention mask and sequence partitioning (spec §3.2, 3.3, 3.5).
+"""COD sampling, the (anchor, depth) attention mask and sequence partitioning (the P-EAGLE
+paper's training recipe).
 
 A training sequence of N drafter positions becomes a flat list of elements (anchor a, depth d):
 depth 0 at every position (the real row: token x_{a+1}, target taps g_a), and for d >= 1 a

@@ -3,7 +3,8 @@
 Sources:
   JSONL prompts  {"prompt": ...} (or "text"/"messages"); the target REGENERATES the response
                  (greedy, or sampled at a temperature), batched through the serving scheduler,
-                 and only response tokens are supervised (spec §3.1: original responses are discarded).
+                 and only response tokens are supervised (as in the P-EAGLE paper, original responses
+                 are discarded).
   plain text     files (or a file listing files); tokenized, joined with EOS, cut into windows;
                  every position supervised.
 The draft vocabulary is the `draft_vocab` most frequent tokens of the training sequences (ties

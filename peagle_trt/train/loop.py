@@ -17,8 +17,8 @@ from dataclasses import asdict
 
 import torch
 
-from peagle_trt.checkpoint import load_target
 from peagle_trt.architecture import DrafterConfig
+from peagle_trt.checkpoint import load_target
 from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.target import TargetModel
@@ -26,8 +26,8 @@ from peagle_trt.tokenizer import TextCodec
 from peagle_trt.train import data as D
 from peagle_trt.train.cod import cod_sample, partition
 from peagle_trt.train.config import TrainConfig
-from peagle_trt.train.save import write_head
 from peagle_trt.train.forward import TrainHead, segment_loss
+from peagle_trt.train.save import write_head
 
 MASK_TOKEN_NAMES = ("<|reserved_mask|>", "<|mask|>", "<mask>", "[MASK]")
 
@@ -56,7 +56,7 @@ def build_head(cfg, target_ckpt, taps, mask_id, draft_ids) -> tuple[TrainHead, D
         has_mask_hidden=cfg.method == "peagle", trained_depth=cfg.depths)
     torch.manual_seed(cfg.seed)
     model = DrafterModel(config)
-    with torch.no_grad():  # embeddings and lm_head rows start from the target's (spec §1.2)
+    with torch.no_grad():  # embeddings and lm_head rows start from the target's (as the P-EAGLE paper initialises them)
         model.embed_tokens.weight.copy_(target_ckpt.tensors["embed_tokens.weight"].float())
         model.lm_head.weight.copy_(target_ckpt.tensors["lm_head.weight"].float()[draft_ids])
         model.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))

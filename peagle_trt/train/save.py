@@ -1,4 +1,4 @@
-"""Write a trained head in the AWS layout (default) or the speculators layout (spec §1.3, 1.4, 3.6).
+"""Write a trained head as a checkpoint: the AWS P-EAGLE layout (default) or the `speculators` layout.
 
   aws          Llama-style config.json (`architectures: LlamaForCausalLMEagle3`, `ptd_token_id`
                for P-EAGLE heads, `draft_vocab_size`, `target_hidden_size`,
@@ -7,7 +7,7 @@
   speculators  `speculators_model_type` peagle | eagle3 with a nested `transformer_layer_config`,
                `mask_token_id`, `speculators_config` (algorithm, proposal methods with the trained
                depth, verifier); tensors `layers.0.*` instead of `midlayer.*`.
-Both load with `peagle_trt.checkpoint.load_drafter` (tests/train/test_train.py checks it).
+Both load with `peagle_trt.checkpoint.load_drafter` (tests/train/test_train_run.py checks it).
 """
 
 from __future__ import annotations

@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.export import ExportOptions, export_models
-from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.executors.onnxruntime import OrtExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 
 FAMILIES = ["qwen3_moe", "gpt_oss", "gemma4", "gemma4_moe"]
 K, SLOTS, SEQ = 3, 2, 96

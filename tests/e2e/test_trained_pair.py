@@ -14,8 +14,8 @@ from peagle_trt.cli import main
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.demo import default_pair
 from peagle_trt.executors.torch import TorchExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 
 PAIR = default_pair()  # the package's asset, as `peagle-trt demo` reads it

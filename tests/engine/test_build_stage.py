@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from peagle_trt.engine import build as stage
 from peagle_trt.engine import EngineOptions, build_engines, profiles_for
+from peagle_trt.engine import build as stage
 from peagle_trt.errors import BuildError, RuntimeInvariantError
 from peagle_trt.manifest import sha256, verify_manifest, write_manifest
 

@@ -12,12 +12,12 @@ pytest.importorskip("modelopt")
 
 from peagle_trt.checkpoint import load_pair  # noqa: E402
 from peagle_trt.config import SamplingParams, SpecConfig  # noqa: E402
+from peagle_trt.executors.onnxruntime import OrtExecutor  # noqa: E402
+from peagle_trt.executors.torch import TorchExecutor  # noqa: E402
 from peagle_trt.export import ExportOptions, export_models  # noqa: E402
 from peagle_trt.quantize import QuantizeOptions, quantize_target  # noqa: E402
-from peagle_trt.executors.torch import TorchExecutor  # noqa: E402
-from peagle_trt.executors.onnxruntime import OrtExecutor  # noqa: E402
-from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
 from peagle_trt.runtime.scheduler import generate  # noqa: E402
+from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
 from tests.export.crossbackend import check_greedy_near_equal  # noqa: E402
 
 # |logit| error bound torch vs onnxruntime for the tiny FP8 llama. A float32 rounding difference

@@ -12,13 +12,13 @@ import torch
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.ops import DOMAIN, OP_TYPES
 from peagle_trt.ops.onnx_defs import register_schemas
-from peagle_trt.executors.torch import TorchExecutor
-from peagle_trt.executors.onnxruntime import OrtExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 from tests.export.crossbackend import check_greedy_near_equal
 
 K, SLOTS, SEQ = 3, 3, 120

@@ -10,8 +10,8 @@ import torch
 
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import BuildError, ConfigError
-from peagle_trt.ops import kernels, reference
 from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.ops import kernels, reference
 from tests.helpers import greedy, make_decoder
 
 

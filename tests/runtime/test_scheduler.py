@@ -9,8 +9,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import RequestError
-from peagle_trt.runtime.scheduler import Request, Scheduler
-from peagle_trt.runtime.scheduler import generate
+from peagle_trt.runtime.scheduler import Request, Scheduler, generate
 from tests.helpers import collect, make_decoder
 
 

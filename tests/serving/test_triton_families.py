@@ -13,11 +13,11 @@ import pytest
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.repository import RepositoryOptions, build_repository
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.serving.client import stream_generate
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tokenizer import TextCodec
 from tests.serving.conftest import free_port
 

@@ -11,8 +11,8 @@ import torch
 from peagle_trt.checkpoint import mxfp4
 from peagle_trt.checkpoint.target import load_target
 from peagle_trt.models.memory import kv_slot_memory
-from tests.helpers import chunked_forward, hf_target, our_target
 from peagle_trt.tokenizer import TextCodec
+from tests.helpers import chunked_forward, hf_target, our_target
 
 FAMILIES = ["qwen3_moe", "gpt_oss"]
 TAPS = (0, 2, 4, 5, 7)

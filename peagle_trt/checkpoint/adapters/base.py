@@ -7,8 +7,8 @@ onto ours. Family differences live in the adapters (llama.py, qwen3.py); generic
 
 from __future__ import annotations
 
+from peagle_trt.architecture import RopeConfig, TargetConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.architecture import LayerAttention, MoEConfig, RopeConfig, TargetConfig
 
 
 def require(cfg: dict, key: str, where: str):

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import re
 
-from peagle_trt.checkpoint import mxfp4
 from peagle_trt.architecture import MoEConfig, TargetConfig
+from peagle_trt.checkpoint import mxfp4
 from peagle_trt.checkpoint.adapters.base import TargetAdapter, quantization, require
 from peagle_trt.errors import CheckpointError, ConfigError
 
