@@ -191,11 +191,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         '"parallel_drafting":true}\'')
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_generate_parser(sub) -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text in-process (streams text, JSON last line)")
     g.add_argument("--target", type=Path, help="Hugging Face target model directory (in-process)")
     g.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
@@ -219,7 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, default=4096,
                    help="with --target: prompt + output tokens the KV cache holds (default 4096)")
     g.set_defaults(func=cmd_generate)
+    return g
 
+
+def add_build_parser(sub) -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="render a Triton model repository (atomic, with manifest.json)")
     b.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
     b.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
@@ -251,7 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plugin-library", type=Path, default=None, help="tensorrt backend: PEagle plugin .so")
     b.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     b.set_defaults(func=cmd_build)
+    return b
 
+
+def add_export_parser(sub) -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write the ONNX graphs with peagle plugin nodes (+ TensorRT copies)")
     e.add_argument("--target", required=True, type=Path, help="Hugging Face (or FP8) target directory")
     e.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
@@ -262,19 +264,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     e.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     e.set_defaults(func=cmd_export)
+    return e
 
-    from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
-    from peagle_trt.demo import add_parser as add_demo_parser
-    from peagle_trt.engine.cli import add_parser as add_engine_parser
-    from peagle_trt.quantize.cli import add_parser as add_quantize_parser
-    from peagle_trt.train.cli import add_parser as add_train_parser
 
-    add_engine_parser(sub)
-    add_inspect_parser(sub)
-    add_quantize_parser(sub)
-    add_train_parser(sub)
-    add_demo_parser(sub)
-
+def add_serve_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
@@ -288,12 +281,34 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--openai-port", type=int, default=None,
                    help="also serve OpenAI-compatible /v1/... on this port (same --host); off by default")
     s.set_defaults(func=cmd_serve)
+    return s
 
+
+def add_make_tiny_parser(sub) -> argparse.ArgumentParser:
     t = sub.add_parser("make-tiny", help="write small seeded checkpoints (targets + drafters)")
     t.add_argument("out", type=Path, help="output directory")
     t.add_argument("--families", action="store_true",
                    help="also Qwen3-MoE, GPT-OSS (+ MXFP4) and Gemma-4 (+ wrapper) targets with P-EAGLE heads")
     t.set_defaults(func=cmd_make_tiny)
+    return t
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand is wired the same way: an `add_parser(sub)` beside its command (the stages'
+    own cli.py modules, or this module's for the ones without a stage package), in help order."""
+    from peagle_trt import demo
+    from peagle_trt.checkpoint import cli as inspect_cli
+    from peagle_trt.engine import cli as engine_cli
+    from peagle_trt.quantize import cli as quantize_cli
+    from peagle_trt.train import cli as train_cli
+
+    parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_parser in (add_generate_parser, add_build_parser, add_export_parser, engine_cli.add_parser,
+                       inspect_cli.add_parser, quantize_cli.add_parser, train_cli.add_parser, demo.add_parser,
+                       add_serve_parser, add_make_tiny_parser):
+        add_parser(sub)
     return parser
 
 

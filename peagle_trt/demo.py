@@ -9,7 +9,8 @@ step) and `target` (the same target, no drafter). Serves it with a real `tritons
 (loopback), streams the P-EAGLE answer to the terminal, runs the same greedy request on
 `target`, and reports the acceptance length, both output rates and the speed-up, measured in
 this run (after one short warm-up request per model). Greedy outputs must be identical.
-Tested by tests/e2e/test_demo.py (marked triton).
+Tested by tests/e2e/test_trained_pair.py (test_demo_streams_code_and_measures_the_speedup, marked
+triton).
 """
 
 from __future__ import annotations

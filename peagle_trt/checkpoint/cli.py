@@ -8,7 +8,7 @@ A directory is a drafter when its config.json names a `speculators_model_type` o
 hold an `fc` projection; otherwise it is read as a target. A pair goes through the checks
 `build` runs (`validate_pair`; for --backend tensorrt the drafter's sliding-window limit), so a head that will not
 load fails here, before anything is built, with the same message. The last stdout line is one
-JSON object (printed by peagle_trt/cli.py). Tests: tests/unit/test_inspect.py.
+JSON object (printed by peagle_trt/cli.py). Tests: tests/checkpoint/test_inspect.py.
 """
 
 from __future__ import annotations

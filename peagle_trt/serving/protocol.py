@@ -15,7 +15,7 @@ from peagle_trt.errors import ConfigError, RequestError
 INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
           "ignore_eos", "exclude_input_in_output", "apply_chat_template")
 
-# the final response's statistics: output name -> (key of the engine's final stats, numpy dtype)
+# the final response's statistics: output name -> (key of the generator's final stats, numpy dtype)
 FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("spec_mode", np.object_),
                  "num_spec_tokens": ("num_spec_tokens", np.int32),
                  "acceptance_length": ("acceptance_length", np.float32),

@@ -1,5 +1,6 @@
-"""The `peagle` Triton Python model: decoupled, `execute` only enqueues; the engine's background
-thread steps the in-flight scheduler (serving/generator.py) and streams through each request's response sender.
+"""The `peagle` Triton Python model: decoupled, `execute` only enqueues; the text generator's
+background thread (serving/generator.py) steps the in-flight scheduler and streams through each
+request's response sender. Its settings come typed from config.pbtxt (serving/options.py).
 
 Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens`, `stream`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
@@ -10,7 +11,7 @@ carries `finish_reason`, `prompt_tokens` and the request's acceptance statistics
 Bad requests get an error response of their own; other streams are not disturbed: oversized
 prompts and stop strings are refused from their byte counts before decoding or tokenizing, a
 request whose step fails ends with an error response, and a client cancels only its own request
-(the engine's uid, not the client-chosen request id, identifies it).
+(the generator's uid, not the client-chosen request id, identifies it).
 
 Lifetime: Triton unloads the model (`finalize`) once its last stream has ended; `finalize` is
 bounded. If tritonserver dies without unloading it (killed, crashed, a failed start), the stub

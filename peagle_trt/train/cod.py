@@ -16,7 +16,7 @@ deeper one to bucket(anchor + 1), so a chain is never split. Segment s runs its 
 every depth-0 element of an earlier bucket as context (recomputed, not charged loss); the sum of
 the segment losses, each divided by the whole sequence's supervised count, is the flat loss.
 
-Tests: tests/train/test_cod.py (chains, mask against the formula, partition coverage).
+Tests: tests/train/test_train_cod.py (chains, mask against the formula, partition coverage).
 """
 
 from __future__ import annotations

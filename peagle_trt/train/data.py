@@ -12,7 +12,7 @@ by id), sorted by id: d2t[i] = draft_ids[i] - i (offsets, target_id = draft_id +
 t2d = membership mask over the target vocabulary.
 Target features come from our reference target (`peagle_trt.models.target.TargetModel`): its
 tap hidden states and its next-token distribution restricted to the draft vocabulary.
-Tests: tests/train/test_train.py.
+Tests: tests/train/test_train_run.py.
 """
 
 from __future__ import annotations

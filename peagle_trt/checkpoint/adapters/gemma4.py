@@ -3,7 +3,7 @@ Gemma4ForConditionalGeneration: its `text_config`, weights under `model.language
 vision / audio towers are not loaded).
 
 What the config sets, resolved into `TargetConfig` (semantics of transformers 5.23's
-modeling_gemma4, the oracle of tests/unit/test_gemma4.py):
+modeling_gemma4, the oracle of tests/models/test_gemma4.py):
   layer_types / sliding_window    sliding (window W: keys > p - W) or full attention per layer
                                   (default: every 6th layer full; the last layer is always full)
   head sizes                      full layers use `global_head_dim` (default 512) and, with
