@@ -145,17 +145,17 @@ def cmd_build(args: argparse.Namespace) -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> dict:
-    from peagle_trt.serving.server import ServeSpec, serve_forever
+    from peagle_trt.serving.server import ServeOptions, serve_forever
 
-    spec = ServeSpec(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                     args.ready_timeout, drain_timeout_s=args.drain_timeout)
+    options = ServeOptions(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+                           args.ready_timeout, drain_timeout_s=args.drain_timeout)
 
     frontend = None
     if args.openai_port:  # bound before tritonserver starts; answers 503 until the model is ready
-        from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+        from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
 
         grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # reach Triton locally
-        frontend = OpenAIFrontend(FrontendSpec(args.repo, f"{grpc_host}:{args.grpc_port}", args.host,
+        frontend = OpenAIFrontend(FrontendOptions(args.repo, f"{grpc_host}:{args.grpc_port}", args.host,
                                                args.openai_port)).start()
 
     def on_ready(server):
@@ -166,7 +166,7 @@ def cmd_serve(args: argparse.Namespace) -> dict:
         print("serving; Ctrl-C to stop", file=sys.stderr, flush=True)
 
     try:
-        return {"stopped": True, **serve_forever(spec, on_ready)}
+        return {"stopped": True, **serve_forever(options, on_ready)}
     finally:
         if frontend is not None:
             frontend.stop()

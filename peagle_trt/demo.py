@@ -75,7 +75,7 @@ def build_demo_repo(pair: Path, repo: Path, spec: SpecConfig, backend: str) -> N
 
 def cmd_demo(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.client import stream_generate
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     t0 = time.perf_counter()
     pair = args.pair or default_pair()
@@ -89,7 +89,7 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     build_demo_repo(pair, repo, spec, args.backend)
     _note(f"built {repo}: models 'peagle' (P-EAGLE K={spec.num_spec_tokens}) and 'target' (no drafter), "
           f"backend {args.backend}")
-    serve = ServeSpec(repo, "127.0.0.1", _free_port(), _free_port(), _free_port())
+    serve = ServeOptions(repo, "127.0.0.1", _free_port(), _free_port(), _free_port())
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     with TritonServer(serve) as server:
         url = server.grpc_url

@@ -15,5 +15,5 @@ from peagle_trt.engine.build import (
                                      visible_gpu,
 )
 
-__all__ = ["ARCHES", "GRAPHS", "PLUGIN_OPS", "EngineOptions", "build_engines", "import_tensorrt", "load_plugins",
-           "profiles_for", "visible_gpu"]
+__all__ = ["ARCHES", "GRAPHS", "PLUGIN_OPS", "EngineOptions", "build_engines", "import_tensorrt",
+           "load_plugins", "profiles_for", "visible_gpu"]

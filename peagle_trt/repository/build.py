@@ -89,9 +89,10 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path,
         return ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx")
     from peagle_trt.engine import EngineOptions, build_engines
 
+    plugins = Path(repo.plugin_library) if repo.plugin_library else None
     build_engines(artifacts / "onnx", artifacts / "engines",
                   EngineOptions(repo.gpu_arch, repo.max_batch, repo.max_seq_len, repo.speculation.k,
-                                repo.prefill_chunk, Path(repo.plugin_library) if repo.plugin_library else None))
+                                repo.prefill_chunk, plugins))
     return ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx", engine="artifacts/engines")
 
 
@@ -120,7 +121,8 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
     if repo.backend == "tensorrt":
         from peagle_trt.engine import import_tensorrt
 
-        if pair.drafter is not None and repo.speculation.mode != "none":  # the plugins have no windows: exact only inside the drafter's W
+        # the plugins have no windows: exact only inside the drafter's W
+        if pair.drafter is not None and repo.speculation.mode != "none":
             check_window(pair.drafter.config, repo.max_seq_len + repo.speculation.k + 1, repo.backend)
 
         import_tensorrt()  # fail fast, with the NGC container to use, before any export work

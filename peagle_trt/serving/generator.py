@@ -58,7 +58,8 @@ class Event:
     error: str | None = None  # with finish_reason "error"
 
 
-def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Path, num_slots: int, max_len: int):
+def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Path, num_slots: int,
+                  max_len: int):
     """The executor the options' backend asks for; paths are relative to `version` (or absolute)."""
     spec = options.speculation
     if options.backend == "torch":
@@ -91,7 +92,8 @@ def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Pat
 class TextGenerator:
     def __init__(self, codec: TextCodec, scheduler: Scheduler, options: RepositoryOptions):
         self.codec, self.scheduler, self.options = codec, scheduler, options
-        self.limits = InputLimits.resolve(options.max_seq_len, options.max_prompt_bytes, options.max_stop_bytes)
+        self.limits = InputLimits.resolve(options.max_seq_len, options.max_prompt_bytes,
+                                          options.max_stop_bytes)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.on_step: Callable[[], None] | None = None  # e.g. metrics refresh (throttled by the callee)

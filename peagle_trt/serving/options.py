@@ -45,8 +45,8 @@ class RepositoryOptions:
         if self.kernels not in KERNELS:
             raise BuildError(f"kernels {self.kernels!r} is not one of {KERNELS}")
         if self.kernels == "cuda" and (self.backend != "torch" or not self.device.startswith("cuda")):
-            raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the CUDA kernels: it needs "
-                             f"--backend torch --device cuda (got backend {self.backend!r}, device "
+            raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the CUDA kernels: it "
+                             f"needs --backend torch --device cuda (got backend {self.backend!r}, device "
                              f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
         if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1:
             raise BuildError("max_batch, max_seq_len and prefill_chunk must be positive")
@@ -84,7 +84,8 @@ _OPTIONAL_INTS = ("max_prompt_bytes", "max_stop_bytes")
 def to_parameters(options: RepositoryOptions, paths: ArtifactPaths) -> dict[str, str]:
     """config.pbtxt `parameters` (all strings): every option but the model's name (the config's
     `name`), with the input limits resolved, plus the artifact paths."""
-    params = {"spec_mode": options.speculation.mode, "num_spec_tokens": str(options.speculation.num_spec_tokens)}
+    spec = options.speculation
+    params = {"spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens)}
     for f in fields(options):
         if f.name in _RENAMED:
             continue
@@ -95,7 +96,8 @@ def to_parameters(options: RepositoryOptions, paths: ArtifactPaths) -> dict[str,
     return params
 
 
-def from_parameters(params: Mapping[str, str], model_name: str = "peagle") -> tuple[RepositoryOptions, ArtifactPaths]:
+def from_parameters(params: Mapping[str, str],
+                    model_name: str = "peagle") -> tuple[RepositoryOptions, ArtifactPaths]:
     """The inverse of `to_parameters`; ConfigError names a missing or malformed key."""
     def get(key: str, default: str | None = None) -> str:
         if key in params:
@@ -127,7 +129,8 @@ def from_parameters(params: Mapping[str, str], model_name: str = "peagle") -> tu
         options = RepositoryOptions(spec, **values)
     except BuildError as exc:
         raise ConfigError(f"config.pbtxt parameters: {exc}") from exc
-    paths = ArtifactPaths(get("target_path"), get("drafter_path", ""), get("onnx_path", ""), get("engine_path", ""))
+    paths = ArtifactPaths(get("target_path"), get("drafter_path", ""), get("onnx_path", ""),
+                          get("engine_path", ""))
     return options, paths
 
 

@@ -242,13 +242,13 @@ def server(tiny, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
     from peagle_trt.repository import RepositoryOptions, build_repository
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
     from tests.serving.conftest import free_port
 
     repo = tmp_path_factory.mktemp("faults") / "repo"
     build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 3), max_batch=8,
                                                                 max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
-    spec = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
+    spec = ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
     with TritonServer(spec) as srv:
         yield srv
     shutil.rmtree(repo, ignore_errors=True)

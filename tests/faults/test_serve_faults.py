@@ -234,7 +234,7 @@ def test_a_port_taken_after_the_check_is_named_and_nothing_leaks(repo, monkeypat
     impostor = ReadyImpostor(port)
     watch = RegionWatch(repo)
     try:
-        spec = server_mod.ServeSpec(repo, "127.0.0.1", port, free_port(), free_port(), ready_timeout_s=120)
+        spec = server_mod.ServeOptions(repo, "127.0.0.1", port, free_port(), free_port(), ready_timeout_s=120)
         srv = server_mod.TritonServer(spec)
         with pytest.raises(PortInUseError, match=f"port {port} is in use"):
             srv.wait_ready()

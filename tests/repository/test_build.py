@@ -111,10 +111,10 @@ def test_unwritable_parent_path_is_reported(tiny, tmp_path):
 
 
 def test_serve_refuses_a_directory_that_is_not_a_repository(tmp_path):
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     with pytest.raises(ServeError, match="not a model repository"):
-        TritonServer(ServeSpec(tmp_path))
+        TritonServer(ServeOptions(tmp_path))
 
 
 def test_repo_without_the_model(tmp_path):

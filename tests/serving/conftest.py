@@ -46,8 +46,8 @@ def _mkdir(path):
 def server(repo):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
-    spec = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
+    spec = ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
     with TritonServer(spec) as srv:
         yield srv

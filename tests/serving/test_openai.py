@@ -27,9 +27,9 @@ PROMPTS = ["Hello there", "def fibonacci(n):\n    return"]
 
 @pytest.fixture(scope="module")
 def frontend(server, repo):
-    from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+    from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
 
-    with OpenAIFrontend(FrontendSpec(repo, server.grpc_url, "127.0.0.1", free_port())) as fe:
+    with OpenAIFrontend(FrontendOptions(repo, server.grpc_url, "127.0.0.1", free_port())) as fe:
         yield fe
 
 
@@ -168,9 +168,9 @@ def test_disconnect_mid_stream_cancels_the_triton_request(server, frontend):
 
 
 def test_a_server_still_loading_answers_503(repo):
-    from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+    from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
 
-    with OpenAIFrontend(FrontendSpec(repo, f"127.0.0.1:{free_port()}", "127.0.0.1", free_port())) as fe:
+    with OpenAIFrontend(FrontendOptions(repo, f"127.0.0.1:{free_port()}", "127.0.0.1", free_port())) as fe:
         with httpx.Client(base_url=fe.url, timeout=30) as http:
             r = http.post("/completions", json={"model": "peagle", "prompt": "x"})
             assert r.status_code == 503 and "not up yet" in r.json()["error"]["message"]

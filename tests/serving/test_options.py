@@ -9,11 +9,12 @@ from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions, from_pa
 
 
 @pytest.mark.parametrize("options, paths", [
-    (RepositoryOptions(SpecConfig("peagle", 3), model_name="m", backend="torch", max_batch=2, max_seq_len=96,
-                       prefill_chunk=16, device="cpu", dtype="bfloat16", max_prompt_bytes=100, max_stop_bytes=0),
+    (RepositoryOptions(SpecConfig("peagle", 3), model_name="m", backend="torch", max_batch=2,
+                       max_seq_len=96, prefill_chunk=16, device="cpu", dtype="bfloat16", max_prompt_bytes=100,
+                       max_stop_bytes=0),
      ArtifactPaths("artifacts/target", "artifacts/drafter")),
-    (RepositoryOptions(SpecConfig("eagle3", 5), backend="tensorrt", gpu_arch="sm_100", plugin_library="/x/lib.so",
-                       max_prompt_bytes=4096, max_stop_bytes=64),
+    (RepositoryOptions(SpecConfig("eagle3", 5), backend="tensorrt", gpu_arch="sm_100",
+                       plugin_library="/x/lib.so", max_prompt_bytes=4096, max_stop_bytes=64),
      ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx", engine="artifacts/engines")),
     (RepositoryOptions(SpecConfig("none", 1), backend="onnxruntime", max_prompt_bytes=7, max_stop_bytes=9),
      ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx")),

@@ -46,7 +46,7 @@ def http_post(server, path: str, body: dict) -> tuple[int, str]:
 
 
 def metric_lines(server) -> list[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.spec.metrics_port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.options.metrics_port}/metrics", timeout=10) as r:
         return [line for line in r.read().decode().splitlines() if line.startswith("peagle_")]
 
 

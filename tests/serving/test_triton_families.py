@@ -31,7 +31,7 @@ PROMPTS = ["Hello there", "Explain how a transformer attends to earlier tokens"]
 def family_server(tiny_moe, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     root = tmp_path_factory.mktemp("family_repo")
     (root / "models").mkdir()
@@ -40,7 +40,7 @@ def family_server(tiny_moe, tmp_path_factory):
                          RepositoryOptions(SpecConfig("peagle", 3), model_name=name, backend=backend, max_batch=4,
                                   max_seq_len=128, prefill_chunk=16))
         shutil.move(str(root / name / name), str(root / "models" / name))
-    spec = ServeSpec(root / "models", "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300)
+    spec = ServeOptions(root / "models", "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300)
     with TritonServer(spec) as srv:
         yield srv
 
