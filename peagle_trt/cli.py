@@ -61,7 +61,7 @@ def _print_piece(piece: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:
-    """One request, streamed to stdout, through the serving engine (in-process from checkpoints or
+    """One request, streamed to stdout, through the text generator (in-process from checkpoints or
     a built repository) or a running server (gRPC); the same JSON shape for all three."""
     sources = [x for x in (args.target, args.url, args.repo) if x is not None]
     if len(sources) != 1:
@@ -69,14 +69,14 @@ def cmd_generate(args: argparse.Namespace) -> dict:
                           "--repo REPO (in-process from a built repository) or --url HOST:PORT (gRPC)")
     params, chat_template = _sampling(args), not args.no_chat_template
     t0 = time.perf_counter()
-    engine = None if args.url else _load_engine(args)
+    generator = None if args.url else _load_generator(args)
     t1 = time.perf_counter()
-    if engine is None:
+    if generator is None:
         from peagle_trt.serving.client import stream_generate
 
         result = stream_generate(args.url, args.prompt, params, args.model, _print_piece, chat_template)
     else:
-        result = engine.generate(args.prompt, params, lambda event: _print_piece(event.text), chat_template)
+        result = generator.generate(args.prompt, params, lambda event: _print_piece(event.text), chat_template)
     t2 = time.perf_counter()
     print(flush=True)
     n = len(result["token_ids"])
@@ -84,7 +84,7 @@ def cmd_generate(args: argparse.Namespace) -> dict:
             "tokens_per_s": round(n / (t2 - t1), 2) if t2 > t1 else None}
 
 
-def _load_engine(args: argparse.Namespace):
+def _load_generator(args: argparse.Namespace):
     from peagle_trt.serving.generator import TextGenerator
 
     if args.repo:

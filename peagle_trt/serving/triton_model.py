@@ -135,17 +135,17 @@ class TritonPythonModel:
         model_dir = Path(args["model_repository"])
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
-        self.engine = TextGenerator.load(model_dir, options, paths)
+        self.generator = TextGenerator.load(model_dir, options, paths)
         self.k = options.speculation.k
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
-        self.engine.on_step = self._update_metrics
+        self.generator.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
         self._next_metrics = 0.0
         # Responses go out from their own thread so the scheduler never waits on the transport.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sender_thread = threading.Thread(target=self._send_loop, name="peagle-sender", daemon=True)
         self._sender_thread.start()
-        self.engine.start()
+        self.generator.start()
         log.info("peagle model ready: %s", params)
 
     # -- requests ----------------------------------------------------------------------------------
@@ -154,9 +154,9 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, params, options = parse_request(pb, request, self.engine.limits)
+                prompt, params, options = parse_request(pb, request, self.generator.limits)
                 state = {"text": [], "ids": []}
-                self.engine.submit(request.request_id() or f"req-{time.monotonic_ns()}", prompt, params,
+                self.generator.submit(request.request_id() or f"req-{time.monotonic_ns()}", prompt, params,
                                    lambda event, s=sender, o=options, st=state: self._respond(s, o, st, event),
                                    is_cancelled=sender.is_cancelled, chat_template=options["chat_template"],
                                    echo_prompt=options["echo_prompt"])
@@ -199,7 +199,7 @@ class TritonPythonModel:
             except Exception:  # the client is gone: stop generating for it
                 log.info("client of %s (uid %d) disconnected; cancelling", event.request_id, event.uid)
                 if not event.finished:
-                    self.engine.cancel(event.uid)
+                    self.generator.cancel(event.uid)
 
     # -- metrics -------------------------------------------------------------------------------------
     def _make_metrics(self, labels: dict):
@@ -229,7 +229,7 @@ class TritonPythonModel:
         self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels=labels)
         self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels=labels)
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
-        self.m_slots_total.set(self.engine.scheduler.decoder.ex.num_slots)
+        self.m_slots_total.set(self.generator.scheduler.decoder.ex.num_slots)
         self._last_tokens = 0
 
     def _update_metrics(self):
@@ -237,7 +237,7 @@ class TritonPythonModel:
         if now < self._next_metrics:  # refresh at most twice a second: metric calls cross into C++
             return
         self._next_metrics = now + 0.5
-        sched = self.engine.scheduler
+        sched = self.generator.scheduler
         running = sum(len(r.seq.output) for r in sched.running if r.seq is not None)
         total = sched.generated_tokens + running
         self.m_tokens.increment(max(0, total - self._last_tokens))
@@ -257,7 +257,7 @@ class TritonPythonModel:
     def finalize(self):
         """Bounded: Triton calls it once every stream has ended (their senders are closed), and
         waits for it before the server can exit."""
-        self.engine.stop(timeout=5.0)
+        self.generator.stop(timeout=5.0)
         self._outbox.put(None)
         self._sender_thread.join(2.0)
         log.info("peagle model finalized")
