@@ -40,10 +40,14 @@ CHECKPOINT_FILES = ("config.json", "generation_config.json", "tokenizer.json", "
 
 def templates_dir() -> Path:
     """model_repo/ of the installed package (`peagle_trt.model_repo`, shipped in the wheel)."""
-    here = Path(str(resources.files("peagle_trt.model_repo")))
+    try:
+        here = Path(str(resources.files("peagle_trt.model_repo")))
+    except ModuleNotFoundError:  # an editable install made before model_repo/ became a package
+        here = Path("peagle_trt.model_repo (not installed)")
     if not (here / "peagle" / "config.pbtxt.tmpl").is_file():
         raise BuildError(f"Triton templates not found at {here}: this peagle-trt installation is incomplete "
-                         "(model_repo/ ships in the wheel as peagle_trt.model_repo); reinstall peagle-trt")
+                         "(model_repo/ ships in the wheel as peagle_trt.model_repo); reinstall peagle-trt "
+                         "(pip install ., or pip install -e . for a checkout)")
     return here
 
 
