@@ -122,12 +122,12 @@ def op_level(out: dict) -> dict:
 def end_to_end(out: dict) -> dict:
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.config import SamplingParams, SpecConfig
+    from peagle_trt.executors.onnxruntime import OrtExecutor
+    from peagle_trt.executors.torch import TorchExecutor
     from peagle_trt.export import ExportOptions, export_models
     from peagle_trt.quantize import QuantizeOptions, quantize_target
-    from peagle_trt.executors.torch import TorchExecutor
-    from peagle_trt.executors.onnxruntime import OrtExecutor
-    from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.runtime.scheduler import generate
+    from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.tiny import make_all
 
     res = {}
