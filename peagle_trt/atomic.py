@@ -15,7 +15,7 @@ output is swapped out, then removed; if the final rename fails the old one is pu
 failure the temporary directory is removed, so nothing half-written is ever left behind. OSErrors
 (disk full, permissions) become a `BuildError` that says so.
 
-How to test: tests/faults/test_force.py.
+How to test: tests/faults/test_force_outputs.py.
 """
 
 from __future__ import annotations

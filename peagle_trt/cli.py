@@ -62,7 +62,7 @@ def _print_piece(piece: str) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> dict:
-    """One request, streamed to stdout, through the serving engine (in-process from checkpoints or
+    """One request, streamed to stdout, through the text generator (in-process from checkpoints or
     a built repository) or a running server (gRPC); the same JSON shape for all three."""
     sources = [x for x in (args.target, args.url, args.repo) if x is not None]
     if len(sources) != 1:
@@ -70,14 +70,14 @@ def cmd_generate(args: argparse.Namespace) -> dict:
                           "--repo REPO (in-process from a built repository) or --url HOST:PORT (gRPC)")
     params, chat_template = _sampling(args), not args.no_chat_template
     t0 = time.perf_counter()
-    engine = None if args.url else _load_engine(args)
+    generator = None if args.url else _load_generator(args)
     t1 = time.perf_counter()
-    if engine is None:
+    if generator is None:
         from peagle_trt.serving.client import stream_generate
 
         result = stream_generate(args.url, args.prompt, params, args.model, _print_piece, chat_template)
     else:
-        result = engine.generate(args.prompt, params, lambda event: _print_piece(event.text), chat_template)
+        result = generator.generate(args.prompt, params, lambda event: _print_piece(event.text), chat_template)
     t2 = time.perf_counter()
     print(flush=True)
     n = len(result["token_ids"])
@@ -85,14 +85,14 @@ def cmd_generate(args: argparse.Namespace) -> dict:
             "tokens_per_s": round(n / (t2 - t1), 2) if t2 > t1 else None}
 
 
-def _load_engine(args: argparse.Namespace):
-    from peagle_trt.serving.engine import ServingEngine
+def _load_generator(args: argparse.Namespace):
+    from peagle_trt.serving.generator import TextGenerator
 
     if args.repo:
-        from peagle_trt.serving.repo import model_params
+        from peagle_trt.serving.options import read_options
 
-        return ServingEngine.load(*model_params(args.repo, args.model))
-    return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
+        return TextGenerator.load(*read_options(args.repo, args.model))
+    return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
                                           args.max_seq_len)
 
 
@@ -113,30 +113,30 @@ def resolve_backend(name: str) -> str:
 
 
 def cmd_export(args: argparse.Namespace) -> dict:
-    from peagle_trt.export import ExportSpec, export_pair
+    from peagle_trt.export import ExportOptions, export_pair
 
     spec = resolve_spec(args)
     t0 = time.perf_counter()
     manifest = export_pair(args.target, args.drafter, args.output,
-                           ExportSpec(spec, args.max_batch, args.max_seq_len, args.dtype), args.force)
+                           ExportOptions(spec, args.max_batch, args.max_seq_len, args.dtype), args.force)
     return {"output": str(args.output), "graphs": manifest["graphs"], "export_s": manifest["export_s"],
             "total_s": round(time.perf_counter() - t0, 3)}
 
 
 def cmd_build(args: argparse.Namespace) -> dict:
-    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.repository import RepositoryOptions, build_repository
 
     spec = resolve_spec(args)
     backend = resolve_backend(args.backend)
-    repo = RepoSpec(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
+    repo = RepositoryOptions(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
                     str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels,
                     max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes)
     quant = None
     if args.quantization == "fp8":
-        from peagle_trt.quantize import QuantSpec
+        from peagle_trt.quantize import QuantizeOptions
 
-        quant = QuantSpec(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data)
+        quant = QuantizeOptions(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data)
     t0 = time.perf_counter()
     manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force, quant=quant)
     return {"repository": str(args.output), "model": args.model_name, "backend": backend,
@@ -146,17 +146,17 @@ def cmd_build(args: argparse.Namespace) -> dict:
 
 
 def cmd_serve(args: argparse.Namespace) -> dict:
-    from peagle_trt.serving.server import ServeSpec, serve_forever
+    from peagle_trt.serving.server import ServeOptions, serve_forever
 
-    spec = ServeSpec(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                     args.ready_timeout, drain_timeout_s=args.drain_timeout)
+    options = ServeOptions(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
+                           args.ready_timeout, drain_timeout_s=args.drain_timeout)
 
     frontend = None
     if args.openai_port:  # bound before tritonserver starts; answers 503 until the model is ready
-        from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+        from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
 
         grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # reach Triton locally
-        frontend = OpenAIFrontend(FrontendSpec(args.repo, f"{grpc_host}:{args.grpc_port}", args.host,
+        frontend = OpenAIFrontend(FrontendOptions(args.repo, f"{grpc_host}:{args.grpc_port}", args.host,
                                                args.openai_port)).start()
 
     def on_ready(server):
@@ -167,7 +167,7 @@ def cmd_serve(args: argparse.Namespace) -> dict:
         print("serving; Ctrl-C to stop", file=sys.stderr, flush=True)
 
     try:
-        return {"stopped": True, **serve_forever(spec, on_ready)}
+        return {"stopped": True, **serve_forever(options, on_ready)}
     finally:
         if frontend is not None:
             frontend.stop()
@@ -192,11 +192,7 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
                         '"parallel_drafting":true}\'')
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_generate_parser(sub) -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text in-process (streams text, JSON last line)")
     g.add_argument("--target", type=Path, help="Hugging Face target model directory (in-process)")
     g.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
@@ -220,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-seq-len", type=int, default=4096,
                    help="with --target: prompt + output tokens the KV cache holds (default 4096)")
     g.set_defaults(func=cmd_generate)
+    return g
 
+
+def add_build_parser(sub) -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="render a Triton model repository (atomic, with manifest.json)")
     b.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
     b.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
@@ -252,7 +251,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--plugin-library", type=Path, default=None, help="tensorrt backend: PEagle plugin .so")
     b.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     b.set_defaults(func=cmd_build)
+    return b
 
+
+def add_export_parser(sub) -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write the ONNX graphs with peagle plugin nodes (+ TensorRT copies)")
     e.add_argument("--target", required=True, type=Path, help="Hugging Face (or FP8) target directory")
     e.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
@@ -263,21 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     e.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     e.set_defaults(func=cmd_export)
+    return e
 
-    from peagle_trt.bench.cli import add_parser as add_bench_parser
-    from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
-    from peagle_trt.engine.cli import add_parser as add_engine_parser
-    from peagle_trt.quantize.cli import add_parser as add_quantize_parser
-    from peagle_trt.demo import add_parser as add_demo_parser
-    from peagle_trt.train.cli import add_parser as add_train_parser
 
-    add_engine_parser(sub)
-    add_inspect_parser(sub)
-    add_quantize_parser(sub)
-    add_train_parser(sub)
-    add_demo_parser(sub)
-    add_bench_parser(sub)
-
+def add_serve_parser(sub) -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="serve a model repository with tritonserver until Ctrl-C")
     s.add_argument("repo", type=Path, help="model repository built by `peagle-trt build`")
     s.add_argument("--host", default="127.0.0.1", help="bind address (default loopback)")
@@ -291,12 +282,35 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--openai-port", type=int, default=None,
                    help="also serve OpenAI-compatible /v1/... on this port (same --host); off by default")
     s.set_defaults(func=cmd_serve)
+    return s
 
+
+def add_make_tiny_parser(sub) -> argparse.ArgumentParser:
     t = sub.add_parser("make-tiny", help="write small seeded checkpoints (targets + drafters)")
     t.add_argument("out", type=Path, help="output directory")
     t.add_argument("--families", action="store_true",
                    help="also Qwen3-MoE, GPT-OSS (+ MXFP4) and Gemma-4 (+ wrapper) targets with P-EAGLE heads")
     t.set_defaults(func=cmd_make_tiny)
+    return t
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand is wired the same way: an `add_parser(sub)` beside its command (the stages'
+    own cli.py modules, or this module's for the ones without a stage package), in help order."""
+    from peagle_trt import demo
+    from peagle_trt.bench import cli as bench_cli
+    from peagle_trt.checkpoint import cli as inspect_cli
+    from peagle_trt.engine import cli as engine_cli
+    from peagle_trt.quantize import cli as quantize_cli
+    from peagle_trt.train import cli as train_cli
+
+    parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add_parser in (add_generate_parser, add_build_parser, add_export_parser, engine_cli.add_parser,
+                       inspect_cli.add_parser, quantize_cli.add_parser, train_cli.add_parser, demo.add_parser,
+                       add_serve_parser, add_make_tiny_parser, bench_cli.add_parser):
+        add_parser(sub)
     return parser
 
 

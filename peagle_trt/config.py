@@ -1,5 +1,7 @@
 """Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`) and how to
-sample one request (`SamplingParams`). Each validates itself on construction."""
+sample one request (`SamplingParams`). Each validates itself on construction. Also the run-time
+constants several floors share: the custom-op implementations (`KERNELS`) and the default input
+byte limits of a served model."""
 
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ SPEC_MODES = ("none", "eagle3", "peagle")
 # greedy is the distribution's limit; below it, `logits / T` in float32 overflows (1e-38) or T
 # itself rounds to 0 (5e-324, and 1e-45 after a float32 round trip), giving NaN.
 TEMPERATURE_FLOOR = 1e-5
+PREFILL_CHUNK = 256  # prompt tokens per prefill forward: the default of `build` and `generate`
+KERNELS = ("reference", "cuda")  # the custom ops: torch references | CUDA kernels (plugins/)
+# Default input limits, in UTF-8 bytes: a token averages ~4 bytes of text, so 16 bytes per
+# position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
+PROMPT_BYTES_PER_TOKEN = 16
+MAX_STOP_BYTES = 1024
 
 
 @dataclass(frozen=True)

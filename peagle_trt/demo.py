@@ -2,14 +2,15 @@
 
     peagle-trt demo [--prompt CODE] [--max-tokens 128] [--num-spec-tokens 7]
 
-Builds one Triton model repository holding two models of the code pair in
-tests/fixtures/code-pair/ (made by scripts/make_code_pair.py: a small Llama trained on the
+Builds one Triton model repository holding two models of the code pair shipped in
+peagle_trt/assets/code-pair/ (made by scripts/make_code_pair.py: a small Llama trained on the
 Python standard library and its P-EAGLE head): `peagle` (speculative, one drafter pass per
 step) and `target` (the same target, no drafter). Serves it with a real `tritonserver`
 (loopback), streams the P-EAGLE answer to the terminal, runs the same greedy request on
 `target`, and reports the acceptance length, both output rates and the speed-up, measured in
 this run (after one short warm-up request per model). Greedy outputs must be identical.
-Tested by tests/e2e/test_demo.py (marked triton).
+Tested by tests/e2e/test_trained_pair.py (test_demo_streams_code_and_measures_the_speedup, marked
+triton).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shutil
 import socket
 import sys
 import time
+from importlib import resources
 from pathlib import Path
 
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -28,13 +30,14 @@ DEFAULT_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty.
 
 
 def default_pair() -> Path:
-    return Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "code-pair"
+    """The trained code pair installed with the package (peagle_trt/assets/code-pair/)."""
+    return Path(str(resources.files("peagle_trt.assets") / "code-pair"))
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job on CPU: the trained code pair served by tritonserver")
     d.add_argument("--pair", type=Path, default=None,
-                   help="target dir holding drafter-peagle/ (default: tests/fixtures/code-pair of this checkout)")
+                   help="target dir holding drafter-peagle/ (default: the trained code pair shipped in the package)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=DEFAULT_PROMPT,
                    help="code to continue (trailing whitespace is dropped: the tokenizer merges a newline "
@@ -59,12 +62,12 @@ def _note(msg: str) -> None:
 
 def build_demo_repo(pair: Path, repo: Path, spec: SpecConfig, backend: str) -> None:
     """One repository with two models: `peagle` (target + P-EAGLE head) and `target` (no drafter)."""
-    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.repository import RepositoryOptions, build_repository
 
     side = repo.parent / f".{repo.name}-target"
     build_repository(pair, pair / "drafter-peagle", repo,
-                     RepoSpec(spec, backend=backend, max_batch=2, max_seq_len=1024), force=True)
-    build_repository(pair, None, side, RepoSpec(SpecConfig("none", 0), model_name="target", backend=backend,
+                     RepositoryOptions(spec, backend=backend, max_batch=2, max_seq_len=1024), force=True)
+    build_repository(pair, None, side, RepositoryOptions(SpecConfig("none", 0), model_name="target", backend=backend,
                                                 max_batch=2, max_seq_len=1024), force=True)
     shutil.move(str(side / "target"), str(repo / "target"))
     shutil.rmtree(side)
@@ -72,7 +75,7 @@ def build_demo_repo(pair: Path, repo: Path, spec: SpecConfig, backend: str) -> N
 
 def cmd_demo(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.client import stream_generate
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     t0 = time.perf_counter()
     pair = args.pair or default_pair()
@@ -86,7 +89,7 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     build_demo_repo(pair, repo, spec, args.backend)
     _note(f"built {repo}: models 'peagle' (P-EAGLE K={spec.num_spec_tokens}) and 'target' (no drafter), "
           f"backend {args.backend}")
-    serve = ServeSpec(repo, "127.0.0.1", _free_port(), _free_port(), _free_port())
+    serve = ServeOptions(repo, "127.0.0.1", _free_port(), _free_port(), _free_port())
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
     with TritonServer(serve) as server:
         url = server.grpc_url

@@ -16,6 +16,12 @@ class CheckpointError(PeagleError):
     """A checkpoint's weight files are missing, truncated, corrupt or have unexpected tensors."""
 
 
+class RequestError(PeagleError):
+    """One request cannot be served as sent: empty, malformed or over a limit (prompt or stop-string
+    bytes, prompt + max_tokens beyond the model's sequence length), or the request queue is full.
+    Nothing was queued; other requests are not affected."""
+
+
 class PairingError(ConfigError):
     """The target and the drafter do not fit together (hidden size, vocabulary, taps, mask token)."""
 

@@ -173,9 +173,8 @@ def _to_mxfp4(out: Path) -> None:
 def drafter_tensors(target_dir: Path, layers: int, draft_vocab: int, seed: int,
                     speculators: bool, mask_hidden: bool) -> tuple[dict, dict]:
     """Random drafter weights (canonical names) and the config fields they imply."""
-    from peagle_trt.checkpoint.drafter import DrafterConfig
+    from peagle_trt.architecture import DrafterConfig, RopeConfig
     from peagle_trt.models.drafter import DrafterModel
-    from peagle_trt.models.rope import RopeConfig
 
     target_cfg = json.loads((target_dir / "config.json").read_text())
     hidden = target_cfg["hidden_size"]

@@ -122,22 +122,22 @@ def op_level(out: dict) -> dict:
 def end_to_end(out: dict) -> dict:
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.config import SamplingParams, SpecConfig
-    from peagle_trt.export import ExportSpec, export_models
-    from peagle_trt.quantize import QuantSpec, quantize_target
-    from peagle_trt.runtime.executor import TorchExecutor
-    from peagle_trt.runtime.ort_executor import OrtExecutor
-    from peagle_trt.speculative.decoder import SpecDecoder
+    from peagle_trt.executors.onnxruntime import OrtExecutor
+    from peagle_trt.executors.torch import TorchExecutor
+    from peagle_trt.export import ExportOptions, export_models
+    from peagle_trt.quantize import QuantizeOptions, quantize_target
     from peagle_trt.runtime.scheduler import generate
+    from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.tiny import make_all
 
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         tiny = make_all(root / "tiny")
-        quantize_target(tiny["llama"], root / "fp8", QuantSpec(num_calib=4), progress=None)
+        quantize_target(tiny["llama"], root / "fp8", QuantizeOptions(num_calib=4), progress=None)
         spec = SpecConfig("peagle", 3)
         target, drafter = load_pair(root / "fp8", tiny["aws"], spec).build()
-        export_models(target, drafter, root / "export", ExportSpec(spec, 2, 100))
+        export_models(target, drafter, root / "export", ExportOptions(spec, 2, 100))
         params = SamplingParams(max_tokens=30, ignore_eos=True)
         for i, prompt in enumerate(PROMPTS):
             ref = generate(SpecDecoder(TorchExecutor(target, drafter, 2, 104), spec), prompt, params).output

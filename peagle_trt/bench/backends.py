@@ -2,11 +2,11 @@
 step time of the torch executor vs the onnxruntime executor, for fp32 and FP8 targets.
 
 What, per model shape (Llama target + AWS-layout P-EAGLE drafter, random seeded weights):
-  1. quantize  wall time of `quantize_target(target, out, QuantSpec(num_calib=16))` (ModelOpt FP8
+  1. quantize  wall time of `quantize_target(target, out, QuantizeOptions(num_calib=16))` (ModelOpt FP8
                PTQ, calibration on the built-in prompts, HF export, reload check). The import of
                `modelopt.torch.quantization` is timed once, separately, before the first run (torch
                and transformers are already imported then, so it is ModelOpt's own import cost).
-  2. export    wall time of `export_pair(target, drafter, out, ExportSpec(SpecConfig("peagle", 7),
+  2. export    wall time of `export_pair(target, drafter, out, ExportOptions(SpecConfig("peagle", 7),
                num_slots=4, max_seq_len=512))` for the fp32 and the FP8 target (checkpoint load +
                model build + all graphs + their TensorRT copies, written to disk).
   3. step      one forward of each kind on the torch executor (`TorchExecutor` over `pair.build()`)
@@ -76,10 +76,10 @@ from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.export import ExportSpec, export_pair
-from peagle_trt.quantize import QuantSpec, quantize_target
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.runtime.ort_executor import OrtExecutor
+from peagle_trt.export import ExportOptions, export_pair
+from peagle_trt.quantize import QuantizeOptions, quantize_target
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.executors.onnxruntime import OrtExecutor
 
 K = 7
 NUM_SLOTS = 4
@@ -224,7 +224,7 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
                 interleave: bool, prefills: list) -> list[dict]:
     pair = load_pair(target_dir, drafter_dir, SpecConfig("peagle", K))
     target, drafter = pair.build()
-    spec = ExportSpec(SpecConfig("peagle", K), num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
+    spec = ExportOptions(SpecConfig("peagle", K), num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
     rows = []
     for batch in BATCHES:
         gen_t, gen_o = torch.Generator().manual_seed(batch), torch.Generator().manual_seed(batch)
@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             with stdout_to_stderr():
                 manifest = quantize_target(target_dir, root / "target-fp8",
-                                           QuantSpec(num_calib=args.num_calib), progress=None)
+                                           QuantizeOptions(num_calib=args.num_calib), progress=None)
             q_s = time.perf_counter() - t0
             stages.append(dict(shape=shape, stage="quantize", precision="fp8", wall_s=round(q_s, 2),
                                calibrate_s=manifest["timings"]["calibrate_s"],
@@ -350,7 +350,7 @@ def run(args: argparse.Namespace) -> dict:
             exports = {}
             for precision, tdir in (("fp32", target_dir), ("fp8", root / "target-fp8")):
                 out = root / f"export-{precision}"
-                spec = ExportSpec(SpecConfig("peagle", K), num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
+                spec = ExportOptions(SpecConfig("peagle", K), num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
                 t0 = time.perf_counter()
                 manifest = export_pair(tdir, drafter_dir, out, spec)
                 e_s = time.perf_counter() - t0

@@ -61,8 +61,8 @@ from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.models.drafter import DrafterModel
-from peagle_trt.models.rope import RopeConfig
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.models.rope import RopeConfig, inv_freq
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token
@@ -108,7 +108,7 @@ def build_head(name: str, seed: int = 0) -> DrafterModel:
         model.d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long)
         model.mask_hidden = torch.empty(1, 1, config.num_aux * config.target_hidden_size).normal_(
             0.0, 1.0, generator=gen)
-        model.inv_freq = config.rope.inv_freq(config.head_dim)[0]
+        model.inv_freq = inv_freq(config.rope, config.head_dim)[0]
         model.h_mask = model.project(model.mask_hidden).reshape(-1)
     return model.eval()
 

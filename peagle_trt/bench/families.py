@@ -15,7 +15,7 @@ memory-bandwidth floor of that step on H200 / B200 (a projection, not a measurem
 (--smoke is --bytes-only: the real-width slices need several GB of memory even for one repetition.)
 
 The configs are those of the released checkpoints (config.json as published); the adapters of
-peagle_trt/checkpoint/arch/ parse them, so this also checks they read the real configs.
+peagle_trt/checkpoint/adapters/ parse them, so this also checks they read the real configs.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ import torch
 
 from peagle_trt.bench.common import cpu_model, progress
 from peagle_trt.bench.report import emit, markdown_table
-from peagle_trt.checkpoint.arch import adapter_for
+from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.models.kv_cache import KVCache
-from peagle_trt.models.rope import rope_cos_sin
+from peagle_trt.models.rope import inv_freq, rope_cos_sin
 from peagle_trt.models.target import decoder_layer
 
 QWEN3_CODER_30B_A3B = {  # Qwen/Qwen3-Coder-30B-A3B-Instruct config.json
@@ -95,7 +95,7 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for m in mods for p in m.parameters())
     max_len = CONTEXT + 256
     cache = KVCache(layers, 1, c.num_kv_heads, max_len, c.head_dim, DTYPE)
-    inv_freq, scale = c.rope.inv_freq(c.head_dim)
+    inv_freq, scale = inv_freq(c.rope, c.head_dim)
     slots = torch.tensor([0])
 
     def step(rows: int):

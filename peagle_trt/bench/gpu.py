@@ -49,16 +49,16 @@ from torch import nn
 
 from peagle_trt.bench.common import cpu_model, progress
 from peagle_trt.bench.gpu_report import write_report
-from peagle_trt.checkpoint.arch import TargetConfig
+from peagle_trt.architecture import TargetConfig
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, FP8Linear
-from peagle_trt.models.rope import RopeConfig
+from peagle_trt.models.rope import RopeConfig, inv_freq
 from peagle_trt.models.target import TargetModel
 from peagle_trt.ops import kernels as cuda_kernels
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.speculative.decoder import Sequence, SpecDecoder
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
 from peagle_trt.speculative.stats import SpecStats
@@ -148,7 +148,7 @@ def build_target(name: str, device, dtype) -> TargetModel:
     with torch.device("meta"):
         model = TargetModel(c, c.default_taps)
     model = randomize(model, device, dtype)
-    model.inv_freq = c.rope.inv_freq(c.head_dim)[0].to(device=device, dtype=dtype)  # as from_tensors
+    model.inv_freq = inv_freq(c.rope, c.head_dim)[0].to(device=device, dtype=dtype)  # as from_tensors
     return model
 
 
@@ -163,7 +163,7 @@ def build_head(name: str, device, dtype) -> DrafterModel:
         model.d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long, device=device)
         model.mask_hidden = torch.randn(1, 1, config.num_aux * config.target_hidden_size, device=device,
                                         dtype=dtype)
-        model.inv_freq = config.rope.inv_freq(config.head_dim)[0].to(device=device, dtype=dtype)
+        model.inv_freq = inv_freq(config.rope, config.head_dim)[0].to(device=device, dtype=dtype)
         model.h_mask = model.project(model.mask_hidden).reshape(-1)
     return model
 

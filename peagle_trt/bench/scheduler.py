@@ -7,7 +7,7 @@ no-ops. One decode step then measures only the Python/host work around the model
   per-request `on_output` callback), SpecDecoder.step (verify-input assembly, per-sequence greedy
   verification, commit), and ParallelDrafter.propose (host side of the drafter inputs: padded
   pending tokens and target taps, num_pending / cur / slot tensors, `.tolist()` of the drafts).
-The no-op executor implements the `Executor` interface of runtime/executor.py (`target`,
+The no-op executor implements the `Executor` interface of executors/torch.py (`target`,
 `draft_parallel`, `drafter`, `project`, `to_target_ids`, `device`, `max_len`, `num_slots`, the slot
 methods) and returns slices of preallocated zero tensors with a tiny vocabulary (V = 64) and hidden
 size (H = 8, aux = 3H), so no model compute is timed. Since the P-EAGLE drafter inputs (token /

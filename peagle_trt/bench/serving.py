@@ -3,10 +3,10 @@ generation through a real tritonserver against the same engine in-process.
 
 What: the same set of greedy requests (default 16 prompts x 64 output tokens, ignore_eos) served
   triton       by `tritonserver` (the one bundled in nvidia-pytriton, loopback) running the `peagle`
-               Python model of a repository built with `peagle_trt.package.build_repository`,
+               Python model of a repository built with `peagle_trt.repository.build_repository`,
                streamed over gRPC with `peagle_trt.serving.client.stream_generate` (the client
                `peagle-trt generate --url` uses: one gRPC connection + stream per request);
-  in-process   by `ServingEngine.load(*model_params(repo))` on the same repository, started with
+  in-process   by `TextGenerator.load(*read_options(repo))` on the same repository, started with
                `engine.start()` (the same background stepping thread) and fed with `engine.submit`.
   openai       (--openai) by the OpenAI-compatible frontend (peagle_trt/openai_frontend, uvicorn, in
                its own process as under `peagle-trt serve --openai-port`) in front of the same
@@ -22,7 +22,7 @@ target <= 1.10 at C=16). Target: Triton at
 most 10% slower (wall-time ratio <= 1.10). The script also checks that both paths produced the
 same token ids for every prompt (greedy decoding is deterministic).
 
-Why: the Triton model is a thin adapter over ServingEngine; this measures what the serving layer
+Why: the Triton model is a thin adapter over TextGenerator; this measures what the serving layer
 (gRPC, Triton's decoupled Python backend, response tensors, IPC to the backend stub) adds.
 
 Models: `peagle_trt.tiny.make_all` (seeded random llama target, hidden 64, 8 layers, vocab 512;
@@ -75,11 +75,11 @@ import torch
 from peagle_trt.bench.common import closed_loop, cpu_model, free_port, progress, stdout_to_stderr
 from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.serving.client import stream_generate
-from peagle_trt.serving.engine import ServingEngine
-from peagle_trt.serving.repo import model_params
-from peagle_trt.serving.server import ServeSpec, TritonServer
+from peagle_trt.serving.generator import TextGenerator
+from peagle_trt.serving.options import read_options
+from peagle_trt.serving.server import ServeOptions, TritonServer
 from peagle_trt.tiny import CORPUS, make_all
 
 TARGET_RATIO = 1.10
@@ -89,7 +89,7 @@ def make_prompts(n: int) -> list[str]:
     return [f"{CORPUS[i % len(CORPUS)]} Request {i}: continue." for i in range(n)]
 
 
-def run_inprocess(engine: ServingEngine, prompts: list[str], params: SamplingParams, conc: int,
+def run_inprocess(engine: TextGenerator, prompts: list[str], params: SamplingParams, conc: int,
                   tag: str) -> tuple[float, list[dict]]:
     """Closed loop over the engine's submit API; returns (wall seconds, per-request records)."""
     done: queue.Queue = queue.Queue()
@@ -179,8 +179,8 @@ def openai_frontend(repo: Path, grpc_url: str):
     import subprocess
 
     port = free_port()
-    code = ("import sys; from pathlib import Path; from peagle_trt.openai_frontend import FrontendSpec, "
-            f"OpenAIFrontend; fe = OpenAIFrontend(FrontendSpec(Path({str(repo)!r}), {grpc_url!r}, '127.0.0.1', "
+    code = ("import sys; from pathlib import Path; from peagle_trt.openai_frontend import FrontendOptions, "
+            f"OpenAIFrontend; fe = OpenAIFrontend(FrontendOptions(Path({str(repo)!r}), {grpc_url!r}, '127.0.0.1', "
             f"{port})).start(); print('ready', flush=True); sys.stdin.read(); fe.stop()")
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -346,13 +346,13 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> dict:
         if repo_root.exists():
             shutil.rmtree(repo_root)
         build_repository(tiny["llama"], tiny["aws"], repo_root,
-                         RepoSpec(SpecConfig("peagle", 3), max_batch=args.max_batch, max_seq_len=512))
+                         RepositoryOptions(SpecConfig("peagle", 3), max_batch=args.max_batch, max_seq_len=512))
     prompts = make_prompts(args.prompts)
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
 
-    engine = ServingEngine.load(*model_params(repo_root))
+    engine = TextGenerator.load(*read_options(repo_root))
     engine.start()
-    spec = ServeSpec(repo_root, "127.0.0.1", free_port(), free_port(), free_port(),
+    spec = ServeOptions(repo_root, "127.0.0.1", free_port(), free_port(), free_port(),
                      ready_timeout_s=180, log_path=work / "tritonserver.log")
     results: dict[tuple[str, int], list[tuple[float, list[dict]]]] = {}
     paths = ("inproc", "triton", "openai") if args.openai else ("inproc", "triton")
@@ -434,7 +434,7 @@ def bench(args, concs: list[int], bg: float | None, work: Path) -> dict:
             o["target_met"] = o["wall_ratio_vs_triton"] <= TARGET_RATIO
         rows += [per_path[p] for p in paths]
 
-    text = [(f"## Streaming: Triton (gRPC, bundled tritonserver) vs in-process ServingEngine; "
+    text = [(f"## Streaming: Triton (gRPC, bundled tritonserver) vs in-process TextGenerator; "
              f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, "
              f"torch threads {torch.get_num_threads()}; median wall of {args.repeats} rounds"), "",
             markdown_table(["path", "conc", "wall s", "tok/s", "TTFT ms", "latency ms", "wall ratio", "TTFT ratio",

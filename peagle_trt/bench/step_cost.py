@@ -31,7 +31,7 @@ from peagle_trt.bench.prompts import humaneval_prompts
 from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.stats import SpecStats

@@ -8,7 +8,7 @@ A directory is a drafter when its config.json names a `speculators_model_type` o
 hold an `fc` projection; otherwise it is read as a target. A pair goes through the checks
 `build` runs (`validate_pair`; for --backend tensorrt the drafter's sliding-window limit), so a head that will not
 load fails here, before anything is built, with the same message. The last stdout line is one
-JSON object (printed by peagle_trt/cli.py). Tests: tests/unit/test_inspect.py.
+JSON object (printed by peagle_trt/cli.py). Tests: tests/checkpoint/test_inspect.py.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from peagle_trt.checkpoint.drafter import DrafterCheckpoint, check_window, load_
 from peagle_trt.checkpoint.pairing import validate_pair
 from peagle_trt.checkpoint.safetensors_io import read_config, tensor_names
 from peagle_trt.checkpoint.target import load_target_config
-from peagle_trt.config import SPEC_MODES, SpecConfig
+from peagle_trt.config import PREFILL_CHUNK, SPEC_MODES, SpecConfig
 from peagle_trt.errors import ConfigError
 
 DRAFTER_TENSORS = {"fc.weight", "model.fc.weight"}
@@ -124,9 +124,8 @@ def cmd_inspect(args: argparse.Namespace) -> dict:
     result = {info["kind"]: info for info in infos}
     if targets:  # KV memory per slot as `build` allocates it (bf16/fp16, build's default prefill chunk)
         from peagle_trt.models.memory import kv_slot_memory
-        from peagle_trt.package import RepoSpec
 
-        max_rows = RepoSpec.prefill_chunk if args.backend != "tensorrt" else None
+        max_rows = PREFILL_CHUNK if args.backend != "tensorrt" else None
         memory = kv_slot_memory(load_target_config(targets[0]), loaded.config if loaded else None,
                                 args.max_seq_len, max_rows)
         print(f"{memory.describe(1)} (max_seq_len {args.max_seq_len}, 2-byte KV)")

@@ -1,6 +1,6 @@
 """Drafter checkpoints: P-EAGLE (AWS layout and `speculators` layout) and plain EAGLE-3 heads.
 
-Layouts (see ../shared/docs/peagle-spec.md §1.3-1.4):
+Layouts (as the AWS P-EAGLE heads, `speculators` and EAGLE-3 heads write them):
   aws          Llama-style config.json; tensors `midlayer.*` (or `layers.0.*`) + `layers.N.*`,
                `fc`, `mask_hidden` [1,1,3·H_t], `d2t`, `t2d`; mask token id under one of
                `ptd_token_id` / `pard_token` / `mask_token_id` / `dflash_config.mask_token_id`.
@@ -31,63 +31,15 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.checkpoint.arch.base import require
+from peagle_trt.architecture import DrafterConfig, RopeConfig
+from peagle_trt.checkpoint.adapters.base import require
 from peagle_trt.checkpoint.safetensors_io import load_tensors, read_config
 from peagle_trt.errors import CheckpointError, ConfigError
-from peagle_trt.models.rope import RopeConfig
 
 # Where producers store the mask token id, most explicit first (vLLM accepts all of these).
 MASK_TOKEN_KEYS = ("dflash_config.mask_token_id", "mask_token_id", "pard_token", "ptd_token_id")
 # transformer_layer_config families speculators 0.9.0 builds drafter layers for (eagle3 model_classes)
 LAYER_FAMILIES = ("llama", "qwen3")
-
-
-@dataclass(frozen=True)
-class DrafterConfig:
-    layout: str  # aws | speculators | eagle3
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    rms_norm_eps: float
-    rope: RopeConfig
-    vocab_size: int  # size of the target vocabulary the head maps into (through d2t)
-    draft_vocab_size: int
-    target_hidden_size: int  # fc input width / num_aux
-    num_aux: int = 3
-    aux_layer_ids: tuple[int, ...] | None = None
-    mask_token_id: int | None = None
-    has_mask_hidden: bool = False
-    has_embed: bool = True  # False: the head shares the target's embedding table
-    norm_before_residual: bool = False
-    norm_before_fc: bool = False
-    fc_norm: bool = False
-    attention_bias: bool = False
-    qk_norm: bool = False
-    trained_depth: int | None = None
-    norm_output: bool = False  # sequential steps feed back norm(x) instead of x (EAGLE 3.1)
-    embed_requires_grad: bool | None = None  # training-only flag, kept for `inspect`
-    sliding_window: int | None = None  # window of the layers in `sliding_layers`
-    sliding_layers: tuple[int, ...] = ()  # drafter layers with sliding-window attention
-
-    @property
-    def supports_parallel(self) -> bool:
-        return self.has_mask_hidden and self.mask_token_id is not None
-
-    def window(self, layer: int) -> int:
-        """Attention window of drafter `layer` (0: full attention). Sliding layers restrict a row
-        at position p to keys at positions > p - W, the library's own masks (eagle3/attention.py,
-        peagle/attention.py) and transformers' convention; ops.reference.kv_attention computes it."""
-        return int(self.sliding_window or 0) if layer in self.sliding_layers else 0
-
-    @property
-    def max_positions(self) -> int | None:
-        """KV positions per sequence a full-causal attention op serves exactly (None: unbounded):
-        the window of the sliding layers. The torch and onnxruntime backends compute windows
-        (no limit); the TensorRT plugins do not (plugins/), so `check_window` bounds that backend."""
-        return self.sliding_window if self.sliding_layers and self.sliding_window else None
 
 
 WINDOWED_BACKENDS = ("torch", "onnxruntime")  # backends whose attention honours sliding windows

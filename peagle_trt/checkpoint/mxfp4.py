@@ -6,7 +6,7 @@ Dequantized: [..., rows, G * 32] with element = FP4_VALUES[code] * 2^(s - 127), 
 representable in float32 (no rounding anywhere). transformers stores the result transposed, as
 [..., G * 32, rows] (= [experts, in, out]); `dequantize` returns that layout.
 
-Test: tests/unit/test_families.py packs known values and checks the exact round trip.
+Test: tests/models/test_families.py packs known values and checks the exact round trip.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from peagle_trt.checkpoint.arch import TargetConfig
+from peagle_trt.architecture import TargetConfig
 from peagle_trt.checkpoint.drafter import MASK_TOKEN_KEYS, DrafterCheckpoint
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import PairingError

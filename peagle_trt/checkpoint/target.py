@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from peagle_trt.checkpoint.arch import TargetConfig, adapter_for
+from peagle_trt.architecture import TargetConfig
+from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.checkpoint.safetensors_io import load_tensors, read_config
 from peagle_trt.errors import CheckpointError
 

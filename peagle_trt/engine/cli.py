@@ -46,9 +46,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def cmd_engine(args: argparse.Namespace) -> dict:
-    from peagle_trt.engine import EngineSpec, build_engines
+    from peagle_trt.engine import EngineOptions, build_engines
 
-    spec = EngineSpec(args.gpu_arch, args.max_batch, args.max_seq_len, args.num_spec_tokens,
+    spec = EngineOptions(args.gpu_arch, args.max_batch, args.max_seq_len, args.num_spec_tokens,
                       args.prefill_chunk, Path(args.plugin_library) if args.plugin_library else None,
                       args.workspace_gb, args.timing_cache, args.allow_arch_mismatch)
     t0 = time.perf_counter()

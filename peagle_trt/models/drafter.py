@@ -1,4 +1,4 @@
-"""The EAGLE-3 / P-EAGLE drafter head (spec §1.1-1.2).
+"""The EAGLE-3 / P-EAGLE drafter head (the P-EAGLE paper's architecture).
 
 Per row: e = embed(token), g = hidden input (fc-projected target taps, the projected
 `mask_hidden` for mask rows, or the drafter's own previous output in sequential mode).
@@ -18,9 +18,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from peagle_trt.checkpoint.drafter import DrafterConfig
+from peagle_trt.architecture import DrafterConfig
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
+from peagle_trt.models.rope import inv_freq as rope_inv_freq
 from peagle_trt.models.rope import rope_cos_sin
 from peagle_trt.models.target import load_strict
 
@@ -72,7 +73,7 @@ class DrafterModel(nn.Module):
         self.lm_head = nn.Linear(h, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
         self.register_buffer("mask_hidden", torch.zeros(1, 1, aux_width))
-        inv_freq, self.rope_scale = c.rope.inv_freq(c.head_dim)
+        inv_freq, self.rope_scale = rope_inv_freq(c.rope, c.head_dim)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("h_mask", torch.zeros(h), persistent=False)
 
@@ -133,10 +134,10 @@ class DrafterModel(nn.Module):
         mask_hidden = buffers["mask_hidden"]
         model.mask_hidden = (mask_hidden.float().reshape(1, 1, aux_width) if mask_hidden is not None
                              else torch.zeros(1, 1, aux_width))
-        model.inv_freq = config.rope.inv_freq(config.head_dim)[0]
+        model.inv_freq = rope_inv_freq(config.rope, config.head_dim)[0]
         model.h_mask = torch.zeros(config.hidden_size)
         model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         model.d2t = model.d2t.long()
-        with torch.no_grad():  # h_mask = fc(mask_hidden), computed once (spec §1.2)
+        with torch.no_grad():  # h_mask = fc(mask_hidden), computed once (the P-EAGLE paper)
             model.h_mask = model.project(model.mask_hidden.to(dtype)).reshape(-1)
         return model

@@ -1,6 +1,6 @@
 """Sparse mixture-of-experts MLP (Qwen3-MoE, GPT-OSS, Gemma-4) for the reference target.
 
-Parameter names (our canonical layout; the adapters in checkpoint/arch/ map each family's on-disk
+Parameter names (our canonical layout; the adapters in checkpoint/adapters/ map each family's on-disk
 layout onto it): `gate.weight` [E, H] (+ `gate.bias` [E], GPT-OSS's router bias) and one small
 MLP per expert, `experts.{e}.gate_proj / up_proj / down_proj` (+ biases for GPT-OSS). Experts
 are plain `nn.Linear`s, so FP8 checkpoints load through the same `fp8_swap` as dense layers.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from peagle_trt.checkpoint.arch.base import MoEConfig
+from peagle_trt.architecture import MoEConfig
 from peagle_trt.models.layers import ACTIVATIONS, RMSNorm
 
 

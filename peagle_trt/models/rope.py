@@ -1,7 +1,7 @@
 """Rotary position embeddings: inverse frequencies for the RoPE types our checkpoints use.
 
-`RopeConfig.from_hf` reads both config spellings (transformers 5 `rope_parameters`, older
-`rope_theta` + `rope_scaling`). `inv_freq` returns the per-pair frequencies and the cos/sin
+`RopeConfig` (peagle_trt/architecture.py) reads both config spellings (transformers 5
+`rope_parameters`, older `rope_theta` + `rope_scaling`). `inv_freq` returns the per-pair frequencies and the cos/sin
 scale (YaRN's attention factor); `apply_rope` rotates q/k with the rotate-half convention.
 Tests compare against transformers' own models, which must give identical logits.
 """
@@ -9,37 +9,16 @@ Tests compare against transformers' own models, which must give identical logits
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 
-from peagle_trt.errors import ConfigError
+from peagle_trt.architecture import ROPE_TYPES, RopeConfig
 
 
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    rope_type: str = "default"  # default | linear | llama3 | yarn | proportional
-    params: dict = field(default_factory=dict)  # the remaining scaling keys, as in config.json
-    max_position_embeddings: int = 4096
-
-    @classmethod
-    def from_hf(cls, cfg: dict, where: str) -> "RopeConfig":
-        params = dict(cfg.get("rope_parameters") or {})
-        if not params:
-            params = dict(cfg.get("rope_scaling") or {})
-            params.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
-        theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-        rope_type = params.pop("rope_type", params.pop("type", "default"))
-        if rope_type not in _INV_FREQ:
-            raise ConfigError(f"{where}: rope type {rope_type!r} is not supported; "
-                              f"supported: {sorted(_INV_FREQ)}")
-        return cls(theta, rope_type, params, int(cfg.get("max_position_embeddings", 4096)))
-
-    def inv_freq(self, head_dim: int) -> tuple[torch.Tensor, float]:
-        """([head_dim // 2] float32 inverse frequencies, cos/sin scale)."""
-        base = 1.0 / (self.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-        return _INV_FREQ[self.rope_type](self, base, head_dim)
+def inv_freq(rope: RopeConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """([head_dim // 2] float32 inverse frequencies, cos/sin scale) of `rope`."""
+    base = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    return _INV_FREQ[rope.rope_type](rope, base, head_dim)
 
 
 def _default(rope: RopeConfig, inv: torch.Tensor, dim: int) -> tuple[torch.Tensor, float]:
@@ -117,3 +96,5 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
+
+assert set(_INV_FREQ) == set(ROPE_TYPES), "architecture.ROPE_TYPES lists the rope types computed here"

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from peagle_trt.checkpoint.arch import TargetConfig
+from peagle_trt.architecture import TargetConfig
 from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.moe import SparseMoE
-from peagle_trt.models.rope import rope_cos_sin
+from peagle_trt.models.rope import inv_freq, rope_cos_sin
 from peagle_trt.models.sandwich import PerLayerInputs, SandwichDecoderLayer
 
 
@@ -43,7 +43,7 @@ class TargetModel(nn.Module):
         seen = {}
         for i in range(self.config.num_layers):
             a = self.config.attention(i)
-            seen.setdefault(self.layer_rope[i], a.rope.inv_freq(a.head_dim)[0])
+            seen.setdefault(self.layer_rope[i], inv_freq(a.rope, a.head_dim)[0])
         for j, inv in sorted(seen.items()):
             self.register_buffer("inv_freq" if j == 0 else f"inv_freq_{j}", inv, persistent=False)
         self.rope_scale = self.rope_scales[0]
@@ -115,7 +115,7 @@ def rope_tables(c: TargetConfig) -> tuple[tuple[int, ...], tuple[float, ...]]:
         key = (a.rope, a.head_dim)
         if key not in keys:
             keys.append(key)
-            scales.append(a.rope.inv_freq(a.head_dim)[1])
+            scales.append(inv_freq(a.rope, a.head_dim)[1])
         layer_rope.append(keys.index(key))
     return tuple(layer_rope), tuple(scales)
 

@@ -15,6 +15,6 @@ Layout: protocol.py (request models, error shape), backend.py (Triton side), app
 server.py (uvicorn on a thread: `OpenAIFrontend`, the one entry point).
 """
 
-from peagle_trt.openai_frontend.server import FrontendSpec, OpenAIFrontend
+from peagle_trt.openai_frontend.server import FrontendOptions, OpenAIFrontend
 
-__all__ = ["FrontendSpec", "OpenAIFrontend"]
+__all__ = ["FrontendOptions", "OpenAIFrontend"]

@@ -14,10 +14,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from peagle_trt.errors import ConfigError, RemoteError, ServeError
+from peagle_trt.errors import ConfigError, RemoteError, RequestError, ServeError
 from peagle_trt.openai_frontend.backend import ModelNotFound, ModelUnavailable, TritonBackend
-from peagle_trt.openai_frontend.protocol import (ChatRequest, CompletionRequest, ValidationError, error_body,
-                                                 new_id, now, validation_message)
+from peagle_trt.openai_frontend.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    ValidationError,
+    error_body,
+    new_id,
+    now,
+    validation_message,
+)
 from peagle_trt.serving.client import Chunk
 
 FINISH = {"stop": "stop", "length": "length"}  # "abort" (cancelled / failed step) becomes an error
@@ -100,7 +107,7 @@ def create_app(backend: TritonBackend) -> FastAPI:
         except ValidationError as exc:
             message, param = validation_message(exc)
             return _error(400, message, "invalid_request_error", param)
-        except ConfigError as exc:
+        except (ConfigError, RequestError) as exc:
             return _error(400, str(exc), "invalid_request_error")
         try:
             await asyncio.to_thread(backend.check_ready, req.model)
@@ -116,7 +123,7 @@ def create_app(backend: TritonBackend) -> FastAPI:
             return _error(404, str(exc), "not_found_error", "model", "model_not_found")
         except ModelUnavailable as exc:
             return _error(503, str(exc), "service_unavailable", "model", "model_not_ready")
-        except ConfigError as exc:
+        except (ConfigError, RequestError) as exc:
             return _error(400, str(exc), "invalid_request_error")
         chunks = backend.stream(req.model, prompt, params, request.is_disconnected)
         try:  # the first chunk decides between an error status and a 200 stream

@@ -18,7 +18,7 @@ from typing import AsyncIterator, Awaitable, Callable
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError, RemoteError, ServeError
 from peagle_trt.serving.client import AsyncGrpcChannel, Chunk
-from peagle_trt.serving.repo import model_params
+from peagle_trt.serving.options import read_options
 
 
 class ModelUnavailable(ServeError):
@@ -84,14 +84,14 @@ class TritonBackend:
             if name not in self._templates:
                 from peagle_trt.tokenizer import TextCodec
 
-                model_dir, params = model_params(self.repo, name)
-                codec = TextCodec(model_dir / "1" / params["target_path"])
+                model_dir, options, paths = read_options(self.repo, name)
+                codec = TextCodec(model_dir / "1" / paths.target)
                 bos = codec.tok.bos_token
                 first = codec.tok("a", add_special_tokens=True)["input_ids"][:1]
                 # The template usually writes the BOS text itself; the model's raw-text encoding adds
                 # BOS again when the tokenizer does so by default: drop the template's copy.
                 strip = bos if bos and first == [codec.tok.bos_token_id] else ""
-                self._templates[name] = (codec, int(params["max_seq_len"]), strip)
+                self._templates[name] = (codec, options.max_seq_len, strip)
             return self._templates[name]
 
     def chat_prompt(self, name: str, messages: list[dict]) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import ConfigError
+from peagle_trt.errors import RequestError
 
 __all__ = ["ChatRequest", "CompletionRequest", "ValidationError", "error_body", "new_id"]
 
@@ -67,20 +67,20 @@ class _Common(BaseModel):
 
     def check_unsupported(self) -> None:
         if self.n != 1:
-            raise ConfigError(f"n={self.n} is not supported; this server returns one choice (n=1)")
+            raise RequestError(f"n={self.n} is not supported; this server returns one choice (n=1)")
         if self.presence_penalty or self.frequency_penalty:
-            raise ConfigError("presence_penalty / frequency_penalty are not supported; send 0 or leave them out")
+            raise RequestError("presence_penalty / frequency_penalty are not supported; send 0 or leave them out")
         if self.logit_bias:
-            raise ConfigError("logit_bias is not supported; leave it out")
+            raise RequestError("logit_bias is not supported; leave it out")
         if self.logprobs not in (None, False, 0):
-            raise ConfigError("logprobs are not supported; leave `logprobs` out")
+            raise RequestError("logprobs are not supported; leave `logprobs` out")
         if self.stream_options is not None and self.stream_options.continuous_usage_stats:
-            raise ConfigError("stream_options.continuous_usage_stats is not supported; usage comes in the last "
+            raise RequestError("stream_options.continuous_usage_stats is not supported; usage comes in the last "
                               "chunk (include_usage)")
         if self.stream_options is not None and not self.stream:
-            raise ConfigError("stream_options is only allowed with stream=true")
+            raise RequestError("stream_options is only allowed with stream=true")
         if self.stop is not None and len(self.stop_list) > 4:
-            raise ConfigError(f"at most 4 stop sequences, got {len(self.stop_list)}")
+            raise RequestError(f"at most 4 stop sequences, got {len(self.stop_list)}")
 
     @property
     def stop_list(self) -> tuple[str, ...]:
@@ -109,14 +109,14 @@ class ChatRequest(_Common):
     def check_unsupported(self) -> None:
         super().check_unsupported()
         if self.top_logprobs:
-            raise ConfigError("top_logprobs is not supported; leave it out")
+            raise RequestError("top_logprobs is not supported; leave it out")
         if self.tools or self.tool_choice not in (None, "none"):
-            raise ConfigError("tools / tool_choice are not supported by this server")
+            raise RequestError("tools / tool_choice are not supported by this server")
         if self.response_format and self.response_format.get("type") != "text":
-            raise ConfigError(f"response_format {self.response_format.get('type')!r} is not supported; only 'text'")
+            raise RequestError(f"response_format {self.response_format.get('type')!r} is not supported; only 'text'")
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
-            raise ConfigError(f"max_tokens={self.max_tokens} and max_completion_tokens="
+            raise RequestError(f"max_tokens={self.max_tokens} and max_completion_tokens="
                               f"{self.max_completion_tokens} disagree; send one of them")
 
     @property
@@ -134,11 +134,11 @@ class CompletionRequest(_Common):
     def check_unsupported(self) -> None:
         super().check_unsupported()
         if isinstance(self.prompt, list) and len(self.prompt) != 1:
-            raise ConfigError(f"prompt must be one string (or a list of one), got a list of {len(self.prompt)}")
+            raise RequestError(f"prompt must be one string (or a list of one), got a list of {len(self.prompt)}")
         if self.echo or self.suffix:
-            raise ConfigError("echo / suffix are not supported; leave them out")
+            raise RequestError("echo / suffix are not supported; leave them out")
         if self.best_of not in (None, 1):
-            raise ConfigError(f"best_of={self.best_of} is not supported (only 1)")
+            raise RequestError(f"best_of={self.best_of} is not supported (only 1)")
 
     @property
     def text(self) -> str:

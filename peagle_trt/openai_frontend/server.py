@@ -18,7 +18,7 @@ from peagle_trt.errors import ServeError
 
 
 @dataclass(frozen=True)
-class FrontendSpec:
+class FrontendOptions:
     repo: Path  # the model repository tritonserver serves (chat templates, model names)
     grpc_url: str  # HOST:PORT of tritonserver's gRPC endpoint
     host: str = "127.0.0.1"
@@ -27,23 +27,23 @@ class FrontendSpec:
 
 
 class OpenAIFrontend:
-    def __init__(self, spec: FrontendSpec):
+    def __init__(self, options: FrontendOptions):
         import uvicorn
 
         from peagle_trt.openai_frontend.app import create_app
         from peagle_trt.openai_frontend.backend import TritonBackend
 
-        self.spec = spec
-        family = socket.AF_INET6 if ":" in spec.host else socket.AF_INET
+        self.options = options
+        family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            self._sock.bind((spec.host, spec.port))
+            self._sock.bind((options.host, options.port))
         except OSError as exc:
             self._sock.close()
-            raise ServeError(f"cannot bind the OpenAI frontend to {spec.host}:{spec.port} ({exc.strerror}); "
+            raise ServeError(f"cannot bind the OpenAI frontend to {options.host}:{options.port} ({exc.strerror}); "
                              "pick a free port with --openai-port") from exc
-        self.backend = TritonBackend(spec.grpc_url, spec.repo)
+        self.backend = TritonBackend(options.grpc_url, options.repo)
         app = create_app(self.backend)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=5, timeout_keep_alive=30)
@@ -54,18 +54,18 @@ class OpenAIFrontend:
     @property
     def url(self) -> str:
         """Base URL for OpenAI clients (`openai.OpenAI(base_url=...)`)."""
-        host = f"[{self.spec.host}]" if ":" in self.spec.host else self.spec.host
-        return f"http://{host}:{self.spec.port}/v1"
+        host = f"[{self.options.host}]" if ":" in self.options.host else self.options.host
+        return f"http://{host}:{self.options.port}/v1"
 
     def start(self) -> "OpenAIFrontend":
         threading.Thread(target=self.backend.warm_up, name="peagle-openai-warmup", daemon=True).start()
         self._thread.start()
-        deadline = time.monotonic() + self.spec.start_timeout_s
+        deadline = time.monotonic() + self.options.start_timeout_s
         while not self._server.started:
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 self.stop()
                 raise ServeError(f"the OpenAI frontend did not start on {self.url} within "
-                                 f"{self.spec.start_timeout_s:.0f} s")
+                                 f"{self.options.start_timeout_s:.0f} s")
             time.sleep(0.05)
         return self
 

@@ -11,7 +11,7 @@ plus keyword-only extras: `out=` buffers (tests poison them), FP8 caches (`k_sca
 stored = value / scale), `simple=True` (the CUDA-core attention kernel), `split=False` (no split-K).
 
 Routing the torch executor through the kernels. The models call the op functions of
-`peagle_trt.models.layers` and `peagle_trt.runtime.executor` by module-global name; `install()` swaps
+`peagle_trt.models.layers` and `peagle_trt.executors.torch` by module-global name; `install()` swaps
 those names for dispatchers (once per process). A dispatcher runs the kernel when either
 
 - it is inside `routed()`, which `TorchExecutor(kernels="cuda")` enters around each of its forwards:
@@ -310,8 +310,8 @@ def _draft_sample_dispatch(logits, d2t):
 
 
 _PATCHES = (("peagle_trt.models.layers", "kv_attention", _kv_attention_dispatch),
-            ("peagle_trt.runtime.executor", "draft_inputs", _draft_inputs_dispatch),
-            ("peagle_trt.runtime.executor", "draft_sample", _draft_sample_dispatch))
+            ("peagle_trt.executors.torch", "draft_inputs", _draft_inputs_dispatch),
+            ("peagle_trt.executors.torch", "draft_sample", _draft_sample_dispatch))
 _saved: dict[tuple[str, str], object] = {}
 
 

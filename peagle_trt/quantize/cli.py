@@ -14,9 +14,9 @@ from pathlib import Path
 
 
 def cmd_quantize(args: argparse.Namespace) -> dict:
-    from peagle_trt.quantize import QuantSpec, quantize_target
+    from peagle_trt.quantize import QuantizeOptions, quantize_target
 
-    spec = QuantSpec(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data, num_calib=args.num_calib,
+    spec = QuantizeOptions(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data, num_calib=args.num_calib,
                      max_calib_len=args.max_calib_len, device=args.device)
     t0 = time.perf_counter()
     manifest = quantize_target(args.target, args.output, spec, force=args.force)

@@ -1,1 +1,1 @@
-"""Runtime: executors (the model forwards behind one interface) and, on top, the scheduler."""
+"""Runtime: the in-flight scheduler (scheduler.py) above the speculative step (peagle_trt/speculative/)."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import ConfigError, RuntimeInvariantError
+from peagle_trt.errors import RequestError, RuntimeInvariantError
 from peagle_trt.speculative.decoder import Sequence, SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 
@@ -111,19 +111,19 @@ class Scheduler:
 
     # -- called from any thread ----------------------------------------------------------------
     def add(self, request: Request) -> int:
-        """Queue a request and return its uid (for `cancel`); raises ConfigError (nothing
+        """Queue a request and return its uid (for `cancel`); raises RequestError (nothing
         queued) when it can never run."""
         limit = self.decoder.max_seq_len
         if not request.prompt:
-            raise ConfigError("the prompt is empty; send at least one token")
+            raise RequestError("the prompt is empty; send at least one token")
         if len(request.prompt) + request.params.max_tokens > limit:
-            raise ConfigError(f"prompt ({len(request.prompt)} tokens) + max_tokens "
+            raise RequestError(f"prompt ({len(request.prompt)} tokens) + max_tokens "
                               f"({request.params.max_tokens}) exceeds the maximum sequence length "
                               f"{limit}; shorten the prompt, lower max_tokens or raise the maximum "
                               "(--max-seq-len of generate or build)")
         with self._lock:
             if len(self.waiting) >= self.max_queue:
-                raise ConfigError(f"the request queue is full ({self.max_queue}); retry later")
+                raise RequestError(f"the request queue is full ({self.max_queue}); retry later")
             request.uid = next(self._uids)
             self.waiting.append(request)
             self.wakeup.notify()
@@ -276,7 +276,7 @@ def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
              on_tokens: Callable[[list[int]], bool | None] | None = None, prefill_chunk: int = 256) -> Sequence:
     """One request through the in-flight scheduler, stepped to completion on the calling thread.
     `on_tokens` gets each step's new ids and returns True to end the request there (a stop
-    string was seen). Raises ConfigError when the request can never fit (nothing runs) and
+    string was seen). Raises RequestError when the request can never fit (nothing runs) and
     RuntimeInvariantError when stepping it failed."""
     errors: list[str] = []
 

@@ -1,2 +1,4 @@
-"""Serving: the engine behind the Triton model (`engine.ServingEngine`), the Triton Python model
-itself (`triton_model`), the server launcher (`server`) and the gRPC streaming client (`client`)."""
+"""Serving a built repository: the text generator over the scheduler behind every generate path
+(`generator.TextGenerator`), its typed settings as config.pbtxt carries them (`options`), the
+wire contract (`protocol`), the Triton Python model (`triton_model`), the server launcher
+(`server`) and the gRPC streaming client (`client`)."""

@@ -67,7 +67,7 @@ def parse_result(result) -> Chunk:
 
 
 def final_stats(result) -> dict:
-    """The final response's statistics, keyed as the engine's (`protocol.generate_result`, which
+    """The final response's statistics, keyed as the generator's (`protocol.generate_result`, which
     names any that an older server did not send)."""
     stats = {"finish_reason": result.as_numpy("finish_reason")[0].decode()}
     for name, (key, _) in FINAL_OUTPUTS.items():

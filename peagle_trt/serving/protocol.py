@@ -9,12 +9,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from peagle_trt.errors import ConfigError
+from peagle_trt.config import MAX_STOP_BYTES, PROMPT_BYTES_PER_TOKEN
+from peagle_trt.errors import ConfigError, RequestError
 
 INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
           "ignore_eos", "exclude_input_in_output", "apply_chat_template")
 
-# the final response's statistics: output name -> (key of the engine's final stats, numpy dtype)
+# the final response's statistics: output name -> (key of the generator's final stats, numpy dtype)
 FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("spec_mode", np.object_),
                  "num_spec_tokens": ("num_spec_tokens", np.int32),
                  "acceptance_length": ("acceptance_length", np.float32),
@@ -23,10 +24,6 @@ FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("sp
                  "num_draft_steps": ("steps", np.int32), "target_forwards": ("target_forwards", np.int32),
                  "drafter_forwards": ("drafter_forwards", np.int32)}
 
-# Default input limits, in UTF-8 bytes: a token averages ~4 bytes of text, so 16 bytes per
-# position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
-PROMPT_BYTES_PER_TOKEN = 16
-MAX_STOP_BYTES = 1024
 
 
 @dataclass(frozen=True)
@@ -39,9 +36,11 @@ class InputLimits:
     stop_bytes: int = MAX_STOP_BYTES
 
     @classmethod
-    def from_params(cls, params: dict[str, str]) -> "InputLimits":
-        prompt = params.get("max_prompt_bytes") or PROMPT_BYTES_PER_TOKEN * int(params["max_seq_len"])
-        limits = cls(int(prompt), int(params.get("max_stop_bytes") or MAX_STOP_BYTES))
+    def resolve(cls, max_seq_len: int, max_prompt_bytes: int | None = None,
+                max_stop_bytes: int | None = None) -> "InputLimits":
+        """The limits of a model with these settings (None: the defaults above)."""
+        limits = cls(PROMPT_BYTES_PER_TOKEN * max_seq_len if max_prompt_bytes is None else max_prompt_bytes,
+                     MAX_STOP_BYTES if max_stop_bytes is None else max_stop_bytes)
         if limits.prompt_bytes <= 0 or limits.stop_bytes < 0:
             raise ConfigError(f"max_prompt_bytes must be > 0 and max_stop_bytes >= 0, got {limits}")
         return limits
@@ -49,13 +48,13 @@ class InputLimits:
     def check_prompt(self, prompt: str | bytes) -> None:
         size = _utf8_size(prompt, self.prompt_bytes)
         if size > self.prompt_bytes:
-            raise ConfigError(f"text_input is {size} bytes or more; this model accepts at most "
+            raise RequestError(f"text_input is {size} bytes or more; this model accepts at most "
                               f"{self.prompt_bytes} bytes (max_prompt_bytes); shorten the prompt")
 
     def check_stop(self, stop: list[str | bytes] | tuple[str | bytes, ...]) -> None:
         size = sum(_utf8_size(s, self.stop_bytes + 1) for s in stop)
         if size > self.stop_bytes:
-            raise ConfigError(f"the stop strings are {size} bytes or more together; this model accepts "
+            raise RequestError(f"the stop strings are {size} bytes or more together; this model accepts "
                               f"at most {self.stop_bytes} bytes (max_stop_bytes); send shorter or fewer "
                               "stop strings")
 

@@ -46,7 +46,7 @@ _PORT_TAKEN = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
 @dataclass(frozen=True)
-class ServeSpec:
+class ServeOptions:
     repo: Path
     host: str = "127.0.0.1"
     http_port: int = 8000
@@ -93,14 +93,14 @@ def _bundled() -> tuple[Path, Path]:
     return dist / "bin" / "tritonserver", work
 
 
-def command_and_env(spec: ServeSpec, shm_prefix: str) -> tuple[list[str], dict]:
+def command_and_env(options: ServeOptions, shm_prefix: str) -> tuple[list[str], dict]:
     env = dict(os.environ)
     on_path = shutil.which("tritonserver")
-    args = [f"--model-repository={spec.repo.absolute()}",
-            f"--http-address={spec.host}", f"--http-port={spec.http_port}",
-            f"--grpc-address={spec.host}", f"--grpc-port={spec.grpc_port}",
-            f"--metrics-address={spec.host}", f"--metrics-port={spec.metrics_port}",
-            f"--exit-timeout-secs={max(1, round(spec.drain_timeout_s))}",
+    args = [f"--model-repository={options.repo.absolute()}",
+            f"--http-address={options.host}", f"--http-port={options.http_port}",
+            f"--grpc-address={options.host}", f"--grpc-port={options.grpc_port}",
+            f"--metrics-address={options.host}", f"--metrics-port={options.metrics_port}",
+            f"--exit-timeout-secs={max(1, round(options.drain_timeout_s))}",
             f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
             "--allow-gpu-metrics=false", "--log-info=true"]
     if on_path:
@@ -122,15 +122,15 @@ class TritonServer:
 
     Create it on a thread that outlives it (the parent-death signal fires when that thread ends)."""
 
-    def __init__(self, spec: ServeSpec):
-        if not (spec.repo / "peagle" / "config.pbtxt").is_file() and not any(spec.repo.glob("*/config.pbtxt")):
-            raise ServeError(f"{spec.repo}: not a model repository (no */config.pbtxt); build one with "
+    def __init__(self, options: ServeOptions):
+        if not (options.repo / "peagle" / "config.pbtxt").is_file() and not any(options.repo.glob("*/config.pbtxt")):
+            raise ServeError(f"{options.repo}: not a model repository (no */config.pbtxt); build one with "
                              "`peagle-trt build`")
-        check_ports(spec.host, spec.ports)
-        self.spec = spec
+        check_ports(options.host, options.ports)
+        self.options = options
         self.shm_prefix = f"peagle_{os.getpid()}_{secrets.token_hex(4)}_"
-        cmd, env = command_and_env(spec, self.shm_prefix)
-        self.log_path = spec.log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
+        cmd, env = command_and_env(options, self.shm_prefix)
+        self.log_path = options.log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
         self._log = open(self.log_path, "wb")
         self.stubs: list[int] = []  # the model processes, known once ready
         self.swept: list[str] = []  # what the last cleanup had to remove (empty after a clean exit)
@@ -141,11 +141,11 @@ class TritonServer:
 
     @property
     def http_url(self) -> str:
-        return f"http://{self.spec.host}:{self.spec.http_port}"
+        return f"http://{self.options.host}:{self.options.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"{self.spec.host}:{self.spec.grpc_port}"
+        return f"{self.options.host}:{self.options.grpc_port}"
 
     # -- the server's log --------------------------------------------------------------------------
     def _log_lines(self) -> list[str]:
@@ -167,8 +167,8 @@ class TritonServer:
         never gets this far: tritonserver exits with "already in use")."""
         text = "\n".join(self._log_lines())
         return all(re.search(rf"Started {service} at \S*:{port}\b", text) for service, port in (
-            ("HTTPService", self.spec.http_port), ("GRPCInferenceService", self.spec.grpc_port),
-            ("Metrics Service", self.spec.metrics_port)))
+            ("HTTPService", self.options.http_port), ("GRPCInferenceService", self.options.grpc_port),
+            ("Metrics Service", self.options.metrics_port)))
 
     # -- health --------------------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -200,7 +200,7 @@ class TritonServer:
     def wait_ready(self, should_stop: Callable[[], bool] | None = None) -> bool:
         """Block until this server is ready (True) or `should_stop()` says stop (False, server
         stopped); raise ServeError (server stopped, nothing left behind) if it cannot start."""
-        deadline = time.monotonic() + self.spec.ready_timeout_s
+        deadline = time.monotonic() + self.options.ready_timeout_s
         while time.monotonic() < deadline:
             if should_stop is not None and should_stop():
                 self.stop(_STARTUP_GRACE_S)
@@ -217,14 +217,14 @@ class TritonServer:
             time.sleep(0.25)
         tail = self.log_tail()
         self.stop(_STARTUP_GRACE_S)
-        raise ServeError(f"tritonserver was not ready after {self.spec.ready_timeout_s:.0f} s (a model "
+        raise ServeError(f"tritonserver was not ready after {self.options.ready_timeout_s:.0f} s (a model "
                          f"that cannot load keeps the server not-ready); its log ({self.log_path}) ends "
                          f"with:\n{tail}")
 
     # -- shutdown ------------------------------------------------------------------------------------
     def _models_busy(self) -> bool | None:
         """Whether a peagle model still runs or queues a request (its metrics), None if unknown."""
-        url = f"http://{self.spec.host}:{self.spec.metrics_port}/metrics"
+        url = f"http://{self.options.host}:{self.options.metrics_port}/metrics"
         try:
             with urllib.request.urlopen(url, timeout=2) as r:
                 text = r.read().decode(errors="replace")
@@ -242,7 +242,7 @@ class TritonServer:
         the drain timeout + 15 s) or `abort()` says so. Then remove whatever the run left."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + (self.spec.drain_timeout_s + 15 if grace_s is None else grace_s)
+            deadline = time.monotonic() + (self.options.drain_timeout_s + 15 if grace_s is None else grace_s)
             idle_since = None
             while self.proc.poll() is None and time.monotonic() < deadline and not (abort and abort()):
                 if self._models_busy() is False:
@@ -290,7 +290,7 @@ class TritonServer:
         self.stop()
 
 
-def serve_forever(spec: ServeSpec, on_ready=None) -> dict:
+def serve_forever(options: ServeOptions, on_ready=None) -> dict:
     """Run until Ctrl-C / SIGTERM, then drain and shut the server down. Returns tritonserver's
     exit code and whether every stream had finished; raises ServeError (everything stopped and
     cleaned up) when it cannot start or stops serving."""
@@ -303,7 +303,7 @@ def serve_forever(spec: ServeSpec, on_ready=None) -> dict:
     old = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     server = None
     try:
-        server = TritonServer(spec)
+        server = TritonServer(options)
         if not server.wait_ready(should_stop=lambda: stop["signal"] is not None):
             return {"exit_code": server.proc.returncode, "drained": True}
         if on_ready:

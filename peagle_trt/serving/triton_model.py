@@ -1,5 +1,6 @@
-"""The `peagle` Triton Python model: decoupled, `execute` only enqueues; the engine's background
-thread steps the in-flight scheduler and streams through each request's response sender.
+"""The `peagle` Triton Python model: decoupled, `execute` only enqueues; the text generator's
+background thread (serving/generator.py) steps the in-flight scheduler and streams through each
+request's response sender. Its settings come typed from config.pbtxt (serving/options.py).
 
 Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens`, `stream`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
@@ -10,7 +11,7 @@ carries `finish_reason`, `prompt_tokens` and the request's acceptance statistics
 Bad requests get an error response of their own; other streams are not disturbed: oversized
 prompts and stop strings are refused from their byte counts before decoding or tokenizing, a
 request whose step fails ends with an error response, and a client cancels only its own request
-(the engine's uid, not the client-chosen request id, identifies it).
+(the generator's uid, not the client-chosen request id, identifies it).
 
 Lifetime: Triton unloads the model (`finalize`) once its last stream has ended; `finalize` is
 bounded. If tritonserver dies without unloading it (killed, crashed, a failed start), the stub
@@ -32,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import ConfigError, PeagleError
-from peagle_trt.serving.engine import Event, ServingEngine
+from peagle_trt.errors import PeagleError, RequestError
+from peagle_trt.serving.generator import Event, TextGenerator
+from peagle_trt.serving.options import from_parameters
 from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS, InputLimits
 
 log = logging.getLogger("peagle_trt.triton")
@@ -45,7 +47,7 @@ def _scalar(pb_utils, request, name: str, default):
         return default
     value = tensor.as_numpy().reshape(-1)
     if value.size != 1:
-        raise ConfigError(f"input {name!r} must hold exactly one value, got {value.size}")
+        raise RequestError(f"input {name!r} must hold exactly one value, got {value.size}")
     return value[0].item() if hasattr(value[0], "item") else value[0]
 
 
@@ -54,18 +56,18 @@ def _text(value, name: str) -> str:
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
+            raise RequestError(f"input {name!r} is not valid UTF-8 ({exc.reason} at byte {exc.start})") from exc
     return str(value)
 
 
 def parse_request(pb_utils, request, limits: InputLimits) -> tuple[str, SamplingParams, dict]:
-    """Triton request -> (prompt, sampling params, options); ConfigError on bad input (sizes are
+    """Triton request -> (prompt, sampling params, options); RequestError on bad input (sizes are
     checked on the raw bytes, before decoding)."""
     # HTTP /generate turns JSON keys that are not inputs into request parameters: refuse them
     # rather than silently ignoring a misspelled option.
     unknown = sorted(json.loads(request.parameters() or "{}"))
     if unknown:
-        raise ConfigError(f"unknown input(s) {unknown}; accepted inputs: {', '.join(INPUTS)}")
+        raise RequestError(f"unknown input(s) {unknown}; accepted inputs: {', '.join(INPUTS)}")
     raw_prompt = _scalar(pb_utils, request, "text_input", b"")
     limits.check_prompt(raw_prompt)
     prompt = _text(raw_prompt, "text_input")
@@ -129,20 +131,21 @@ class TritonPythonModel:
         self.pb = pb_utils
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        options, paths = from_parameters(params, args["model_name"])
         model_dir = Path(args["model_repository"])
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
-        self.engine = ServingEngine.load(model_dir, params)
-        self.k = int(params["num_spec_tokens"]) if params["spec_mode"] != "none" else 0
+        self.generator = TextGenerator.load(model_dir, options, paths)
+        self.k = options.speculation.k
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
-        self.engine.on_step = self._update_metrics
+        self.generator.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
         self._next_metrics = 0.0
         # Responses go out from their own thread so the scheduler never waits on the transport.
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sender_thread = threading.Thread(target=self._send_loop, name="peagle-sender", daemon=True)
         self._sender_thread.start()
-        self.engine.start()
+        self.generator.start()
         log.info("peagle model ready: %s", params)
 
     # -- requests ----------------------------------------------------------------------------------
@@ -151,9 +154,9 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                prompt, params, options = parse_request(pb, request, self.engine.limits)
+                prompt, params, options = parse_request(pb, request, self.generator.limits)
                 state = {"text": [], "ids": []}
-                self.engine.submit(request.request_id() or f"req-{time.monotonic_ns()}", prompt, params,
+                self.generator.submit(request.request_id() or f"req-{time.monotonic_ns()}", prompt, params,
                                    lambda event, s=sender, o=options, st=state: self._respond(s, o, st, event),
                                    is_cancelled=sender.is_cancelled, chat_template=options["chat_template"],
                                    echo_prompt=options["echo_prompt"])
@@ -196,7 +199,7 @@ class TritonPythonModel:
             except Exception:  # the client is gone: stop generating for it
                 log.info("client of %s (uid %d) disconnected; cancelling", event.request_id, event.uid)
                 if not event.finished:
-                    self.engine.cancel(event.uid)
+                    self.generator.cancel(event.uid)
 
     # -- metrics -------------------------------------------------------------------------------------
     def _make_metrics(self, labels: dict):
@@ -226,7 +229,7 @@ class TritonPythonModel:
         self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels=labels)
         self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels=labels)
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
-        self.m_slots_total.set(self.engine.scheduler.decoder.ex.num_slots)
+        self.m_slots_total.set(self.generator.scheduler.decoder.ex.num_slots)
         self._last_tokens = 0
 
     def _update_metrics(self):
@@ -234,7 +237,7 @@ class TritonPythonModel:
         if now < self._next_metrics:  # refresh at most twice a second: metric calls cross into C++
             return
         self._next_metrics = now + 0.5
-        sched = self.engine.scheduler
+        sched = self.generator.scheduler
         running = sum(len(r.seq.output) for r in sched.running if r.seq is not None)
         total = sched.generated_tokens + running
         self.m_tokens.increment(max(0, total - self._last_tokens))
@@ -254,7 +257,7 @@ class TritonPythonModel:
     def finalize(self):
         """Bounded: Triton calls it once every stream has ended (their senders are closed), and
         waits for it before the server can exit."""
-        self.engine.stop(timeout=5.0)
+        self.generator.stop(timeout=5.0)
         self._outbox.put(None)
         self._sender_thread.join(2.0)
         log.info("peagle model finalized")

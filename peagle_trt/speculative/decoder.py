@@ -20,6 +20,7 @@ import torch
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
+from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.sampling import make_generator
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.verify import verify
@@ -51,7 +52,7 @@ class Sequence:
 
 
 class SpecDecoder:
-    def __init__(self, executor, spec: SpecConfig, eos_ids: tuple[int, ...] = (), proposer=None):
+    def __init__(self, executor: Executor, spec: SpecConfig, eos_ids: tuple[int, ...] = (), proposer=None):
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
         self.k = spec.k
         if proposer is None and self.k:

@@ -4,7 +4,7 @@ Numerically safe for every temperature SamplingParams accepts (>= TEMPERATURE_FL
 never get here, they are greedy): the top logit is subtracted first, so the scaled logits are
 <= 0 with the top one at exactly 0 and softmax cannot overflow; a temperature too large for
 float32 flattens the distribution to uniform instead of turning masked logits into NaN.
-Tested by tests/unit/test_sampling.py and tests/faults/test_requests.py.
+Tested by tests/speculative/test_sampling.py and tests/faults/test_requests.py.
 """
 
 from __future__ import annotations

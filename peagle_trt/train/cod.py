@@ -1,4 +1,5 @@
-"""COD sampling, the (anchor, depth) attention mask and sequence partitioning (spec §3.2, 3.3, 3.5).
+"""COD sampling, the (anchor, depth) attention mask and sequence partitioning (the P-EAGLE
+paper's training recipe).
 
 A training sequence of N drafter positions becomes a flat list of elements (anchor a, depth d):
 depth 0 at every position (the real row: token x_{a+1}, target taps g_a), and for d >= 1 a
@@ -15,7 +16,7 @@ deeper one to bucket(anchor + 1), so a chain is never split. Segment s runs its 
 every depth-0 element of an earlier bucket as context (recomputed, not charged loss); the sum of
 the segment losses, each divided by the whole sequence's supervised count, is the flat loss.
 
-Tests: tests/train/test_cod.py (chains, mask against the formula, partition coverage).
+Tests: tests/train/test_train_cod.py (chains, mask against the formula, partition coverage).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 Sources:
   JSONL prompts  {"prompt": ...} (or "text"/"messages"); the target REGENERATES the response
                  (greedy, or sampled at a temperature), batched through the serving scheduler,
-                 and only response tokens are supervised (spec §3.1: original responses are discarded).
+                 and only response tokens are supervised (as in the P-EAGLE paper, original responses
+                 are discarded).
   plain text     files (or a file listing files); tokenized, joined with EOS, cut into windows;
                  every position supervised.
 The draft vocabulary is the `draft_vocab` most frequent tokens of the training sequences (ties
@@ -11,7 +12,7 @@ by id), sorted by id: d2t[i] = draft_ids[i] - i (offsets, target_id = draft_id +
 t2d = membership mask over the target vocabulary.
 Target features come from our reference target (`peagle_trt.models.target.TargetModel`): its
 tap hidden states and its next-token distribution restricted to the draft vocabulary.
-Tests: tests/train/test_train.py.
+Tests: tests/train/test_train_run.py.
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperatur
     seed + i for prompt i), `batch` at a time through the serving scheduler (target only): the
     same in-flight batched decode the server runs, so a big prompt file regenerates in batches."""
     from peagle_trt.config import SamplingParams, SpecConfig
-    from peagle_trt.runtime.executor import TorchExecutor
+    from peagle_trt.executors.torch import TorchExecutor
     from peagle_trt.runtime.scheduler import Request, Scheduler
     from peagle_trt.speculative.decoder import SpecDecoder
 

@@ -43,7 +43,7 @@ class TrainHead(nn.Module):
 
 @dataclass(frozen=True)
 class SeqFeatures:
-    """One training sequence as the drafter sees it (EAGLE shift, spec §3.1): position i holds
+    """One training sequence as the drafter sees it (EAGLE shift, as in the P-EAGLE paper): position i holds
     token x_{i+1}, the target taps at i, and the target's distribution for x_{i+2}."""
     tokens: torch.Tensor  # [N] int64
     aux: torch.Tensor  # [N, num_aux * H_t]

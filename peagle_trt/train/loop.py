@@ -1,4 +1,5 @@
-"""The training loop behind `peagle_trt.train.train`: set-up, steps, checkpoints, export.
+"""The training loop: `train(TrainConfig)` (the stage's entry point), set-up, steps, resumable
+checkpoints, the trained head written by save.py.
 
 Per step: sample `batch` sequences, run the frozen target over each (taps + distribution over
 the draft vocabulary), COD-sample the flat multi-depth elements, then forward+backward each
@@ -10,21 +11,23 @@ a resumed run continues with exactly the batches an uninterrupted run would have
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict
 
 import torch
 
+from peagle_trt.architecture import DrafterConfig
 from peagle_trt.checkpoint import load_target
-from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.target import TargetModel
 from peagle_trt.tokenizer import TextCodec
 from peagle_trt.train import data as D
 from peagle_trt.train.cod import cod_sample, partition
-from peagle_trt.train.export import write_head
+from peagle_trt.train.config import TrainConfig
 from peagle_trt.train.forward import TrainHead, segment_loss
+from peagle_trt.train.save import write_head
 
 MASK_TOKEN_NAMES = ("<|reserved_mask|>", "<|mask|>", "<mask>", "[MASK]")
 
@@ -53,7 +56,7 @@ def build_head(cfg, target_ckpt, taps, mask_id, draft_ids) -> tuple[TrainHead, D
         has_mask_hidden=cfg.method == "peagle", trained_depth=cfg.depths)
     torch.manual_seed(cfg.seed)
     model = DrafterModel(config)
-    with torch.no_grad():  # embeddings and lm_head rows start from the target's (spec §1.2)
+    with torch.no_grad():  # embeddings and lm_head rows start from the target's (as the P-EAGLE paper initialises them)
         model.embed_tokens.weight.copy_(target_ckpt.tensors["embed_tokens.weight"].float())
         model.lm_head.weight.copy_(target_ckpt.tensors["lm_head.weight"].float()[draft_ids])
         model.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
@@ -168,3 +171,20 @@ def _save(path, cfg, head, opt, gen, step: int) -> None:
                 "generator": gen.get_state(), "step": step}, tmp)
     tmp.replace(path)
 
+
+def train(cfg: TrainConfig, progress=None) -> dict:
+    """Train and write the head to `cfg.output`; returns a summary (loss, per-depth accuracy, times)."""
+    cfg.check()
+    if cfg.output.exists() and any(cfg.output.iterdir()) and not cfg.force:
+        raise ConfigError(f"{cfg.output} exists and is not empty; pass --force to replace it")
+    return run(cfg, progress or _stderr_progress())
+
+
+def _stderr_progress():
+    start = time.perf_counter()
+
+    def show(line: str, final: bool = False) -> None:
+        stamp = f"[train {time.perf_counter() - start:6.0f}s] "
+        # in-place progress line; `final` lines are kept (newline)
+        print("\r" + stamp + line, end="\n" if final else "", file=sys.stderr, flush=True)
+    return show

@@ -20,10 +20,10 @@ from peagle_trt.checkpoint import load_pair
 from peagle_trt.checkpoint.drafter import load_drafter
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.models.drafter import DrafterModel
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 from tests.compat.cases import DEPTH, WINDOW, WRITTEN
 
 ATOL = 1e-4
@@ -147,13 +147,13 @@ def test_greedy_generation_equals_target_torch(library, name):
 
 @pytest.mark.parametrize("name", ORT_CASES)
 def test_greedy_generation_equals_target_onnxruntime(library, name, tmp_path):
-    from peagle_trt.export import ExportSpec, export_models
-    from peagle_trt.runtime.ort_executor import OrtExecutor
+    from peagle_trt.executors.onnxruntime import OrtExecutor
+    from peagle_trt.export import ExportOptions, export_models
 
     case = library["cases"][name]
     spec = SpecConfig(case["type"], DEPTH)
     target, drafter = load_pair(library["targets"][case["family"]], library["heads"] / name, spec).build()
-    export = ExportSpec(spec, 1, 100)
+    export = ExportOptions(spec, 1, 100)
     export_models(target, drafter, tmp_path / "export", export)
     if drafter.config.sliding_layers:  # the graphs carry each window that cuts (W < 104 KV positions)
         import onnx

@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.export import ExportSpec, export_models
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.runtime.ort_executor import OrtExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 
 FAMILIES = ["qwen3_moe", "gpt_oss", "gemma4", "gemma4_moe"]
 K, SLOTS, SEQ = 3, 2, 96
@@ -41,7 +41,7 @@ def exported(tiny_moe, tmp_path_factory):
         if family not in cache:
             target, drafter = _models(tiny_moe, family)
             out = tmp_path_factory.mktemp("export") / family
-            export_models(target, drafter, out, ExportSpec(SpecConfig("peagle", K), SLOTS, SEQ, max_rows=MAX_ROWS))
+            export_models(target, drafter, out, ExportOptions(SpecConfig("peagle", K), SLOTS, SEQ, max_rows=MAX_ROWS))
             cache[family] = (target, drafter, out)
         return cache[family]
 
@@ -133,7 +133,7 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
               if i.name.startswith("past_key")}
         sliding, full = [SLOTS, 2, 8 + MAX_ROWS, 32], [SLOTS, 1, SEQ + K + 2, 64]
         assert kv == {f"past_key_{i}": shape for i, shape in enumerate([sliding, sliding, full, sliding, sliding])}
-        from peagle_trt.engine import _graph_info
+        from peagle_trt.engine.build import _graph_info
         from peagle_trt.errors import BuildError
 
         with pytest.raises(BuildError, match=r"sliding windows.*KV-shared layers"):  # TensorRT refuses both
@@ -143,10 +143,10 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
 
 
 def test_build_prints_and_records_kv_memory_per_slot(tiny_moe, tmp_path, capsys):
-    from peagle_trt.package import RepoSpec, build_repository
+    from peagle_trt.repository import RepositoryOptions, build_repository
 
     manifest = build_repository(tiny_moe["gpt_oss"], tiny_moe["drafter-gpt_oss"], tmp_path / "repo",
-                                RepoSpec(SpecConfig("peagle", K), max_batch=4, max_seq_len=60, prefill_chunk=8))
+                                RepositoryOptions(SpecConfig("peagle", K), max_batch=4, max_seq_len=60, prefill_chunk=8))
     mem = manifest["kv_memory"]
     assert (mem["full_layers"], mem["windowed_layers"], mem["window_positions"]) == (4, 4, 8 + 8 - 1)
     per_layer = lambda n: 2 * 2 * (n + 1) * 32 * 4  # noqa: E731 (K and V, 2 kv heads, head_dim 32, fp32)

@@ -1,4 +1,4 @@
-"""The project's trained code pair (tests/fixtures/code-pair, made by scripts/make_code_pair.py):
+"""The project's trained code pair (peagle_trt/assets/code-pair, made by scripts/make_code_pair.py):
 its heads accept real drafts on code prompts while the output stays the target's own, it loads
 from bf16 storage, it stays small, and `peagle-trt demo` serves it through a real tritonserver.
 The prompts are written here (not from HumanEval, which is the benchmark set)."""
@@ -6,19 +6,19 @@ The prompts are written here (not from HumanEval, which is the benchmark set).""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from peagle_trt.checkpoint import load_drafter, load_pair
 from peagle_trt.cli import main
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.demo import default_pair
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 
-PAIR = Path(__file__).resolve().parents[1] / "fixtures" / "code-pair"
+PAIR = default_pair()  # the package's asset, as `peagle-trt demo` reads it
 PROMPTS = ['def read_lines(path):\n    """Return the lines of the file at path."""',
            "class Stack:\n\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):"]
 # Measured on this pair on these prompts (2026-11-23: P-EAGLE K=7 3.67, EAGLE-3 K=3 3.41; see

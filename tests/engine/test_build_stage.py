@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from peagle_trt import engine as stage
-from peagle_trt.engine import EngineSpec, build_engines, profiles_for
+from peagle_trt.engine import EngineOptions, build_engines, profiles_for
+from peagle_trt.engine import build as stage
 from peagle_trt.errors import BuildError, RuntimeInvariantError
 from peagle_trt.manifest import sha256, verify_manifest, write_manifest
 
@@ -21,7 +21,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 N, KV, D, H3 = 8, 2, 4, 12
-SPEC = EngineSpec("sm_90", max_batch=N, max_seq_len=32, num_spec_tokens=3, prefill_chunk=16, workspace_gb=1.0)
+SPEC = EngineOptions("sm_90", max_batch=N, max_seq_len=32, num_spec_tokens=3, prefill_chunk=16, workspace_gb=1.0)
 T1 = 32 + 3 + 2  # T + 1 rows per KV slot
 
 
@@ -310,7 +310,7 @@ def test_missing_tensorrt_names_the_container(tmp_path, monkeypatch):
         build_engines(tmp_path / "export", tmp_path / "out", SPEC)
     assert "not installed" in str(err.value) and "pip install tensorrt" in str(err.value)
     assert not (tmp_path / "out").exists()
-    from peagle_trt.runtime.trt_executor import TensorRTExecutor
+    from peagle_trt.executors.tensorrt import TensorRTExecutor
 
     with pytest.raises(BuildError, match="nvcr.io/nvidia/tensorrt"):
         TensorRTExecutor(tmp_path / "out")
@@ -318,7 +318,7 @@ def test_missing_tensorrt_names_the_container(tmp_path, monkeypatch):
 
 # -- (b) profiles ----------------------------------------------------------------------------------
 def test_profiles_follow_docs_export_md():
-    spec = EngineSpec("sm_90", max_batch=8, max_seq_len=2048, num_spec_tokens=7, prefill_chunk=256)
+    spec = EngineOptions("sm_90", max_batch=8, max_seq_len=2048, num_spec_tokens=7, prefill_chunk=256)
     kv = {"past_key_0": [8, 4, 2057, 128], "past_value_0": [-1, 4, -1, 128]}  # static or dynamic N / T+1
     target = profiles_for("target", spec, {"input_ids": [-1, -1], "positions": [-1, -1], "slots": [-1],
                                            "logit_rows": [-1, -1], **kv})
@@ -337,13 +337,13 @@ def test_profiles_follow_docs_export_md():
     d = drafter["draft"]
     assert d["pending_ids"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 256]}  # max(prefill_chunk, K+1)
     assert d["pending_aux"] == {"min": [1, 1, 1536], "opt": [8, 8, 1536], "max": [8, 256, 1536]}
-    small = EngineSpec("sm_100", max_batch=2, num_spec_tokens=15, prefill_chunk=4)
+    small = EngineOptions("sm_100", max_batch=2, num_spec_tokens=15, prefill_chunk=4)
     rows = profiles_for("drafter_fc", small, {"aux": [-1, -1, 96]})["rows"]["aux"]
     assert rows["max"] == [2, 16, 96]  # K+1 > prefill_chunk
 
 
 def test_profiles_reject_graphs_off_contract():
-    spec = EngineSpec(max_batch=8, max_seq_len=2048, num_spec_tokens=7)
+    spec = EngineOptions(max_batch=8, max_seq_len=2048, num_spec_tokens=7)
     good = {"input_ids": [-1, -1], "positions": [-1, -1], "slots": [-1], "logit_rows": [-1, -1]}
     with pytest.raises(BuildError, match=r"missing \['logit_rows'\]"):
         profiles_for("target", spec, {k: v for k, v in good.items() if k != "logit_rows"})
@@ -510,7 +510,7 @@ def test_cli_parser_and_command(env):
 
 
 def test_executor_binds_kv_in_place_and_picks_the_profile_by_rows(env):
-    from peagle_trt.runtime.trt_executor import TensorRTExecutor
+    from peagle_trt.executors.tensorrt import TensorRTExecutor
 
     build_engines(env.export, env.out, env.spec)
     env.calls.clear()

@@ -12,12 +12,12 @@ pytest.importorskip("modelopt")
 
 from peagle_trt.checkpoint import load_pair  # noqa: E402
 from peagle_trt.config import SamplingParams, SpecConfig  # noqa: E402
-from peagle_trt.export import ExportSpec, export_models  # noqa: E402
-from peagle_trt.quantize import QuantSpec, quantize_target  # noqa: E402
-from peagle_trt.runtime.executor import TorchExecutor  # noqa: E402
-from peagle_trt.runtime.ort_executor import OrtExecutor  # noqa: E402
-from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
+from peagle_trt.executors.onnxruntime import OrtExecutor  # noqa: E402
+from peagle_trt.executors.torch import TorchExecutor  # noqa: E402
+from peagle_trt.export import ExportOptions, export_models  # noqa: E402
+from peagle_trt.quantize import QuantizeOptions, quantize_target  # noqa: E402
 from peagle_trt.runtime.scheduler import generate  # noqa: E402
+from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
 from tests.export.crossbackend import check_greedy_near_equal  # noqa: E402
 
 # |logit| error bound torch vs onnxruntime for the tiny FP8 llama. A float32 rounding difference
@@ -31,11 +31,11 @@ PROMPTS = ([3, 4, 5], list(range(40, 70)))
 @pytest.fixture(scope="module")
 def fp8_export(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8x")
-    quantize_target(tiny["llama"], root / "llama-fp8", QuantSpec(num_calib=4))
+    quantize_target(tiny["llama"], root / "llama-fp8", QuantizeOptions(num_calib=4))
     spec = SpecConfig("peagle", 3)
     pair = load_pair(root / "llama-fp8", tiny["aws"], spec)
     target, drafter = pair.build()
-    export_models(target, drafter, root / "export", ExportSpec(spec, 2, 100))
+    export_models(target, drafter, root / "export", ExportOptions(spec, 2, 100))
     return target, drafter, root / "export", spec
 
 

@@ -12,13 +12,13 @@ import torch
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.export import ExportSpec, export_models
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.ops import DOMAIN, OP_TYPES
 from peagle_trt.ops.onnx_defs import register_schemas
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.runtime.ort_executor import OrtExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 from tests.export.crossbackend import check_greedy_near_equal
 
 K, SLOTS, SEQ = 3, 3, 120
@@ -41,7 +41,7 @@ def exported(tiny, tmp_path_factory):
             pair = load_pair(tiny[family], tiny[drafter], spec)
             target, draft = pair.build()
             out = tmp_path_factory.mktemp("export") / f"{family}-{mode}"
-            export_models(target, draft, out, ExportSpec(spec, SLOTS, SEQ))
+            export_models(target, draft, out, ExportOptions(spec, SLOTS, SEQ))
             cache[key] = (target, draft, out, spec)
         return cache[key]
 
@@ -135,7 +135,7 @@ def test_export_refuses_to_overwrite(exported):
 
     target, drafter, out, spec = exported("llama", "peagle")
     with pytest.raises(BuildError, match="already exists"):
-        export_models(target, drafter, out, ExportSpec(spec, SLOTS, SEQ))
+        export_models(target, drafter, out, ExportOptions(spec, SLOTS, SEQ))
 
 
 def test_chunked_prefill_equals_whole_prefill_within_each_backend(exported):

@@ -37,6 +37,6 @@ def test_generate_max_seq_len_raises_the_limit_its_error_names(tiny, capsys):
             "--spec-mode", "none", "--max-tokens", "8", "--ignore-eos"]
     assert main(base + ["--max-seq-len", "32"]) == 2
     refused = last_json(capsys)
-    assert refused["error_type"] == "ConfigError" and "--max-seq-len" in refused["error"]
+    assert refused["error_type"] == "RequestError" and "--max-seq-len" in refused["error"]
     assert main(base + ["--max-seq-len", "256"]) == 0
     assert len(last_json(capsys)["token_ids"]) == 8

@@ -152,7 +152,7 @@ def test_quantize_and_export_refuse_to_replace_their_inputs(pair, tmp_path, caps
 def test_engine_refuses_an_output_over_its_export(tmp_path):
     """The engine stage updates a previous engine directory in place; never its export directory.
     Checked before TensorRT is imported, so this holds on machines without TensorRT too."""
-    from peagle_trt.engine import EngineSpec, build_engines
+    from peagle_trt.engine import EngineOptions, build_engines
 
     export = tmp_path / "export"
     (export / "trt").mkdir(parents=True)
@@ -160,5 +160,5 @@ def test_engine_refuses_an_output_over_its_export(tmp_path):
     before = snapshot(export)
     for out in (export, export / "trt", tmp_path):
         with pytest.raises(BuildError, match="the input"):
-            build_engines(export, out, EngineSpec("sm_90", timing_cache=tmp_path / "cache"))
+            build_engines(export, out, EngineOptions("sm_90", timing_cache=tmp_path / "cache"))
     assert snapshot(export) == before

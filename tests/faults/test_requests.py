@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from peagle_trt.config import TEMPERATURE_FLOOR, SamplingParams, SpecConfig
-from peagle_trt.errors import ConfigError
+from peagle_trt.errors import RequestError
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
-from peagle_trt.serving.engine import ServingEngine
+from peagle_trt.serving.generator import TextGenerator
 from peagle_trt.speculative.sampling import probabilities
 from peagle_trt.speculative.verify import verify, verify_greedy
 from tests.helpers import collect, greedy, make_decoder
@@ -126,7 +126,7 @@ def test_a_step_exception_fails_only_its_request(tiny, references, method, at):
 
 @pytest.fixture(scope="module")
 def engine(tiny):
-    return ServingEngine.from_checkpoints(tiny["llama"], tiny["aws"], SpecConfig("peagle", 3),
+    return TextGenerator.from_checkpoints(tiny["llama"], tiny["aws"], SpecConfig("peagle", 3),
                                           max_seq_len=MAX_SEQ_LEN, max_batch=6, prefill_chunk=32)
 
 
@@ -215,19 +215,19 @@ def test_oversized_prompt_and_stop_string_are_refused_before_tokenization(engine
     submit(engine, "stream", "a long running stream", SamplingParams(max_tokens=300, ignore_eos=True), done)
     prompt_limit, stop_limit = 16 * MAX_SEQ_LEN, 1024  # the defaults for max_seq_len 512
     started = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"at most {prompt_limit} bytes \(max_prompt_bytes\)"):
+    with pytest.raises(RequestError, match=rf"at most {prompt_limit} bytes \(max_prompt_bytes\)"):
         submit(engine, "huge", "x" * 10_000_000, SamplingParams(max_tokens=5), done)
-    with pytest.raises(ConfigError, match=r"max_prompt_bytes"):  # 4-byte characters count as bytes
+    with pytest.raises(RequestError, match=r"max_prompt_bytes"):  # 4-byte characters count as bytes
         submit(engine, "wide", "😀" * (prompt_limit // 4 + 1), SamplingParams(max_tokens=5), done)
-    with pytest.raises(ConfigError, match=rf"at most {stop_limit} bytes \(max_stop_bytes\)"):
+    with pytest.raises(RequestError, match=rf"at most {stop_limit} bytes \(max_stop_bytes\)"):
         submit(engine, "stop", "hi", SamplingParams(max_tokens=5, stop=("s" * 400_000,)), done)
-    with pytest.raises(ConfigError, match=r"max_stop_bytes"):
+    with pytest.raises(RequestError, match=r"max_stop_bytes"):
         submit(engine, "stops", "hi", SamplingParams(max_tokens=5, stop=("abc",) * 400), done)
     refused_s = time.monotonic() - started
     assert 10_000_000 not in encoded and not any(n > prompt_limit for n in encoded)
     assert refused_s < 5.0, refused_s  # generous: tokenizing 10 MB alone took seconds
     # within the byte limit but beyond max_seq_len tokens: tokenized, then refused by its length
-    with pytest.raises(ConfigError, match="exceeds the maximum sequence length"):
+    with pytest.raises(RequestError, match="exceeds the maximum sequence length"):
         submit(engine, "long", "y " * (prompt_limit // 2), SamplingParams(max_tokens=5), done)
     assert encoded[-1] == prompt_limit
     submit(engine, "small", "a small request", SamplingParams(max_tokens=20, ignore_eos=True), done)
@@ -241,14 +241,14 @@ def test_oversized_prompt_and_stop_string_are_refused_before_tokenization(engine
 def server(tiny, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.package import RepoSpec, build_repository
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.repository import RepositoryOptions, build_repository
+    from peagle_trt.serving.server import ServeOptions, TritonServer
     from tests.serving.conftest import free_port
 
     repo = tmp_path_factory.mktemp("faults") / "repo"
-    build_repository(tiny["llama"], tiny["aws"], repo, RepoSpec(SpecConfig("peagle", 3), max_batch=8,
+    build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 3), max_batch=8,
                                                                 max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
-    spec = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
+    spec = ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
     with TritonServer(spec) as srv:
         yield srv
     shutil.rmtree(repo, ignore_errors=True)

@@ -26,7 +26,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import PortInUseError, ServeError
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.serving.client import build_inputs, stream_generate
 from tests.serving.conftest import free_port
 
@@ -40,7 +40,7 @@ def repo(tiny, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     path = tmp_path_factory.mktemp("faults") / "repo"
     build_repository(tiny["llama"], tiny["aws"], path,
-                     RepoSpec(SpecConfig("peagle", 2), max_batch=8, max_seq_len=256, prefill_chunk=32))
+                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=8, max_seq_len=256, prefill_chunk=32))
     return path
 
 
@@ -234,7 +234,7 @@ def test_a_port_taken_after_the_check_is_named_and_nothing_leaks(repo, monkeypat
     impostor = ReadyImpostor(port)
     watch = RegionWatch(repo)
     try:
-        spec = server_mod.ServeSpec(repo, "127.0.0.1", port, free_port(), free_port(), ready_timeout_s=120)
+        spec = server_mod.ServeOptions(repo, "127.0.0.1", port, free_port(), free_port(), ready_timeout_s=120)
         srv = server_mod.TritonServer(spec)
         with pytest.raises(PortInUseError, match=f"port {port} is in use"):
             srv.wait_ready()

@@ -22,10 +22,10 @@ from safetensors.torch import load_file, save_file
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SpecConfig
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, fp8_layers
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
 from tests.helpers import PAIRS, ScriptedDrafter, greedy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

@@ -316,9 +316,9 @@ def test_enable_routes_the_torch_executor(pl, tiny, monkeypatch):
     reference ops, and the kernels are really called."""
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.config import SpecConfig
-    from peagle_trt.runtime.executor import TorchExecutor
-    from peagle_trt.speculative.decoder import SpecDecoder
+    from peagle_trt.executors.torch import TorchExecutor
     from peagle_trt.runtime.scheduler import generate
+    from peagle_trt.speculative.decoder import SpecDecoder
     from tests.helpers import greedy
 
     spec = SpecConfig("peagle", 3)

@@ -29,17 +29,17 @@ from peagle_trt.errors import BuildError, CheckpointError, ConfigError  # noqa: 
 from peagle_trt.manifest import verify_manifest  # noqa: E402
 from peagle_trt.models.fp8 import FP8Linear, fake_quant_fp8, fp8_layers  # noqa: E402
 from peagle_trt.models.target import TargetModel  # noqa: E402
-from peagle_trt.quantize import QuantSpec, calibrate, quantize_target  # noqa: E402
+from peagle_trt.quantize import QuantizeOptions, calibrate, quantize_target  # noqa: E402
 from peagle_trt.quantize.calib import BUILTIN, read_calib_file  # noqa: E402
 from peagle_trt.runtime.scheduler import generate  # noqa: E402
 from peagle_trt.tokenizer import TextCodec  # noqa: E402
 from tests.helpers import greedy, make_decoder  # noqa: E402
 
-SPEC = QuantSpec(num_calib=8)
+SPEC = QuantizeOptions(num_calib=8)
 LINEARS_PER_LAYER = 7  # q k v o gate up down
 
 
-def quantize(src: Path, out: Path, spec: QuantSpec) -> SimpleNamespace:
+def quantize(src: Path, out: Path, spec: QuantizeOptions) -> SimpleNamespace:
     calls = []
     t0 = time.perf_counter()
     manifest = quantize_target(src, out, spec, progress=lambda i, n: calls.append((i, n)))
@@ -55,7 +55,7 @@ def fp8(tiny, tmp_path_factory) -> SimpleNamespace:
 
 @pytest.fixture(scope="module")
 def fp8_qwen3(tiny, tmp_path_factory) -> SimpleNamespace:
-    return quantize(tiny["qwen3"], tmp_path_factory.mktemp("fp8") / "qwen3-fp8", QuantSpec(num_calib=4))
+    return quantize(tiny["qwen3"], tmp_path_factory.mktemp("fp8") / "qwen3-fp8", QuantizeOptions(num_calib=4))
 
 
 def build(path: Path) -> TargetModel:
@@ -150,7 +150,7 @@ def modelopt_model(fp8, tiny):
 @pytest.fixture(scope="module")
 def modelopt_models(modelopt_model, fp8, fp8_qwen3, tiny):
     """family -> (ModelOpt fake-quant HF model, our FP8 TargetModel, the target dir)."""
-    qwen3, _ = calibrate(tiny["qwen3"], QuantSpec(num_calib=4), progress=None)
+    qwen3, _ = calibrate(tiny["qwen3"], QuantizeOptions(num_calib=4), progress=None)
     return {"llama": (modelopt_model, build(fp8.dir), tiny["llama"]),
             "qwen3": (qwen3, build(fp8_qwen3.dir), tiny["qwen3"])}
 
@@ -282,7 +282,7 @@ def test_bad_calibration_file(tiny, tmp_path, content, message):
     data.write_text(content)
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match=message):
-        quantize_target(tiny["llama"], out, QuantSpec(calib_data=data), progress=None)
+        quantize_target(tiny["llama"], out, QuantizeOptions(calib_data=data), progress=None)
     assert not out.exists() and list(tmp_path.iterdir()) == [data]
 
 
@@ -302,12 +302,12 @@ def test_calibration_file_missing_or_not_utf8(tmp_path):
 def test_calibration_file_is_used(tiny, tmp_path):
     data = tmp_path / "calib.jsonl"
     data.write_text('{"prompt": "Explain FP8."}\n{"text": "raw text for calibration"}\n')
-    _, info = calibrate(tiny["llama"], QuantSpec(calib_data=data, num_calib=10, max_calib_len=4), None)
+    _, info = calibrate(tiny["llama"], QuantizeOptions(calib_data=data, num_calib=10, max_calib_len=4), None)
     assert info["source"] == str(data) and info["samples"] == 2 and info["tokens"] == 8
 
 
 def test_failed_quantization_leaves_nothing(tiny, tmp_path, monkeypatch):
-    import peagle_trt.quantize as q
+    import peagle_trt.quantize.fp8 as q
 
     def broken_export(model, export_dir):
         (export_dir / "model.safetensors").write_bytes(b"partial")
@@ -316,7 +316,7 @@ def test_failed_quantization_leaves_nothing(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(q, "export_checkpoint", broken_export)
     out = tmp_path / "sub" / "out"
     with pytest.raises(RuntimeError, match="simulated"):
-        quantize_target(tiny["llama"], out, QuantSpec(num_calib=1), progress=None)
+        quantize_target(tiny["llama"], out, QuantizeOptions(num_calib=1), progress=None)
     assert not out.exists() and list((tmp_path / "sub").iterdir()) == []
 
     def empty_export(model, export_dir):  # writes a checkpoint our loader rejects
@@ -324,7 +324,7 @@ def test_failed_quantization_leaves_nothing(tiny, tmp_path, monkeypatch):
 
     monkeypatch.setattr(q, "export_checkpoint", empty_export)
     with pytest.raises(CheckpointError, match="no weights found"):
-        quantize_target(tiny["llama"], out, QuantSpec(num_calib=1), progress=None)
+        quantize_target(tiny["llama"], out, QuantizeOptions(num_calib=1), progress=None)
     assert not out.exists() and list((tmp_path / "sub").iterdir()) == []
 
 
@@ -334,9 +334,9 @@ def test_refusals(fp8, tiny, tmp_path):
     with pytest.raises(ConfigError, match="already quantized"):
         quantize_target(fp8.dir, tmp_path / "again", SPEC, progress=None)
     with pytest.raises(ConfigError, match="drafter quantization is not supported"):
-        QuantSpec(quantize_drafter=True)
+        QuantizeOptions(quantize_drafter=True)
     with pytest.raises(ConfigError, match="num_calib"):
-        QuantSpec(num_calib=0)
+        QuantizeOptions(num_calib=0)
     assert not (tmp_path / "again").exists()
     with pytest.raises(ConfigError, match="target directory itself"):
         quantize_target(tiny["llama"], tiny["llama"], SPEC, force=True, progress=None)
@@ -349,7 +349,7 @@ def test_force_replaces_a_previous_output(fp8, tiny, tmp_path):
     out = tmp_path / "out"
     shutil.copytree(fp8.dir, out)
     before = (out / "manifest.json").read_text()
-    manifest = quantize_target(tiny["llama"], out, QuantSpec(num_calib=1), force=True, progress=None)
+    manifest = quantize_target(tiny["llama"], out, QuantizeOptions(num_calib=1), force=True, progress=None)
     assert (out / "manifest.json").read_text() != before and "model.safetensors" in manifest["files"]
     assert manifest["calibration"]["samples"] == 1
     assert [p.name for p in tmp_path.iterdir()] == ["out"]

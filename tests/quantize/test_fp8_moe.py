@@ -13,12 +13,12 @@ pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is no
 
 from peagle_trt.checkpoint.target import load_target  # noqa: E402
 from peagle_trt.models.fp8 import fp8_layers  # noqa: E402
-from peagle_trt.quantize import QuantSpec, calibrate, quantize_target  # noqa: E402
+from peagle_trt.quantize import QuantizeOptions, calibrate, quantize_target  # noqa: E402
 from peagle_trt.runtime.scheduler import generate  # noqa: E402
 from tests.helpers import greedy, make_decoder  # noqa: E402
 from tests.quantize.test_fp8 import build, hf, ours  # noqa: E402
 
-SPEC = QuantSpec(num_calib=4, max_calib_len=64)
+SPEC = QuantizeOptions(num_calib=4, max_calib_len=64)
 FAMILIES = ["qwen3_moe", "gpt_oss"]
 ALL = FAMILIES + ["gemma4", "gemma4_moe"]
 # FP8 linears: qwen3_moe 8 layers x 4 attention + 6 sparse layers x 8 experts x 3 + 2 dense x 3;

@@ -8,9 +8,8 @@ import random
 import pytest
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import ConfigError
-from peagle_trt.runtime.scheduler import Request, Scheduler
-from peagle_trt.runtime.scheduler import generate
+from peagle_trt.errors import RequestError
+from peagle_trt.runtime.scheduler import Request, Scheduler, generate
 from tests.helpers import collect, make_decoder
 
 
@@ -98,9 +97,9 @@ def test_stop_from_callback_ends_only_that_request(tiny):
 def test_requests_that_cannot_fit_are_refused_not_truncated(tiny):
     decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=64, slots=2)
     sched = Scheduler(decoder)
-    with pytest.raises(ConfigError, match="exceeds the maximum sequence length"):
+    with pytest.raises(RequestError, match="exceeds the maximum sequence length"):
         sched.add(Request("x", [1] * 50, SamplingParams(max_tokens=20), lambda o: None))
-    with pytest.raises(ConfigError, match="empty"):
+    with pytest.raises(RequestError, match="empty"):
         sched.add(Request("y", [], SamplingParams(max_tokens=2), lambda o: None))
     assert not sched.has_work
 

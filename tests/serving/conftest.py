@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from peagle_trt.config import SpecConfig
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 
 MODELS = {"peagle": SpecConfig("peagle", 3), "peagle_eagle3": SpecConfig("eagle3", 3),
           "peagle_none": SpecConfig("none", 1)}
@@ -30,7 +30,7 @@ def repo(tiny, tmp_path_factory):
     for name, spec in {**MODELS, "peagle_ort": SpecConfig("peagle", 3)}.items():
         out = root / f"build-{name}"
         build_repository(tiny["llama"], tiny["aws"], out,
-                         RepoSpec(spec, model_name=name, backend=BACKENDS.get(name, "torch"), max_batch=MAX_BATCH,
+                         RepositoryOptions(spec, model_name=name, backend=BACKENDS.get(name, "torch"), max_batch=MAX_BATCH,
                                   max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
         shutil.move(str(out / name), str(root / "models" / name) if (root / "models").exists()
                     else _mkdir(root / "models") / name)
@@ -46,8 +46,8 @@ def _mkdir(path):
 def server(repo):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
-    spec = ServeSpec(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
+    spec = ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
     with TritonServer(spec) as srv:
         yield srv

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.package import RepoSpec, build_repository
+from peagle_trt.repository import RepositoryOptions, build_repository
 from tests.serving.conftest import free_port
 from tests.serving.test_triton import metric
 
@@ -27,9 +27,9 @@ PROMPTS = ["Hello there", "def fibonacci(n):\n    return"]
 
 @pytest.fixture(scope="module")
 def frontend(server, repo):
-    from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+    from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
 
-    with OpenAIFrontend(FrontendSpec(repo, server.grpc_url, "127.0.0.1", free_port())) as fe:
+    with OpenAIFrontend(FrontendOptions(repo, server.grpc_url, "127.0.0.1", free_port())) as fe:
         yield fe
 
 
@@ -168,9 +168,9 @@ def test_disconnect_mid_stream_cancels_the_triton_request(server, frontend):
 
 
 def test_a_server_still_loading_answers_503(repo):
-    from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
+    from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
 
-    with OpenAIFrontend(FrontendSpec(repo, f"127.0.0.1:{free_port()}", "127.0.0.1", free_port())) as fe:
+    with OpenAIFrontend(FrontendOptions(repo, f"127.0.0.1:{free_port()}", "127.0.0.1", free_port())) as fe:
         with httpx.Client(base_url=fe.url, timeout=30) as http:
             r = http.post("/completions", json={"model": "peagle", "prompt": "x"})
             assert r.status_code == 503 and "not up yet" in r.json()["error"]["message"]
@@ -180,7 +180,7 @@ def test_a_server_still_loading_answers_503(repo):
 def test_serve_with_openai_port_streams_and_stops_on_sigterm(tiny, tmp_path):
     pytest.importorskip("pytriton")
     repo = tmp_path / "repo"
-    build_repository(tiny["llama"], tiny["aws"], repo, RepoSpec(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
+    build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
     port = free_port()
     cmd = [sys.executable, "-m", "peagle_trt.cli", "serve", str(repo), "--http-port", str(free_port()),
            "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--openai-port", str(port)]

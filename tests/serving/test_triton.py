@@ -16,7 +16,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.serving.client import build_inputs, stream_generate
-from peagle_trt.serving.engine import ServingEngine
+from peagle_trt.serving.generator import TextGenerator
 from tests.serving.conftest import MAX_SEQ_LEN, MODELS
 
 pytestmark = pytest.mark.triton
@@ -25,7 +25,7 @@ PROMPTS = ["Hello there", "Write a poem about the sea", "x", "def fibonacci(n):\
 
 @pytest.fixture(scope="module")
 def offline(tiny):
-    engines = {name: ServingEngine.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN)
+    engines = {name: TextGenerator.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN)
                for name, spec in MODELS.items()}
 
     def reference(prompt: str, max_tokens: int, model: str = "peagle") -> list[int]:
@@ -46,7 +46,7 @@ def http_post(server, path: str, body: dict) -> tuple[int, str]:
 
 
 def metric_lines(server) -> list[str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.spec.metrics_port}/metrics", timeout=10) as r:
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.options.metrics_port}/metrics", timeout=10) as r:
         return [line for line in r.read().decode().splitlines() if line.startswith("peagle_")]
 
 

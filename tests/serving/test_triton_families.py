@@ -13,11 +13,11 @@ import pytest
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.package import RepoSpec, build_repository
-from peagle_trt.runtime.executor import TorchExecutor
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.repository import RepositoryOptions, build_repository
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.serving.client import stream_generate
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tokenizer import TextCodec
 from tests.serving.conftest import free_port
 
@@ -31,16 +31,16 @@ PROMPTS = ["Hello there", "Explain how a transformer attends to earlier tokens"]
 def family_server(tiny_moe, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     root = tmp_path_factory.mktemp("family_repo")
     (root / "models").mkdir()
     for name, (family, backend) in MODELS.items():
         build_repository(tiny_moe[family], tiny_moe[f"drafter-{family}"], root / name,
-                         RepoSpec(SpecConfig("peagle", 3), model_name=name, backend=backend, max_batch=4,
+                         RepositoryOptions(SpecConfig("peagle", 3), model_name=name, backend=backend, max_batch=4,
                                   max_seq_len=128, prefill_chunk=16))
         shutil.move(str(root / name / name), str(root / "models" / name))
-    spec = ServeSpec(root / "models", "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300)
+    spec = ServeOptions(root / "models", "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300)
     with TritonServer(spec) as srv:
         yield srv
 

@@ -1,4 +1,5 @@
-"""COD sampling, the (anchor, depth) mask, partitioning and the draft vocabulary (spec §3.2-3.5)."""
+"""COD sampling, the (anchor, depth) mask, partitioning and the draft vocabulary (the P-EAGLE paper's
+recipe)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,96 @@
+"""onnxruntime executor: runs the exported graphs (docs/EXPORT.md) behind the `Executor` interface.
+
+The custom `peagle` nodes run through their model-local function bodies, so the very files that
+go to TensorRT (minus those functions) are what this executor validates on a CPU. KV caches are
+host arrays per layer, fed as `past_*` and replaced by the `present_*` outputs after each run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from peagle_trt.errors import ConfigError
+from peagle_trt.executors.slots import SlotPool
+from peagle_trt.manifest import verify_manifest
+
+
+def _session(path: Path, threads: int | None):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    # onnxruntime's integer QDQ fusion does not know FP8: keep Q/DQ -> MatMul as written.
+    options.add_session_config_entry("session.disable_quant_qdq", "1")
+    if threads:
+        options.intra_op_num_threads = threads
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class _Graph:
+    """One session plus its KV state (`past_*` inputs fed back from `present_*` outputs)."""
+
+    def __init__(self, path: Path, threads: int | None):
+        self.session = _session(path, threads)
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.kv = {i.name: np.zeros([d for d in i.shape], dtype=np.float16 if "16" in i.type else np.float32)
+                   for i in self.session.get_inputs() if i.name.startswith("past_")}
+
+    def run(self, feeds: dict) -> dict:
+        out = dict(zip(self.outputs, self.session.run(self.outputs, {**feeds, **self.kv})))
+        for name in self.kv:
+            self.kv[name] = out.pop("present_" + name[len("past_"):])
+        return out
+
+
+class OrtExecutor(SlotPool):
+    def __init__(self, export_dir: str | Path, threads: int | None = None, verify: bool = True):
+        export_dir = Path(export_dir)
+        manifest = verify_manifest(export_dir) if verify else json.loads((export_dir / "manifest.json").read_text())
+        info = manifest["export"]
+        super().__init__(info["num_slots"])
+        self.max_len, self.k = info["max_len"], info["spec"]["num_spec_tokens"]
+        self.device = torch.device("cpu")
+        self.mask_token_id = None  # baked into drafter.onnx
+        graphs = set(manifest["graphs"])
+        self.g_target = _Graph(export_dir / "target.onnx", threads)
+        self.g_drafter = _Graph(export_dir / "drafter.onnx", threads) if "drafter" in graphs else None
+        self.g_step = _Graph(export_dir / "drafter_step.onnx", threads) if "drafter_step" in graphs else None
+        self.g_fc = _Graph(export_dir / "drafter_fc.onnx", threads) if "drafter_fc" in graphs else None
+        if self.g_drafter is not None and self.g_step is not None:
+            self.g_step.kv = self.g_drafter.kv  # one drafter KV cache, whichever graph runs
+        self.d2t = torch.from_numpy(np.load(export_dir / "d2t.npy")) if (export_dir / "d2t.npy").is_file() else None
+
+    def target(self, tokens, positions, slots, logit_rows=None):
+        # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None (all rows)
+        if logit_rows is None:
+            logit_rows = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        out = self.g_target.run({"input_ids": tokens.numpy(), "positions": positions.numpy(),
+                                 "slots": slots.numpy(), "logit_rows": logit_rows.contiguous().numpy()})
+        return torch.from_numpy(out["logits"]), torch.from_numpy(out["aux_hidden"])
+
+    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
+        if self.g_drafter is None:
+            raise ConfigError("this export has no drafter.onnx (parallel drafting); re-export in peagle mode")
+        # The graph drafts the K fixed at export; a smaller k (the k=1 pass of a partial prefill
+        # chunk) keeps the first k: the extra mask rows only write KV positions the next pass overwrites.
+        if k > self.k:
+            raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for K={k}; re-export")
+        out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
+                                  "num_pending": num_pending.numpy(), "cur": cur.numpy(), "slots": slots.numpy()})
+        return torch.from_numpy(out["draft_ids"][:, :k])
+
+    def drafter(self, tokens, hidden, positions, slots):
+        out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),
+                               "positions": positions.numpy(), "slots": slots.numpy()})
+        return torch.from_numpy(out["logits"]), torch.from_numpy(out["hidden_out"])
+
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        flat = aux.reshape(1, -1, aux.shape[-1]) if aux.dim() == 2 else aux
+        hidden = torch.from_numpy(self.g_fc.run({"aux": flat.contiguous().numpy()})["hidden"])
+        return hidden.reshape(*aux.shape[:-1], hidden.shape[-1])
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]

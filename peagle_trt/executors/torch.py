@@ -1,0 +1,83 @@
+"""The torch executor: the reference models (peagle_trt/models/) behind the `Executor` interface of
+peagle_trt/speculative/executor.py, on CPU or CUDA.
+
+KV caches live in the executor, one slot per running sequence, indexed by absolute position.
+The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the CUDA kernels
+of plugins/ (peagle_trt.ops.kernels.routed()) instead of their torch references.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from peagle_trt.config import KERNELS
+from peagle_trt.errors import ConfigError
+from peagle_trt.executors.slots import SlotPool
+from peagle_trt.ops.reference import draft_inputs, draft_sample
+
+
+def check_kernels(kernels: str) -> str:
+    if kernels not in KERNELS:
+        raise ConfigError(f"kernels={kernels!r} is not one of {KERNELS}: 'reference' runs the custom ops "
+                          "in torch (any device), 'cuda' on the CUDA kernels of plugins/ (GPU)")
+    return kernels
+
+
+class TorchExecutor(SlotPool):
+    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA). kernels="cuda": the
+    custom ops (KV attention, draft-input assembly, draft sampling) run on the CUDA kernels; raises
+    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so.
+    max_rows: most rows of one request per target forward (max(prefill chunk, K + 1)); when given,
+    sliding-window layers keep only their window of KV (models/memory.py)."""
+
+    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048, kernels: str = "reference",
+                 max_rows: int | None = None):
+        super().__init__(num_slots)
+        self.target_model, self.drafter_model = target, drafter
+        self.max_len = max_len
+        self.device = target.lm_head.weight.device
+        self.kernels = check_kernels(kernels)
+        self._ops = contextlib.nullcontext
+        if kernels == "cuda":
+            from peagle_trt.ops import kernels as cuda_kernels
+
+            cuda_kernels.require(self.device)
+            self._ops = cuda_kernels.routed
+        self.target_cache = target.new_cache(num_slots, max_len, max_rows)
+        self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
+        self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
+
+    # -- forwards ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def target(self, tokens, positions, slots, logit_rows=None):
+        # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None
+        # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
+        with self._ops():
+            return self.target_model(tokens, positions, slots, self.target_cache, logit_rows)
+
+    @torch.inference_mode()
+    def drafter(self, tokens, hidden, positions, slots):
+        # tokens, positions [B, S]; hidden [B, S, H] -> draft logits [B, S, V_d], pre-norm [B, S, H]
+        with self._ops():
+            return self.drafter_model(tokens, hidden, positions, slots, self.drafter_cache)
+
+    @torch.inference_mode()
+    def project(self, aux: torch.Tensor) -> torch.Tensor:
+        return self.drafter_model.project(aux)  # [..., 3 * H_t] -> [..., H]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.drafter_model.to_target_ids(draft_ids)
+
+    @torch.inference_mode()
+    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
+        # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
+        # cur [B] (pending rows sit at cur-n .. cur-1), slots [B] -> draft ids [B, K]: ONE forward
+        d = self.drafter_model
+        with self._ops():
+            embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
+                                                           d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
+            x = d.forward_rows(embeds, hidden, positions, slots, self.drafter_cache)  # [B, P+K-1, H]
+            x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
+            return draft_sample(d.logits(x), d.d2t)

@@ -1,0 +1,98 @@
+"""Stage `export`: the target and drafter as ONNX graphs with `peagle` plugin nodes.
+
+    peagle-trt export --target DIR --drafter DIR --output DIR [--num-spec-tokens K] ...
+
+Writes target.onnx, drafter.onnx (one parallel pass), drafter_step.onnx + drafter_fc.onnx
+(sequential EAGLE-3 drafting), each with external data, a TensorRT copy of each without the
+model-local functions under trt/, and manifest.json. Atomic: a failed export leaves nothing.
+Contract: docs/EXPORT.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from peagle_trt.atomic import check_output, staged_dir
+from peagle_trt.config import SpecConfig
+from peagle_trt.errors import ConfigError
+from peagle_trt.manifest import write_manifest
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    speculation: SpecConfig
+    num_slots: int = 8  # KV slots = max concurrent requests
+    max_seq_len: int = 2048
+    dtype: str = "float32"
+    max_rows: int | None = None  # most rows per target run: sliding-window layers keep W + max_rows - 1
+
+    def __post_init__(self):
+        if self.dtype not in ("float32", "float16"):
+            raise ConfigError(f"export dtype {self.dtype!r} is not supported (float32 | float16)")
+
+    @property
+    def max_len(self) -> int:
+        """KV positions per slot: the sequence plus a verify window (as the runtime allocates)."""
+        return self.max_seq_len + self.speculation.k + 1
+
+
+def _described(spec: ExportOptions) -> dict:
+    """The manifest's "export" entry (its keys predate the field's name `speculation`)."""
+    described = asdict(spec)
+    return {"spec": described.pop("speculation"), **described}
+
+
+def save(model: onnx.ModelProto, path: Path) -> None:
+    onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location=path.name + ".data", size_threshold=1024)
+
+
+def export_models(target, drafter, out_dir: Path, spec: ExportOptions, info: dict | None = None,
+                  force: bool = False) -> dict:
+    """Export built torch models (TargetModel, DrafterModel | None) into `out_dir` atomically.
+    `force` replaces a previous peagle-trt output there (peagle_trt/atomic.py), nothing else."""
+    from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
+    from peagle_trt.ops.onnx_defs import register_schemas, strip_functions
+
+    register_schemas()
+    out_dir = check_output(out_dir, (), force)
+    timings = {}
+    with staged_dir(out_dir, "the export") as tmp:
+        (tmp / "trt").mkdir(parents=True)
+        graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype, spec.max_rows)}
+        if drafter is not None:
+            if spec.speculation.mode == "peagle":
+                graphs["drafter"] = lambda: export_drafter(drafter, spec.num_slots, spec.max_len, spec.speculation.k,
+                                                           spec.dtype)
+            graphs["drafter_step"] = lambda: export_drafter_step(drafter, spec.num_slots, spec.max_len, spec.dtype)
+            graphs["drafter_fc"] = lambda: export_drafter_fc(drafter, spec.dtype)
+        if drafter is not None:  # d2t for the sequential path (plain .npy: no pickle)
+            np.save(tmp / "d2t.npy", drafter.d2t.cpu().numpy().astype(np.int64), allow_pickle=False)
+        for name, make in graphs.items():
+            t0 = time.perf_counter()
+            model = make()
+            trt_copy = strip_functions(model)  # before saving: saving moves tensor data out of the proto
+            save(model, tmp / f"{name}.onnx")
+            save(trt_copy, tmp / "trt" / f"{name}.onnx")
+            timings[name] = round(time.perf_counter() - t0, 3)
+        manifest = write_manifest(tmp, {"export": {**_described(spec), "max_len": spec.max_len},
+                                        "graphs": sorted(graphs), "export_s": timings, **(info or {})})
+    return manifest
+
+
+def export_pair(target_dir: Path, drafter_dir: Path | None, out_dir: Path, spec: ExportOptions,
+                force: bool = False) -> dict:
+    """Load a checkpoint pair (FP8 targets included) and export it."""
+    from peagle_trt.checkpoint import load_pair
+
+    check_output(out_dir, [target_dir, drafter_dir], force)  # before loading anything
+    pair = load_pair(target_dir, drafter_dir, spec.speculation)
+    target, drafter = pair.build()
+    return export_models(target, drafter, out_dir, spec,
+                         {"target": str(target_dir), "drafter": str(drafter_dir) if drafter_dir else None,
+                          "taps": list(pair.taps)}, force)

@@ -1,0 +1,18 @@
+"""Stage `build` (`peagle-trt build`): a ready Triton model repository from a checkpoint pair.
+
+build.py renders it (atomic, with manifest.json); its settings, `RepositoryOptions`, and their
+round trip through config.pbtxt live in peagle_trt/serving/options.py, beside their reader.
+"""
+
+from peagle_trt.repository.build import build_repository, slot_memory, templates_dir
+from peagle_trt.serving.options import (
+                                           ArtifactPaths,
+                                           RepositoryOptions,
+                                           from_parameters,
+                                           read_options,
+                                           read_parameters,
+                                           to_parameters,
+)
+
+__all__ = ["ArtifactPaths", "RepositoryOptions", "build_repository", "from_parameters", "read_options",
+           "read_parameters", "slot_memory", "templates_dir", "to_parameters"]

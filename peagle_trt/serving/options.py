@@ -1,0 +1,150 @@
+"""The settings a served model runs with, and their one round trip through config.pbtxt.
+
+`RepositoryOptions` is what `peagle-trt build` is asked for (speculation, backend, sizes, input
+limits); `ArtifactPaths` says where the build put the model files, relative to the model's
+version directory (`REPO/peagle/1`). The build writes both as the model's config.pbtxt
+`parameters` with `to_parameters`; the Triton model and `generate --repo` read them back into the
+same dataclasses with `from_parameters` (`read_options` does it for a repository on disk).
+The build (peagle_trt/repository/) writes, serving reads: both import this light module (no torch).
+tests/serving/test_options.py checks the round trip.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Mapping
+
+from peagle_trt.config import KERNELS, MAX_STOP_BYTES, PREFILL_CHUNK, PROMPT_BYTES_PER_TOKEN, SpecConfig
+from peagle_trt.errors import BuildError, ConfigError
+
+BACKENDS = ("torch", "onnxruntime", "tensorrt")
+_PARAM = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
+
+
+@dataclass(frozen=True)
+class RepositoryOptions:
+    speculation: SpecConfig
+    model_name: str = "peagle"
+    backend: str = "torch"
+    max_batch: int = 8
+    max_seq_len: int = 2048
+    prefill_chunk: int = PREFILL_CHUNK
+    device: str = "cpu"
+    dtype: str = "float32"
+    gpu_arch: str = "sm_90"  # tensorrt backend: sm_90 (H100/H200) | sm_100 (B200)
+    plugin_library: str | None = None  # tensorrt backend: libpeagle plugins (.so)
+    kernels: str = "reference"  # torch backend: custom ops in torch | on the CUDA kernels ("cuda")
+    max_prompt_bytes: int | None = None  # None: 16 x max_seq_len (peagle_trt/config.py)
+    max_stop_bytes: int | None = None  # None: 1024, all stop strings together
+
+    def __post_init__(self):
+        if self.backend not in BACKENDS:
+            raise BuildError(f"backend {self.backend!r} is not available yet; choose from {BACKENDS}")
+        if self.kernels not in KERNELS:
+            raise BuildError(f"kernels {self.kernels!r} is not one of {KERNELS}")
+        if self.kernels == "cuda" and (self.backend != "torch" or not self.device.startswith("cuda")):
+            raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the CUDA kernels: it "
+                             f"needs --backend torch --device cuda (got backend {self.backend!r}, device "
+                             f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
+        if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1:
+            raise BuildError("max_batch, max_seq_len and prefill_chunk must be positive")
+        if (self.max_prompt_bytes is not None and self.max_prompt_bytes < 1) or \
+                (self.max_stop_bytes is not None and self.max_stop_bytes < 0):
+            raise BuildError(f"max_prompt_bytes must be >= 1 and max_stop_bytes >= 0, got "
+                             f"{self.max_prompt_bytes}, {self.max_stop_bytes}")
+
+    def input_limits(self) -> dict[str, int]:
+        """The byte limits the served model enforces (config.pbtxt parameters)."""
+        return {"max_prompt_bytes": self.max_prompt_bytes or PROMPT_BYTES_PER_TOKEN * self.max_seq_len,
+                "max_stop_bytes": MAX_STOP_BYTES if self.max_stop_bytes is None else self.max_stop_bytes}
+
+    @property
+    def max_rows(self) -> int:
+        """Most rows of one request in a target forward: a prefill chunk or a verify window."""
+        return max(self.prefill_chunk, self.speculation.k + 1)
+
+
+@dataclass(frozen=True)
+class ArtifactPaths:
+    """Where the served model's files are, relative to the version directory (or absolute).
+    torch backend: the checkpoints; onnxruntime / tensorrt: the tokenizer files in `target`."""
+    target: str
+    drafter: str = ""  # "" when there is none (spec mode none, or an exported drafter)
+    onnx: str = ""
+    engine: str = ""
+
+
+# option field -> parameter key, where they differ (the keys are the template's since the start)
+_RENAMED = {"speculation": None, "model_name": None}
+_OPTIONAL_INTS = ("max_prompt_bytes", "max_stop_bytes")
+
+
+def to_parameters(options: RepositoryOptions, paths: ArtifactPaths) -> dict[str, str]:
+    """config.pbtxt `parameters` (all strings): every option but the model's name (the config's
+    `name`), with the input limits resolved, plus the artifact paths."""
+    spec = options.speculation
+    params = {"spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens)}
+    for f in fields(options):
+        if f.name in _RENAMED:
+            continue
+        value = getattr(options, f.name)
+        params[f.name] = "" if value is None else str(value)
+    params.update({k: str(v) for k, v in options.input_limits().items()})
+    params.update({f"{f.name}_path": getattr(paths, f.name) for f in fields(paths)})
+    return params
+
+
+def from_parameters(params: Mapping[str, str],
+                    model_name: str = "peagle") -> tuple[RepositoryOptions, ArtifactPaths]:
+    """The inverse of `to_parameters`; ConfigError names a missing or malformed key."""
+    def get(key: str, default: str | None = None) -> str:
+        if key in params:
+            return params[key]
+        if default is None:
+            raise ConfigError(f"config.pbtxt has no parameter {key!r}; rebuild the repository with "
+                              "`peagle-trt build`")
+        return default
+
+    def integer(key: str, default: str | None = None) -> int:
+        text = get(key, default)
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"config.pbtxt parameter {key!r} must be an integer, got {text!r}") from None
+
+    values = {"model_name": model_name}
+    for f in fields(RepositoryOptions):
+        if f.name in _RENAMED or f.name not in params:
+            continue  # an older repository without the key: the option's default
+        if f.name in _OPTIONAL_INTS:
+            values[f.name] = integer(f.name) if params[f.name] else None
+        elif f.name in ("max_batch", "max_seq_len", "prefill_chunk"):
+            values[f.name] = integer(f.name)
+        else:
+            values[f.name] = None if f.name == "plugin_library" and not params[f.name] else params[f.name]
+    spec = SpecConfig(get("spec_mode"), integer("num_spec_tokens"))
+    try:
+        options = RepositoryOptions(spec, **values)
+    except BuildError as exc:
+        raise ConfigError(f"config.pbtxt parameters: {exc}") from exc
+    paths = ArtifactPaths(get("target_path"), get("drafter_path", ""), get("onnx_path", ""),
+                          get("engine_path", ""))
+    return options, paths
+
+
+def read_parameters(repo: str | Path, model: str = "peagle") -> tuple[Path, dict[str, str]]:
+    """(model directory, its config.pbtxt parameters as written) of a rendered repository."""
+    model_dir = Path(repo) / model
+    config = model_dir / "config.pbtxt"
+    if not config.is_file():
+        raise ConfigError(f"{repo}: no model {model!r} (missing {config}); build the repository with "
+                          "`peagle-trt build`")
+    return model_dir, dict(_PARAM.findall(config.read_text()))
+
+
+def read_options(repo: str | Path, model: str = "peagle") -> tuple[Path, RepositoryOptions, ArtifactPaths]:
+    """(model directory, options, artifact paths) of a rendered repository."""
+    model_dir, params = read_parameters(repo, model)
+    return (model_dir, *from_parameters(params, model))

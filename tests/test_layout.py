@@ -1,0 +1,66 @@
+"""The layout rules that do not check themselves otherwise: every `__init__.py` only re-exports
+(at most 40 lines, no function or class of its own), and no two subpackages of peagle_trt import
+each other, function-level imports included (the floors are monotonic)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "peagle_trt"
+# Arrows that cross today and are being removed: ops/ imports export/ until the ONNX node writer
+# moves into ops/ (issue 19). Empty this set when that lands; never add to it.
+KNOWN_CROSSINGS = {frozenset({"ops", "export"})}
+
+
+def _unit(path: Path) -> str:
+    """The subpackage (or top-level module) a file belongs to."""
+    parts = path.relative_to(PACKAGE).parts
+    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+
+
+def _imports() -> dict[str, set[str]]:
+    edges: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        src = _unit(path)
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module] + ([f"{node.module}.{a.name}" for a in node.names]
+                                         if node.module == "peagle_trt" else [])
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            for name in names:
+                match = re.match(r"peagle_trt\.(\w+)", name)
+                if match and match.group(1) != src:
+                    edges.setdefault(src, set()).add(match.group(1))
+    return edges
+
+
+def test_init_files_only_re_export():
+    for path in PACKAGE.rglob("__init__.py"):
+        text = path.read_text()
+        assert len(text.splitlines()) <= 40, f"{path}: more than 40 lines; move the logic into a module"
+        tree = ast.parse(text, str(path))
+        for node in tree.body:
+            assert isinstance(node, (ast.Expr, ast.Import, ast.ImportFrom, ast.Assign)), \
+                f"{path}:{node.lineno}: an __init__.py holds re-exports only"
+            if isinstance(node, ast.Assign) and path.parent.name != "ops":  # ops/: its op table (issue 19)
+                names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+                assert names in (["__all__"], ["__version__"]), \
+                    f"{path}:{node.lineno}: only __all__ (and __version__) may be assigned in an __init__.py"
+
+
+def test_no_two_subpackages_import_each_other():
+    edges = _imports()
+    crossing = {frozenset({a, b}) for a, targets in edges.items() for b in targets
+                if a in edges.get(b, set())}
+    assert crossing <= KNOWN_CROSSINGS, f"subpackages importing each other: {crossing - KNOWN_CROSSINGS}"
+
+
+def test_the_speculative_core_sits_below_the_scheduler_and_the_executors():
+    edges = _imports()
+    assert not edges.get("speculative", set()) & {"runtime", "executors", "serving"}
+    assert not edges.get("models", set()) & {"checkpoint"}
+    assert edges.get("runtime", set()) <= {"config", "errors", "speculative"}
