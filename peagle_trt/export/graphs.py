@@ -13,7 +13,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from peagle_trt.export.builder import Builder
+from peagle_trt.ops.onnx_builder import Builder
 from peagle_trt.export.moe import moe
 from peagle_trt.export.sandwich import per_layer_inputs, sandwich_layer
 from peagle_trt.models.moe import SparseMoE
