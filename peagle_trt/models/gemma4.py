@@ -75,19 +75,24 @@ class Gemma4DecoderLayer(nn.Module):
         h = self.self_attn.write_onnx(w, self.input_layernorm.write_onnx(w, x, f"{p}.input_layernorm"), i,
                                       f"{p}.self_attn", cos, sin, positions, slots, past, present, source)
         x = w.op("Add", x, self.post_attention_layernorm.write_onnx(w, h, f"{p}.post_attention_layernorm"))
-        h = self.mlp.write_onnx(w, self.pre_feedforward_layernorm.write_onnx(w, x, f"{p}.pre_feedforward_layernorm"),
-                                f"{p}.mlp")
+        h = self.pre_feedforward_layernorm.write_onnx(w, x, f"{p}.pre_feedforward_layernorm")
+        h = self.mlp.write_onnx(w, h, f"{p}.mlp")
         if self.moe is not None:  # beside the dense MLP: both normed, summed
             normed = self.pre_feedforward_layernorm_2.write_onnx(w, x, f"{p}.pre_feedforward_layernorm_2")
             experts = self.moe.write_onnx(w, normed, f"{p}.moe", router_x=x)
-            h = w.op("Add", self.post_feedforward_layernorm_1.write_onnx(w, h, f"{p}.post_feedforward_layernorm_1"),
-                     self.post_feedforward_layernorm_2.write_onnx(w, experts, f"{p}.post_feedforward_layernorm_2"))
-        x = w.op("Add", x, self.post_feedforward_layernorm.write_onnx(w, h, f"{p}.post_feedforward_layernorm"))
+            dense = self.post_feedforward_layernorm_1.write_onnx(w, h, f"{p}.post_feedforward_layernorm_1")
+            experts = self.post_feedforward_layernorm_2.write_onnx(w, experts,
+                                                                  f"{p}.post_feedforward_layernorm_2")
+            h = w.op("Add", dense, experts)
+        h = self.post_feedforward_layernorm.write_onnx(w, h, f"{p}.post_feedforward_layernorm")
+        x = w.op("Add", x, h)
         if pli is not None:
             mine = w.op("Gather", pli, w.const(np.int64(i)), axis=2)  # [B, S, P]
-            gate = write_onnx_act(w, w.linear(x, self.per_layer_input_gate, f"{p}.per_layer_input_gate"), self.act)
+            gate = w.linear(x, self.per_layer_input_gate, f"{p}.per_layer_input_gate")
+            gate = write_onnx_act(w, gate, self.act)
             h = w.linear(w.op("Mul", gate, mine), self.per_layer_projection, f"{p}.per_layer_projection")
-            x = w.op("Add", x, self.post_per_layer_input_norm.write_onnx(w, h, f"{p}.post_per_layer_input_norm"))
+            h = self.post_per_layer_input_norm.write_onnx(w, h, f"{p}.post_per_layer_input_norm")
+            x = w.op("Add", x, h)
         if self.layer_scalar is not None:
             x = w.op("Mul", x, w.param(f"{p}.layer_scalar", self.layer_scalar))
         return x
@@ -121,7 +126,8 @@ class Gemma4PerLayerInputs(nn.Module):
         table = w.param("per_layer_inputs.embed_tokens_per_layer.weight", self.embed_tokens_per_layer.weight)
         token = w.op("Mul", w.op("Gather", table, safe, axis=0),
                      w.const(np.asarray(math.sqrt(self.size), dtype=w.np)))
-        proj = w.linear(embeds, self.per_layer_model_projection, "per_layer_inputs.per_layer_model_projection")
+        proj = w.linear(embeds, self.per_layer_model_projection,
+                        "per_layer_inputs.per_layer_model_projection")
         proj = w.op("Mul", proj, w.const(np.asarray(self.hidden ** -0.5, dtype=w.np)))
         proj = self.per_layer_projection_norm.write_onnx(w, w.op("Reshape", proj, shape),
                                                          "per_layer_inputs.per_layer_projection_norm")

@@ -102,7 +102,8 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
     def write_onnx(self, w, x: str, layer: int, prefix: str, cos: str, sin: str, positions: str, slots: str,
-                   past: tuple[str, str] | None, present: tuple[str, str] | None, source: int | None = None) -> str:
+                   past: tuple[str, str] | None, present: tuple[str, str] | None,
+                   source: int | None = None) -> str:
         """x [B, S, in_dim] -> [B, S, out_dim] through one PEagleKVAttention node writing
         `present` from `past`. `source`: for a KV-shared layer, the layer owning the cache it
         reads. That layer's op already wrote this forward's keys; the shared op re-writes the same
@@ -133,7 +134,8 @@ class Attention(nn.Module):
             w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None)
         extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
         # a window spanning the whole cache (W >= T positions) cuts nothing: no attribute (as forward)
-        window = {"sliding_window": self.window} if self.window and self.window < w.cache_len(window_past[0]) else {}
+        cuts = self.window and self.window < w.cache_len(window_past[0])
+        window = {"sliding_window": self.window} if cuts else {}
         out = w.op(KV_ATTENTION, q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
                    outputs=[w.name(f"{prefix}.attn"), *present], name=f"{prefix}.{KV_ATTENTION}",
                    **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))

@@ -122,9 +122,11 @@ class SparseMoE(nn.Module):
         logits = w.op("Cast", logits, to=TensorProto.FLOAT)  # routing in float32
         vals, ids = _write_route(w, logits, cfg)  # [N, k]
         if cfg.per_expert_scale:
-            scales = w.weight(f"{prefix}.per_expert_scale", self.per_expert_scale.detach().float().cpu().numpy())
+            scales = w.weight(f"{prefix}.per_expert_scale",
+                              self.per_expert_scale.detach().float().cpu().numpy())
             vals = w.op("Mul", vals, w.op("Gather", scales, ids, axis=0))
-        dense = w.op("ScatterElements", w.op("Mul", logits, w.const(np.float32(0))), ids, vals, axis=-1)  # [N, E]
+        zeros = w.op("Mul", logits, w.const(np.float32(0)))
+        dense = w.op("ScatterElements", zeros, ids, vals, axis=-1)  # [N, E]
         weights = w.op("Unsqueeze", w.op("Transpose", dense, perm=[1, 0]), w.ints(2))  # [E, N, 1]
         if w.dtype != "float32":
             weights = w.op("Cast", weights, to=w.float_type)
@@ -144,7 +146,8 @@ class SparseMoE(nn.Module):
             u = w.op("Max", w.op("Min", up, limit), w.op("Neg", limit))
             glu = w.op("Mul", g, w.op("Sigmoid", w.op("Mul", g, alpha)))
             act = w.op("Mul", w.op("Add", u, w.const(w.np(1.0))), glu)
-        out = w.op("ReduceSum", w.op("Mul", project(act, "down_proj"), weights), w.ints(0), keepdims=0)  # [N, H]
+        out = w.op("Mul", project(act, "down_proj"), weights)  # [E, N, H]
+        out = w.op("ReduceSum", out, w.ints(0), keepdims=0)  # [N, H]
         return w.op("Reshape", out, w.op("Shape", x))
 
     def _write_stacked(self, w, proj: str, prefix: str) -> tuple[str, str | None]:
