@@ -9,9 +9,6 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "peagle_trt"
-# Arrows that cross today and are being removed: ops/ imports export/ until the ONNX node writer
-# moves into ops/ (issue 19). Empty this set when that lands; never add to it.
-KNOWN_CROSSINGS = {frozenset({"ops", "export"})}
 
 
 def _unit(path: Path) -> str:
@@ -46,7 +43,7 @@ def test_init_files_only_re_export():
         for node in tree.body:
             assert isinstance(node, (ast.Expr, ast.Import, ast.ImportFrom, ast.Assign)), \
                 f"{path}:{node.lineno}: an __init__.py holds re-exports only"
-            if isinstance(node, ast.Assign) and path.parent.name != "ops":  # ops/: its op table (issue 19)
+            if isinstance(node, ast.Assign):
                 names = [t.id for t in node.targets if isinstance(t, ast.Name)]
                 assert names in (["__all__"], ["__version__"]), \
                     f"{path}:{node.lineno}: only __all__ (and __version__) may be assigned in an __init__.py"
@@ -56,7 +53,7 @@ def test_no_two_subpackages_import_each_other():
     edges = _imports()
     crossing = {frozenset({a, b}) for a, targets in edges.items() for b in targets
                 if a in edges.get(b, set())}
-    assert crossing <= KNOWN_CROSSINGS, f"subpackages importing each other: {crossing - KNOWN_CROSSINGS}"
+    assert not crossing, f"subpackages importing each other: {crossing}"
 
 
 def test_the_speculative_core_sits_below_the_scheduler_and_the_executors():
@@ -64,3 +61,8 @@ def test_the_speculative_core_sits_below_the_scheduler_and_the_executors():
     assert not edges.get("speculative", set()) & {"runtime", "executors", "serving"}
     assert not edges.get("models", set()) & {"checkpoint"}
     assert edges.get("runtime", set()) <= {"config", "errors", "speculative"}
+
+
+def test_ops_is_the_lowest_floor():
+    """ops/ owns the op names, domain and plugin identity; it imports nothing above it."""
+    assert _imports().get("ops", set()) <= {"errors"}

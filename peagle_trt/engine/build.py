@@ -29,13 +29,13 @@ from pathlib import Path
 from peagle_trt.atomic import check_output, staged_dir
 from peagle_trt.errors import BuildError
 from peagle_trt.manifest import MANIFEST, sha256, verify_manifest, write_manifest
+from peagle_trt.ops.names import DRAFT_INPUTS, KV_ATTENTION, OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
 log = logging.getLogger(__name__)
 
 ARCHES = {"sm_90": "H100/H200 (Hopper)", "sm_100": "B200 (Blackwell)"}
 GRAPHS = ("target", "drafter", "drafter_step", "drafter_fc")
-PLUGIN_OPS = ("PEagleKVAttention", "PEagleDraftInputs", "PEagleDraftSample")
-PLUGIN_VERSION, PLUGIN_NAMESPACE = "1", ""
+PLUGIN_OPS = OP_TYPES  # plugin names = op_types, version and namespace: peagle_trt/ops/names.py
 KV_PREFIXES = ("past_key_", "past_value_")
 NGC_HINT = ("TensorRT is not installed in this Python environment, and it cannot be pip-installed on "
             "every machine. Build and run TensorRT plans inside an NVIDIA NGC container on the GPU the "
@@ -223,10 +223,10 @@ def _graph_info(path: Path) -> dict:
         raise BuildError(f"{path} carries model-local functions {local}: TensorRT's parser would inline "
                          "them instead of using the plugins; build from the export's trt/ graphs")
     ops = sorted({n.op_type for n in model.graph.node if n.op_type in PLUGIN_OPS})
-    extended = [n.name for n in model.graph.node if n.op_type == "PEagleKVAttention" and (
+    extended = [n.name for n in model.graph.node if n.op_type == KV_ATTENTION and (
         any(a.name == "sliding_window" and helper.get_attribute_value(a) for a in n.attribute)
         or (len(n.input) > 7 and n.input[7]))]  # sliding windows / attention sinks
-    attn = [n for n in model.graph.node if n.op_type == "PEagleKVAttention"]
+    attn = [n for n in model.graph.node if n.op_type == KV_ATTENTION]
     caches_out = {name for n in attn for name in n.output[1:]}
     shared = [n.name for n in attn if n.input[5] in caches_out]  # Gemma-4 KV-shared layers
     if extended or shared:
@@ -237,7 +237,7 @@ def _graph_info(path: Path) -> dict:
                   "TensorRT plugins' in-place cache binding is not verified for"] if shared else [])
         raise BuildError(f"{path}: {'; '.join(what)}; serve this model with --backend torch or onnxruntime "
                          "(a drafter window W is left out of the export when max_seq_len + K + 1 <= W)")
-    k = [helper.get_attribute_value(a) for n in model.graph.node if n.op_type == "PEagleDraftInputs"
+    k = [helper.get_attribute_value(a) for n in model.graph.node if n.op_type == DRAFT_INPUTS
          for a in n.attribute if a.name == "num_spec_tokens"]
     return {"plugin_ops": ops, "num_spec_tokens": int(k[0]) if k else None}
 

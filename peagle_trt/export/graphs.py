@@ -1,9 +1,13 @@
-"""Write the target and drafter as ONNX graphs from the reference torch models.
+"""Assemble the target and drafter ONNX graphs from the reference torch models.
 
-The graphs are built node by node (no tracing): standard ONNX ops for embeddings, norms, RoPE,
-GEMMs (FP8 Q/DQ when the layer is FP8), MLPs and logits, and `peagle` plugin nodes for the
-P-EAGLE-specific work (KV-cache attention with in-place writes, the parallel draft rows, the
-d2t argmax). I/O names and shapes: docs/EXPORT.md.
+The graphs are built node by node (no tracing). This module owns the graph level: inputs and
+outputs (I/O names and shapes: docs/EXPORT.md), the KV cache I/O, weights, linears (FP8 Q/DQ
+when the layer is FP8), RoPE tables, embedding / taps / lm_head wiring, the `peagle` plugin
+nodes of the drafter (parallel draft rows, d2t argmax) and the loop over layers. Each layer
+writes itself: `write_onnx` beside its torch forward in peagle_trt/models/layers.py (RMSNorm,
+attention with the PEagleKVAttention node, MLP, Llama layer), peagle_trt/models/moe.py (sparse
+MoE), peagle_trt/models/gemma4.py (Gemma-4 layer, per-layer inputs) and
+peagle_trt/models/drafter.py (the fusion layer).
 """
 
 from __future__ import annotations
@@ -13,27 +17,26 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from peagle_trt.export.builder import Builder
-from peagle_trt.export.moe import moe
-from peagle_trt.export.sandwich import per_layer_inputs, sandwich_layer
-from peagle_trt.models.moe import SparseMoE
-from peagle_trt.models.sandwich import SandwichDecoderLayer
 from peagle_trt.models.target import kv_layer_lens
-from peagle_trt.ops import DOMAIN
-from peagle_trt.ops.onnx_defs import (OPSET, draft_inputs_function, draft_sample_function,
-                                      kv_attention_function, plugin_attrs)
+from peagle_trt.ops.names import DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE
+from peagle_trt.ops.onnx_builder import Builder
+from peagle_trt.ops.onnx_defs import OPSET, draft_inputs_function, draft_sample_function, plugin_attrs
 
 NP = {"float32": np.float32, "float16": np.float16}
 ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 
 
 class ModelWriter(Builder):
+    """The graph being written. What the layer writers (`write_onnx` in peagle_trt/models/) use
+    besides the `Builder` blocks: `param` (a weight in the export dtype), `linear`, `rope`,
+    `cache_len`, `np` / `dtype` / `float_type`, `functions` and `written` (KV sharing)."""
+
     def __init__(self, dtype: str):
         super().__init__()
         self.dtype, self.np = dtype, NP[dtype]
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
-        self.functions: dict[str, onnx.FunctionProto] = {}
+        self.functions: dict[str, onnx.FunctionProto] = {}  # op_type -> model-local function (ops.onnx_defs)
         self.written: dict[int, tuple] = {}  # layer -> (k, v, past, present) for KV-shared readers
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
@@ -71,18 +74,6 @@ class ModelWriter(Builder):
             y = self.op("Add", y, self.param(f"{name}.bias", module.bias))
         return y
 
-    def norm(self, x: str, module, name: str) -> str:
-        weight = None if module.weight is None else self.param(f"{name}.weight", module.weight)
-        return self.rmsnorm(x, weight, module.eps)
-
-    def act(self, x: str, act: str) -> str:
-        return self.silu(x) if act == "silu" else self.gelu_tanh(x, self.np)
-
-    def head_norm(self, x: str, module, name: str, heads: int, head_dim: int) -> str:
-        """Per-head RMSNorm of x [B, S, heads * d]."""
-        x4 = self.op("Reshape", x, self.ints(0, 0, heads, head_dim))
-        return self.op("Reshape", self.norm(x4, module, name), self.ints(0, 0, heads * head_dim))
-
     def rope_tables(self, inv_freq: torch.Tensor, scale: float, max_len: int, positions: str) -> tuple[str, str]:
         """cos/sin [B, S, 1, d] gathered from tables of max_len + 1 positions (padding -> 0)."""
         pos = torch.arange(max_len + 1).float()[:, None] * inv_freq.float().cpu()[None]
@@ -100,67 +91,10 @@ class ModelWriter(Builder):
         out = self.op("Add", self.op("Mul", x4, cos), self.op("Mul", rotated, sin))
         return self.op("Reshape", out, self.ints(0, 0, heads * head_dim))
 
-    def attention(self, x: str, attn, layer: int, prefix: str, cos: str, sin: str, positions: str,
-                  slots: str, past: tuple[str, str] | None, present: tuple[str, str] | None,
-                  source: int | None = None) -> str:
-        """`source`: for a KV-shared layer, the layer owning the cache it reads. That layer's op
-        already wrote this forward's keys; the shared op re-writes the same k/v at the same rows
-        (idempotent) into a copy nobody reads, so the op contract stays one op."""
-        h, kv, d = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        q = self.linear(x, attn.q_proj, f"{prefix}.q_proj")
-        if hasattr(attn, "q_norm"):  # Qwen3 / Gemma: per-head RMSNorm before RoPE
-            q = self.head_norm(q, attn.q_norm, f"{prefix}.q_norm", h, d)
-        q = self.rope(q, h, d, cos, sin)
-        if getattr(attn, "kv_shared", False):
-            k, v, window_past, past = self.written[source]
-            present = (self.name(f"{prefix}.k_cache_copy"), self.name(f"{prefix}.v_cache_copy"))
-        else:
-            k = self.linear(x, attn.k_proj, f"{prefix}.k_proj")
-            v = k if attn.v_proj is None else self.linear(x, attn.v_proj, f"{prefix}.v_proj")
-            if hasattr(attn, "k_norm"):
-                k = self.head_norm(k, attn.k_norm, f"{prefix}.k_norm", kv, d)
-                if getattr(attn, "v_norm", None) is not None:
-                    v = self.head_norm(v, attn.v_norm, f"{prefix}.v_norm", kv, d)
-            k = self.rope(k, kv, d, cos, sin)
-            window_past = past
-            self.written[layer] = (k, v, past, present)
-        scale = attn.scale if getattr(attn, "scale", None) is not None else float(d) ** -0.5
-        sinks = getattr(attn, "sinks", None)
-        if "PEagleKVAttention" not in self.functions:
-            self.functions["PEagleKVAttention"] = kv_attention_function(self.np, sinks is not None)
-        extra = [self.param(f"{prefix}.sinks", sinks)] if sinks is not None else []
-        # a window spanning the whole cache (W >= T positions) cuts nothing: no attribute (as layers.py)
-        w = getattr(attn, "window", 0)
-        window = {"sliding_window": w} if w and w < self.cache_len(window_past[0]) else {}
-        out = self.op("PEagleKVAttention", q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
-                      outputs=[self.name(f"{prefix}.attn"), *present], name=f"{prefix}.PEagleKVAttention",
-                      **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
-        return self.linear(out[0], attn.o_proj, f"{prefix}.o_proj")
-
     def cache_len(self, past_k: str) -> int:
         """T, the KV positions of the cache input `past_k` [N, KV, T + 1, d] (row T: trash row)."""
         shape = next(v for v in self.inputs if v.name == past_k).type.tensor_type.shape
         return shape.dim[2].dim_value - 1
-
-    def mlp(self, x: str, mlp, prefix: str) -> str:
-        if isinstance(mlp, SparseMoE):
-            return moe(self, x, mlp, prefix)
-        gate = self.act(self.linear(x, mlp.gate_proj, f"{prefix}.gate_proj"), getattr(mlp, "act", "silu"))
-        return self.linear(self.op("Mul", gate, self.linear(x, mlp.up_proj, f"{prefix}.up_proj")),
-                           mlp.down_proj, f"{prefix}.down_proj")
-
-    def decoder_layer(self, x: str, layer, i: int, cos: str, sin: str, positions: str, slots: str,
-                      past: tuple[str, str] | None, present: tuple[str, str] | None, pli: str | None = None,
-                      source: int | None = None) -> str:
-        """Pre-norm layer: x + attn(norm(x)), then x + mlp(norm(x)); or the sandwich layer."""
-        p = f"layers.{i}"
-        if isinstance(layer, SandwichDecoderLayer):
-            return sandwich_layer(self, x, layer, i, cos, sin, positions, slots, past, present, pli, source)
-        h = self.norm(x, layer.input_layernorm, f"{p}.input_layernorm")
-        x = self.op("Add", x, self.attention(h, layer.self_attn, i, f"{p}.self_attn", cos, sin, positions, slots,
-                                             past, present))
-        return self.op("Add", x, self.mlp(self.norm(x, layer.post_attention_layernorm,
-                                                    f"{p}.post_attention_layernorm"), layer.mlp, f"{p}.mlp"))
 
     def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int,
               layer_lens: tuple[int, ...] | None = None, layer_shapes: tuple | None = None,
@@ -186,7 +120,7 @@ class ModelWriter(Builder):
     def model(self, graph_name: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
         model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                        helper.make_opsetid(DOMAIN, 1)],
+                                                        helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
                                   functions=list(self.functions.values()), producer_name="peagle-trt")
         model.ir_version = 10
         return model
@@ -208,13 +142,13 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
     x = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
     if c.embed_scale != 1.0:
         x = w.op("Mul", x, w.const(np.asarray(c.embed_scale, dtype=w.np)))
-    pli = per_layer_inputs(w, model.per_layer_inputs, ids, x) if c.per_layer_input_size else None
+    pli = model.per_layer_inputs.write_onnx(w, ids, x) if c.per_layer_input_size else None
     tables = [w.rope_tables(inv, scale, max_len, positions) for inv, scale in zip(model.inv_freqs(), model.rope_scales)]
     tapped = {}
     for i, layer in enumerate(model.layers):
         tapped[i] = x
         cos, sin = tables[model.layer_rope[i]]
-        x = w.decoder_layer(x, layer, i, cos, sin, positions, slots, past[i], present[i], pli, attn[i].kv_source)
+        x = layer.write_onnx(w, x, i, cos, sin, positions, slots, past[i], present[i], pli, attn[i].kv_source)
     tapped[c.num_layers] = x
     if model.taps:
         w.op("Concat", *[tapped[t] for t in model.taps], axis=-1, outputs=["aux_hidden"])
@@ -224,7 +158,8 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
     rows = w.op("Expand", w.op("Unsqueeze", logit_rows, w.ints(2)),
                 w.op("Concat", w.op("Shape", logit_rows), w.ints(c.hidden_size), axis=0))
     xs = w.op("GatherElements", x, rows, axis=1)
-    logits = w.op("Cast", w.linear(w.norm(xs, model.norm, "norm"), model.lm_head, "lm_head"), to=TensorProto.FLOAT)
+    logits = w.op("Cast", w.linear(model.norm.write_onnx(w, xs, "norm"), model.lm_head, "lm_head"),
+                  to=TensorProto.FLOAT)
     if c.logit_softcap:  # c * tanh(logits / c), in float32
         cap = w.const(np.float32(c.logit_softcap))
         logits = w.op("Mul", w.op("Tanh", w.op("Div", logits, cap)), cap)
@@ -235,16 +170,9 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
 
 def _drafter_layers(w: ModelWriter, model, e: str, g: str, positions: str, slots: str, past, present) -> str:
     cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, model_max_len(past, w), positions)
-    first = model.layers[0]
-    g_normed = w.norm(g, first.hidden_norm, "layers.0.hidden_norm")
-    residual = g_normed if first.norm_before_residual else g
-    x = w.op("Concat", w.norm(e, first.input_layernorm, "layers.0.input_layernorm"), g_normed, axis=-1)
-    x = w.op("Add", residual, w.attention(x, first.self_attn, 0, "layers.0.self_attn", cos, sin, positions,
-                                          slots, past[0], present[0]))
-    x = w.op("Add", x, w.mlp(w.norm(x, first.post_attention_layernorm, "layers.0.post_attention_layernorm"),
-                             first.mlp, "layers.0.mlp"))
+    x = model.layers[0].write_onnx(w, e, g, cos, sin, positions, slots, past[0], present[0])  # fusion layer
     for i, layer in enumerate(model.layers[1:], start=1):
-        x = w.decoder_layer(x, layer, i, cos, sin, positions, slots, past[i], present[i])
+        x = layer.write_onnx(w, x, i, cos, sin, positions, slots, past[i], present[i])
     return x
 
 
@@ -255,11 +183,11 @@ def model_max_len(past, w: ModelWriter) -> int:
 def _project(w: ModelWriter, model, aux: str) -> str:
     c = model.config
     if c.norm_before_fc:
-        aux = w.norm(aux, model.input_norm, "input_norm")
+        aux = model.input_norm.write_onnx(w, aux, "input_norm")
     if c.fc_norm:
         chunks = w.op("Split", aux, w.ints(*[c.target_hidden_size] * c.num_aux), axis=-1, outputs=c.num_aux)
         chunks = [chunks] if c.num_aux == 1 else chunks
-        aux = w.op("Concat", *[w.norm(ch, norm, f"fc_norm.{i}") for i, (ch, norm) in
+        aux = w.op("Concat", *[norm.write_onnx(w, ch, f"fc_norm.{i}") for i, (ch, norm) in
                                enumerate(zip(chunks, model.fc_norm))], axis=-1)
     return w.linear(aux, model.fc, "fc")
 
@@ -273,20 +201,21 @@ def export_drafter(model, num_slots: int, max_len: int, k: int, dtype: str = "fl
     cur = w.input("cur", TensorProto.INT64, ["batch"])
     slots = w.input("slots", TensorProto.INT64, ["batch"])
     past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
-    w.functions["PEagleDraftInputs"] = draft_inputs_function(k, c.mask_token_id)
-    w.functions["PEagleDraftSample"] = draft_sample_function()
+    w.functions[DRAFT_INPUTS] = draft_inputs_function(k, c.mask_token_id)
+    w.functions[DRAFT_SAMPLE] = draft_sample_function()
     embeds, hidden, positions, rows = w.op(
-        "PEagleDraftInputs", ids, _project(w, model, aux), n, cur,
+        DRAFT_INPUTS, ids, _project(w, model, aux), n, cur,
         w.param("embed_tokens.weight", model.embed_tokens.weight), w.param("h_mask", model.h_mask),
-        domain=DOMAIN, outputs=4, name="PEagleDraftInputs",
+        domain=DOMAIN, outputs=4, name=DRAFT_INPUTS,
         **plugin_attrs(num_spec_tokens=k, mask_token_id=c.mask_token_id))
     x = _drafter_layers(w, model, embeds, hidden, positions, slots, past, present)
     gather = w.op("Expand", w.op("Unsqueeze", rows, w.ints(2)),
                   w.op("Concat", w.op("Shape", rows), w.ints(c.hidden_size), axis=0))
     xs = w.op("GatherElements", x, gather, axis=1)  # [B, K, H]
-    logits = w.op("Cast", w.linear(w.norm(xs, model.norm, "norm"), model.lm_head, "lm_head"), to=TensorProto.FLOAT)
+    logits = w.op("Cast", w.linear(model.norm.write_onnx(w, xs, "norm"), model.lm_head, "lm_head"),
+                  to=TensorProto.FLOAT)
     d2t = w.weight("d2t", model.d2t.cpu().numpy().astype(np.int64))
-    w.op("PEagleDraftSample", logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name="PEagleDraftSample",
+    w.op(DRAFT_SAMPLE, logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name=DRAFT_SAMPLE,
          **plugin_attrs())
     w.output("draft_ids", TensorProto.INT64, ["batch", k])
     return w.model("peagle_drafter")
@@ -303,7 +232,7 @@ def export_drafter_step(model, num_slots: int, max_len: int, dtype: str = "float
     past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
     e = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
     x = _drafter_layers(w, model, e, hidden, positions, slots, past, present)
-    normed = w.norm(x, model.norm, "norm")
+    normed = model.norm.write_onnx(w, x, "norm")
     w.op("Identity", normed if c.norm_output else x, outputs=["hidden_out"])
     w.op("Cast", w.linear(normed, model.lm_head, "lm_head"), to=TensorProto.FLOAT, outputs=["logits"])
     w.output("logits", TensorProto.FLOAT, ["batch", "rows", c.draft_vocab_size])

@@ -11,6 +11,8 @@ Draft ids map to target ids through d2t offsets: target_id = draft_id + d2t[draf
 The drafter keeps its own KV cache, written by absolute position like the target's; its
 sliding-window layers (`layer_types`, `sliding_window`) attend to keys at positions > p - W.
 Flag meanings follow the `speculators` library; tests/compat/ checks logits against its forward.
+The fusion layer writes its own ONNX nodes (`FusionLayer.write_onnx`); the drafter graphs are
+assembled in peagle_trt/export/graphs.py.
 """
 
 from __future__ import annotations
@@ -51,6 +53,20 @@ class FusionLayer(nn.Module):
         x = torch.cat((self.input_layernorm(e), g_normed), dim=-1)
         x = residual + self.self_attn(x, cos, sin, cache, 0, slots, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def write_onnx(self, w, e: str, g: str, cos: str, sin: str, positions: str, slots: str, past,
+                   present) -> str:
+        """The same layer as ONNX nodes (`w`: the ModelWriter of peagle_trt/export/graphs.py):
+        e, g [B, S, H] -> [B, S, H]."""
+        g_normed = self.hidden_norm.write_onnx(w, g, "layers.0.hidden_norm")
+        residual = g_normed if self.norm_before_residual else g
+        e_normed = self.input_layernorm.write_onnx(w, e, "layers.0.input_layernorm")
+        x = w.op("Concat", e_normed, g_normed, axis=-1)
+        h = self.self_attn.write_onnx(w, x, 0, "layers.0.self_attn", cos, sin, positions, slots, past,
+                                      present)
+        x = w.op("Add", residual, h)
+        h = self.post_attention_layernorm.write_onnx(w, x, "layers.0.post_attention_layernorm")
+        return w.op("Add", x, self.mlp.write_onnx(w, h, "layers.0.mlp"))
 
 
 class DrafterModel(nn.Module):

@@ -1,6 +1,13 @@
 """Building blocks shared by the target and the drafter: RMSNorm, GQA attention over a
 `KVCache`, the SwiGLU MLP, and a pre-norm decoder layer. Parameter names follow Hugging Face
-(`self_attn.q_proj`, `mlp.gate_proj`, ...) so checkpoints load by name."""
+(`self_attn.q_proj`, `mlp.gate_proj`, ...) so checkpoints load by name.
+
+Each module holds both of its views: `forward` (torch) and `write_onnx(w, ...)`, the same math
+written node by node into the graph being assembled (`w`: the `ModelWriter` of
+peagle_trt/export/graphs.py, which owns graph I/O, weights, FP8 linears, RoPE tables and the
+model-local op functions). Writers return output names; no onnx import at module level.
+Tests: tests/export/test_onnx.py and tests/e2e/test_families_e2e.py (onnxruntime equals torch).
+"""
 
 from __future__ import annotations
 
@@ -25,6 +32,16 @@ class RMSNorm(nn.Module):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return x.to(dtype) if self.weight is None else self.weight * x.to(dtype)
+
+    def write_onnx(self, w, x: str, name: str) -> str:
+        """x [..., dim] -> RMSNorm over the last axis (parameter `{name}.weight`)."""
+        weight = None if self.weight is None else w.param(f"{name}.weight", self.weight)
+        return w.rmsnorm(x, weight, self.eps)
+
+    def write_onnx_heads(self, w, x: str, name: str, heads: int, head_dim: int) -> str:
+        """Per-head RMSNorm of x [B, S, heads * d]."""
+        x4 = w.op("Reshape", x, w.ints(0, 0, heads, head_dim))
+        return w.op("Reshape", self.write_onnx(w, x4, name), w.ints(0, 0, heads * head_dim))
 
 
 class Attention(nn.Module):
@@ -84,8 +101,53 @@ class Attention(nn.Module):
                                self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
         return self.o_proj(out)
 
+    def write_onnx(self, w, x: str, layer: int, prefix: str, cos: str, sin: str, positions: str, slots: str,
+                   past: tuple[str, str] | None, present: tuple[str, str] | None,
+                   source: int | None = None) -> str:
+        """x [B, S, in_dim] -> [B, S, out_dim] through one PEagleKVAttention node writing
+        `present` from `past`. `source`: for a KV-shared layer, the layer owning the cache it
+        reads. That layer's op already wrote this forward's keys; the shared op re-writes the same
+        k/v at the same rows (idempotent) into a copy nobody reads, so the op contract stays one op."""
+        from peagle_trt.ops.names import DOMAIN, KV_ATTENTION
+        from peagle_trt.ops.onnx_defs import kv_attention_function, plugin_attrs
+
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        q = w.linear(x, self.q_proj, f"{prefix}.q_proj")
+        if hasattr(self, "q_norm"):  # Qwen3 / Gemma: per-head RMSNorm before RoPE
+            q = self.q_norm.write_onnx_heads(w, q, f"{prefix}.q_norm", h, d)
+        q = w.rope(q, h, d, cos, sin)
+        if self.kv_shared:
+            k, v, window_past, past = w.written[source]
+            present = (w.name(f"{prefix}.k_cache_copy"), w.name(f"{prefix}.v_cache_copy"))
+        else:
+            k = w.linear(x, self.k_proj, f"{prefix}.k_proj")
+            v = k if self.v_proj is None else w.linear(x, self.v_proj, f"{prefix}.v_proj")
+            if hasattr(self, "k_norm"):
+                k = self.k_norm.write_onnx_heads(w, k, f"{prefix}.k_norm", kv, d)
+                if self.v_norm is not None:
+                    v = self.v_norm.write_onnx_heads(w, v, f"{prefix}.v_norm", kv, d)
+            k = w.rope(k, kv, d, cos, sin)
+            window_past = past
+            w.written[layer] = (k, v, past, present)
+        scale = self.scale if self.scale is not None else float(d) ** -0.5
+        if KV_ATTENTION not in w.functions:
+            w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None)
+        extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
+        # a window spanning the whole cache (W >= T positions) cuts nothing: no attribute (as forward)
+        cuts = self.window and self.window < w.cache_len(window_past[0])
+        window = {"sliding_window": self.window} if cuts else {}
+        out = w.op(KV_ATTENTION, q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
+                   outputs=[w.name(f"{prefix}.attn"), *present], name=f"{prefix}.{KV_ATTENTION}",
+                   **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
+        return w.linear(out[0], self.o_proj, f"{prefix}.o_proj")
+
 
 ACTIVATIONS = {"silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+
+
+def write_onnx_act(w, x: str, act: str) -> str:
+    """ACTIVATIONS[act] as nodes: silu, else gelu_tanh."""
+    return w.silu(x) if act == "silu" else w.gelu_tanh(x, w.np)
 
 
 class MLP(nn.Module):
@@ -100,6 +162,11 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(ACTIVATIONS[self.act](self.gate_proj(x)) * self.up_proj(x))
+
+    def write_onnx(self, w, x: str, prefix: str) -> str:
+        gate = write_onnx_act(w, w.linear(x, self.gate_proj, f"{prefix}.gate_proj"), self.act)
+        return w.linear(w.op("Mul", gate, w.linear(x, self.up_proj, f"{prefix}.up_proj")),
+                        self.down_proj, f"{prefix}.down_proj")
 
 
 class DecoderLayer(nn.Module):
@@ -121,3 +188,15 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, cache, layer, slots, positions):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+    def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, slots: str,
+                   past: tuple[str, str] | None, present: tuple[str, str] | None, pli: str | None = None,
+                   source: int | None = None) -> str:
+        """Layer `i` as nodes (x [B, S, H] -> [B, S, H]); `pli` and `source` are the Gemma-4
+        layer's (per-layer inputs, KV sharing) and unused here."""
+        p = f"layers.{i}"
+        h = self.input_layernorm.write_onnx(w, x, f"{p}.input_layernorm")
+        x = w.op("Add", x, self.self_attn.write_onnx(w, h, i, f"{p}.self_attn", cos, sin, positions, slots,
+                                                     past, present))
+        h = self.post_attention_layernorm.write_onnx(w, x, f"{p}.post_attention_layernorm")
+        return w.op("Add", x, self.mlp.write_onnx(w, h, f"{p}.mlp"))

@@ -16,11 +16,11 @@ from torch import nn
 
 from peagle_trt.architecture import TargetConfig
 from peagle_trt.models.fp8 import fp8_swap
+from peagle_trt.models.gemma4 import Gemma4DecoderLayer, Gemma4PerLayerInputs
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.moe import SparseMoE
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
-from peagle_trt.models.sandwich import PerLayerInputs, SandwichDecoderLayer
 
 
 class TargetModel(nn.Module):
@@ -30,7 +30,7 @@ class TargetModel(nn.Module):
         self.taps = tuple(taps)
         self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
         if c.per_layer_input_size:
-            self.per_layer_inputs = PerLayerInputs(c.hidden_size, c.num_layers, c.per_layer_input_size,
+            self.per_layer_inputs = Gemma4PerLayerInputs(c.hidden_size, c.num_layers, c.per_layer_input_size,
                                                    c.per_layer_input_vocab, c.rms_norm_eps)
         self.layers = nn.ModuleList(decoder_layer(c, i) for i in range(c.num_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -131,8 +131,8 @@ def decoder_layer(c: TargetConfig, i: int) -> nn.Module:
     dense = MLP(c.hidden_size, c.intermediate(i), c.mlp_bias, c.hidden_act)
     moe = SparseMoE(c.hidden_size, c.moe) if c.is_moe(i) else None
     if c.sandwich_norm:  # an MoE there runs beside the dense MLP (MoEConfig.beside_dense)
-        return SandwichDecoderLayer(c.hidden_size, c.rms_norm_eps, attn, dense, c.hidden_act,
-                                    c.per_layer_input_size, c.layer_scalar, moe)
+        return Gemma4DecoderLayer(c.hidden_size, c.rms_norm_eps, attn, dense, c.hidden_act,
+                                  c.per_layer_input_size, c.layer_scalar, moe)
     mlp = moe or dense
     return DecoderLayer(c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim,
                         c.rms_norm_eps, c.attention_bias, c.mlp_bias, c.qk_norm, attn=attn, mlp=mlp)

@@ -4,8 +4,12 @@
           the torch executor at run time and by every test;
   ONNX    custom nodes in domain `peagle` with a registered `OpSchema` and a model-local
           FunctionProto holding the same math in standard ONNX ops (`ops.onnx_defs`), so
-          onnxruntime runs the exported file as is;
+          onnxruntime runs the exported file as is; `ops.onnx_builder` is the node builder
+          every ONNX writer uses;
   plugin  TensorRT IPluginV3 plugins in plugins/ whose names equal the ONNX op_types.
+
+The lowest layer of the package: it imports nothing from peagle_trt but `errors`. Op names,
+domain and plugin version/namespace are declared once, in `ops.names`.
 
 | op_type            | what                                                                 |
 |--------------------|----------------------------------------------------------------------|
@@ -14,12 +18,9 @@
 | PEagleDraftSample  | greedy argmax over the draft vocabulary + d2t mapping to target ids  |
 """
 
+from peagle_trt.ops.names import (DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE, KV_ATTENTION, OP_TYPES,
+                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
 from peagle_trt.ops.reference import draft_inputs, draft_sample, kv_attention
 
-OP_TYPES = ("PEagleKVAttention", "PEagleDraftInputs", "PEagleDraftSample")
-DOMAIN = "peagle"
-PLUGIN_VERSION = "1"
-PLUGIN_NAMESPACE = ""
-
-__all__ = ["DOMAIN", "OP_TYPES", "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "draft_inputs", "draft_sample",
-           "kv_attention"]
+__all__ = ["DOMAIN", "DOMAIN_VERSION", "DRAFT_INPUTS", "DRAFT_SAMPLE", "KV_ATTENTION", "OP_TYPES",
+           "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "draft_inputs", "draft_sample", "kv_attention"]

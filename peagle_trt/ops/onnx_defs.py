@@ -17,8 +17,9 @@ import numpy as np
 import onnx
 from onnx import defs, helper
 
-from peagle_trt.export.builder import Builder
-from peagle_trt.ops import DOMAIN, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from peagle_trt.ops.names import (DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE, KV_ATTENTION,
+                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
+from peagle_trt.ops.onnx_builder import Builder
 
 OPSET = 19  # FP8 QuantizeLinear / DequantizeLinear need opset >= 19
 _P = defs.OpSchema.FormalParameter
@@ -43,25 +44,25 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
     plugin = [_A("plugin_version", _T.STRING, "TensorRT plugin version"),
               _A("plugin_namespace", _T.STRING, "TensorRT plugin namespace")]
     return defs.OpSchema(
-        name, DOMAIN, 1, doc,
+        name, DOMAIN, DOMAIN_VERSION, doc,
         inputs=[_param(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
         type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices")],
         attributes=[_attr(a, kind, d) for a, kind, d in attrs] + plugin)
 
 
 SCHEMAS = [
-    _schema("PEagleKVAttention", "attention of new rows over a per-request KV cache slot, in-place writes",
+    _schema(KV_ATTENTION, "attention of new rows over a per-request KV cache slot, in-place writes",
             [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("slots", "I"), ("k_cache", "T"),
              ("v_cache", "T"), ("sinks?", "T")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
             [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
              ("scale", _T.FLOAT, "softmax scale"),
              ("sliding_window", _T.INT, "attend to keys at positions > p - W only; 0: full attention")]),
-    _schema("PEagleDraftInputs", "drafter rows of one parallel pass: pending rows + K-1 mask rows",
+    _schema(DRAFT_INPUTS, "drafter rows of one parallel pass: pending rows + K-1 mask rows",
             [("pending_ids", "I"), ("pending_hidden", "T"), ("num_pending", "I"), ("cur", "I"),
              ("embed_tokens", "T"), ("h_mask", "T")],
             [("embeds", "T"), ("hidden", "T"), ("positions", "I"), ("sample_rows", "I")],
             [("num_spec_tokens", _T.INT, "K"), ("mask_token_id", _T.INT, "mask token id")]),
-    _schema("PEagleDraftSample", "greedy argmax over the draft vocabulary, mapped to target ids by d2t",
+    _schema(DRAFT_SAMPLE, "greedy argmax over the draft vocabulary, mapped to target ids by d2t",
             [("logits", "T"), ("d2t", "I")], [("draft_ids", "I")], []),
 ]
 
@@ -160,7 +161,7 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
     b.op("Reshape", out, b.ints(0, 0, -1), outputs=["out"])
     inputs = ["q", "k", "v", "positions", "slots", "k_cache", "v_cache"] + (["sinks"] if sinks else [])
-    return _function("PEagleKVAttention", b, inputs, ["out", "k_cache_out", "v_cache_out"],
+    return _function(KV_ATTENTION, b, inputs, ["out", "k_cache_out", "v_cache_out"],
                      ["num_heads", "num_kv_heads", "head_dim", "scale"],
                      [helper.make_attribute("sliding_window", 0)])
 
@@ -189,7 +190,7 @@ def draft_inputs_function(num_spec_tokens: int, mask_token_id: int) -> onnx.Func
     pos = b.op("Add", b.op("Sub", b.op("Unsqueeze", "cur", b.ints(1)), n), j)
     b.op("Where", valid, pos, b.ints(-1), outputs=["positions"])
     b.op("Add", b.op("Sub", n, b.ints(1)), b.ints(*range(k)), outputs=["sample_rows"])
-    return _function("PEagleDraftInputs", b, ["pending_ids", "pending_hidden", "num_pending", "cur",
+    return _function(DRAFT_INPUTS, b, ["pending_ids", "pending_hidden", "num_pending", "cur",
                                               "embed_tokens", "h_mask"],
                      ["embeds", "hidden", "positions", "sample_rows"], ["num_spec_tokens", "mask_token_id"])
 
@@ -198,7 +199,7 @@ def draft_sample_function() -> onnx.FunctionProto:
     b = Builder("dsm_")
     draft = b.op("ArgMax", "logits", axis=-1, keepdims=0)  # [B,K]
     b.op("Add", draft, b.op("Gather", "d2t", draft, axis=0), outputs=["draft_ids"])
-    return _function("PEagleDraftSample", b, ["logits", "d2t"], ["draft_ids"], [])
+    return _function(DRAFT_SAMPLE, b, ["logits", "d2t"], ["draft_ids"], [])
 
 
 def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:

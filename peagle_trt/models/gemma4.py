@@ -1,4 +1,6 @@
-"""The sandwich-norm decoder layer (Gemma-4) and its per-layer input embeddings.
+"""The Gemma-4 decoder layer (sandwich norms) and its per-layer input embeddings, each with its
+torch `forward` and its ONNX writer `write_onnx` (node by node, with the blocks of
+peagle_trt/models/layers.py; `w` is the `ModelWriter` of peagle_trt/export/graphs.py).
 
 Layer (TargetConfig.sandwich_norm), with `post_*` norms on each block's output:
     x = x + post_attention_layernorm(attn(input_layernorm(x)))
@@ -14,20 +16,22 @@ and the (scaled) token embedding e:
     pli = (norm(reshape(per_layer_model_projection(e) / sqrt(H), [L, P]))
            + embed_tokens_per_layer(ids) * sqrt(P)) / sqrt(2)              # [B, S, L, P]
 Parameter names follow transformers' Gemma4TextModel so checkpoints load by name.
-Tests: tests/unit/test_gemma4.py (equal to transformers' Gemma4ForCausalLM).
+Tests: tests/unit/test_gemma4.py (equal to transformers' Gemma4ForCausalLM),
+tests/e2e/test_families_e2e.py (onnxruntime equals torch, spec = target-only).
 """
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import nn
 
-from peagle_trt.models.layers import ACTIVATIONS, RMSNorm
+from peagle_trt.models.layers import ACTIVATIONS, RMSNorm, write_onnx_act
 
 
-class SandwichDecoderLayer(nn.Module):
+class Gemma4DecoderLayer(nn.Module):
     def __init__(self, hidden: int, eps: float, attn: nn.Module, mlp: nn.Module, act: str,
                  per_layer_input_size: int = 0, layer_scalar: bool = False, moe: nn.Module | None = None):
         super().__init__()
@@ -63,8 +67,38 @@ class SandwichDecoderLayer(nn.Module):
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate))
         return x if self.layer_scalar is None else x * self.layer_scalar
 
+    def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, slots: str, past, present,
+                   pli: str | None = None, source: int | None = None) -> str:
+        """Layer `i` as nodes (x [B, S, H] -> [B, S, H]); pli [B, S, L, P] or None; `source`: the
+        layer whose KV cache a KV-shared layer reads."""
+        p = f"layers.{i}"
+        h = self.self_attn.write_onnx(w, self.input_layernorm.write_onnx(w, x, f"{p}.input_layernorm"), i,
+                                      f"{p}.self_attn", cos, sin, positions, slots, past, present, source)
+        x = w.op("Add", x, self.post_attention_layernorm.write_onnx(w, h, f"{p}.post_attention_layernorm"))
+        h = self.pre_feedforward_layernorm.write_onnx(w, x, f"{p}.pre_feedforward_layernorm")
+        h = self.mlp.write_onnx(w, h, f"{p}.mlp")
+        if self.moe is not None:  # beside the dense MLP: both normed, summed
+            normed = self.pre_feedforward_layernorm_2.write_onnx(w, x, f"{p}.pre_feedforward_layernorm_2")
+            experts = self.moe.write_onnx(w, normed, f"{p}.moe", router_x=x)
+            dense = self.post_feedforward_layernorm_1.write_onnx(w, h, f"{p}.post_feedforward_layernorm_1")
+            experts = self.post_feedforward_layernorm_2.write_onnx(w, experts,
+                                                                  f"{p}.post_feedforward_layernorm_2")
+            h = w.op("Add", dense, experts)
+        h = self.post_feedforward_layernorm.write_onnx(w, h, f"{p}.post_feedforward_layernorm")
+        x = w.op("Add", x, h)
+        if pli is not None:
+            mine = w.op("Gather", pli, w.const(np.int64(i)), axis=2)  # [B, S, P]
+            gate = w.linear(x, self.per_layer_input_gate, f"{p}.per_layer_input_gate")
+            gate = write_onnx_act(w, gate, self.act)
+            h = w.linear(w.op("Mul", gate, mine), self.per_layer_projection, f"{p}.per_layer_projection")
+            h = self.post_per_layer_input_norm.write_onnx(w, h, f"{p}.post_per_layer_input_norm")
+            x = w.op("Add", x, h)
+        if self.layer_scalar is not None:
+            x = w.op("Mul", x, w.param(f"{p}.layer_scalar", self.layer_scalar))
+        return x
 
-class PerLayerInputs(nn.Module):
+
+class Gemma4PerLayerInputs(nn.Module):
     """Per-layer input embeddings: (ids [B, S], scaled embedding e [B, S, H]) -> [B, S, L, P]."""
 
     def __init__(self, hidden: int, num_layers: int, size: int, vocab: int, eps: float):
@@ -83,3 +117,19 @@ class PerLayerInputs(nn.Module):
         proj = self.per_layer_model_projection(embeds) * self.hidden ** -0.5
         proj = self.per_layer_projection_norm(proj.reshape(shape))
         return (proj + token) * 2.0 ** -0.5
+
+    def write_onnx(self, w, ids: str, embeds: str) -> str:
+        """ids [B, S], scaled embedding [B, S, H] -> per-layer inputs [B, S, L, P]."""
+        shape = w.ints(0, 0, self.num_layers, self.size)
+        vocab = self.embed_tokens_per_layer.num_embeddings
+        safe = w.op("Where", w.op("Less", ids, w.ints(vocab)), ids, w.ints(0))  # past the table: row 0
+        table = w.param("per_layer_inputs.embed_tokens_per_layer.weight", self.embed_tokens_per_layer.weight)
+        token = w.op("Mul", w.op("Gather", table, safe, axis=0),
+                     w.const(np.asarray(math.sqrt(self.size), dtype=w.np)))
+        proj = w.linear(embeds, self.per_layer_model_projection,
+                        "per_layer_inputs.per_layer_model_projection")
+        proj = w.op("Mul", proj, w.const(np.asarray(self.hidden ** -0.5, dtype=w.np)))
+        proj = self.per_layer_projection_norm.write_onnx(w, w.op("Reshape", proj, shape),
+                                                         "per_layer_inputs.per_layer_projection_norm")
+        return w.op("Mul", w.op("Add", proj, w.op("Reshape", token, shape)),
+                    w.const(np.asarray(2.0 ** -0.5, dtype=w.np)))
