@@ -95,13 +95,13 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     weight_bytes = sum(p.numel() * p.element_size() for m in mods for p in m.parameters())
     max_len = CONTEXT + 256
     cache = KVCache(layers, 1, c.num_kv_heads, max_len, c.head_dim, DTYPE)
-    inv_freq, scale = inv_freq(c.rope, c.head_dim)
+    inv, scale = inv_freq(c.rope, c.head_dim)
     slots = torch.tensor([0])
 
     def step(rows: int):
         pos = torch.arange(CONTEXT, CONTEXT + rows)[None]
         x0 = torch.randn(1, rows, c.hidden_size, dtype=DTYPE)
-        cos, sin = rope_cos_sin(inv_freq, scale, pos, DTYPE)
+        cos, sin = rope_cos_sin(inv, scale, pos, DTYPE)
 
         def run():
             x = x0
