@@ -92,7 +92,20 @@ def _load_engine(args: argparse.Namespace):
 
         return ServingEngine.load(*model_params(args.repo, args.model))
     return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
-                                          args.max_seq_len)
+                                          args.max_seq_len, backend=generate_backend(args))
+
+
+def generate_backend(args: argparse.Namespace) -> str:
+    """`generate --target --backend auto`: onnxruntime (MLAS GEMMs, KV in place; the graphs made
+    in memory) for float32 on CPU where onnxruntime is installed, else torch. Measured in
+    docs/BENCHMARKS.md, "SmolLM2-135M: decode speed"."""
+    if args.backend != "auto":
+        return args.backend
+    import importlib.util
+
+    on_cpu = args.device == "cpu" and args.dtype == "float32"
+    installed = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+    return "onnxruntime" if on_cpu and installed else "torch"
 
 
 def resolve_backend(name: str) -> str:
@@ -218,6 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weight dtype (default float32)")
     g.add_argument("--max-seq-len", type=int, default=4096,
                    help="with --target: prompt + output tokens the KV cache holds (default 4096)")
+    g.add_argument("--backend", default="auto", choices=["auto", "torch", "onnxruntime"],
+                   help="with --target: auto (default) = onnxruntime for float32 on CPU (fastest there), "
+                        "else torch")
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("build", help="render a Triton model repository (atomic, with manifest.json)")

@@ -82,6 +82,32 @@ class OrtExecutor(SlotPool):
         self.g_fc = _Graph(export_dir / "drafter_fc.onnx", threads) if "drafter_fc" in graphs else None
         self.d2t = torch.from_numpy(np.load(export_dir / "d2t.npy")) if (export_dir / "d2t.npy").is_file() else None
 
+    @classmethod
+    def from_models(cls, target, drafter=None, spec=None, num_slots: int = 1, max_len: int = 2048,
+                    threads: int | None = None) -> "OrtExecutor":
+        """Executor over built torch models (`TargetModel`, `DrafterModel` | None), their graphs
+        made in memory, no files: what `export` would write (float32), for `spec` (SpecConfig;
+        None: target only). `generate --target` runs this on CPU (docs/BENCHMARKS.md, decode speed)."""
+        from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
+        from peagle_trt.ops.onnx_defs import register_schemas
+
+        register_schemas()
+        self = cls.__new__(cls)
+        SlotPool.__init__(self, num_slots)
+        k = spec.k if spec is not None else 0
+        self.max_len, self.k, self.device, self.mask_token_id = max_len, k, torch.device("cpu"), None
+        self.g_target = _Graph(export_target(target, num_slots, max_len).SerializeToString(), threads)
+        self.g_drafter = self.g_step = self.g_fc = self.d2t = None
+        if drafter is None or not k:
+            return self
+        if spec.mode == "peagle":
+            self.g_drafter = _Graph(export_drafter(drafter, num_slots, max_len, k).SerializeToString(), threads)
+        shared = self.g_drafter.kv if self.g_drafter is not None else None
+        self.g_step = _Graph(export_drafter_step(drafter, num_slots, max_len).SerializeToString(), threads, shared)
+        self.g_fc = _Graph(export_drafter_fc(drafter).SerializeToString(), threads)
+        self.d2t = drafter.d2t.cpu().to(torch.int64)
+        return self
+
     def target(self, tokens, positions, slots, logit_rows=None):
         # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None (all rows)
         if logit_rows is None:

@@ -64,6 +64,13 @@ def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int,
         max_rows = max(int(params.get("prefill_chunk", 256)), spec.k + 1)  # windowed layers keep only W + this - 1
         return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len,
                              kernels=params.get("kernels", "reference"), max_rows=max_rows)
+    if backend == "onnxruntime" and not params.get("onnx_path"):  # in-process from checkpoints
+        from peagle_trt.runtime.ort_executor import OrtExecutor
+
+        drafter = version / params["drafter_path"] if params.get("drafter_path") else None
+        target, drafter_model = load_pair(version / params["target_path"], drafter, spec).build("cpu", torch.float32)
+        threads = int(params["threads"]) if params.get("threads") else None
+        return OrtExecutor.from_models(target, drafter_model, spec, num_slots, max_len, threads)
     if backend == "onnxruntime":
         from peagle_trt.runtime.ort_executor import OrtExecutor
 
@@ -104,9 +111,10 @@ class ServingEngine:
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
-                         max_batch: int = 1, prefill_chunk: int = 256) -> "ServingEngine":
-        """Serve checkpoint directories in-process on the torch backend (`generate --target`)."""
-        params = {"backend": "torch", "spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),
+                         max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch") -> "ServingEngine":
+        """Serve checkpoint directories in-process (`generate --target`): `backend` "torch", or
+        "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory; runtime/ort_executor.py)."""
+        params = {"backend": backend, "spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),
                   "max_batch": str(max_batch), "max_seq_len": str(max_seq_len),
                   "prefill_chunk": str(prefill_chunk), "device": device, "dtype": dtype,
                   "target_path": str(Path(target_dir).absolute()),
