@@ -83,12 +83,13 @@ def model_costs(target) -> dict:
     return {"weight_bytes": read, "gemm_params": gemm, "kv_bytes_per_pos": kv_per_pos}
 
 
-def _engine(target_dir: str, backend: str, max_batch: int, max_seq_len: int):
+def _engine(target_dir: str, backend: str, max_batch: int, max_seq_len: int, threads: int):
     from peagle_trt.config import SpecConfig
     from peagle_trt.serving.engine import ServingEngine
 
-    return ServingEngine.from_checkpoints(target_dir, None, SpecConfig("none", 0), max_seq_len=max_seq_len,
-                                          max_batch=max_batch, backend=backend)
+    engine = ServingEngine.from_checkpoints(target_dir, None, SpecConfig("none", 0), max_seq_len=max_seq_len,
+                                            max_batch=max_batch, backend=backend, threads=threads)
+    return engine
 
 
 def _hf_decode(model, ids: list[int], n: int):
@@ -146,10 +147,6 @@ def run(args: argparse.Namespace) -> dict:
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from peagle_trt.checkpoint import load_pair
-    from peagle_trt.config import SpecConfig
-    from peagle_trt.runtime.executor import TorchExecutor
-    from peagle_trt.runtime.ort_executor import OrtExecutor
     from peagle_trt.tokenizer import TextCodec
 
     torch.set_num_threads(args.threads)
@@ -158,13 +155,13 @@ def run(args: argparse.Namespace) -> dict:
     bw, peak = mach["bandwidth_gbs"] * 1e9, mach["gemm_gflops"] * 1e9
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-    target, _ = load_pair(args.target, None, SpecConfig("none", 0)).build()
-    costs = model_costs(target)
     ids = TextCodec(args.target).encode_prompt(PROMPT, True)
     long_ids = (ids * (CONTEXT // len(ids) + 2))[:CONTEXT + max(ROWS)]
 
-    engines = {"torch": _engine(args.target, "torch", 8, args.max_seq_len),
-               "onnxruntime": _engine(args.target, "onnxruntime", 8, args.max_seq_len)}
+    engines = {"torch": _engine(args.target, "torch", 8, args.max_seq_len, args.threads),
+               "onnxruntime": _engine(args.target, "onnxruntime", 8, args.max_seq_len, args.threads)}
+    executors = {f"ours ({b})": e.scheduler.decoder.ex for b, e in engines.items()}  # verify on slot 0
+    costs = model_costs(executors["ours (torch)"].target_model)
     decode = _rounds({"transformers": _hf_decode(hf, ids, n),
                       **{f"ours ({b})": _engine_decode(e, n) for b, e in engines.items()}}, rounds)
     step_bytes = costs["weight_bytes"] + costs["kv_bytes_per_pos"] * (len(ids) + n // 2)
@@ -176,8 +173,6 @@ def run(args: argparse.Namespace) -> dict:
     for row in decode_rows.values():
         row["x_transformers"] = row["tokens_per_s"] / ref
 
-    executors = {"ours (torch)": TorchExecutor(target, None, 1, args.max_seq_len),
-                 "ours (onnxruntime)": OrtExecutor.from_target(target, 1, args.max_seq_len, args.threads)}
     verify = {}
     for m in ROWS:
         fns = {name: _verify_ours(ex, long_ids, m) for name, ex in executors.items()}

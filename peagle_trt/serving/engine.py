@@ -111,14 +111,17 @@ class ServingEngine:
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
-                         max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch") -> "ServingEngine":
+                         max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch",
+                         threads: int | None = None) -> "ServingEngine":
         """Serve checkpoint directories in-process (`generate --target`): `backend` "torch", or
-        "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory; runtime/ort_executor.py)."""
+        "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory; runtime/ort_executor.py;
+        `threads`: its intra-op threads, None = onnxruntime's default, the physical cores)."""
         params = {"backend": backend, "spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),
                   "max_batch": str(max_batch), "max_seq_len": str(max_seq_len),
                   "prefill_chunk": str(prefill_chunk), "device": device, "dtype": dtype,
                   "target_path": str(Path(target_dir).absolute()),
-                  "drafter_path": str(Path(drafter_dir).absolute()) if drafter_dir else ""}
+                  "drafter_path": str(Path(drafter_dir).absolute()) if drafter_dir else "",
+                  "threads": str(threads or "")}
         return cls.from_params(Path("."), params)
 
     @classmethod
