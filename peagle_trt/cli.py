@@ -91,8 +91,21 @@ def _load_engine(args: argparse.Namespace):
         from peagle_trt.serving.repo import model_params
 
         return ServingEngine.load(*model_params(args.repo, args.model))
-    return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
-                                          args.max_seq_len, backend=generate_backend(args))
+    backend = generate_backend(args)
+
+    def load(name: str):
+        return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
+                                              args.max_seq_len, backend=name)
+
+    if backend == "onnxruntime" and args.backend == "auto":
+        from peagle_trt.errors import BuildError
+
+        try:
+            return load(backend)
+        except BuildError as exc:  # a model the ONNX graphs cannot express yet (e.g. FP8 MoE experts)
+            print(f"[generate] onnxruntime cannot run this model ({exc}); using torch", file=sys.stderr)
+            backend = "torch"
+    return load(backend)
 
 
 def generate_backend(args: argparse.Namespace) -> str:
