@@ -94,8 +94,8 @@ def _load_engine(args: argparse.Namespace):
     backend = generate_backend(args)
 
     def load(name: str):
-        return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
-                                              args.max_seq_len, backend=name)
+        return ServingEngine.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device,
+                                              args.dtype, args.max_seq_len, backend=name)
 
     if backend == "onnxruntime" and args.backend == "auto":
         from peagle_trt.errors import BuildError
@@ -117,7 +117,7 @@ def generate_backend(args: argparse.Namespace) -> str:
     import importlib.util
 
     on_cpu = args.device == "cpu" and args.dtype == "float32"
-    installed = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+    installed = all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
     return "onnxruntime" if on_cpu and installed else "torch"
 
 

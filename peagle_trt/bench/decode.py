@@ -180,14 +180,15 @@ def run(args: argparse.Namespace) -> dict:
         t = _rounds(fns, rounds)
         kv = costs["kv_bytes_per_pos"] * (CONTEXT + m)
         roof = max((costs["weight_bytes"] + kv) / bw, 2 * costs["gemm_params"] * m / peak)
-        verify[m] = {name: {"ms": 1e3 * statistics.median(v), "roofline_pct": 100 * roof / statistics.median(v)}
-                     for name, v in t.items()}
+        verify[m] = {name: {"ms": 1e3 * statistics.median(v),
+                            "roofline_pct": 100 * roof / statistics.median(v)} for name, v in t.items()}
         verify[m]["roofline_ms"] = 1e3 * roof
 
     batch = {}
     for b, e in engines.items():
         t = _rounds({1: _engine_decode(e, n, 1), 8: _engine_decode(e, n, 8)}, rounds)
-        batch[b] = {"b1_tokens_per_s": n / statistics.median(t[1]), "b8_tokens_per_s": 8 * n / statistics.median(t[8])}
+        batch[b] = {"b1_tokens_per_s": n / statistics.median(t[1]),
+                    "b8_tokens_per_s": 8 * n / statistics.median(t[8])}
         batch[b]["ratio"] = batch[b]["b8_tokens_per_s"] / batch[b]["b1_tokens_per_s"]
 
     results = {"threads": args.threads, "rounds": rounds, "tokens": n, "prompt_tokens": len(ids),
@@ -214,7 +215,8 @@ def report(r: dict) -> str:
                      + " | ".join(f"{v[k]['ms']:.1f} ({v[k]['roofline_pct']:.0f}%)" for k in names) + " |")
     lines += ["", "| backend | batch 1 tokens/s | batch 8 tokens/s | ratio |", "|---|---|---|---|"]
     for b, row in r["batch"].items():
-        lines.append(f"| {b} | {row['b1_tokens_per_s']:.2f} | {row['b8_tokens_per_s']:.2f} | {row['ratio']:.2f} |")
+        lines.append(f"| {b} | {row['b1_tokens_per_s']:.2f} | {row['b8_tokens_per_s']:.2f} | "
+                     f"{row['ratio']:.2f} |")
     return "\n".join(lines)
 
 

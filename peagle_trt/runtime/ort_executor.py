@@ -26,7 +26,8 @@ def _session(path: Path | bytes, threads: int | None, weights: dict | None = Non
 
     options = ort.SessionOptions()
     if weights:  # in-memory model: its large initializers as OrtValues over these arrays (no copy)
-        options.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
+        options.add_external_initializers(list(weights),
+                                          [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
     # onnxruntime's integer QDQ fusion does not know FP8: keep Q/DQ -> MatMul as written.
     options.add_session_config_entry("session.disable_quant_qdq", "1")
     if threads:
@@ -100,7 +101,8 @@ class OrtExecutor(SlotPool):
         self.g_target = _Graph(export_dir / "target.onnx", threads)
         self.g_drafter = _Graph(export_dir / "drafter.onnx", threads) if "drafter" in graphs else None
         shared = self.g_drafter.kv if self.g_drafter is not None else None  # one drafter KV cache
-        self.g_step = _Graph(export_dir / "drafter_step.onnx", threads, shared) if "drafter_step" in graphs else None
+        step = export_dir / "drafter_step.onnx"
+        self.g_step = _Graph(step, threads, shared) if "drafter_step" in graphs else None
         self.g_fc = _Graph(export_dir / "drafter_fc.onnx", threads) if "drafter_fc" in graphs else None
         self.d2t = torch.from_numpy(np.load(export_dir / "d2t.npy")) if (export_dir / "d2t.npy").is_file() else None
 
@@ -110,7 +112,8 @@ class OrtExecutor(SlotPool):
         """Executor over built torch models (`TargetModel`, `DrafterModel` | None), their graphs
         made in memory, no files: what `export` would write (float32), for `spec` (SpecConfig;
         None: target only). `generate --target` runs this on CPU (docs/BENCHMARKS.md, decode speed)."""
-        from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
+        from peagle_trt.export.graphs import (export_drafter, export_drafter_fc, export_drafter_step,
+                                              export_target)
         from peagle_trt.ops.onnx_defs import register_schemas
 
         register_schemas()

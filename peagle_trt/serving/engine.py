@@ -68,7 +68,8 @@ def make_executor(params: dict, version: Path, spec: SpecConfig, num_slots: int,
         from peagle_trt.runtime.ort_executor import OrtExecutor
 
         drafter = version / params["drafter_path"] if params.get("drafter_path") else None
-        target, drafter_model = load_pair(version / params["target_path"], drafter, spec).build("cpu", torch.float32)
+        pair = load_pair(version / params["target_path"], drafter, spec)
+        target, drafter_model = pair.build("cpu", torch.float32)
         threads = int(params["threads"]) if params.get("threads") else None
         return OrtExecutor.from_models(target, drafter_model, spec, num_slots, max_len, threads)
     if backend == "onnxruntime":
