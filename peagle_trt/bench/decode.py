@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians over them)")
     parser.add_argument("--tokens", type=int, default=32, help="tokens generated per decode run")
     parser.add_argument("--max-seq-len", type=int, default=1024, help="KV positions per slot of our engines")
+
+
+def _say(what: str) -> None:
+    print(f"[bench decode] {what}", file=sys.stderr, flush=True)  # progress; stdout is the report
 
 
 def _timed(fn) -> float:
@@ -151,8 +156,10 @@ def run(args: argparse.Namespace) -> dict:
 
     torch.set_num_threads(args.threads)
     rounds, n = args.rounds, args.tokens
+    _say("machine: bandwidth and GEMM peak")
     mach = machine(rounds)
     bw, peak = mach["bandwidth_gbs"] * 1e9, mach["gemm_gflops"] * 1e9
+    _say("loading transformers, our torch and onnxruntime engines")
     hf_logging.disable_progress_bar()
     hf = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
     ids = TextCodec(args.target).encode_prompt(PROMPT, True)
@@ -162,6 +169,7 @@ def run(args: argparse.Namespace) -> dict:
                "onnxruntime": _engine(args.target, "onnxruntime", 8, args.max_seq_len, args.threads)}
     executors = {f"ours ({b})": e.scheduler.decoder.ex for b, e in engines.items()}  # verify on slot 0
     costs = model_costs(executors["ours (torch)"].target_model)
+    _say("decode, batch 1")
     decode = _rounds({"transformers": _hf_decode(hf, ids, n),
                       **{f"ours ({b})": _engine_decode(e, n) for b, e in engines.items()}}, rounds)
     step_bytes = costs["weight_bytes"] + costs["kv_bytes_per_pos"] * (len(ids) + n // 2)
@@ -173,6 +181,7 @@ def run(args: argparse.Namespace) -> dict:
     for row in decode_rows.values():
         row["x_transformers"] = row["tokens_per_s"] / ref
 
+    _say("verify rows")
     verify = {}
     for m in ROWS:
         fns = {name: _verify_ours(ex, long_ids, m) for name, ex in executors.items()}
@@ -184,6 +193,7 @@ def run(args: argparse.Namespace) -> dict:
                             "roofline_pct": 100 * roof / statistics.median(v)} for name, v in t.items()}
         verify[m]["roofline_ms"] = 1e3 * roof
 
+    _say("batch 1 vs batch 8")
     batch = {}
     for b, e in engines.items():
         t = _rounds({1: _engine_decode(e, n, 1), 8: _engine_decode(e, n, 8)}, rounds)
