@@ -92,8 +92,34 @@ def _load_generator(args: argparse.Namespace):
         from peagle_trt.serving.options import read_options
 
         return TextGenerator.load(*read_options(args.repo, args.model))
-    return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device, args.dtype,
-                                          args.max_seq_len)
+    backend = generate_backend(args)
+
+    def load(name: str):
+        return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device,
+                                               args.dtype, args.max_seq_len, backend=name)
+
+    if backend == "onnxruntime" and args.backend == "auto":
+        from peagle_trt.errors import BuildError
+
+        try:
+            return load(backend)
+        except BuildError as exc:  # a model the ONNX graphs cannot express yet (e.g. FP8 MoE experts)
+            print(f"[generate] onnxruntime cannot run this model ({exc}); using torch", file=sys.stderr)
+            backend = "torch"
+    return load(backend)
+
+
+def generate_backend(args: argparse.Namespace) -> str:
+    """`generate --target --backend auto`: onnxruntime (MLAS GEMMs, KV in place; the graphs made
+    in memory) for float32 on CPU where onnxruntime is installed, else torch. Measured in
+    docs/BENCHMARKS.md, "SmolLM2-135M: decode speed"."""
+    if args.backend != "auto":
+        return args.backend
+    import importlib.util
+
+    on_cpu = args.device == "cpu" and args.dtype == "float32"
+    installed = all(importlib.util.find_spec(m) is not None for m in ("onnxruntime", "onnx"))
+    return "onnxruntime" if on_cpu and installed else "torch"
 
 
 def resolve_backend(name: str) -> str:
@@ -215,6 +241,9 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                    help="weight dtype (default float32)")
     g.add_argument("--max-seq-len", type=int, default=4096,
                    help="with --target: prompt + output tokens the KV cache holds (default 4096)")
+    g.add_argument("--backend", default="auto", choices=["auto", "torch", "onnxruntime"],
+                   help="with --target: auto (default) = onnxruntime for float32 on CPU (fastest there), "
+                        "else torch")
     g.set_defaults(func=cmd_generate)
     return g
 

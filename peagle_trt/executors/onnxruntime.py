@@ -2,7 +2,10 @@
 
 The custom `peagle` nodes run through their model-local function bodies, so the very files that
 go to TensorRT (minus those functions) are what this executor validates on a CPU. KV caches are
-host arrays per layer, fed as `past_*` and replaced by the `present_*` outputs after each run.
+host arrays per layer, allocated once and bound through IO binding as both `past_*` and
+`present_*`: the graph's ScatterND writes the new rows into that very buffer (no per-step cache
+copy) and attention reads only the live rows. Other outputs (logits, taps) are allocated by
+onnxruntime per run and handed over without a copy.
 """
 
 from __future__ import annotations
@@ -18,31 +21,71 @@ from peagle_trt.executors.slots import SlotPool
 from peagle_trt.manifest import verify_manifest
 
 
-def _session(path: Path, threads: int | None):
+def _session(path: Path | bytes, threads: int | None, weights: dict | None = None):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
+    if weights:  # in-memory model: its large initializers as OrtValues over these arrays (no copy)
+        options.add_external_initializers(list(weights),
+                                          [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
     # onnxruntime's integer QDQ fusion does not know FP8: keep Q/DQ -> MatMul as written.
     options.add_session_config_entry("session.disable_quant_qdq", "1")
     if threads:
         options.intra_op_num_threads = threads
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    source = path if isinstance(path, bytes) else str(path)  # bytes: a serialized in-memory model
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def _in_memory(model) -> tuple[bytes, dict]:
+    """(serialized `model` without its large float initializers, {name: array} of those): the
+    session takes the arrays as external initializers, sparing a 0.5 GB protobuf round trip."""
+    from onnx import TensorProto, numpy_helper
+
+    weights = {}
+    for init in model.graph.initializer:
+        if init.data_type in (TensorProto.FLOAT, TensorProto.FLOAT16) and len(init.raw_data) >= 1 << 16:
+            weights[init.name] = numpy_helper.to_array(init)
+            init.ClearField("raw_data")
+            init.data_location = TensorProto.EXTERNAL  # resolved by add_external_initializers
+            entry = init.external_data.add()
+            entry.key, entry.value = "location", "in-memory"
+    return model.SerializeToString(), weights
 
 
 class _Graph:
-    """One session plus its KV state (`past_*` inputs fed back from `present_*` outputs)."""
+    """One session plus its KV state: each `past_*` input and its `present_*` output are bound to
+    the same host buffer (`kv`, allocated once; `shared` reuses another graph's buffers)."""
 
-    def __init__(self, path: Path, threads: int | None):
-        self.session = _session(path, threads)
+    def __init__(self, path_or_model, threads: int | None, shared: dict | None = None):
+        # path_or_model: an .onnx path, or a ModelProto (made in memory)
+        self.weights = {}  # kept alive with the session
+        if not isinstance(path_or_model, Path):
+            path_or_model, self.weights = _in_memory(path_or_model)
+        self.session = _session(path_or_model, threads, self.weights)
         self.outputs = [o.name for o in self.session.get_outputs()]
-        self.kv = {i.name: np.zeros([d for d in i.shape], dtype=np.float16 if "16" in i.type else np.float32)
-                   for i in self.session.get_inputs() if i.name.startswith("past_")}
+        self.kv = shared if shared is not None else {
+            i.name: np.zeros(list(i.shape), dtype=np.float16 if "16" in i.type else np.float32)
+            for i in self.session.get_inputs() if i.name.startswith("past_")}
+        self.binding = self.session.io_binding()
+        self.plain = [o for o in self.outputs if not o.startswith("present_")]
+        for name, array in self.kv.items():
+            self._bind_kv(name, array)
+
+    def _bind_kv(self, name: str, array: np.ndarray) -> None:
+        import onnxruntime as ort
+
+        value = ort.OrtValue.ortvalue_from_numpy(array)  # wraps the array's memory (CPU: no copy)
+        self.binding.bind_ortvalue_input(name, value)
+        self.binding.bind_ortvalue_output("present_" + name[len("past_"):], value)
 
     def run(self, feeds: dict) -> dict:
-        out = dict(zip(self.outputs, self.session.run(self.outputs, {**feeds, **self.kv})))
-        for name in self.kv:
-            self.kv[name] = out.pop("present_" + name[len("past_"):])
-        return out
+        for name, array in feeds.items():
+            self.binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        for name in self.plain:  # re-bound each run: a fresh buffer, never last run's arrays
+            self.binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(self.binding)
+        values = self.binding.get_outputs()  # in binding order: KV (bound first, kept), then `plain`
+        return {name: v.numpy() for name, v in zip(self.plain, values[len(self.kv):])}
 
 
 class OrtExecutor(SlotPool):
@@ -57,11 +100,38 @@ class OrtExecutor(SlotPool):
         graphs = set(manifest["graphs"])
         self.g_target = _Graph(export_dir / "target.onnx", threads)
         self.g_drafter = _Graph(export_dir / "drafter.onnx", threads) if "drafter" in graphs else None
-        self.g_step = _Graph(export_dir / "drafter_step.onnx", threads) if "drafter_step" in graphs else None
+        shared = self.g_drafter.kv if self.g_drafter is not None else None  # one drafter KV cache
+        step = export_dir / "drafter_step.onnx"
+        self.g_step = _Graph(step, threads, shared) if "drafter_step" in graphs else None
         self.g_fc = _Graph(export_dir / "drafter_fc.onnx", threads) if "drafter_fc" in graphs else None
-        if self.g_drafter is not None and self.g_step is not None:
-            self.g_step.kv = self.g_drafter.kv  # one drafter KV cache, whichever graph runs
         self.d2t = torch.from_numpy(np.load(export_dir / "d2t.npy")) if (export_dir / "d2t.npy").is_file() else None
+
+    @classmethod
+    def from_models(cls, target, drafter=None, spec=None, num_slots: int = 1, max_len: int = 2048,
+                    threads: int | None = None) -> "OrtExecutor":
+        """Executor over built torch models (`TargetModel`, `DrafterModel` | None), their graphs
+        made in memory, no files: what `export` would write (float32), for `spec` (SpecConfig;
+        None: target only). `generate --target` runs this on CPU (docs/BENCHMARKS.md, decode speed)."""
+        from peagle_trt.export.graphs import (export_drafter, export_drafter_fc, export_drafter_step,
+                                              export_target)
+        from peagle_trt.ops.onnx_defs import register_schemas
+
+        register_schemas()
+        self = cls.__new__(cls)
+        SlotPool.__init__(self, num_slots)
+        k = spec.k if spec is not None else 0
+        self.max_len, self.k, self.device, self.mask_token_id = max_len, k, torch.device("cpu"), None
+        self.g_target = _Graph(export_target(target, num_slots, max_len), threads)
+        self.g_drafter = self.g_step = self.g_fc = self.d2t = None
+        if drafter is None or not k:
+            return self
+        if spec.mode == "peagle":
+            self.g_drafter = _Graph(export_drafter(drafter, num_slots, max_len, k), threads)
+        shared = self.g_drafter.kv if self.g_drafter is not None else None
+        self.g_step = _Graph(export_drafter_step(drafter, num_slots, max_len), threads, shared)
+        self.g_fc = _Graph(export_drafter_fc(drafter), threads)
+        self.d2t = drafter.d2t.cpu().to(torch.int64)
+        return self
 
     def target(self, tokens, positions, slots, logit_rows=None):
         # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None (all rows)

@@ -40,7 +40,7 @@ class ModelWriter(Builder):
         self.written: dict[int, tuple] = {}  # layer -> (k, v, past, present) for KV-shared readers
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
-        return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np))
+        return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np, copy=False))
 
     def input(self, name: str, elem: int, shape: list) -> str:
         self.inputs.append(helper.make_tensor_value_info(name, elem, shape))

@@ -110,36 +110,43 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     scale = b.op("Where", b.op("Greater", given, b.const(np.float32(0))), given,
                  b.op("Reciprocal", b.op("Sqrt", b.op("Cast", d, to=onnx.TensorProto.FLOAT))))
     scale = b.op("Cast", scale, to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
-    # 1. write K/V at (slot, position % T); padding rows (position < 0) write the trash row T
+    # 1. write K/V at (slot, head, position % T) straight into the cache layout: the ScatterND
+    #    output aliases its data input when the caller binds present_* to the past_* buffer
+    #    (OrtExecutor), so a step copies nothing; padding rows (position < 0) write the trash row T
     t1 = b.op("Gather", b.op("Shape", "k_cache"), b.ints(2), axis=0)  # [1] = T+1
     trash = b.op("Sub", t1, b.ints(1))  # [1] = T
     write = b.op("Where", b.op("GreaterOrEqual", "positions", b.ints(0)), b.op("Mod", "positions", trash),
                  trash)  # [B,S]
-    slot_bs = b.op("Expand", b.op("Unsqueeze", "slots", b.ints(1)), b.op("Shape", "positions"))
-    index = b.op("Concat", b.op("Unsqueeze", slot_bs, b.ints(2)), b.op("Unsqueeze", write, b.ints(2)), axis=2)
+    bskv1 = b.op("Concat", b.op("Shape", "positions"), kv1, b.ints(1), axis=0)  # [4] = B,S,KV,1
+    heads = b.op("Reshape", b.op("Range", b.const(np.int64(0)), b.op("Squeeze", kv1, b.ints(0)),
+                                 b.const(np.int64(1))), b.ints(1, 1, -1, 1))  # [1,1,KV,1]
+    index = b.op("Concat", b.op("Expand", b.op("Unsqueeze", "slots", b.ints(1, 2, 3)), bskv1),
+                 b.op("Expand", heads, bskv1), b.op("Expand", b.op("Unsqueeze", write, b.ints(2, 3)), bskv1),
+                 axis=3)  # [B,S,KV,3] = (slot, head, row)
     rows = b.op("Concat", b.ints(0, 0), kv1, d1, axis=0)  # [B, S, KV, d]
+    b.op("ScatterND", "k_cache", index, b.op("Reshape", "k", rows), outputs=["k_cache_out"])
+    b.op("ScatterND", "v_cache", index, b.op("Reshape", "v", rows), outputs=["v_cache_out"])
+    # 2. attention of each row over the LIVE rows of its slot (L = min(max position + 1, T), as
+    #    the torch reference), causal by absolute position, GQA by broadcasting
+    live = b.op("Min", b.op("Add", b.op("ReduceMax", "positions", keepdims=0), b.const(np.int64(1))),
+                b.op("Squeeze", trash, b.ints(0)))  # scalar L
+    live1 = b.op("Unsqueeze", live, b.ints(0))  # [1]
 
-    def scatter(cache: str, new: str, out: str) -> None:
-        transposed = b.op("Transpose", cache, perm=[0, 2, 1, 3])  # [N, T+1, KV, d]
-        updated = b.op("ScatterND", transposed, index, b.op("Reshape", new, rows))
-        b.op("Transpose", updated, perm=[0, 2, 1, 3], outputs=[out])
+    def read(cache: str) -> str:  # [N,KV,T+1,d] -> [B,KV,1,L,d]: slice the live rows, then the slots
+        part = b.op("Slice", cache, b.ints(0), live1, b.ints(2))
+        return b.op("Unsqueeze", b.op("Gather", part, "slots", axis=0), b.ints(2))
 
-    scatter("k_cache", "k", "k_cache_out")
-    scatter("v_cache", "v", "v_cache_out")
-    # 2. attention of each row over its slot, causal by absolute position, GQA by broadcasting
-    keys = b.op("Unsqueeze", b.op("Gather", "k_cache_out", "slots", axis=0), b.ints(2))  # [B,KV,1,T1,d]
-    values = b.op("Unsqueeze", b.op("Gather", "v_cache_out", "slots", axis=0), b.ints(2))
+    keys, values = read("k_cache_out"), read("v_cache_out")
     q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
     scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])),
-                  scale)  # [B,KV,G,S,T1]
-    ring = b.op("Range", b.const(np.int64(0)),
-                b.op("Squeeze", t1, b.ints(0)), b.const(np.int64(1)))  # [T1] cache rows
+                  scale)  # [B,KV,G,S,L]
+    ring = b.op("Range", b.const(np.int64(0)), live, b.const(np.int64(1)))  # [L] cache rows
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
     # absolute position held by cache row j as seen from a row at p: p - ((p - j) mod T)
-    key_pos = b.op("Sub", pos, b.op("Mod", b.op("Sub", pos, ring), trash))  # [B,S,T1]
+    key_pos = b.op("Sub", pos, b.op("Mod", b.op("Sub", pos, ring), trash))  # [B,S,L]
     visible = b.op("And", b.op("GreaterOrEqual", key_pos, b.ints(0)),
-                   b.op("Less", ring, trash))  # [B,S,T1]; the trash row is never read
+                   b.op("Less", ring, trash))  # [B,S,L]; the trash row is never read
     window = _attr_tensor(b, "sliding_window")
     in_window = b.op("Or", b.op("Equal", window, b.const(np.int64(0))),
                      b.op("Greater", key_pos, b.op("Sub", pos, window)))
@@ -148,7 +155,7 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     padding = b.op("Less", pos, b.ints(0))
     visible = b.op("Or", visible, b.op("And", first_key, padding))  # keep padding rows finite
     bias = b.op("Where", visible, b.const(np.asarray(0, dtype=dtype)), b.const(np.asarray(-np.inf, dtype=dtype)))
-    scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))  # [B,KV,G,S,T1]
+    scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))  # [B,KV,G,S,L]
     if sinks:  # one extra logit per head joins the softmax and is dropped after it
         sink = b.op("Reshape", "sinks", b.op("Concat", b.ints(1), kv1, b.ints(-1, 1, 1), axis=0))
         sink = b.op("Expand", sink, b.op("Concat", b.op("Slice", b.op("Shape", scores), b.ints(0), b.ints(4)),

@@ -72,6 +72,12 @@ def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Pat
         # windowed layers keep only W + max_rows - 1 positions
         return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len,
                              kernels=options.kernels, max_rows=options.max_rows)
+    if options.backend == "onnxruntime" and not paths.onnx:  # in-process from checkpoints, graphs in memory
+        from peagle_trt.executors.onnxruntime import OrtExecutor
+
+        pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
+        target, drafter_model = pair.build("cpu", torch.float32)
+        return OrtExecutor.from_models(target, drafter_model, spec, num_slots, max_len, options.threads)
     if options.backend == "onnxruntime":
         from peagle_trt.executors.onnxruntime import OrtExecutor
 
@@ -111,11 +117,15 @@ class TextGenerator:
     @classmethod
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
-                         max_batch: int = 1, prefill_chunk: int = 256) -> "TextGenerator":
-        """Serve checkpoint directories in-process on the torch backend (`generate --target`)."""
+                         max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch",
+                         threads: int | None = None) -> "TextGenerator":
+        """Serve checkpoint directories in-process (`generate --target`): `backend` "torch", or
+        "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory;
+        executors/onnxruntime.py; `threads`: its intra-op threads, None = onnxruntime's default)."""
         try:
-            options = RepositoryOptions(spec, backend="torch", max_batch=max_batch, max_seq_len=max_seq_len,
-                                        prefill_chunk=prefill_chunk, device=device, dtype=dtype)
+            options = RepositoryOptions(spec, backend=backend, max_batch=max_batch, max_seq_len=max_seq_len,
+                                        prefill_chunk=prefill_chunk, device=device, dtype=dtype,
+                                        threads=threads)
         except BuildError as exc:
             raise ConfigError(str(exc)) from exc
         paths = ArtifactPaths(str(Path(target_dir).absolute()),

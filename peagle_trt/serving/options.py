@@ -38,6 +38,7 @@ class RepositoryOptions:
     kernels: str = "reference"  # torch backend: custom ops in torch | on the CUDA kernels ("cuda")
     max_prompt_bytes: int | None = None  # None: 16 x max_seq_len (peagle_trt/config.py)
     max_stop_bytes: int | None = None  # None: 1024, all stop strings together
+    threads: int | None = None  # onnxruntime: intra-op threads (None: its default, the physical cores)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -78,7 +79,7 @@ class ArtifactPaths:
 
 # option field -> parameter key, where they differ (the keys are the template's since the start)
 _RENAMED = {"speculation": None, "model_name": None}
-_OPTIONAL_INTS = ("max_prompt_bytes", "max_stop_bytes")
+_OPTIONAL_INTS = ("max_prompt_bytes", "max_stop_bytes", "threads")
 
 
 def to_parameters(options: RepositoryOptions, paths: ArtifactPaths) -> dict[str, str]:

@@ -240,8 +240,10 @@ def test_generate_prints_one_json_shape_for_target_repo_and_url(server, repo, ti
     from peagle_trt.serving.protocol import RESULT_KEYS
 
     common = ["generate", "--prompt", "Write a poem", "--max-tokens", "12", "--ignore-eos", "--no-chat-template"]
+    # the repository's model `peagle` runs the torch backend: --target is asked for the same one
+    # (its CPU default is onnxruntime, peagle_trt/cli.py generate_backend)
     sources = {"target": ["--target", str(tiny["llama"]), "--drafter", str(tiny["aws"]), "--spec-mode", "peagle",
-                          "--num-spec-tokens", "3"],
+                          "--num-spec-tokens", "3", "--backend", "torch"],
                "repo": ["--repo", str(repo)],
                "url": ["--url", server.grpc_url]}
     results = {}

@@ -1,0 +1,46 @@
+"""The onnxruntime executor made in memory (`OrtExecutor.from_models`, what `generate --target`
+runs on CPU): logits near the torch reference, and the KV cache written in place: the new rows
+land in the very buffers bound as past_* / present_* (IO binding), at their slot and positions
+only, with no other cache entry touched; spec == target-only within it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from peagle_trt.runtime.scheduler import generate
+from peagle_trt.speculative.decoder import SpecDecoder
+
+LOGIT_TOL = 1e-4  # as tests/export/test_onnx.py
+
+
+def test_in_memory_executor_writes_kv_in_place(tiny):
+    target, _ = load_pair(tiny["llama"], None, SpecConfig("none", 0)).build()
+    ort_ex, torch_ex = OrtExecutor.from_models(target, None, None, 2, 64), TorchExecutor(target, None, 2, 64)
+    kv = ort_ex.g_target.kv
+    addresses = {name: a.ctypes.data for name, a in kv.items()}
+    slots = torch.tensor([1])
+    for tokens, positions in (([[5, 6, 7]], [[0, 1, 2]]), ([[9]], [[3]]), ([[4, 8]], [[4, 5]])):
+        got, _ = ort_ex.target(torch.tensor(tokens), torch.tensor(positions), slots)  # [1, S, V]
+        want, _ = torch_ex.target(torch.tensor(tokens), torch.tensor(positions), slots)
+        assert (got - want).abs().max() < LOGIT_TOL
+    assert {name: a.ctypes.data for name, a in kv.items()} == addresses  # the same buffers, still bound
+    k0 = kv["past_key_0"]  # [N, KV, T+1, d]
+    np.testing.assert_allclose(k0[1, :, :6], torch_ex.target_cache.k[0][1, :, :6].numpy(), atol=1e-5)
+    assert not k0[0].any() and not k0[1, :, 6:].any()  # the other slot and later rows untouched
+
+
+def test_in_memory_spec_equals_target_only(tiny):
+    spec = SpecConfig("peagle", 3)
+    target, drafter = load_pair(tiny["llama"], tiny["aws"], spec).build()
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    prompt = list(range(7, 30))
+    spec_ex = OrtExecutor.from_models(target, drafter, spec, 1, 64)
+    spec_out = generate(SpecDecoder(spec_ex, spec), prompt, params)
+    none = SpecConfig("none", 3)
+    plain = generate(SpecDecoder(OrtExecutor.from_models(target, None, None, 1, 64), none), prompt, params)
+    assert spec_out.output == plain.output and len(plain.output) == 12
