@@ -3,6 +3,7 @@
     peagle-trt generate --target DIR --drafter DIR --prompt TEXT [--spec-mode peagle] ...
     peagle-trt demo                     # the main job on a CPU machine (the trained code pair)
     peagle-trt train --target DIR --output DIR --text-list FILES   # train a P-EAGLE / EAGLE-3 head
+    peagle-trt convert --gguf FILE.gguf --output DIR   # a GGUF model -> a target directory
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
     peagle-trt inspect [TARGET_DIR] DRAFTER_DIR   # what a checkpoint is; whether a pair fits
 
@@ -264,11 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_export)
 
     from peagle_trt.checkpoint.cli import add_parser as add_inspect_parser
+    from peagle_trt.convert.cli import add_parser as add_convert_parser
     from peagle_trt.engine.cli import add_parser as add_engine_parser
     from peagle_trt.quantize.cli import add_parser as add_quantize_parser
     from peagle_trt.demo import add_parser as add_demo_parser
     from peagle_trt.train.cli import add_parser as add_train_parser
 
+    add_convert_parser(sub)
     add_engine_parser(sub)
     add_inspect_parser(sub)
     add_quantize_parser(sub)
