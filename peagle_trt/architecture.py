@@ -22,7 +22,7 @@ class RopeConfig:
     max_position_embeddings: int = 4096
 
     @classmethod
-    def from_hf(cls, cfg: dict, where: str) -> "RopeConfig":
+    def from_hf(cls, cfg: dict, where: str) -> RopeConfig:
         params = dict(cfg.get("rope_parameters") or {})
         if not params:
             params = dict(cfg.get("rope_scaling") or {})

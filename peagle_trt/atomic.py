@@ -23,9 +23,9 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable
 
 from peagle_trt.errors import BuildError
 from peagle_trt.manifest import foreign_files

@@ -3,6 +3,7 @@
     peagle-trt generate --target DIR --drafter DIR --prompt TEXT [--spec-mode peagle] ...
     peagle-trt demo                     # the main job on a CPU machine (the trained code pair)
     peagle-trt train --target DIR --output DIR --text-list FILES   # train a P-EAGLE / EAGLE-3 head
+    peagle-trt convert --gguf FILE.gguf --output DIR   # a GGUF model -> a target directory
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
     peagle-trt inspect [TARGET_DIR] DRAFTER_DIR   # what a checkpoint is; whether a pair fits
     peagle-trt bench SUITE [options]    # a benchmark suite (peagle-trt bench --help lists them)
@@ -329,6 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
     from peagle_trt import demo
     from peagle_trt.bench import cli as bench_cli
     from peagle_trt.checkpoint import cli as inspect_cli
+    from peagle_trt.convert import cli as convert_cli
     from peagle_trt.engine import cli as engine_cli
     from peagle_trt.quantize import cli as quantize_cli
     from peagle_trt.train import cli as train_cli
@@ -336,7 +338,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peagle-trt", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_parser in (add_generate_parser, add_build_parser, add_export_parser, engine_cli.add_parser,
+    for add_parser in (add_generate_parser, add_build_parser, convert_cli.add_parser, add_export_parser,
+                       engine_cli.add_parser,
                        inspect_cli.add_parser, quantize_cli.add_parser, train_cli.add_parser, demo.add_parser,
                        add_serve_parser, add_make_tiny_parser, bench_cli.add_parser):
         add_parser(sub)

@@ -42,7 +42,7 @@ class SpecConfig:
         return 0 if self.mode == "none" else self.num_spec_tokens
 
     @classmethod
-    def from_vllm(cls, text: str) -> "SpecConfig":
+    def from_vllm(cls, text: str) -> SpecConfig:
         """Parse vLLM / SageMaker `--speculative-config` JSON, e.g.
         {"method": "eagle3", "num_speculative_tokens": 7, "parallel_drafting": true}."""
         try:

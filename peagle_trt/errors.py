@@ -34,6 +34,10 @@ class BuildError(PeagleError):
     """A build/package step failed (unwritable output, missing template, ...); nothing was left behind."""
 
 
+class ConvertError(PeagleError):
+    """A model file cannot be converted (missing, not GGUF, an architecture the project cannot load)."""
+
+
 class ManifestError(PeagleError):
     """An artifact directory does not match its manifest.json (edited, truncated or mixed files)."""
 

@@ -201,15 +201,20 @@ def drafter_tensors(target_dir: Path, layers: int, draft_vocab: int, seed: int,
 
 
 def make_drafter(out: Path, target_dir: Path, layout: str = "aws", seed: int = 1, layers: int = 2,
-                 draft_vocab: int = 384) -> Path:
-    """A random drafter for the target in `target_dir`; layout: aws | speculators | eagle3."""
+                 draft_vocab: int = 384, mask_id: int | None = None) -> Path:
+    """A random drafter for the target in `target_dir`; layout: aws | speculators | eagle3.
+
+    mask_id: the mask token's id; None: the id of MASK_TOKEN in the target's tokenizer.json (the
+    tiny targets add it; for a pretrained target pass an existing id: an untrained head accepts
+    nothing anyway)."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
     tensors, _ = drafter_tensors(target_dir, layers, draft_vocab, seed, layout == "speculators",
                                  layout != "eagle3")
-    mask_id = json.loads((target_dir / "tokenizer.json").read_text())["added_tokens"]
-    mask_id = next(t["id"] for t in mask_id if t["content"] == MASK_TOKEN)
+    if mask_id is None:
+        added = json.loads((target_dir / "tokenizer.json").read_text())["added_tokens"]
+        mask_id = next(t["id"] for t in added if t["content"] == MASK_TOKEN)
     target_cfg = json.loads((target_dir / "config.json").read_text())
     layer_cfg = {"model_type": "llama", "hidden_size": target_cfg["hidden_size"],
                  "num_hidden_layers": layers, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -50,7 +50,7 @@ class TextCodec:
     def decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=True)
 
-    def stream(self, stop: tuple[str, ...] = ()) -> "TextStream":
+    def stream(self, stop: tuple[str, ...] = ()) -> TextStream:
         return TextStream(self, stop)
 
 

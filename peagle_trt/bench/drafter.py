@@ -60,9 +60,9 @@ from peagle_trt.bench.common import cpu_counters, cpu_model, other_cpu_share, pr
 from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import RopeConfig, inv_freq
-from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token

@@ -47,18 +47,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from peagle_trt.architecture import TargetConfig
 from peagle_trt.bench.common import cpu_model, progress
 from peagle_trt.bench.gpu_report import write_report
-from peagle_trt.architecture import TargetConfig
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, FP8Linear
 from peagle_trt.models.rope import RopeConfig, inv_freq
 from peagle_trt.models.target import TargetModel
 from peagle_trt.ops import kernels as cuda_kernels
-from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.speculative.decoder import Sequence, SpecDecoder
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
 from peagle_trt.speculative.stats import SpecStats
@@ -219,7 +219,9 @@ def draft_batch(model, b: int, n: int, context: int, device) -> DraftBatch:
     c = model.config
     seqs = [Sequence([0], SamplingParams(), i, stats=SpecStats(1)) for i in range(b)]
     aux = torch.randn(b, n, c.num_aux * c.target_hidden_size, device=device, dtype=model.fc.weight.dtype)
-    full = lambda v: torch.full((b,), v, dtype=torch.long, device=device)
+    def full(v):
+        return torch.full((b,), v, dtype=torch.long, device=device)
+
     return DraftBatch(seqs, torch.randint(0, c.vocab_size - 1, (b, n), device=device), aux, full(n),
                       full(context), torch.arange(b, device=device))
 
@@ -235,7 +237,7 @@ def section_drafter(a, device, dtype, kernels: str, head: str) -> list[dict]:
             seq = timed(lambda: SequentialDrafter(ex).propose(batch, k), device, a.repeats, a.warmup)
             rows.append({"head": head, "kernels": kernels, "batch": b, "k": k, "parallel_ms": par,
                          "sequential_ms": seq})
-    del ex, model
+    ex = model = None  # free the head before the next section
     return rows
 
 
@@ -410,7 +412,7 @@ def run(a: argparse.Namespace) -> dict:
             run(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs, device))
             if weights == "bf16" and kern == kernel_modes[-1]:
                 run("iteration", lambda: section_iteration(a, ex, device))
-            del ex
+            ex = None  # free this executor before the next kernels mode
     al = acceptance(a.acceptance)
     results["acceptance_source"] = al["source"]
     run("projection", lambda: section_projection(results, al))

@@ -173,7 +173,7 @@ def profile_config(mode: str, k: int, batch: int, accept: int, steps: int, warmu
     stats.print_stats(top)
     rows = []
     by_own_time = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
-    for (file, line, func), (cc, nc, tt, ct, _) in by_own_time:
+    for (file, line, func), (_, nc, tt, ct, _) in by_own_time:
         rows.append({"function": f"{os.path.relpath(file) if file.startswith('/') else file}:{line}({func})",
                      "calls_per_step": round(nc / steps, 1),
                      "tottime_us_per_step": round(tt / steps * 1e6, 1),

@@ -108,12 +108,11 @@ class OrtExecutor(SlotPool):
 
     @classmethod
     def from_models(cls, target, drafter=None, spec=None, num_slots: int = 1, max_len: int = 2048,
-                    threads: int | None = None) -> "OrtExecutor":
+                    threads: int | None = None) -> OrtExecutor:
         """Executor over built torch models (`TargetModel`, `DrafterModel` | None), their graphs
         made in memory, no files: what `export` would write (float32), for `spec` (SpecConfig;
         None: target only). `generate --target` runs this on CPU (docs/BENCHMARKS.md, decode speed)."""
-        from peagle_trt.export.graphs import (export_drafter, export_drafter_fc, export_drafter_step,
-                                              export_target)
+        from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
         from peagle_trt.ops.onnx_defs import register_schemas
 
         register_schemas()

@@ -136,7 +136,7 @@ class DrafterModel(nn.Module):
 
     @classmethod
     def from_tensors(cls, config: DrafterConfig, tensors: dict, target_embed: torch.Tensor | None = None,
-                     device="cpu", dtype=torch.float32, name: str = "drafter") -> "DrafterModel":
+                     device="cpu", dtype=torch.float32, name: str = "drafter") -> DrafterModel:
         tensors = dict(tensors)
         if "embed_tokens.weight" not in tensors:
             tensors["embed_tokens.weight"] = target_embed  # EAGLE-3 heads without their own table

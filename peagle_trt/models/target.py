@@ -96,7 +96,7 @@ class TargetModel(nn.Module):
 
     @classmethod
     def from_tensors(cls, config: TargetConfig, tensors: dict, taps: tuple[int, ...],
-                     device="cpu", dtype=torch.float32, name: str = "target") -> "TargetModel":
+                     device="cpu", dtype=torch.float32, name: str = "target") -> TargetModel:
         with torch.device("meta"):
             model = cls(config, taps)
         # FP8 checkpoints (`peagle-trt quantize`): FP8 linears become FP8Linear; no-op otherwise

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import AsyncIterator, Awaitable, Callable
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError, RemoteError, ServeError

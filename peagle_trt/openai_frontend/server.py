@@ -57,7 +57,7 @@ class OpenAIFrontend:
         host = f"[{self.options.host}]" if ":" in self.options.host else self.options.host
         return f"http://{host}:{self.options.port}/v1"
 
-    def start(self) -> "OpenAIFrontend":
+    def start(self) -> OpenAIFrontend:
         threading.Thread(target=self.backend.warm_up, name="peagle-openai-warmup", daemon=True).start()
         self._thread.start()
         deadline = time.monotonic() + self.options.start_timeout_s
@@ -78,7 +78,7 @@ class OpenAIFrontend:
                 self._thread.join(timeout)
         self._sock.close()
 
-    def __enter__(self) -> "OpenAIFrontend":
+    def __enter__(self) -> OpenAIFrontend:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -18,8 +18,16 @@ domain and plugin version/namespace are declared once, in `ops.names`.
 | PEagleDraftSample  | greedy argmax over the draft vocabulary + d2t mapping to target ids  |
 """
 
-from peagle_trt.ops.names import (DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE, KV_ATTENTION, OP_TYPES,
-                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
+from peagle_trt.ops.names import (
+                                  DOMAIN,
+                                  DOMAIN_VERSION,
+                                  DRAFT_INPUTS,
+                                  DRAFT_SAMPLE,
+                                  KV_ATTENTION,
+                                  OP_TYPES,
+                                  PLUGIN_NAMESPACE,
+                                  PLUGIN_VERSION,
+)
 from peagle_trt.ops.reference import draft_inputs, draft_sample, kv_attention
 
 __all__ = ["DOMAIN", "DOMAIN_VERSION", "DRAFT_INPUTS", "DRAFT_SAMPLE", "KV_ATTENTION", "OP_TYPES",

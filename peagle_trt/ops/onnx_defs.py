@@ -17,8 +17,15 @@ import numpy as np
 import onnx
 from onnx import defs, helper
 
-from peagle_trt.ops.names import (DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE, KV_ATTENTION,
-                                  PLUGIN_NAMESPACE, PLUGIN_VERSION)
+from peagle_trt.ops.names import (
+    DOMAIN,
+    DOMAIN_VERSION,
+    DRAFT_INPUTS,
+    DRAFT_SAMPLE,
+    KV_ATTENTION,
+    PLUGIN_NAMESPACE,
+    PLUGIN_VERSION,
+)
 from peagle_trt.ops.onnx_builder import Builder
 
 OPSET = 19  # FP8 QuantizeLinear / DequantizeLinear need opset >= 19

@@ -27,9 +27,9 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from peagle_trt.atomic import check_output, staged_dir
 from peagle_trt.errors import BuildError, ConfigError

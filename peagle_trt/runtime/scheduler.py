@@ -34,8 +34,8 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import RequestError, RuntimeInvariantError

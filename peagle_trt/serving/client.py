@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import queue
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class AsyncGrpcChannel:
         self.client = aio.InferenceServerClient(url)
 
     def open(self, model: str, prompt: str, params: SamplingParams,
-             on_chunk: Callable[[Chunk | RemoteError], None], chat_template: bool = False) -> "AsyncGrpcStream":
+             on_chunk: Callable[[Chunk | RemoteError], None], chat_template: bool = False) -> AsyncGrpcStream:
         return AsyncGrpcStream(self, model, prompt, params, on_chunk, chat_template)
 
     async def close(self) -> None:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -107,7 +107,7 @@ class TextGenerator:
 
     @classmethod
     def load(cls, model_dir: str | Path, options: RepositoryOptions, paths: ArtifactPaths,
-             verify: bool = True) -> "TextGenerator":
+             verify: bool = True) -> TextGenerator:
         """Build from a rendered model directory (`REPO/peagle`) and its config.pbtxt settings."""
         model_dir = Path(model_dir)
         if verify:
@@ -118,7 +118,7 @@ class TextGenerator:
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
                          max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch",
-                         threads: int | None = None) -> "TextGenerator":
+                         threads: int | None = None) -> TextGenerator:
         """Serve checkpoint directories in-process (`generate --target`): `backend` "torch", or
         "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory;
         executors/onnxruntime.py; `threads`: its intra-op threads, None = onnxruntime's default)."""
@@ -133,7 +133,7 @@ class TextGenerator:
         return cls.from_options(Path("."), options, paths)
 
     @classmethod
-    def from_options(cls, version: Path, options: RepositoryOptions, paths: ArtifactPaths) -> "TextGenerator":
+    def from_options(cls, version: Path, options: RepositoryOptions, paths: ArtifactPaths) -> TextGenerator:
         """The one constructor: model paths are relative to `version` (or absolute)."""
         spec = options.speculation
         executor = make_executor(options, paths, version, options.max_batch, options.max_seq_len + spec.k + 1)

@@ -12,9 +12,9 @@ tests/serving/test_options.py checks the round trip.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Mapping
 
 from peagle_trt.config import KERNELS, MAX_STOP_BYTES, PREFILL_CHUNK, PROMPT_BYTES_PER_TOKEN, SpecConfig
 from peagle_trt.errors import BuildError, ConfigError

@@ -37,7 +37,7 @@ class InputLimits:
 
     @classmethod
     def resolve(cls, max_seq_len: int, max_prompt_bytes: int | None = None,
-                max_stop_bytes: int | None = None) -> "InputLimits":
+                max_stop_bytes: int | None = None) -> InputLimits:
         """The limits of a model with these settings (None: the defaults above)."""
         limits = cls(PROMPT_BYTES_PER_TOKEN * max_seq_len if max_prompt_bytes is None else max_prompt_bytes,
                      MAX_STOP_BYTES if max_stop_bytes is None else max_stop_bytes)

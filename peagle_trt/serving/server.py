@@ -31,9 +31,9 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from peagle_trt.errors import ConfigError, PortInUseError, ServeError
 from peagle_trt.serving.procs import alive, check_ports, die_with_parent, pids_with_arg, sweep
@@ -281,7 +281,7 @@ class TritonServer:
         self._log.close()
         self._closed = True
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         if not self.wait_ready():
             raise ServeError("tritonserver was stopped before it was ready")
         return self

@@ -46,13 +46,13 @@ class DraftBatch:
     slots: torch.Tensor  # [B]
 
     @classmethod
-    def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, device) -> "DraftBatch":
+    def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, device) -> DraftBatch:
         width = aux.shape[1]
         tokens = ints([p + [0] * (width - len(p)) for p in pending], device)
         return cls(seqs, tokens, aux, ints([len(p) for p in pending], device), ints([s.cur for s in seqs], device),
                    ints([s.slot for s in seqs], device))
 
-    def select(self, rows: list[int]) -> "DraftBatch":
+    def select(self, rows: list[int]) -> DraftBatch:
         if len(rows) == len(self.seqs):
             return self
         idx = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)

@@ -29,7 +29,7 @@ class SpecStats:
         self.drafted += num_drafts
         self.histogram[num_accepted] = self.histogram.get(num_accepted, 0) + 1
 
-    def merge(self, other: "SpecStats") -> None:
+    def merge(self, other: SpecStats) -> None:
         for a, n in other.histogram.items():
             self.histogram[a] = self.histogram.get(a, 0) + n
         for name in ("steps", "drafted", "target_forwards", "drafter_forwards", "tokens"):

@@ -40,10 +40,10 @@ class Elements:
     def __len__(self) -> int:
         return int(self.anchor.numel())
 
-    def select(self, idx: torch.Tensor) -> "Elements":
+    def select(self, idx: torch.Tensor) -> Elements:
         return Elements(self.anchor[idx], self.depth[idx])
 
-    def to(self, device) -> "Elements":
+    def to(self, device) -> Elements:
         return Elements(self.anchor.to(device), self.depth.to(device))
 
 

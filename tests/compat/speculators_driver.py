@@ -88,9 +88,9 @@ def randomize(model, seed: int) -> None:
 
 def oracle(model, case: dict) -> dict:
     """The library's own forwards on fixed inputs; logits captured at lm_head."""
-    from speculators.models.eagle3.core import Eagle3DraftModel
     import speculators.models.peagle.core as peagle_core
     from speculators.losses import resolve_loss_config
+    from speculators.models.eagle3.core import Eagle3DraftModel
 
     gen = torch.Generator().manual_seed(case["seed"] + 1)
     width = model.fc.in_features

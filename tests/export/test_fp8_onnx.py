@@ -61,7 +61,7 @@ def test_every_quantized_gemm_has_fp8_qdq(fp8_export):
 def test_fp8_greedy_near_equal_across_torch_and_onnxruntime(fp8_export):
     target, drafter, out, spec = fp8_export
     params = SamplingParams(max_tokens=30, ignore_eos=True)
-    for prompt in PROMPTS:
+    for prompt in PROMPTS:  # noqa: B007 (run() reads it)
         ref = generate(SpecDecoder(TorchExecutor(target, drafter, 2, 104), spec), prompt, params)
         got = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
         check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, 104), lambda: OrtExecutor(out),

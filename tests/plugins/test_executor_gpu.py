@@ -149,7 +149,7 @@ def activation_amax(target_dir: Path) -> dict[str, float]:
                  name, max(amax.get(name, 0.0), float(args[0].abs().max()))))
              for name, m in model.named_modules() if isinstance(m, torch.nn.Linear) and name.startswith("layers.")]
     ex = TorchExecutor(model, None, 1, 128)
-    for i, prompt in enumerate(prompts("calibration")):
+    for prompt in prompts("calibration"):
         ex.target(torch.tensor([prompt]), torch.arange(len(prompt))[None], torch.tensor([0]))
     for h in hooks:
         h.remove()

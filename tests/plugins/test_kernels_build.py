@@ -23,8 +23,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.plugins.conftest import (DEFAULT_BUILD_DIR, ENV_TRT_INCLUDE, REPO, build_tools_missing, cuda_root,
-                                    run_build, tensorrt_include)
+from tests.plugins.conftest import (
+    DEFAULT_BUILD_DIR,
+    ENV_TRT_INCLUDE,
+    REPO,
+    build_tools_missing,
+    cuda_root,
+    run_build,
+    tensorrt_include,
+)
 
 PLUGINS = REPO / "plugins"
 API = ("peagle_kv_attention", "peagle_kv_attention_workspace_size", "peagle_draft_inputs",

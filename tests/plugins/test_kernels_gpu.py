@@ -46,7 +46,7 @@ def pl():
         except AssertionError as e:
             if not plugins.library_path().is_file():
                 pytest.fail(str(e))
-            warnings.warn(f"plugins rebuild failed, testing the existing library: {e}")
+            warnings.warn(f"plugins rebuild failed, testing the existing library: {e}", stacklevel=2)
     try:
         plugins.load()
     except plugins.KernelsUnavailable as e:

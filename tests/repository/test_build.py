@@ -15,8 +15,10 @@ from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.serving.generator import TextGenerator
 from peagle_trt.serving.options import read_options, read_parameters
 
+PEAGLE3 = SpecConfig("peagle", 3)
 
-def build(tiny, out, drafter="aws", spec=SpecConfig("peagle", 3), **kw):
+
+def build(tiny, out, drafter="aws", spec=PEAGLE3, **kw):
     return build_repository(tiny["llama"], tiny[drafter], out, RepositoryOptions(spec, max_batch=2, max_seq_len=128), **kw)
 
 

