@@ -41,6 +41,8 @@ SUITES: dict[str, tuple[str, str]] = {
                    "trained code pair: acceptance length and batch-1 speed-up on HumanEval (or stdlib)"),
     "step-cost": ("peagle_trt.bench.step_cost",
                   "trained code pair: where a decode step's time goes (target, drafter, other)"),
+    "fp8-quality": ("peagle_trt.bench.fp8_quality",
+                    "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 agreement and KL"),
     "decode": ("peagle_trt.bench.decode",
                "real model (SmolLM2-135M): decode and verify vs transformers and the roofline, batch 8 vs 1"),
 }

@@ -32,7 +32,7 @@ from peagle_trt.manifest import sha256, write_manifest
 
 MAGIC = b"GGUF"
 # GGUF `general.architecture` -> config.json model_type, for what transformers dequantizes AND the
-# project's checkpoint adapters load (peagle_trt/checkpoint/arch). Verified: llama (SmolLM2).
+# project's checkpoint adapters load (peagle_trt/checkpoint/adapters). Verified: llama (SmolLM2).
 SUPPORTED_ARCHITECTURES = {"llama": "llama"}
 Progress = Callable[[str], None]
 

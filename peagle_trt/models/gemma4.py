@@ -16,7 +16,7 @@ and the (scaled) token embedding e:
     pli = (norm(reshape(per_layer_model_projection(e) / sqrt(H), [L, P]))
            + embed_tokens_per_layer(ids) * sqrt(P)) / sqrt(2)              # [B, S, L, P]
 Parameter names follow transformers' Gemma4TextModel so checkpoints load by name.
-Tests: tests/unit/test_gemma4.py (equal to transformers' Gemma4ForCausalLM),
+Tests: tests/models/test_gemma4.py (equal to transformers' Gemma4ForCausalLM),
 tests/e2e/test_families_e2e.py (onnxruntime equals torch, spec = target-only).
 """
 

@@ -23,7 +23,7 @@ experts anyway once N*k >= E, so dense costs little there; prefill pays the extr
 gather alternative (Gather the k experts' weights per row) reads only what is used but copies
 N*k weight matrices, which is worse for prefill. A serving-grade TensorRT engine would use a
 grouped-GEMM MoE plugin instead; the ONNX contract (inputs, outputs) stays the same.
-Tests: tests/unit/test_families.py (equal to transformers' models), tests/e2e/test_families_e2e.py
+Tests: tests/models/test_families.py (equal to transformers' models), tests/e2e/test_families_e2e.py
 (onnxruntime equals torch).
 """
 

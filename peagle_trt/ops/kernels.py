@@ -26,7 +26,7 @@ Everywhere else the dispatchers call the reference, so installing them changes n
 The library is found at $PEAGLE_KERNELS_LIB, else plugins/build/libpeagle_kernels.so (built by
 scripts/build_plugins.sh). Without it, or without a CUDA device, calls raise `KernelsUnavailable`.
 How to test: tests/plugins/test_kernels_gpu.py (`pytest -m gpu`, every kernel against the reference);
-tests/plugins/test_kernels_option.py (the option's plumbing and errors, CPU).
+tests/executors/test_kernels_option.py (the option's plumbing and errors, CPU).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ of keys/values of the earlier groups plus itself under the (anchor, depth) mask 
 
 Loss: KL(p_target || softmax(draft logits)) over the draft vocabulary per supervised element,
 summed and divided by the caller's normaliser (the batch's supervised count), so per-segment
-losses add up to the flat loss. Tests: tests/train/test_forward.py (against the inference model).
+losses add up to the flat loss. Tests: tests/train/test_train_forward.py (against the inference model).
 """
 
 from __future__ import annotations

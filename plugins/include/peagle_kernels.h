@@ -7,7 +7,7 @@
  * (cudaSuccess, cudaErrorInvalidValue for bad arguments, or the first launch error).
  * Nothing here allocates or synchronizes. Tensors are dense row-major (contiguous).
  *
- * Used by the TensorRT plugins (plugins/src/plugins) and by peagle_trt/plugins.py (ctypes).
+ * Used by the TensorRT plugins (plugins/src/plugins) and by peagle_trt/ops/kernels.py (ctypes).
  */
 #ifndef PEAGLE_KERNELS_H
 #define PEAGLE_KERNELS_H

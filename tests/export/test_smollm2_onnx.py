@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peagle_trt.runtime.executor import TorchExecutor
-from peagle_trt.runtime.ort_executor import OrtExecutor
+from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.executors.onnxruntime import OrtExecutor
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.export import ExportSpec, export_models
+from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
@@ -29,7 +29,7 @@ def exported(smollm2, tmp_path_factory):
     spec = SpecConfig("peagle", K)
     target, drafter = load_pair(smollm2["target"], smollm2["head"], spec).build()
     out = tmp_path_factory.mktemp("smol-onnx") / "export"
-    export_models(target, drafter, out, ExportSpec(spec, SLOTS, SEQ))
+    export_models(target, drafter, out, ExportOptions(spec, SLOTS, SEQ))
     return target, drafter, out, spec
 
 

