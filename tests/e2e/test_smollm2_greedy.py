@@ -25,9 +25,10 @@ PROMPTS = ["Write a Python function that checks whether a number is prime.",
 
 
 def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
+    """Up to n tokens, ending at its eos (min_new_tokens would mask eos and change the greedy
+    choice there); compared with our ignore_eos output over its length."""
     with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=2)
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, pad_token_id=2)
     return out[0, len(prompt):].tolist()
 
 
