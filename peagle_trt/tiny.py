@@ -3,7 +3,8 @@
 Targets are real transformers models (Llama, Qwen3, Qwen3-MoE, GPT-OSS, Gemma-4) built from their
 config classes and saved with `save_pretrained`, plus a byte-level BPE tokenizer with a ChatML
 chat template (GPT-OSS: a harmony-style template and several EOS ids, as released; optionally its
-experts in the MXFP4 layout of the released checkpoints). Drafters are written in the AWS P-EAGLE layout (`midlayer.*`, `mask_hidden`,
+experts in the MXFP4 layout of the released checkpoints). Drafters are written in the AWS P-EAGLE
+layout (`midlayer.*`, `mask_hidden`,
 `ptd_token_id`, `d2t`/`t2d` with a smaller draft vocabulary), the `speculators` layout, and as a
 plain EAGLE-3 head. Weights are random: acceptance of these drafters is low by construction.
 

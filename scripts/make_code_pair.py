@@ -140,7 +140,8 @@ def train_drafters(out: Path, args) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     prompts = work / "stdlib_prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in function_prompts(args.prompts, args.seed, args.full_docstrings)))
+    requests = function_prompts(args.prompts, args.seed, args.full_docstrings)
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in requests))
     procs = {}
     for method in args.methods.split(","):  # a fresh target: never resume heads trained for another
         shutil.rmtree(work / f"ckpt-{method}", ignore_errors=True)
@@ -184,7 +185,8 @@ def main() -> None:
     p.add_argument("--full-docstrings", type=float, default=0.5,
                    help="fraction of prompts keeping their whole (multi-line) docstring")
     p.add_argument("--methods", default="peagle,eagle3", help="heads to train (comma-separated)")
-    p.add_argument("--peagle-args", default="--down-sample-ratio-min 0.3", help="extra `peagle-trt train` options for the P-EAGLE head")
+    p.add_argument("--peagle-args", default="--down-sample-ratio-min 0.3",
+                   help="extra `peagle-trt train` options for the P-EAGLE head")
     p.add_argument("--regen-tokens", type=int, default=96, help="response tokens the target writes per prompt")
     p.add_argument("--taps", default="1,2,3", help="target tap layers feeding the drafters")
     p.add_argument("--drafter-layers", type=int, default=1)

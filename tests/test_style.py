@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TOP = ("peagle_trt", "tests", "scripts", "docs", "plugins", "model_repo", "docker", ".ci")
 # a path token: one of the top folders, a slash, path characters (placeholders like <...>, {...} and
 # globs are no repository paths and are skipped)
-PATH_RE = re.compile(r"(?<![\w./=-])((?:%s)/[\w./*<>{}-]*[\w/*>}])" % "|".join(re.escape(t) for t in TOP))
+TOPS = "|".join(re.escape(t) for t in TOP)
+PATH_RE = re.compile(r"(?<![\w./=-])((?:" + TOPS + r")/[\w./*<>{}-]*[\w/*>}])")
 # outputs that builds and runs create: named in docs, absent from a clean checkout
 GENERATED = ("plugins/build", "plugins/sm_")
 TEXT = {".py", ".md", ".toml", ".sh", ".tmpl", ".txt", ".pbtxt", ".cpp", ".h", ".cu", ".cuh", ""}
@@ -65,7 +66,7 @@ DOTTED_RE = re.compile(r"(?<![\w.])peagle_trt(?:\.\w+)+")
 
 
 def resolves(dotted: str) -> bool:
-    """`peagle_trt.a.b.name`: the longest prefix is a module or package of the repository and the
+    """`peagle_trt.<module>.<name>`: the longest prefix is a module or package of the repository and the
     rest, if any, starts with a name that module's source defines or imports."""
     parts = dotted.split(".")
     if parts[:2] == ["peagle_trt", "model_repo"]:  # the templates folder, installed under this name

@@ -107,10 +107,9 @@ def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> N
         spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
         side = root.parent / f".{root.name}-{model_name(method, k)}"
         with contextlib.redirect_stdout(sys.stderr):
-            build_repository(pair, drafter, side, RepositoryOptions(spec, model_name=model_name(method, k), backend=args.backend,
-                                                           max_batch=8,
-                                                           max_seq_len=args.prompt_tokens + args.max_tokens + 16),
-                             force=True)
+            options = RepositoryOptions(spec, model_name=model_name(method, k), backend=args.backend,
+                                        max_batch=8, max_seq_len=args.prompt_tokens + args.max_tokens + 16)
+            build_repository(pair, drafter, side, options, force=True)
         shutil.move(str(side / model_name(method, k)), str(root / model_name(method, k)))
         shutil.rmtree(side)
 

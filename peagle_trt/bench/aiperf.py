@@ -140,7 +140,8 @@ def plot(rows: list[dict], key: str, label: str):
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| workload | K | conc | requests | errors | TTFT avg / p50 (ms) | ITL avg (ms) | tok/s/user p50 | tok/s total "
+    head = ("| workload | K | conc | requests | errors | TTFT avg / p50 (ms) | ITL avg (ms) | tok/s/user p50 "
+            "| tok/s total "
             "| req/s | acceptance length |\n|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])):

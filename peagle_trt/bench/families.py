@@ -162,7 +162,8 @@ def report(result: dict) -> str:
     text += ["", "### Bytes per decode / verify step of the full model, computed (batch 1)", "",
              markdown_table(["model", "format", "rows", "experts / layer", "weights GiB", "KV GiB", "total GiB",
                              *(f"{gpu} floor µs (projection)" for gpu in BANDWIDTH)],
-                            [[name, r["expert_format"], b["rows"], *map(str, (b["experts_touched_per_layer"], b["weights_gib"],
+                            [[name, r["expert_format"], b["rows"],
+                              *map(str, (b["experts_touched_per_layer"], b["weights_gib"],
                               b["kv_gib"], b["total_gib"], *b["bandwidth_floor_us (projection)"].values()))]
                              for name, r in result.items() if name != "env"
                              for b in r["full_model_bytes_per_step"]])]

@@ -66,9 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.report import emit, markdown_table
-
     import tempfile
+
+    from peagle_trt.bench.report import emit, markdown_table
 
     if args.fp32 is None:
         from peagle_trt.convert.packaged import cached_target

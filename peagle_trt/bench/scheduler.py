@@ -217,11 +217,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="cProfile the batch-64 K=7 configuration")
 
 
+@torch.no_grad()  # scoped: a suite run in-process (tests, `peagle-trt bench`) leaves grad mode as it was
 def run(args: argparse.Namespace) -> dict:
     big = 64  # the batch of the target and of the context configurations
     if args.smoke:  # a few steps at batches 1 and 4, no profile
         args.steps, args.warmup, args.batches, args.profile, big = 5, 2, "1,4", False, 4
-    torch.set_grad_enabled(False)
 
     configs = [("peagle", 7, b, args.accept) for b in map(int, args.batches.split(","))]
     configs += [("peagle", 3, big, args.accept), ("none", 0, big, 0),

@@ -38,7 +38,8 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
         from peagle_trt.errors import RuntimeInvariantError
 
         raise RuntimeInvariantError(f"kv_attention: {s} rows in one forward overrun a windowed KV ring of {ring} "
-                                    f"positions (window {sliding_window}); allocate W + rows - 1 >= {sliding_window + s - 1}")
+                                    f"positions (window {sliding_window}); allocate W + rows - 1 >= "
+                                    f"{sliding_window + s - 1}")
     if k is not None:  # k = v = None: read only (a KV-shared layer over the cache another layer wrote)
         write = torch.where(positions >= 0, positions % ring, ring)  # [B, S]
         rows = slots[:, None]

@@ -215,18 +215,21 @@ class TritonPythonModel:
 
         gauge, counter = pb.MetricFamily.GAUGE, pb.MetricFamily.COUNTER
         self.m_al = family("peagle_acceptance_length", gauge,
-                           "mean tokens per verify step incl. the bonus token (finished requests)").Metric(labels=labels)
+                           "mean tokens per verify step incl. the bonus token (finished requests)"
+                           ).Metric(labels=labels)
         pos = family("peagle_accept_rate_per_pos", gauge, "fraction of steps accepting >= i+1 drafts")
         self.m_pos = [pos.Metric(labels={**labels, "position": str(i)}) for i in range(self.k)]
         self.m_tps = family("peagle_generated_tokens_per_second", gauge,
                             "generated tokens per second over the last 10 s").Metric(labels=labels)
         self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels=labels)
         # counters, so a benchmark gets the acceptance of its own window: 1 + d(accepted) / d(steps)
-        self.m_steps = family("peagle_draft_steps_total", counter, "verify steps of finished requests").Metric(labels=labels)
+        self.m_steps = family("peagle_draft_steps_total", counter,
+                              "verify steps of finished requests").Metric(labels=labels)
         self.m_accepted = family("peagle_accepted_drafts_total", counter,
                                  "accepted draft tokens of finished requests").Metric(labels=labels)
         self._last_steps = self._last_accepted = 0
-        self.m_slots = family("peagle_kv_slots_used", gauge, "KV-cache slots held by running requests").Metric(labels=labels)
+        self.m_slots = family("peagle_kv_slots_used", gauge,
+                              "KV-cache slots held by running requests").Metric(labels=labels)
         self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels=labels)
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
         self.m_slots_total.set(self.generator.scheduler.decoder.ex.num_slots)

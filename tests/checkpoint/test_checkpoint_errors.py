@@ -267,7 +267,8 @@ def test_speculators_config_without_transformer_layer_config(tiny, tmp_path):
 def test_unsupported_target_model_type(tiny, tmp_path):
     target = edit_config(broken_copy(tiny["llama"], tmp_path), model_type="gpt2")
     with pytest.raises(ConfigError, match=r"target model_type 'gpt2' is not supported; "
-                                          r"supported: \['gemma4', 'gemma4_text', 'gpt_oss', 'llama', 'qwen3', 'qwen3_moe'\]"):
+                                          r"supported: \['gemma4', 'gemma4_text', 'gpt_oss', 'llama', 'qwen3', "
+                                          r"'qwen3_moe'\]"):
         load_target(target)
 
 

@@ -139,7 +139,8 @@ def test_greedy_generation_equals_target_torch(library, name):
     spec = SpecConfig(case["type"], DEPTH)  # the pair is validated for the head's own mode
     pair = load_pair(library["targets"][case["family"]], library["heads"] / name, spec)
     cfg = json.loads((library["heads"] / name / "config.json").read_text())
-    assert list(pair.taps) == cfg["eagle_aux_hidden_state_layer_ids"]  # the target feeds the layers the library trained on
+    # the target feeds the layers the library trained on
+    assert list(pair.taps) == cfg["eagle_aux_hidden_state_layer_ids"]
     target, drafter = pair.build()
     _check_identical({m: SpecDecoder(TorchExecutor(target, drafter if m != "none" else None, 1, 128),
                                      SpecConfig(m, DEPTH)) for m in _modes(case)})

@@ -102,7 +102,8 @@ def test_third_party_progress_bars_only_with_verbose(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")}
 
     def stderr_of(*flags):
-        proc = subprocess.run([sys.executable, "-m", "peagle_trt.cli", *flags, "make-tiny", str(tmp_path / str(len(flags)))],
+        out = str(tmp_path / str(len(flags)))
+        proc = subprocess.run([sys.executable, "-m", "peagle_trt.cli", *flags, "make-tiny", out],
                               capture_output=True, text=True, timeout=300, env=env)
         assert proc.returncode == 0, proc.stderr
         return proc.stderr

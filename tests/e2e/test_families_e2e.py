@@ -1,6 +1,7 @@
 """Qwen3-MoE, GPT-OSS and Gemma-4 end to end: greedy speculative output equals transformers' greedy
 `generate` token for token in every spec mode (torch backend); the exported graphs (dense MoE,
-attention sinks, sliding windows, Gemma-4's per-layer head sizes and KV-shared layers) equal the torch reference in onnxruntime, and greedy
+attention sinks, sliding windows, Gemma-4's per-layer head sizes and KV-shared layers) equal the torch
+reference in onnxruntime, and greedy
 generation there is identical to target-only decoding in every mode, chunked prefill included."""
 
 from __future__ import annotations
@@ -122,13 +123,15 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
     windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), 0) for n in attn]
     if family == "gpt_oss":
         assert windows == [8, 0] * 4 and all(len(n.input) == 8 for n in attn)  # + sinks input
-        ring = [i.type.tensor_type.shape.dim[2].dim_value - 1 for i in model.graph.input if i.name.startswith("past_key")]
+        ring = [i.type.tensor_type.shape.dim[2].dim_value - 1 for i in model.graph.input
+                if i.name.startswith("past_key")]
         assert ring == [8 + MAX_ROWS - 1, SEQ + K + 1] * 4  # windowed layers keep only their window
     elif family.startswith("gemma4"):  # layers 5-7 read the caches of 2, 4, 2: no KV inputs of their own
         assert windows == [8, 8, 0, 8, 8, 0, 8, 0] and all(len(n.input) == 7 for n in attn)
         assert [(next(a.i for a in n.attribute if a.name == "num_kv_heads"),
                  next(a.i for a in n.attribute if a.name == "head_dim")) for n in attn] == \
-            [(2, 32), (2, 32), (1, 64), (2, 32), (2, 32), (1, 64), (2, 32), (1, 64)] and {a.f for n in attn for a in n.attribute if a.name == "scale"} == {1.0}
+            [(2, 32), (2, 32), (1, 64), (2, 32), (2, 32), (1, 64), (2, 32), (1, 64)] and \
+            {a.f for n in attn for a in n.attribute if a.name == "scale"} == {1.0}
         kv = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input
               if i.name.startswith("past_key")}
         sliding, full = [SLOTS, 2, 8 + MAX_ROWS, 32], [SLOTS, 1, SEQ + K + 2, 64]
@@ -146,7 +149,8 @@ def test_build_prints_and_records_kv_memory_per_slot(tiny_moe, tmp_path, capsys)
     from peagle_trt.repository import RepositoryOptions, build_repository
 
     manifest = build_repository(tiny_moe["gpt_oss"], tiny_moe["drafter-gpt_oss"], tmp_path / "repo",
-                                RepositoryOptions(SpecConfig("peagle", K), max_batch=4, max_seq_len=60, prefill_chunk=8))
+                                RepositoryOptions(SpecConfig("peagle", K), max_batch=4, max_seq_len=60,
+                                                  prefill_chunk=8))
     mem = manifest["kv_memory"]
     assert (mem["full_layers"], mem["windowed_layers"], mem["window_positions"]) == (4, 4, 8 + 8 - 1)
     per_layer = lambda n: 2 * 2 * (n + 1) * 32 * 4  # noqa: E731 (K and V, 2 kv heads, head_dim 32, fp32)

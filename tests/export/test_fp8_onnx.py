@@ -74,11 +74,11 @@ def test_fp8_speculative_equals_target_only_within_each_backend(fp8_export, back
     target, drafter, out, spec = fp8_export
     params = SamplingParams(max_tokens=30, ignore_eos=True)
 
-    def run(mode_spec):
+    def run(mode_spec, prompt):
         ex = TorchExecutor(target, drafter, 2, 104) if backend == "torch" else OrtExecutor(out)
         return generate(SpecDecoder(ex, mode_spec), prompt, params)
 
     for prompt in PROMPTS:
-        spec_run, target_only = run(spec), run(SpecConfig("none", spec.num_spec_tokens))
+        spec_run, target_only = run(spec, prompt), run(SpecConfig("none", spec.num_spec_tokens), prompt)
         assert spec_run.output == target_only.output
         assert spec_run.stats.drafter_forwards > 0 == target_only.stats.drafter_forwards  # it did speculate

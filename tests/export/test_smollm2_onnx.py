@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peagle_trt.executors.torch import TorchExecutor
-from peagle_trt.executors.onnxruntime import OrtExecutor
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder

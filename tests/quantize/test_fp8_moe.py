@@ -1,7 +1,8 @@
 """FP8 (ModelOpt) targets of the P-EAGLE families: ModelOpt quantizes attention and the experts
 (routers stay unquantized). Qwen3-MoE comes out as per-expert FP8 linears, GPT-OSS as stacked FP8
 expert tensors with one scale pair per projection, Gemma-4 as FP8 attention / MLP / per-layer-input
-linears (KV-shared layers have no k/v) and, with the MoE block, per-expert FP8 linears; our loader reads them, reproduces ModelOpt's
+linears (KV-shared layers have no k/v) and, with the MoE block, per-expert FP8 linears; our loader
+reads them, reproduces ModelOpt's
 fake-quantized HF model, and speculative output over the FP8 target equals its own greedy output."""
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ PEAGLE3 = SpecConfig("peagle", 3)
 
 
 def build(tiny, out, drafter="aws", spec=PEAGLE3, **kw):
-    return build_repository(tiny["llama"], tiny[drafter], out, RepositoryOptions(spec, max_batch=2, max_seq_len=128), **kw)
+    options = RepositoryOptions(spec, max_batch=2, max_seq_len=128)
+    return build_repository(tiny["llama"], tiny[drafter], out, options, **kw)
 
 
 def test_repository_layout_and_config_parse(tiny, tmp_path):

@@ -30,7 +30,8 @@ def repo(tiny, tmp_path_factory):
     for name, spec in {**MODELS, "peagle_ort": SpecConfig("peagle", 3)}.items():
         out = root / f"build-{name}"
         build_repository(tiny["llama"], tiny["aws"], out,
-                         RepositoryOptions(spec, model_name=name, backend=BACKENDS.get(name, "torch"), max_batch=MAX_BATCH,
+                         RepositoryOptions(spec, model_name=name, backend=BACKENDS.get(name, "torch"),
+                                           max_batch=MAX_BATCH,
                                   max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
         shutil.move(str(out / name), str(root / "models" / name) if (root / "models").exists()
                     else _mkdir(root / "models") / name)

@@ -180,7 +180,8 @@ def test_a_server_still_loading_answers_503(repo):
 def test_serve_with_openai_port_streams_and_stops_on_sigterm(tiny, tmp_path):
     pytest.importorskip("pytriton")
     repo = tmp_path / "repo"
-    build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
+    build_repository(tiny["llama"], tiny["aws"], repo,
+                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
     port = free_port()
     cmd = [sys.executable, "-m", "peagle_trt.cli", "serve", str(repo), "--http-port", str(free_port()),
            "--grpc-port", str(free_port()), "--metrics-port", str(free_port()), "--openai-port", str(port)]

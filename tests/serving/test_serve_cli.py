@@ -27,7 +27,8 @@ def _serve(repo, timeout: float = 120):
 
 def test_serve_reports_ready_and_stops_cleanly_on_sigterm(tiny, tmp_path):
     repo = tmp_path / "repo"
-    build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
+    build_repository(tiny["llama"], tiny["aws"], repo,
+                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
     proc = _serve(repo)
     ready = json.loads(proc.stdout.readline())
     assert ready["ready"] and ready["grpc"].startswith("127.0.0.1:")  # loopback by default
@@ -39,7 +40,8 @@ def test_serve_reports_ready_and_stops_cleanly_on_sigterm(tiny, tmp_path):
 
 def test_serve_says_why_a_model_cannot_load(tiny, tmp_path):
     repo = tmp_path / "repo"
-    build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
+    build_repository(tiny["llama"], tiny["aws"], repo,
+                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=2, max_seq_len=64))
     config = repo / "peagle" / "1" / "artifacts" / "target" / "config.json"
     config.write_text(config.read_text().replace('"hidden_size": 64', '"hidden_size": 65'))  # tampered
     proc = _serve(repo, timeout=60)

@@ -119,7 +119,8 @@ class Gemma4Adapter(TargetAdapter):
             moe = {"moe": experts, "moe_layers": (True,) * layers}
         return {**moe, "layer_windows": tuple(window if t == "sliding_attention" else 0 for t in types),
                 "hidden_act": "gelu_tanh", "embed_scale": hidden ** 0.5, "sandwich_norm": True,
-                "v_norm": True, "attn_scale": 1.0, "layer_scalar": True, "logit_softcap": float(softcap) if softcap else None,
+                "v_norm": True, "attn_scale": 1.0, "layer_scalar": True,
+                "logit_softcap": float(softcap) if softcap else None,
                 "per_layer_input_size": ple,
                 "per_layer_input_vocab": int(cfg.get("vocab_size_per_layer_input", 262144)) if ple else 0,
                 "layer_attention": attn,
