@@ -24,10 +24,18 @@ GENERATED = ("plugins/build", "plugins/sm_")
 TEXT = {".py", ".md", ".toml", ".sh", ".tmpl", ".txt", ".pbtxt", ".cpp", ".h", ".cu", ".cuh", ""}
 
 
-def tracked_text_files() -> list[Path]:
+def tracked_texts() -> list[tuple[Path, str]]:
+    """(path, text) of every tracked text file (the shipped assets aside)."""
     out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    return [ROOT / f for f in out.splitlines()
-            if Path(f).suffix in TEXT and (ROOT / f).is_file() and "assets" not in Path(f).parts[:2]]
+    texts = []
+    for name in out.splitlines():
+        f = ROOT / name
+        if f.suffix in TEXT and f.is_file() and "assets" not in Path(name).parts[:2]:
+            try:
+                texts.append((f, f.read_text()))
+            except UnicodeDecodeError:
+                continue
+    return texts
 
 
 def exists(path: str, where: Path) -> bool:
@@ -41,11 +49,7 @@ def exists(path: str, where: Path) -> bool:
 
 def test_every_named_repository_path_exists():
     missing = []
-    for f in tracked_text_files():
-        try:
-            text = f.read_text()
-        except UnicodeDecodeError:
-            continue
+    for f, text in tracked_texts():
         for m in PATH_RE.finditer(text):
             path = m.group(1).rstrip(".")
             if any(c in path for c in "*<>{}") or path.startswith(GENERATED) or exists(path, f.parent):
@@ -84,11 +88,7 @@ def resolves(dotted: str) -> bool:
 
 def test_every_named_module_and_name_exists():
     missing = []
-    for f in tracked_text_files():
-        try:
-            text = f.read_text()
-        except UnicodeDecodeError:
-            continue
+    for f, text in tracked_texts():
         missing += [f"{f.relative_to(ROOT)}: {m.group(0)}" for m in DOTTED_RE.finditer(text)
                     if not resolves(m.group(0).rstrip("."))]
     assert not missing, "dotted names that do not exist:\n" + "\n".join(sorted(set(missing)))
