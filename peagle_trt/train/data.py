@@ -17,7 +17,6 @@ Tests: tests/train/test_train_run.py.
 
 from __future__ import annotations
 
-import itertools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,38 +78,22 @@ def read_prompts(path: Path) -> list:
 def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperature: float, eos_ids: tuple,
                    seed: int, batch: int = 16, progress=None) -> list[list[int]]:
     """The target's own responses to `prompts` (greedy, or sampled at `temperature` with seed
-    seed + i for prompt i), `batch` at a time through the serving scheduler (target only): the
-    same in-flight batched decode the server runs, so a big prompt file regenerates in batches."""
-    from peagle_trt.config import SamplingParams, SpecConfig
+    seed + i for prompt i), `batch` at a time through the serving scheduler (target only,
+    train/distill.py `answer_all`): the same in-flight batched decode the server runs."""
+    from peagle_trt.config import SamplingParams
     from peagle_trt.executors.torch import TorchExecutor
-    from peagle_trt.runtime.scheduler import Request, Scheduler
-    from peagle_trt.speculative.decoder import SpecDecoder
+    from peagle_trt.train.distill import answer_all
 
     max_len = max(len(p) for p in prompts) + max_tokens + 2
-    decoder = SpecDecoder(TorchExecutor(target, None, batch, max_len), SpecConfig("none", 0), eos_ids)
-    scheduler = Scheduler(decoder, max_batch=batch)
     responses: list[list[int]] = [[] for _ in prompts]
-    errors: list[str] = []
 
-    def collect(i: int):
-        def on_output(out) -> None:
-            responses[i] += out.new_token_ids
-            if out.error:
-                errors.append(f"prompt {i}: {out.error}")
-            if out.finished and progress:
-                progress(f"regenerated {scheduler.finished_requests}/{len(prompts)} responses")
-        return on_output
+    def on_done(i: int, response: list[int], reason: str) -> None:
+        responses[i] = response
 
-    todo = iter(enumerate(prompts))
-    while True:  # keep the queue topped up to a few batches (it is bounded), step until all are done
-        for i, ids in itertools.islice(todo, max(0, 4 * batch - len(scheduler.waiting))):
-            params = SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i)
-            scheduler.add(Request(f"regen-{i}", list(ids), params, collect(i)))
-        if not scheduler.has_work:
-            break
-        scheduler.step()
-    if errors:
-        raise ConfigError(f"regenerating the training responses failed: {errors[0]}")
+    params = [SamplingParams(max_tokens=max_tokens, temperature=temperature, seed=seed + i)
+              for i in range(len(prompts))]
+    answer_all(TorchExecutor(target, None, batch, max_len), prompts, params, eos_ids, batch, on_done,
+               progress=(lambda n: progress(f"regenerated {n}/{len(prompts)} responses")) if progress else None)
     return responses
 
 

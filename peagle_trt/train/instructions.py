@@ -1,0 +1,137 @@
+"""Instruction prompts made offline from the installed Python standard library: the requests a
+target answers for self-distillation (scripts/make_smollm2_heads.py) and the held-out instruction
+set of the benchmarks (`peagle-trt bench heads`).
+
+    rows = instructions("train", seed=0)     # [{"id", "kind", "prompt", "max_tokens"}, ...]
+    rows = instructions("heldout", seed=0)   # other modules: never trained on
+
+Kinds (each row is one user turn; the target's chat template is applied by the caller):
+  write      "Write a Python function `sig` that <first docstring line>."   code
+  complete   a function's def line and docstring, "complete the body"       code
+  explain    a function's source, "explain what it does"                    prose
+  docstring  a function's source without its docstring, "write one"          prose + code
+  module     "What is the `name` module for? Show a short example."          prose + code
+  summarize  a docstring paragraph, "summarize in two sentences"            prose
+  long       a whole module's source (2K-6K characters... up to ~2.5K tokens), "summarize it"
+             (long context; answers are ordinary)
+  essay      "Write a complete, documented module that <module docstring>"  long answers
+Split by module: a module belongs to `heldout` when the crc32 of its dotted name is 0 mod 10, so
+the held-out set shares no function, docstring or module with the training set. HumanEval is never
+a source here (it is test data).
+Tests: tests/train/test_instructions.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import random
+import sysconfig
+import zlib
+from pathlib import Path
+
+SPLITS = ("train", "heldout")
+MAX_TOKENS = {"write": 256, "complete": 256, "explain": 256, "docstring": 200, "module": 256,
+              "summarize": 128, "long": 256, "essay": 1200}
+
+
+def stdlib_modules() -> list[tuple[str, Path]]:
+    """(dotted name, path) of the standard library's Python modules (tests, site-packages, private
+    and __main__ modules excluded), sorted by name."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "turtledemo"}
+    out = []
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root).with_suffix("").parts
+        if skip & set(parts) or any(p.startswith("_") and p != "__init__" for p in parts) or "__main__" in parts:
+            continue
+        name = ".".join(p for p in parts if p != "__init__")
+        if name:
+            out.append((name, path))
+    return sorted(out)
+
+
+def split_of(module: str) -> str:
+    return "heldout" if zlib.crc32(module.encode()) % 10 == 0 else "train"
+
+
+def _first_sentence(doc: str) -> str:
+    line = doc.strip().split("\n\n")[0].replace("\n", " ").strip()
+    return " ".join(line.split())
+
+
+def _functions(tree: ast.Module, source: str):
+    """Public module-level functions and methods with a docstring and a body beyond it."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef) and not node.name.startswith("_") and len(node.body) > 1:
+            doc = ast.get_docstring(node)
+            seg = ast.get_source_segment(source, node)
+            if doc and seg and 3 <= seg.count("\n") <= 40:
+                yield node, doc
+
+
+def _signature(node: ast.FunctionDef) -> str:
+    args = ast.unparse(node.args)
+    ret = f" -> {ast.unparse(node.returns)}" if node.returns else ""
+    return f"{node.name}({args}){ret}"
+
+
+def _with_body(node: ast.FunctionDef, body: list) -> str:
+    """The function's source (decorators dropped) with another body."""
+    new = copy.copy(node)
+    new.body, new.decorator_list = body, []
+    return ast.unparse(new)
+
+
+def _module_rows(name: str, path: Path, rng: random.Random) -> list[dict]:
+    try:
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+    except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError):
+        return []
+    rows = []
+    mdoc = ast.get_docstring(tree)
+    if mdoc and len(_first_sentence(mdoc)) >= 20:
+        first = _first_sentence(mdoc)[:300]
+        rows.append(("module", f"What is Python's `{name}` module for? ({first}) "
+                               "Explain briefly and show a short example."))
+        if rng.random() < 0.25 and not name.startswith("encodings."):
+            rows.append(("essay", f"Write a complete, well-documented Python module that does the following: "
+                                  f"{first} Include several classes and functions with docstrings, type "
+                                  "hints, and a small test section at the end."))
+    if 2000 <= len(source) <= 9000 and rng.random() < 0.5:
+        rows.append(("long", f"Here is the Python module `{name}`:\n\n```python\n{source.strip()}\n```\n\n"
+                             "Summarize what this module does and list its main functions."))
+    for node, doc in _functions(tree, source):
+        first = _first_sentence(doc)
+        if not 15 <= len(first) <= 300:
+            continue
+        r = rng.random()
+        if r < 0.35:
+            rows.append(("write", f"Write a Python function `{_signature(node)}` that does the following: "
+                                  f"{first}"))
+        elif r < 0.55:
+            head = _with_body(node, node.body[:1])
+            rows.append(("complete", f"Complete the body of this Python function:\n\n```python\n{head}\n```"))
+        elif r < 0.75:
+            rows.append(("explain", "Explain what this Python function does:\n\n"
+                                    f"```python\n{_with_body(node, node.body)}\n```"))
+        elif r < 0.9:
+            rows.append(("docstring", "Write a docstring for this Python function and show the function "
+                                      f"with it:\n\n```python\n{_with_body(node, node.body[1:])}\n```"))
+        elif "\n\n" in doc.strip() or len(doc) > 200:
+            rows.append(("summarize", f"Summarize this documentation in two sentences:\n\n{doc.strip()}"))
+    return [{"id": f"{name}:{i}", "kind": kind, "prompt": text, "max_tokens": MAX_TOKENS[kind]}
+            for i, (kind, text) in enumerate(rows)]
+
+
+def instructions(split: str = "train", seed: int = 0, limit: int | None = None) -> list[dict]:
+    """The rows of one split, shuffled with `seed` (the same seed gives the same list)."""
+    if split not in SPLITS:
+        raise ValueError(f"split {split!r}: expected one of {SPLITS}")
+    rows = []
+    for name, path in stdlib_modules():
+        if split_of(name) == split:
+            rows += _module_rows(name, path, random.Random(f"{seed}:{name}"))
+    random.Random(seed).shuffle(rows)
+    return rows[:limit] if limit is not None else rows
