@@ -89,10 +89,17 @@ class TargetModel(nn.Module):
         aux = [tapped[t] for t in self.taps]
         if logit_rows is not None:
             x = torch.gather(x, 1, logit_rows[..., None].expand(-1, -1, x.shape[-1]))
-        logits = self.lm_head(self.norm(x)).float()
-        if c.logit_softcap:
-            logits = torch.tanh(logits / c.logit_softcap) * c.logit_softcap
+        logits = self.head_logits(self.norm(x))
         return logits, (torch.cat(aux, dim=-1) if aux else x.new_zeros(*tokens.shape, 0))
+
+    def head_logits(self, normed: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """lm_head (+ the family's logit soft-cap) of the final-normed hidden state [..., H]:
+        logits [..., V] float32, or of the vocabulary `rows` only [..., len(rows)] (training
+        keeps the draft vocabulary's)."""
+        w = self.lm_head.weight if rows is None else self.lm_head.weight[rows]
+        logits = torch.nn.functional.linear(normed, w).float()
+        cap = self.config.logit_softcap
+        return torch.tanh(logits / cap) * cap if cap else logits
 
     @classmethod
     def from_tensors(cls, config: TargetConfig, tensors: dict, taps: tuple[int, ...],

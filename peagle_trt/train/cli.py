@@ -21,7 +21,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--method", default="peagle", choices=["peagle", "eagle3"],
                    help="peagle: parallel head (mask token + mask_hidden); eagle3: sequential baseline")
     t.add_argument("--layout", default="aws", choices=["aws", "speculators"], help="output layout (default aws)")
-    t.add_argument("--data", type=Path, help="JSONL of prompts; the target regenerates the responses")
+    t.add_argument("--data", type=Path, help="JSONL of prompts (the target answers them now) or of the "
+                   "target's answers (prompt_ids/response_ids rows of train/distill.py)")
     t.add_argument("--text", type=Path, action="append", default=[], help="plain text file (repeatable)")
     t.add_argument("--text-list", type=Path, help="a file listing plain text files, one path a line")
     t.add_argument("--regen-max-tokens", type=int, default=128, help="response tokens regenerated per prompt")
@@ -32,6 +33,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--down-sample-ratio", type=float, default=0.7, help="COD ratio r (depth d keeps r^d)")
     t.add_argument("--down-sample-ratio-min", type=float, default=0.2, help="COD floor r_min")
     t.add_argument("--segments", type=int, default=1, help="sequence partitions (bounded memory on long sequences)")
+    t.add_argument("--segment-tokens", type=int, default=None,
+                   help="more partitions for long sequences: at most about N tokens each")
+    t.add_argument("--max-context", type=int, default=None,
+                   help="--data: keep only the last N prompt tokens before each response")
+    t.add_argument("--feature-cache", type=Path, default=None,
+                   help="file keeping the target's pass over the --data sequences (float16), reused by later "
+                        "runs on the same data and target (e.g. a P-EAGLE and an EAGLE-3 head)")
+    t.add_argument("--freeze-embeddings", action="store_true",
+                   help="P-EAGLE: keep the target's embedding table (the head then ships none; smaller)")
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
     t.add_argument("--intermediate-size", type=int, default=None, help="drafter MLP width (default: the target's)")
     t.add_argument("--draft-vocab", type=int, default=None, help="draft vocabulary size (default: whole vocabulary)")
@@ -72,7 +82,10 @@ def cmd_train(args: argparse.Namespace) -> dict:
     cfg = TrainConfig(target=args.target, output=args.output, method=args.method, data=args.data,
                       text=tuple(text), layout=args.layout, depths=args.depths,
                       down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,
-                      segments=args.segments, layers=args.layers, intermediate_size=args.intermediate_size,
+                      segments=args.segments, segment_tokens=args.segment_tokens, max_context=args.max_context,
+                      freeze_embeddings=args.freeze_embeddings, feature_cache=args.feature_cache,
+                      layers=args.layers,
+                      intermediate_size=args.intermediate_size,
                       draft_vocab=args.draft_vocab, taps=taps, mask_token_id=args.mask_token_id,
                       steps=args.steps, batch=args.batch, seq_len=args.seq_len, lr=args.lr, warmup=args.warmup,
                       seed=args.seed, regen_max_tokens=args.regen_max_tokens,

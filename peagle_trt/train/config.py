@@ -35,6 +35,10 @@ class TrainConfig:
     down_sample_ratio: float = 0.7
     down_sample_ratio_min: float = 0.2
     segments: int = 1  # sequence partitions per sequence
+    segment_tokens: int | None = None  # and more partitions for sequences longer than this
+    max_context: int | None = None  # --data: keep only the last N prompt tokens before each response
+    feature_cache: Path | None = None  # file of the target's pass over --data sequences, shared by runs
+    freeze_embeddings: bool = False  # P-EAGLE: keep the target's table (not saved; the head shares it)
     layers: int = 1
     intermediate_size: int | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the whole target vocabulary
@@ -69,5 +73,8 @@ class TrainConfig:
             raise ConfigError("--depths, --segments, --steps, --batch and --layers must be >= 1")
         if not 0 < self.down_sample_ratio <= 1 or not 0 <= self.down_sample_ratio_min <= 1:
             raise ConfigError("--down-sample-ratio must be in (0, 1] and --down-sample-ratio-min in [0, 1]")
+        if (self.segment_tokens is not None and self.segment_tokens < 2) or (
+                self.max_context is not None and self.max_context < 1):
+            raise ConfigError("--segment-tokens must be >= 2 and --max-context >= 1")
         if self.seq_len < 3:
             raise ConfigError(f"--seq-len {self.seq_len} is too short; use at least 3 tokens")

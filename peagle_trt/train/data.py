@@ -98,15 +98,51 @@ def regenerate_all(target, prompts: list[list[int]], max_tokens: int, temperatur
 
 
 def prompt_corpus(target, codec, path: Path, max_tokens: int, temperature: float, seed: int,
-                  chat_template: bool, progress) -> Corpus:
-    prompts = []
-    for prompt in read_prompts(path):
-        text = prompt if isinstance(prompt, str) else prompt[-1].get("content", "")
-        prompts.append(codec.encode_prompt(text, chat_template))
-    responses = regenerate_all(target, prompts, max_tokens, temperature, codec.eos_ids, seed, progress=progress)
-    seqs = [torch.tensor(ids + resp, dtype=torch.long) for ids, resp in zip(prompts, responses)]
-    masks = [torch.tensor([False] * len(ids) + [True] * len(resp)) for ids, resp in zip(prompts, responses)]
+                  chat_template: bool, progress, max_context: int | None = None) -> Corpus:
+    """Sequences prompt + response with only the response supervised. Rows already answered by
+    the target (`prompt_ids` + `response_ids`, train/distill.py) are used as they are; plain
+    prompts are answered now. `max_context` keeps only the last N prompt tokens."""
+    distilled = read_distilled(path)
+    if distilled is not None:
+        pairs = distilled
+    else:
+        prompts = []
+        for prompt in read_prompts(path):
+            text = prompt if isinstance(prompt, str) else prompt[-1].get("content", "")
+            prompts.append(codec.encode_prompt(text, chat_template))
+        responses = regenerate_all(target, prompts, max_tokens, temperature, codec.eos_ids, seed, progress=progress)
+        pairs = list(zip(prompts, responses))
+    if max_context is not None:
+        pairs = [(ids[-max_context:], resp) for ids, resp in pairs]
+    pairs = [(ids, resp) for ids, resp in pairs if resp]
+    seqs = [torch.tensor(ids + resp, dtype=torch.long) for ids, resp in pairs]
+    masks = [torch.tensor([False] * len(ids) + [True] * len(resp)) for ids, resp in pairs]
     return Corpus(seqs, masks, windowed=False)
+
+
+def read_distilled(path: Path) -> list | None:
+    """[(prompt_ids, response_ids)] of a distilled JSONL (train/distill.py), or None when its
+    rows are plain prompts."""
+    if not path.is_file():
+        raise ConfigError(f"--data {path} does not exist; pass a JSONL file of prompts or of distilled answers")
+    with path.open(encoding="utf-8") as f:
+        first = next((line for line in f if line.strip()), "")
+    try:
+        if "response_ids" not in json.loads(first or "{}"):
+            return None
+    except json.JSONDecodeError:
+        return None  # read_prompts reports it with its line number
+    pairs = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            pairs.append((list(row["prompt_ids"]), list(row["response_ids"])))
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise ConfigError(f"{path}:{n}: expected a distilled row with 'prompt_ids' and 'response_ids' "
+                              f"({exc})") from exc
+    return pairs
 
 
 def draft_vocabulary(corpus: Corpus, vocab_size: int, draft_vocab: int) -> torch.Tensor:
@@ -121,33 +157,105 @@ def draft_vocabulary(corpus: Corpus, vocab_size: int, draft_vocab: int) -> torch
 
 
 def sample_batch(corpus: Corpus, batch: int, seq_len: int, generator: torch.Generator) -> list:
-    """`batch` (ids [T], supervised [T]) pairs: random windows of the stream, or whole sequences."""
+    """`batch` (key, ids [T], supervised [T]) triples: random windows of the stream (key None), or
+    whole sequences cut to `seq_len` (key: the sequence's index, for FeatureCache)."""
     if corpus.windowed:
         stream = corpus.sequences[0]
         if len(stream) <= seq_len:
             raise ConfigError(f"the training text has {len(stream)} tokens, fewer than --seq-len {seq_len}")
         starts = torch.randint(0, len(stream) - seq_len, (batch,), generator=generator).tolist()
-        return [(stream[s:s + seq_len], corpus.masks[0][s:s + seq_len]) for s in starts]
+        return [(None, stream[s:s + seq_len], corpus.masks[0][s:s + seq_len]) for s in starts]
     picks = torch.randint(0, len(corpus.sequences), (batch,), generator=generator).tolist()
-    return [(corpus.sequences[i][:seq_len], corpus.masks[i][:seq_len]) for i in picks]
+    return [(i, corpus.sequences[i][:seq_len], corpus.masks[i][:seq_len]) for i in picks]
+
+
+@torch.no_grad()
+def target_pass(target, ids: torch.Tensor, chunk: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [T] -> (final-normed hidden [T, H], taps [T, A]): the target over the sequence in
+    chunks of `chunk` tokens through its KV cache (bounded memory on long sequences)."""
+    dev = target.lm_head.weight.device
+    t = ids.numel()
+    cache = target.new_cache(1, t)
+    slots = torch.zeros(1, dtype=torch.long, device=dev)
+    normed, aux = [], []
+    # the last layer's output is the final residual stream of every row (forward gathers the logits rows after it)
+    hook = target.layers[-1].register_forward_hook(lambda mod, inp, out: normed.append(target.norm(out)[0]))
+    try:
+        for a in range(0, t, chunk):
+            b = min(t, a + chunk)
+            last = torch.tensor([[b - a - 1]], device=dev)  # one logits row: the hook keeps every row's hidden
+            _, taps = target(ids[None, a:b].to(dev), torch.arange(a, b, device=dev)[None], slots, cache, last)
+            aux.append(taps[0])
+    finally:
+        hook.remove()
+    return torch.cat(normed), torch.cat(aux)
+
+
+def features(target, ids: torch.Tensor, supervised: torch.Tensor, normed: torch.Tensor, aux: torch.Tensor,
+             draft_ids: torch.Tensor) -> SeqFeatures:
+    """The drafter's view of a sequence (N = T - 1 positions, EAGLE shift) from the target's pass:
+    only the draft vocabulary's probabilities are made."""
+    dev = target.lm_head.weight.device
+    t = ids.numel()
+    probs = torch.softmax(target.head_logits(normed[1:].to(dev, target.lm_head.weight.dtype), draft_ids.to(dev)),
+                          dim=-1)  # [N, V_d]
+    nxt = torch.arange(2, t + 1).clamp(max=t - 1)  # position i is supervised iff token i+2 is
+    return SeqFeatures(ids[1:].to(dev), aux[:-1].float().to(dev), probs, supervised[nxt].to(dev))
 
 
 @torch.no_grad()
 def target_features(target, ids: torch.Tensor, supervised: torch.Tensor, draft_ids: torch.Tensor,
                     chunk: int = 512) -> SeqFeatures:
-    """ids, supervised [T] -> the drafter's view of the sequence (N = T - 1 positions). The target
-    runs over the sequence in chunks of `chunk` tokens through its KV cache (bounded memory on
-    long sequences); only draft-vocabulary probabilities are kept."""
-    dev = target.lm_head.weight.device
-    t = ids.numel()
-    cache = target.new_cache(1, t)
-    slots = torch.zeros(1, dtype=torch.long, device=dev)
-    probs, aux = [], []
-    for a in range(0, t, chunk):
-        b = min(t, a + chunk)
-        logits, taps = target(ids[None, a:b].to(dev), torch.arange(a, b, device=dev)[None], slots, cache)
-        probs.append(torch.softmax(logits[0, :, draft_ids.to(dev)].float(), dim=-1))  # [C, V_d]
-        aux.append(taps[0].float())  # [C, A]
-    probs, aux = torch.cat(probs)[1:], torch.cat(aux)[:-1]  # EAGLE shift: [N, V_d], [N, A]
-    nxt = torch.arange(2, t + 1).clamp(max=t - 1)  # position i is supervised iff token i+2 is
-    return SeqFeatures(ids[1:].to(dev), aux, probs, supervised[nxt].to(dev))
+    """ids, supervised [T] -> the drafter's view of the sequence (N = T - 1 positions)."""
+    normed, aux = target_pass(target, ids, chunk)
+    return features(target, ids, supervised, normed, aux, draft_ids)
+
+
+class FeatureCache:
+    """The target's pass over whole corpus sequences, made on first use and kept in float16
+    (normed hidden + taps: 2 bytes x (H + A) per token), so the frozen target runs once per
+    sequence, not once per epoch. Windows of a text stream (key None) are not kept. With a
+    `path`, the cache is read from and saved to that file (`save`), so several heads trained
+    on the same data and target share one pass; a file made from other data is not used."""
+
+    def __init__(self, target, draft_ids: torch.Tensor, path: Path | None = None, fingerprint: str = ""):
+        self.target, self.draft_ids, self.path, self.fingerprint = target, draft_ids, path, fingerprint
+        self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.loaded = 0
+        if path is not None and path.is_file():
+            state = torch.load(path, weights_only=True)
+            if state.get("fingerprint") == fingerprint:
+                self.kept = state["kept"]
+                self.loaded = len(self.kept)
+
+    @torch.no_grad()
+    def get(self, key: int | None, ids: torch.Tensor, supervised: torch.Tensor) -> SeqFeatures:
+        if key is None:
+            return target_features(self.target, ids, supervised, self.draft_ids)
+        if key not in self.kept:
+            normed, aux = target_pass(self.target, ids)
+            self.kept[key] = (normed.half(), aux.half())
+        normed, aux = self.kept[key]
+        return features(self.target, ids, supervised, normed, aux, self.draft_ids)
+
+    def save(self) -> None:
+        if self.path is None or len(self.kept) == self.loaded:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        torch.save({"fingerprint": self.fingerprint, "kept": self.kept}, tmp)
+        tmp.replace(self.path)  # atomic: a reader sees the old file or the new one
+
+
+def corpus_fingerprint(corpus: Corpus, target_dir: Path, seq_len: int) -> str:
+    """What the target's pass depends on: the target's weights file, the sequences (cut to seq_len)."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted(Path(target_dir).glob("*.safetensors")):
+        st = f.stat()
+        h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+    h.update(str(seq_len).encode())
+    for seq in corpus.sequences:
+        h.update(seq[:seq_len].numpy().tobytes() + b"|")
+    return h.hexdigest()

@@ -61,14 +61,16 @@ def build_head(cfg, target_ckpt, taps, mask_id, draft_ids) -> tuple[TrainHead, D
         model.lm_head.weight.copy_(target_ckpt.tensors["lm_head.weight"].float()[draft_ids])
         model.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
     model.lm_head.weight.requires_grad_(False)  # frozen, as in speculators
-    model.embed_tokens.weight.requires_grad_(cfg.method == "peagle")  # P-EAGLE trains its embeddings
+    # P-EAGLE trains its embeddings unless frozen (then the head ships none and uses the target's)
+    model.embed_tokens.weight.requires_grad_(cfg.method == "peagle" and not cfg.freeze_embeddings)
     return TrainHead(model, cfg.method == "peagle"), config
 
 
 def _identity(cfg) -> dict:
     """The config fields a checkpoint must agree with to be resumed."""
     keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
-            "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments")
+            "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments", "segment_tokens",
+            "max_context", "freeze_embeddings")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
 
 
@@ -97,9 +99,13 @@ def run(cfg, progress) -> dict:
         corpus = D.text_corpus(codec.tok, list(cfg.text), eos)
     else:
         corpus = D.prompt_corpus(target, codec, cfg.data, cfg.regen_max_tokens, cfg.regen_temperature,
-                                 cfg.seed, cfg.chat_template, progress)
+                                 cfg.seed, cfg.chat_template, progress, cfg.max_context)
     draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
     head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
+    cache = D.FeatureCache(target, draft_ids, cfg.feature_cache,
+                           D.corpus_fingerprint(corpus, cfg.target, cfg.seq_len) if cfg.feature_cache else "")
+    if cache.loaded:
+        progress(f"target features of {cache.loaded} sequences read from {cfg.feature_cache}", final=True)
     head.to(dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
@@ -121,7 +127,7 @@ def run(cfg, progress) -> dict:
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
-        loss, stats, tokens = train_step(head, target, corpus, cfg, gen, draft_ids, mask_id)
+        loss, stats, tokens = train_step(head, cache, corpus, cfg, gen, mask_id)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -133,6 +139,7 @@ def run(cfg, progress) -> dict:
         progress(line, final=(step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps)
         if ckpt_file is not None and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
             _save(ckpt_file, cfg, head, opt, gen, step + 1)
+    cache.save()
     write_head(cfg.output, head, config, draft_ids, cfg)
     return {"output": str(cfg.output), "method": cfg.method, "layout": cfg.layout, "steps": cfg.steps,
             "resumed_at": start, "final_loss": round(history[-1], 5) if history else None,
@@ -142,10 +149,10 @@ def run(cfg, progress) -> dict:
             "params_trained": sum(p.numel() for p in params), "train_s": round(time.perf_counter() - t_start, 1)}
 
 
-def train_step(head, target, corpus, cfg, gen, draft_ids, mask_id) -> tuple[float, dict, int]:
+def train_step(head, cache, corpus, cfg, gen, mask_id) -> tuple[float, dict, int]:
     """Forward+backward over one batch (gradients accumulated in the head). -> (loss, stats, tokens)."""
     batch = D.sample_batch(corpus, cfg.batch, cfg.seq_len, gen)
-    feats = [D.target_features(target, ids, sup, draft_ids) for ids, sup in batch]
+    feats = [cache.get(key, ids, sup) for key, ids, sup in batch]
     elements = [cod_sample(f.loss_mask.cpu(), cfg.depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min, gen)
                 for f in feats]
     normaliser = sum(int(f.loss_mask.cpu()[el.position].sum()) for f, el in zip(feats, elements))
@@ -154,14 +161,15 @@ def train_step(head, target, corpus, cfg, gen, draft_ids, mask_id) -> tuple[floa
                           "(raise --regen-max-tokens or --seq-len)")
     total, stats = 0.0, {}
     for f, el in zip(feats, elements):
-        for owned in partition(el, len(f.tokens), cfg.segments):
+        segments = max(cfg.segments, -(-len(f.tokens) // cfg.segment_tokens)) if cfg.segment_tokens else cfg.segments
+        for owned in partition(el, len(f.tokens), segments):
             if owned.numel() == 0:
                 continue
             loss = segment_loss(head, f, el.to(f.tokens.device), owned.to(f.tokens.device), mask_id,
                                 normaliser, stats)
             loss.backward()
             total += float(loss.detach())
-    return total, stats, sum(len(ids) for ids, _ in batch)
+    return total, stats, sum(len(ids) for _, ids, _ in batch)
 
 
 def _save(path, cfg, head, opt, gen, step: int) -> None:

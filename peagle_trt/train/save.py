@@ -3,7 +3,8 @@
   aws          Llama-style config.json (`architectures: LlamaForCausalLMEagle3`, `ptd_token_id`
                for P-EAGLE heads, `draft_vocab_size`, `target_hidden_size`,
                `eagle_aux_hidden_state_layer_ids`); tensors `midlayer.*`, `layers.N.*`, `fc`,
-               `norm`, `lm_head`, `embed_tokens`, `d2t`, `t2d`, and `mask_hidden` [1, 1, 3·H_t].
+               `norm`, `lm_head`, `embed_tokens` (not with --freeze-embeddings: the loader then uses the
+               target's table), `d2t`, `t2d`, and `mask_hidden` [1, 1, 3·H_t].
   speculators  `speculators_model_type` peagle | eagle3 with a nested `transformer_layer_config`,
                `mask_token_id`, `speculators_config` (algorithm, proposal methods with the trained
                depth, verifier); tensors `layers.0.*` instead of `midlayer.*`.
@@ -30,11 +31,11 @@ def _rope_fields(rope) -> dict:
     return fields
 
 
-def head_tensors(head, draft_ids: torch.Tensor, dtype: torch.dtype, layer0: str) -> dict:
+def head_tensors(head, draft_ids: torch.Tensor, dtype: torch.dtype, layer0: str, embed: bool = True) -> dict:
     model, c = head.model, head.model.config
     out = {}
     for name, t in model.state_dict().items():
-        if name in ("d2t", "mask_hidden"):
+        if name in ("d2t", "mask_hidden") or (name == "embed_tokens.weight" and not embed):
             continue
         if name.startswith("layers.0."):
             name = layer0 + name[len("layers.0."):]
@@ -62,7 +63,8 @@ def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg) -> None
         raise ConfigError(f"--save-dtype {cfg.save_dtype!r}: expected one of {sorted(DTYPES)}")
     c = config
     speculators = cfg.layout == "speculators"
-    tensors = head_tensors(head, draft_ids, DTYPES[cfg.save_dtype], "layers.0." if speculators else "midlayer.")
+    tensors = head_tensors(head, draft_ids, DTYPES[cfg.save_dtype], "layers.0." if speculators else "midlayer.",
+                           embed=not cfg.freeze_embeddings)
     common = {"draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
               "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids), "norm_before_residual": False,
               "torch_dtype": cfg.save_dtype, "trained_with": "peagle-trt train",
@@ -74,7 +76,7 @@ def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg) -> None
             "PeagleSpeculator" if cfg.method == "peagle" else "Eagle3Speculator"],
             "transformer_layer_config": layer_config(c), **common,
             "norm_before_fc": False, "fc_norm": False, "norm_output": True,
-            "embed_requires_grad": cfg.method == "peagle",
+            "embed_requires_grad": cfg.method == "peagle" and not cfg.freeze_embeddings,
             "speculators_config": {"algorithm": cfg.method, "default_proposal_method": "greedy",
                                    "proposal_methods": [{"proposal_type": "greedy",
                                                          "speculative_tokens": cfg.depths}],

@@ -1,0 +1,98 @@
+"""Self-distillation (train/distill.py) and the training-data paths it feeds: answers written as
+requests finish, a resumed run skips what is done, a spent budget keeps finished answers only;
+`train --data` reads distilled rows without answering again; the target's pass is cached
+(in memory and in a shared file) without changing the features; frozen embeddings ship no table."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from peagle_trt.checkpoint import load_drafter, load_pair, load_target
+from peagle_trt.config import SpecConfig
+from peagle_trt.models.target import TargetModel
+from peagle_trt.tiny import CORPUS
+from peagle_trt.train import TrainConfig, train
+from peagle_trt.train import data as D
+from peagle_trt.train.distill import distill, read_done
+
+
+def _rows(n):
+    return [{"id": f"r{i}", "kind": "write", "prompt": CORPUS[i % len(CORPUS)], "max_tokens": 6 + i % 3}
+            for i in range(n)]
+
+
+def test_distill_writes_answers_and_resumes(tiny, tmp_path):
+    out = tmp_path / "answers.jsonl"
+    first = distill(tiny["llama"], _rows(3), out, backend="torch", batch=2, max_len=256)
+    assert first["answered"] == 3 and read_done(out) == {"r0", "r1", "r2"}
+    again = distill(tiny["llama"], _rows(5), out, backend="torch", batch=2, max_len=256)
+    assert again["already_done"] == 3 and again["answered"] == 2
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sorted(r["id"] for r in rows) == [f"r{i}" for i in range(5)]
+    assert all(len(r["response_ids"]) <= 8 and r["prompt_ids"] for r in rows)
+
+
+def test_distilled_answers_are_the_targets_greedy_answers(tiny, tmp_path):
+    """distill (onnxruntime) and regenerate_all (torch) run the same scheduler path: same answers."""
+    out = tmp_path / "answers.jsonl"
+    rows = [dict(r, max_tokens=8) for r in _rows(3)]
+    distill(tiny["llama"], rows, out, backend="onnxruntime", batch=3, max_len=128)
+    got = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    ckpt = load_target(tiny["llama"])
+    target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, (), "cpu", torch.float32, "t")
+    prompts = [got[f"r{i}"]["prompt_ids"] for i in range(3)]
+    ref = D.regenerate_all(target, prompts, 8, 0.0, (), seed=0, batch=2)
+    assert [got[f"r{i}"]["response_ids"] for i in range(3)] == ref
+
+
+def test_spent_budget_keeps_only_finished_answers(tiny, tmp_path):
+    out = tmp_path / "answers.jsonl"
+    result = distill(tiny["llama"], _rows(6), out, backend="torch", batch=2, max_len=256, budget_s=1e-9)
+    lines = out.read_text().splitlines() if out.exists() else []
+    assert result["answered"] == len(lines) < 6
+
+
+def test_train_reads_distilled_rows_and_shares_the_feature_cache(tiny, tmp_path):
+    data = tmp_path / "answers.jsonl"
+    distill(tiny["llama"], [dict(r, max_tokens=12) for r in _rows(4)], data, backend="torch", batch=2,
+            max_len=256)
+    cache = tmp_path / "features.pt"
+    base = dict(target=tiny["llama"], data=data, steps=3, batch=2, seq_len=64, depths=3, draft_vocab=200,
+                taps=(1, 3, 5), log_every=100, feature_cache=cache, max_context=16)
+    a = train(TrainConfig(output=tmp_path / "a", **base), lambda *a, **k: None)
+    assert cache.is_file()
+    lines = []
+    b = train(TrainConfig(output=tmp_path / "b", **base), lambda line, final=False: lines.append(line))
+    assert any("read from" in line for line in lines)  # the second run used the file
+    assert a["final_loss"] == b["final_loss"]  # and the features were the same
+
+
+def test_cached_features_equal_the_full_forward(tiny):
+    ckpt = load_target(tiny["llama"])
+    target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, (1, 3, 5), "cpu", torch.float32, "t")
+    ids = torch.tensor([1, 5, 9, 14, 3, 7, 22, 8, 2, 11])
+    sup = torch.ones_like(ids, dtype=torch.bool)
+    draft_ids = torch.arange(0, 200, 2)
+    logits, aux = target(ids[None], torch.arange(len(ids))[None], torch.zeros(1, dtype=torch.long),
+                         target.new_cache(1, len(ids)))
+    cache = D.FeatureCache(target, draft_ids)
+    f = cache.get(0, ids, sup)
+    assert torch.allclose(f.probs, torch.softmax(logits[0, 1:, draft_ids], -1), atol=2e-3)
+    assert torch.allclose(f.aux, aux[0, :-1], atol=1e-2, rtol=1e-3)
+    assert cache.get(0, ids, sup).probs.equal(f.probs)  # kept, not recomputed differently
+
+
+def test_frozen_embeddings_ship_no_table_and_load_with_the_targets(tiny, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("\n".join(CORPUS * 4))
+    out = tmp_path / "head"
+    train(TrainConfig(target=tiny["llama"], output=out, text=(text,), steps=2, batch=1, seq_len=32, depths=3,
+                      draft_vocab=200, taps=(1, 3, 5), freeze_embeddings=True, mask_token_id=3, log_every=100),
+          lambda *a, **k: None)
+    assert "embed_tokens.weight" not in load_file(str(out / "model.safetensors"))
+    assert not load_drafter(out).config.has_embed
+    target, drafter = load_pair(tiny["llama"], out, SpecConfig("peagle", 3)).build()
+    assert drafter.embed_tokens.weight.equal(target.embed_tokens.weight)

