@@ -7,9 +7,9 @@ Sources:
                  are discarded).
   plain text     files (or a file listing files); tokenized, joined with EOS, cut into windows;
                  every position supervised.
-The draft vocabulary is the `draft_vocab` most frequent tokens of the training sequences (ties
-by id), sorted by id: d2t[i] = draft_ids[i] - i (offsets, target_id = draft_id + d2t[draft_id]),
-t2d = membership mask over the target vocabulary.
+The draft vocabulary is the `draft_vocab` most frequent tokens of the training responses (ties
+by prompt frequency, then id), sorted by id: d2t[i] = draft_ids[i] - i (offsets, target_id =
+draft_id + d2t[draft_id]), t2d = membership mask over the target vocabulary.
 Target features come from our reference target (`peagle_trt.models.target.TargetModel`): its
 tap hidden states and its next-token distribution restricted to the draft vocabulary.
 Tests: tests/train/test_train_run.py.
@@ -146,13 +146,17 @@ def read_distilled(path: Path) -> list | None:
 
 
 def draft_vocabulary(corpus: Corpus, vocab_size: int, draft_vocab: int) -> torch.Tensor:
-    """The `draft_vocab` most frequent supervised token ids, sorted by id: draft_ids [V_d]."""
+    """The `draft_vocab` most frequent supervised token ids, sorted by id: draft_ids [V_d].
+    Ties (e.g. tokens never answered) go to the more frequent in the prompts, then the lower id."""
     if not 0 < draft_vocab <= vocab_size:
         raise ConfigError(f"--draft-vocab {draft_vocab} must be in [1, {vocab_size}] (the target vocabulary)")
     counts = torch.zeros(vocab_size, dtype=torch.float64)
+    context = torch.zeros(vocab_size, dtype=torch.float64)
     for seq, mask in zip(corpus.sequences, corpus.masks):
         counts += torch.bincount(seq[mask], minlength=vocab_size).double()
-    order = torch.sort(-counts, stable=True).indices[:draft_vocab]  # ties: lower id first
+        context += torch.bincount(seq[~mask], minlength=vocab_size).double()
+    score = counts + context / (context.sum() + 1)  # the prompt counts only order the ties
+    order = torch.sort(-score, stable=True).indices[:draft_vocab]  # then: lower id first
     return order.sort().values
 
 
