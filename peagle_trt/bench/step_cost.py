@@ -74,9 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     if args.pair is None:
-        from peagle_trt.demo import default_pair
+        from peagle_trt.demo import code_pair
 
-        args.pair = default_pair()
+        args.pair = code_pair()
     if args.smoke:
         args.configs, args.prompts, args.max_tokens, args.rounds = "none,peagle:3,eagle3:3", 2, 8, 1
     codec = TextCodec(args.pair)

