@@ -39,6 +39,8 @@ SUITES: dict[str, tuple[str, str]] = {
                  "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
     "acceptance": ("peagle_trt.bench.acceptance",
                    "trained code pair: acceptance length and batch-1 speed-up on HumanEval (or stdlib)"),
+    "heads": ("peagle_trt.bench.heads",
+              "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
     "step-cost": ("peagle_trt.bench.step_cost",
                   "trained code pair: where a decode step's time goes (target, drafter, other)"),
     "fp8-quality": ("peagle_trt.bench.fp8_quality",
