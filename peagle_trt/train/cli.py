@@ -40,6 +40,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--feature-cache", type=Path, default=None,
                    help="file keeping the target's pass over the --data sequences (float16), reused by later "
                         "runs on the same data and target (e.g. a P-EAGLE and an EAGLE-3 head)")
+    t.add_argument("--fc-norm", action="store_true",
+                   help="one RMSNorm per target tap before fc (taps whose scales differ widely, e.g. SmolLM2's)")
     t.add_argument("--freeze-embeddings", action="store_true",
                    help="P-EAGLE: keep the target's embedding table (the head then ships none; smaller)")
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default 1)")
@@ -84,6 +86,7 @@ def cmd_train(args: argparse.Namespace) -> dict:
                       down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,
                       segments=args.segments, segment_tokens=args.segment_tokens, max_context=args.max_context,
                       freeze_embeddings=args.freeze_embeddings, feature_cache=args.feature_cache,
+                      fc_norm=args.fc_norm,
                       layers=args.layers,
                       intermediate_size=args.intermediate_size,
                       draft_vocab=args.draft_vocab, taps=taps, mask_token_id=args.mask_token_id,

@@ -39,6 +39,7 @@ class TrainConfig:
     max_context: int | None = None  # --data: keep only the last N prompt tokens before each response
     feature_cache: Path | None = None  # file of the target's pass over --data sequences, shared by runs
     freeze_embeddings: bool = False  # P-EAGLE: keep the target's table (not saved; the head shares it)
+    fc_norm: bool = False  # one RMSNorm per tap before fc (targets whose taps differ in scale by 20x)
     layers: int = 1
     intermediate_size: int | None = None  # default: the target's
     draft_vocab: int | None = None  # default: the whole target vocabulary

@@ -53,7 +53,7 @@ def build_head(cfg, target_ckpt, taps, mask_id, draft_ids) -> tuple[TrainHead, D
         intermediate_size=cfg.intermediate_size or t.intermediate_size, rms_norm_eps=t.rms_norm_eps,
         rope=t.rope, vocab_size=t.vocab_size, draft_vocab_size=len(draft_ids), target_hidden_size=t.hidden_size,
         aux_layer_ids=tuple(taps), mask_token_id=mask_id if cfg.method == "peagle" else None,
-        has_mask_hidden=cfg.method == "peagle", trained_depth=cfg.depths)
+        has_mask_hidden=cfg.method == "peagle", trained_depth=cfg.depths, fc_norm=cfg.fc_norm)
     torch.manual_seed(cfg.seed)
     model = DrafterModel(config)
     with torch.no_grad():  # embeddings and lm_head rows start from the target's (as the P-EAGLE paper initialises them)
@@ -70,7 +70,7 @@ def _identity(cfg) -> dict:
     """The config fields a checkpoint must agree with to be resumed."""
     keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
             "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments", "segment_tokens",
-            "max_context", "freeze_embeddings")
+            "max_context", "freeze_embeddings", "fc_norm")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
 
 

@@ -66,6 +66,7 @@ def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg) -> None
     tensors = head_tensors(head, draft_ids, DTYPES[cfg.save_dtype], "layers.0." if speculators else "midlayer.",
                            embed=not cfg.freeze_embeddings)
     common = {"draft_vocab_size": c.draft_vocab_size, "target_hidden_size": c.target_hidden_size,
+              "fc_norm": c.fc_norm,
               "eagle_aux_hidden_state_layer_ids": list(c.aux_layer_ids), "norm_before_residual": False,
               "torch_dtype": cfg.save_dtype, "trained_with": "peagle-trt train",
               "training": {"method": cfg.method, "depths": cfg.depths, "steps": cfg.steps,
@@ -75,7 +76,7 @@ def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg) -> None
         config_json = {"speculators_model_type": cfg.method, "architectures": [
             "PeagleSpeculator" if cfg.method == "peagle" else "Eagle3Speculator"],
             "transformer_layer_config": layer_config(c), **common,
-            "norm_before_fc": False, "fc_norm": False, "norm_output": True,
+            "norm_before_fc": False, "norm_output": True,
             "embed_requires_grad": cfg.method == "peagle" and not cfg.freeze_embeddings,
             "speculators_config": {"algorithm": cfg.method, "default_proposal_method": "greedy",
                                    "proposal_methods": [{"proposal_type": "greedy",

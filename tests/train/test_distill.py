@@ -85,14 +85,15 @@ def test_cached_features_equal_the_full_forward(tiny):
     assert cache.get(0, ids, sup).probs.equal(f.probs)  # kept, not recomputed differently
 
 
-def test_frozen_embeddings_ship_no_table_and_load_with_the_targets(tiny, tmp_path):
+def test_frozen_embeddings_and_fc_norms_round_trip(tiny, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("\n".join(CORPUS * 4))
     out = tmp_path / "head"
     train(TrainConfig(target=tiny["llama"], output=out, text=(text,), steps=2, batch=1, seq_len=32, depths=3,
-                      draft_vocab=200, taps=(1, 3, 5), freeze_embeddings=True, mask_token_id=3, log_every=100),
-          lambda *a, **k: None)
-    assert "embed_tokens.weight" not in load_file(str(out / "model.safetensors"))
-    assert not load_drafter(out).config.has_embed
+                      draft_vocab=200, taps=(1, 3, 5), freeze_embeddings=True, mask_token_id=3, log_every=100,
+                      fc_norm=True), lambda *a, **k: None)
+    tensors = load_file(str(out / "model.safetensors"))
+    assert "embed_tokens.weight" not in tensors and "fc_norm.2.weight" in tensors
+    assert not load_drafter(out).config.has_embed and load_drafter(out).config.fc_norm
     target, drafter = load_pair(tiny["llama"], out, SpecConfig("peagle", 3)).build()
     assert drafter.embed_tokens.weight.equal(target.embed_tokens.weight)
