@@ -36,6 +36,7 @@ import statistics
 import time
 from pathlib import Path
 
+from peagle_trt.bench.acceptance import load_avg, pooled  # the code pair's suite: same pooling
 from peagle_trt.bench.common import cpu_model, free_port, progress, stdout_to_stderr
 from peagle_trt.bench.report import emit, markdown_table, save_plot
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -43,10 +44,6 @@ from peagle_trt.errors import ConfigError, RuntimeInvariantError
 
 HUMANEVAL_REQUEST = "Complete the following Python function:\n\n```python\n{prompt}```"
 LONG_REQUEST = "Here is the Python module `{name}`:\n\n```python\n{source}\n```\n\nSummarize what this module does."
-
-
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
 
 
 # -- prompt sets ------------------------------------------------------------------------------------
@@ -107,17 +104,6 @@ def run_batch(gen, prompts: list[str], params: SamplingParams, conc: int) -> tup
     if errors:
         raise RuntimeInvariantError(f"a benchmark request failed: {errors[0]}")
     return time.perf_counter() - t0, results
-
-
-def pooled(results: list[dict], k: int) -> dict:
-    """AL and per-position acceptance pooled over requests (weighted by their verify steps)."""
-    steps = sum(r.get("steps", 0) for r in results)
-    if not k or not steps:
-        return {"acceptance_length": 1.0, "accept_rate_per_pos": [], "steps": steps}
-    accepted = sum((r["acceptance_length"] - 1) * r["steps"] for r in results)
-    per_pos = [sum(r["accept_rate_per_pos"][i] * r["steps"] for r in results) / steps for i in range(k)]
-    return {"acceptance_length": round(1 + accepted / steps, 4),
-            "accept_rate_per_pos": [round(p, 4) for p in per_pos], "steps": steps}
 
 
 def generator(args, method: str, k: int, slots: int, max_seq_len: int):
