@@ -1,5 +1,5 @@
 """Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`) and how to
-sample one request (`SamplingParams`). Each validates itself on construction. Also the run-time
+sample one request (`SamplingParams`), how the KV cache is paged (`KVLayout`). Each validates itself on construction. Also the run-time
 constants several floors share: the custom-op implementations (`KERNELS`) and the default input
 byte limits of a served model."""
 
@@ -23,6 +23,42 @@ KERNELS = ("reference", "cuda")  # the custom ops: torch references | CUDA kerne
 # position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
 PROMPT_BYTES_PER_TOKEN = 16
 MAX_STOP_BYTES = 1024
+# Positions per KV block. 32, as TensorRT-LLM's tokens_per_block: a verify of K + 1 <= 16 rows and
+# the drafter's K - 1 lookahead rows fit in one or two blocks, a request wastes at most 31
+# positions (0.7% of a 4K context), attention gathers 32-row tiles (the kernels' key tile) and a
+# 4K table has 128 entries. 16 (vLLM's GPU default) halves the waste and doubles prefix-reuse
+# granularity at twice the table entries; it is a build option (--block-size).
+BLOCK_SIZE = 32
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """How the paged KV cache is laid out: `num_blocks` blocks of `block_size` positions (for the
+    full-attention layers and the drafter; windowed layers get their window's worth per request,
+    models/kv_cache.py), at most `max_len` positions per request, `max_batch` requests per step,
+    `max_rows` rows of one request per forward (max(prefill chunk, K + 1))."""
+    num_blocks: int
+    max_len: int = 2048
+    max_batch: int = 1
+    block_size: int = BLOCK_SIZE
+    max_rows: int = PREFILL_CHUNK
+
+    def __post_init__(self):
+        for name in ("num_blocks", "max_len", "max_batch", "block_size", "max_rows"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ConfigError(f"KV layout: {name} must be a positive integer, got {getattr(self, name)!r}")
+
+    @property
+    def max_blocks(self) -> int:
+        """Block-table entries per request."""
+        return math.ceil(self.max_len / self.block_size)
+
+    @classmethod
+    def for_sequences(cls, num_seqs: int, max_len: int, block_size: int = BLOCK_SIZE, **kw) -> KVLayout:
+        """Blocks for `num_seqs` requests of `max_len` positions each (the memory contiguous slots
+        would take); `max_batch` defaults to `num_seqs`."""
+        kw.setdefault("max_batch", num_seqs)
+        return cls(num_seqs * math.ceil(max_len / block_size), max_len, block_size=block_size, **kw)
 
 
 @dataclass(frozen=True)

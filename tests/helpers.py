@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 from peagle_trt.checkpoint import load_pair
-from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.executors.slots import SlotPool
+from peagle_trt.config import KVLayout, SamplingParams, SpecConfig
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
@@ -34,7 +33,7 @@ def hf_target(path):
 
 @torch.no_grad()
 def chunked_forward(model, ids: torch.Tensor, cache, chunks=CHUNKS_ACROSS_WINDOW):
-    """ids [1, T] run chunk by chunk through `model`'s KV cache (slot 0) -> (logits, aux) of all rows."""
+    """ids [1, T] run chunk by chunk through `model`'s KV cache (sequence 0) -> (logits, aux) of all rows."""
     outs, taps = zip(*[model(ids[:, a:b], torch.arange(a, b)[None], torch.tensor([0]), cache) for a, b in chunks])
     return torch.cat(outs, 1), torch.cat(taps, 1)
 
@@ -100,17 +99,16 @@ def reference_outputs(decoder_none: SpecDecoder, prompts: list[list[int]], n: in
     return {tuple(p): generate(decoder_none, p, greedy(n)).output for p in prompts}
 
 
-class MarkovExecutor(SlotPool):
+class MarkovExecutor:
     """A target whose next-token distribution depends only on the current token:
     p(next | token) = T[token]. No drafter; aux is empty. For exact distribution tests."""
 
     def __init__(self, transition: torch.Tensor, max_len: int = 64):
-        super().__init__(num_slots=1)
         self.logT = transition.log()
-        self.device, self.max_len = torch.device("cpu"), max_len
+        self.device, self.kv, self.windows = torch.device("cpu"), KVLayout.for_sequences(1, max_len), (0,)
         self.mask_token_id = self.h_mask = None
 
-    def target(self, tokens, positions, slots, logit_rows=None):
+    def target(self, tokens, positions, tables, logit_rows=None):
         logits = self.logT[tokens]  # [B, S, V]
         if logit_rows is not None:
             logits = torch.gather(logits, 1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))

@@ -1,7 +1,8 @@
 """The torch executor: the reference models (peagle_trt/models/) behind the `Executor` interface of
 peagle_trt/speculative/executor.py, on CPU or CUDA.
 
-KV caches live in the executor, one slot per running sequence, indexed by absolute position.
+KV caches live in the executor, paged (models/kv_cache.py, laid out by a `KVLayout`); which blocks
+a request holds is the runtime's business (runtime/blocks.py): every forward gets block tables.
 The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the CUDA kernels
 of plugins/ (peagle_trt.ops.kernels.routed()) instead of their torch references.
 """
@@ -12,9 +13,8 @@ import contextlib
 
 import torch
 
-from peagle_trt.config import KERNELS
+from peagle_trt.config import KERNELS, KVLayout
 from peagle_trt.errors import ConfigError
-from peagle_trt.executors.slots import SlotPool
 from peagle_trt.ops.reference import draft_inputs, draft_sample
 
 
@@ -25,18 +25,15 @@ def check_kernels(kernels: str) -> str:
     return kernels
 
 
-class TorchExecutor(SlotPool):
-    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA). kernels="cuda": the
+class TorchExecutor:
+    """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA) with caches laid out
+    by `kv` (a KVLayout, or N: room for N requests of `max_len` positions). kernels="cuda": the
     custom ops (KV attention, draft-input assembly, draft sampling) run on the CUDA kernels; raises
-    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so.
-    max_rows: most rows of one request per target forward (max(prefill chunk, K + 1)); when given,
-    sliding-window layers keep only their window of KV (models/memory.py)."""
+    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so."""
 
-    def __init__(self, target, drafter=None, num_slots: int = 1, max_len: int = 2048, kernels: str = "reference",
-                 max_rows: int | None = None):
-        super().__init__(num_slots)
+    def __init__(self, target, drafter=None, kv: KVLayout | int = 1, max_len: int = 2048, kernels: str = "reference"):
         self.target_model, self.drafter_model = target, drafter
-        self.max_len = max_len
+        self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
         self.device = target.lm_head.weight.device
         self.kernels = check_kernels(kernels)
         self._ops = contextlib.nullcontext
@@ -45,23 +42,24 @@ class TorchExecutor(SlotPool):
 
             cuda_kernels.require(self.device)
             self._ops = cuda_kernels.routed
-        self.target_cache = target.new_cache(num_slots, max_len, max_rows)
-        self.drafter_cache = drafter.new_cache(num_slots, max_len) if drafter is not None else None
+        self.target_cache = target.new_cache(self.kv)
+        self.drafter_cache = drafter.new_cache(self.kv) if drafter is not None else None
+        self.windows = target.kv_windows
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
 
     # -- forwards ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def target(self, tokens, positions, slots, logit_rows=None):
-        # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None
+    def target(self, tokens, positions, tables, logit_rows=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None
         # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
         with self._ops():
-            return self.target_model(tokens, positions, slots, self.target_cache, logit_rows)
+            return self.target_model(tokens, positions, tables, self.target_cache, logit_rows)
 
     @torch.inference_mode()
-    def drafter(self, tokens, hidden, positions, slots):
+    def drafter(self, tokens, hidden, positions, tables):
         # tokens, positions [B, S]; hidden [B, S, H] -> draft logits [B, S, V_d], pre-norm [B, S, H]
         with self._ops():
-            return self.drafter_model(tokens, hidden, positions, slots, self.drafter_cache)
+            return self.drafter_model(tokens, hidden, positions, tables, self.drafter_cache)
 
     @torch.inference_mode()
     def project(self, aux: torch.Tensor) -> torch.Tensor:
@@ -71,13 +69,13 @@ class TorchExecutor(SlotPool):
         return self.drafter_model.to_target_ids(draft_ids)
 
     @torch.inference_mode()
-    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
+    def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
-        # cur [B] (pending rows sit at cur-n .. cur-1), slots [B] -> draft ids [B, K]: ONE forward
+        # cur [B] (pending rows sit at cur-n .. cur-1), tables [G, B, M] -> draft ids [B, K]: ONE forward
         d = self.drafter_model
         with self._ops():
             embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
                                                            d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
-            x = d.forward_rows(embeds, hidden, positions, slots, self.drafter_cache)  # [B, P+K-1, H]
+            x = d.forward_rows(embeds, hidden, positions, tables, self.drafter_cache)  # [B, P+K-1, H]
             x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
             return draft_sample(d.logits(x), d.d2t)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import DrafterConfig
+from peagle_trt.config import BLOCK_SIZE, KVLayout
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.rope import inv_freq as rope_inv_freq
@@ -47,11 +48,11 @@ class FusionLayer(nn.Module):
         self.mlp = MLP(h, c.intermediate_size)
         self.norm_before_residual = c.norm_before_residual
 
-    def forward(self, e, g, cos, sin, cache, slots, positions):
+    def forward(self, e, g, cos, sin, cache, tables, positions):
         g_normed = self.hidden_norm(g)
         residual = g_normed if self.norm_before_residual else g
         x = torch.cat((self.input_layernorm(e), g_normed), dim=-1)
-        x = residual + self.self_attn(x, cos, sin, cache, 0, slots, positions)
+        x = residual + self.self_attn(x, cos, sin, cache, 0, tables, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def write_onnx(self, w, e: str, g: str, cos: str, sin: str, positions: str, slots: str, past,
@@ -93,9 +94,17 @@ class DrafterModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("h_mask", torch.zeros(h), persistent=False)
 
-    def new_cache(self, num_slots: int, max_len: int) -> KVCache:
+    def new_cache(self, layout: KVLayout | int, max_len: int | None = None) -> KVCache:
+        """The paged KV cache (every layer in group 0, sharing the target's full-attention block
+        tables) for a KVLayout, or for N sequences of `max_len` positions (static layout)."""
         c, p = self.config, self.fc.weight
-        return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device)
+        if isinstance(layout, KVLayout):
+            blocks, block_size, max_len = layout.num_blocks, layout.block_size, layout.max_len
+        else:
+            block_size = BLOCK_SIZE
+            blocks = KVCache.static_blocks(layout, max_len, block_size)
+        return KVCache(((c.num_kv_heads, c.head_dim),) * c.num_layers, (0,) * c.num_layers, (blocks,), block_size,
+                       max_len, p.dtype, p.device)
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Target taps [..., num_aux * H_t] -> drafter hidden input [..., H] (fc norms, then fc)."""
@@ -107,13 +116,15 @@ class DrafterModel(nn.Module):
         return self.fc(aux)
 
     def forward_rows(self, e: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                     slots: torch.Tensor, cache: KVCache) -> torch.Tensor:
-        # e (token embeddings), hidden [B, S, H]; positions [B, S] (-1 = padding); slots [B]
+                     tables: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        # e (token embeddings), hidden [B, S, H]; positions [B, S] (-1 = padding); tables [G, B, M]
+        # block tables (group 0 is read) or [B] sequence indices of a static cache
         # returns the pre-norm output [B, S, H]
+        tables = cache.tables(tables)[:1]
         cos, sin = rope_cos_sin(self.inv_freq, self.rope_scale, positions.clamp(min=0), e.dtype)
-        x = self.layers[0](e, hidden, cos, sin, cache, slots, positions)
+        x = self.layers[0](e, hidden, cos, sin, cache, tables, positions)
         for i, layer in enumerate(self.layers[1:], start=1):
-            x = layer(x, cos, sin, cache, i, slots, positions)
+            x = layer(x, cos, sin, cache, i, tables, positions)
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -124,11 +135,11 @@ class DrafterModel(nn.Module):
         return self.norm(x) if self.config.norm_output else x
 
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
-                slots: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
-        # tokens, positions [B, S] (position -1 = padding row); hidden [B, S, H]; slots [B]
+                tables: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        # tokens, positions [B, S] (position -1 = padding row); hidden [B, S, H]; tables: as forward_rows
         # returns draft-vocab logits [B, S, V_d] (float32) and the hidden fed to the next
         # sequential step [B, S, H] (`feedback`: pre-norm output, post-norm for norm_output)
-        x = self.forward_rows(self.embed_tokens(tokens), hidden, positions, slots, cache)
+        x = self.forward_rows(self.embed_tokens(tokens), hidden, positions, tables, cache)
         return self.logits(x), self.feedback(x)
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

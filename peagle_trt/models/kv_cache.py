@@ -1,37 +1,76 @@
-"""A contiguous KV cache: `num_slots` sequences x up to `max_len` positions per layer, written by position.
+"""The paged KV cache of one model (target or drafter): fixed-size blocks, found through block tables.
 
-Per layer `k[layer]` / `v[layer]` have layout `[slots, kv_heads, T + 1, head_dim]` with T =
-`layer_lens[layer]` (default `max_len`; a sliding-window layer may keep fewer positions: it is
-then a ring indexed by position % T, see ops.reference.kv_attention). The extra last position
-is a trash row that padding rows (position -1) write to, so a padded batch needs no special
-write path. These are the views the PEagleKVAttention op reads and writes.
+Per layer `k[layer]` / `v[layer]` have layout `[blocks + 1, block_size, kv_heads, head_dim]`; the
+last block is the trash block that padding rows write to (ops.reference.kv_attention). Layers are
+grouped by attention window: group 0 holds the full-attention layers (every drafter layer is in
+group 0), group g >= 1 the layers of one sliding window (`windows[g]`). A group's layers share
+block tables and a block count; a windowed group needs only its window's worth of blocks per
+request (runtime/blocks.py returns the blocks that slid out). Layers may differ in KV heads and
+head size (`layer_shapes`); a KV-shared layer holds no cache of its own: `kv_sources[i] = j != i`
+makes `k[i]` / `v[i]` the very tensors of layer j (and puts it in j's group).
 
-Layers may differ in KV heads and head size (`layer_shapes`), and a KV-shared layer holds no
-cache of its own: `kv_sources[i] = j != i` makes `k[i]` / `v[i]` the very tensors of layer j.
+Block tables `[G, B, M]` int64 (G groups, B requests, M = ceil(max_len / block_size) entries;
+-1 = no block) come from the runtime. Offline forwards (tests, training, benchmarks) may pass
+sequence indices `[B]` instead: the static layout of `static(num_seqs, ...)`, where sequence i
+owns blocks i*M .. i*M + M - 1 of every group (`tables()` turns them into block tables).
+
+    block_counts(layout, windows) -> blocks per group for a `KVLayout`
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from peagle_trt.config import KVLayout
+
+
+def window_blocks(window: int, layout: KVLayout) -> int:
+    """Blocks one request can hold at once in a group of `window` positions: the window behind
+    the first row of a forward plus that forward's rows (`max_rows`), block-aligned."""
+    return math.ceil((window + layout.max_rows) / layout.block_size) + 1
+
+
+def block_counts(layout: KVLayout, windows: tuple[int, ...]) -> tuple[int, ...]:
+    """Blocks per group: `layout.num_blocks` for group 0 (full attention); a windowed group gets
+    enough for `max_batch` requests each holding its window (it never runs dry, so admission
+    only counts group 0)."""
+    return (layout.num_blocks,) + tuple(
+        min(layout.num_blocks, layout.max_batch * window_blocks(w, layout)) for w in windows[1:])
 
 
 class KVCache:
-    def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_len: int,
-                 head_dim: int, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 layer_lens: tuple[int, ...] | None = None,
-                 layer_shapes: tuple[tuple[int, int], ...] | None = None,
-                 kv_sources: tuple[int, ...] | None = None):
-        lens = layer_lens or (max_len,) * num_layers
-        shapes = layer_shapes or ((num_kv_heads, head_dim),) * num_layers
-        sources = kv_sources or tuple(range(num_layers))
-        self.k, self.v = [], []
-        for i, (n, (kv_heads, d)) in enumerate(zip(lens, shapes)):
-            if sources[i] != i:  # KV-shared: the owner's tensors (owners come first)
+    def __init__(self, layer_shapes: tuple[tuple[int, int], ...], layer_groups: tuple[int, ...],
+                 group_blocks: tuple[int, ...], block_size: int, max_len: int, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu", kv_sources: tuple[int, ...] | None = None):
+        sources = kv_sources or tuple(range(len(layer_shapes)))
+        self.k, self.v, groups = [], [], []
+        for i, (kv_heads, d) in enumerate(layer_shapes):
+            if sources[i] != i:  # KV-shared: the owner's tensors and group (owners come first)
                 self.k.append(self.k[sources[i]])
                 self.v.append(self.v[sources[i]])
+                groups.append(groups[sources[i]])
                 continue
-            self.k.append(torch.zeros((num_slots, kv_heads, n + 1, d), dtype=dtype, device=device))
+            n = group_blocks[layer_groups[i]]
+            self.k.append(torch.zeros((n + 1, block_size, kv_heads, d), dtype=dtype, device=device))
             self.v.append(torch.zeros_like(self.k[-1]))
-        self.layer_lens = tuple(lens)
-        self.max_len = max_len
-        self.num_slots = num_slots
+            groups.append(layer_groups[i])
+        self.groups = tuple(groups)  # per layer: its group (index into the tables' first axis)
+        self.group_blocks = tuple(group_blocks)
+        self.block_size, self.max_len = block_size, max_len
+        self.max_blocks = math.ceil(max_len / block_size)  # M: table entries per request
+        self.device = device
+
+    def tables(self, tables: torch.Tensor) -> torch.Tensor:
+        """Block tables [G, B, M] as given, or those of the static layout for sequence indices [B]."""
+        if tables.dim() == 3:
+            return tables
+        m = self.max_blocks
+        entries = tables.to(torch.int64)[:, None] * m + torch.arange(m, device=tables.device)  # [B, M]
+        return entries.expand(len(self.group_blocks), -1, -1)
+
+    @classmethod
+    def static_blocks(cls, num_seqs: int, max_len: int, block_size: int) -> int:
+        """Blocks of a group in the static layout of `num_seqs` sequences of `max_len` positions."""
+        return num_seqs * math.ceil(max_len / block_size)

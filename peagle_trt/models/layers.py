@@ -71,8 +71,9 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # GPT-OSS: [H] logits
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                layer: int, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        # x [B, S, in_dim]; cos/sin [B, S, d]; slots [B]; positions [B, S] (-1 = padding row)
+                layer: int, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        # x [B, S, in_dim]; cos/sin [B, S, d]; tables [G, B, M] block tables (this layer reads its
+        # group's, KVCache.groups); positions [B, S] (-1 = padding row)
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         if hasattr(self, "q_norm"):
@@ -87,17 +88,16 @@ class Attention(nn.Module):
                 v = v if self.v_norm is None else self.v_norm(v)
             k = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, KV*d]
             v = v.reshape(b, s, -1)  # [B, S, KV*d]
-        # PEagleKVAttention: write K/V at each row's absolute position, attend causally by position
-        # (stale entries past a row, e.g. last step's rejected drafts, are never read)
-        # a window spanning the whole cache (W >= T positions) cuts nothing: full attention
-        window = self.window if self.window < cache.k[layer].shape[2] - 1 else 0
-        if window or self.sinks is not None or self.kv_shared:
+        # PEagleKVAttention: write K/V at each row's position through the block table, attend causally
+        # by position (stale entries past a row, e.g. last step's rejected drafts, are never read)
+        table = tables[cache.groups[layer]]  # [B, M]
+        if self.window or self.sinks is not None or self.kv_shared:
             # windows, sinks, read-only: the torch reference (the CUDA kernels do not implement them yet)
-            out = reference.kv_attention(q, k, v, positions, slots, cache.k[layer], cache.v[layer],
+            out = reference.kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer],
                                          self.num_heads, self.num_kv_heads, self.head_dim, scale=self.scale,
-                                         sliding_window=window, sinks=self.sinks)
+                                         sliding_window=self.window, sinks=self.sinks)
         else:
-            out = kv_attention(q, k, v, positions, slots, cache.k[layer], cache.v[layer],
+            out = kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer],
                                self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
         return self.o_proj(out)
 
@@ -185,8 +185,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = mlp or MLP(hidden, intermediate, mlp_bias)
 
-    def forward(self, x, cos, sin, cache, layer, slots, positions):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, slots, positions)
+    def forward(self, x, cos, sin, cache, layer, tables, positions):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, tables, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, slots: str,

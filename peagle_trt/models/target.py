@@ -15,9 +15,10 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
+from peagle_trt.config import BLOCK_SIZE, KVLayout
 from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.gemma4 import Gemma4DecoderLayer, Gemma4PerLayerInputs
-from peagle_trt.models.kv_cache import KVCache
+from peagle_trt.models.kv_cache import KVCache, block_counts
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.moe import SparseMoE
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
@@ -52,39 +53,51 @@ class TargetModel(nn.Module):
         return [self.inv_freq if j == 0 else getattr(self, f"inv_freq_{j}")
                 for j in range(len(self.rope_scales))]
 
-    def new_cache(self, num_slots: int, max_len: int, max_rows: int | None = None) -> KVCache:
-        """KV cache of `num_slots` sequences of up to `max_len` positions. With `max_rows` (most
-        rows one forward may carry), sliding-window layers keep only W + max_rows - 1 positions;
-        KV-shared layers hold none of their own."""
+    @property
+    def kv_windows(self) -> tuple[int, ...]:
+        """Per KV group its window (group 0: full attention), see `kv_groups`."""
+        return kv_groups(self.config)[0]
+
+    def new_cache(self, layout: KVLayout | int, max_len: int | None = None) -> KVCache:
+        """The paged KV cache for `layout` (a KVLayout: the runtime's), or for `layout` = N
+        sequences of `max_len` positions in the static layout (offline forwards, see
+        models/kv_cache.py). Windowed layers form groups of their own; KV-shared layers hold none."""
         c, p = self.config, self.lm_head.weight
         attn = [c.attention(i) for i in range(c.num_layers)]
-        return KVCache(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim, p.dtype, p.device,
-                       layer_lens=kv_layer_lens(c, max_len, max_rows),
-                       layer_shapes=tuple((a.num_kv_heads, a.head_dim) for a in attn),
-                       kv_sources=tuple(a.kv_source for a in attn))
+        windows, groups = kv_groups(c)
+        if isinstance(layout, KVLayout):
+            counts = block_counts(layout, windows)
+            block_size, max_len = layout.block_size, layout.max_len
+        else:
+            block_size = BLOCK_SIZE
+            counts = (KVCache.static_blocks(layout, max_len, block_size),) * len(windows)
+        return KVCache(tuple((a.num_kv_heads, a.head_dim) for a in attn), groups, counts, block_size, max_len,
+                       p.dtype, p.device, tuple(a.kv_source for a in attn))
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
                 cache: KVCache, logit_rows: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        # tokens, positions [B, S] (position -1 = padding row); slots [B]
+        # tokens, positions [B, S] (position -1 = padding row); tables [G, B, M] block tables
+        # (or [B] sequence indices of a static cache: KVCache.tables)
         # logit_rows [B, R] row indices to compute logits for (None: all S rows)
         # returns logits [B, R, V] (float32), aux [B, S, len(taps) * hidden]
         c = self.config
+        tables = cache.tables(tables)
         x = self.embed_tokens(tokens)
         if c.embed_scale != 1.0:
             x = x * torch.tensor(c.embed_scale, dtype=x.dtype)
         pli = self.per_layer_inputs(tokens, x) if c.per_layer_input_size else None  # [B, S, L, P]
-        tables = [rope_cos_sin(inv, scale, positions.clamp(min=0), x.dtype)
-                  for inv, scale in zip(self.inv_freqs(), self.rope_scales)]
+        ropes = [rope_cos_sin(inv, scale, positions.clamp(min=0), x.dtype)
+                 for inv, scale in zip(self.inv_freqs(), self.rope_scales)]
         tapped = {}
         for i, layer in enumerate(self.layers):
             if i in self.taps:
                 tapped[i] = x
-            cos, sin = tables[self.layer_rope[i]]
+            cos, sin = ropes[self.layer_rope[i]]
             if pli is None:
-                x = layer(x, cos, sin, cache, i, slots, positions)
+                x = layer(x, cos, sin, cache, i, tables, positions)
             else:
-                x = layer(x, cos, sin, cache, i, slots, positions, pli[:, :, i])
+                x = layer(x, cos, sin, cache, i, tables, positions, pli[:, :, i])
         tapped[len(self.layers)] = x
         aux = [tapped[t] for t in self.taps]
         if logit_rows is not None:
@@ -145,15 +158,11 @@ def decoder_layer(c: TargetConfig, i: int) -> nn.Module:
                         c.rms_norm_eps, c.attention_bias, c.mlp_bias, c.qk_norm, attn=attn, mlp=mlp)
 
 
-def kv_layer_lens(c: TargetConfig, max_len: int, max_rows: int | None = None) -> tuple[int, ...]:
-    """KV positions each layer keeps per slot: `max_len` for full attention; for a window W,
-    min(max_len, W + max_rows - 1) when the most rows per forward is known (the ring then still
-    holds every key of each row's window, see ops.reference.kv_attention)."""
-    lens = []
-    for i in range(c.num_layers):
-        w = c.window(i)
-        lens.append(min(max_len, w + max_rows - 1) if w and max_rows else max_len)
-    return tuple(lens)
+def kv_groups(c: TargetConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(windows, groups): per KV group its window (group 0: 0, full attention, present even when
+    every layer is windowed: the drafter's), per layer its group."""
+    windows = (0,) + tuple(sorted({c.window(i) for i in range(c.num_layers)} - {0}))
+    return windows, tuple(windows.index(c.window(i)) for i in range(c.num_layers))
 
 
 def load_strict(model: nn.Module, tensors: dict, what: str) -> None:

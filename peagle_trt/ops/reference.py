@@ -1,8 +1,11 @@
 """Reference implementations of the P-EAGLE custom ops (torch; CPU and generic CUDA).
 
 These define the contract the ONNX function bodies and the CUDA/TensorRT plugins must match.
-Cache layout: [num_slots, kv_heads, T + 1, head_dim] (T = max_len, or a window's worth of
-positions for sliding-window layers); row T is a trash row that padding rows (position -1) write to.
+Paged KV cache: per layer, k_cache / v_cache [N + 1, bs, KV, d]: N blocks of `bs` positions, then
+one trash block (index N) that padding rows (position -1) write to. A request's block table
+[M] int64 lists its blocks in position order (entry j holds positions j*bs .. j*bs + bs - 1);
+-1 marks an entry without a block (past the request's end, or slid out of a window), read as
+the trash block and never visible. Blocks are assigned by the runtime (peagle_trt/runtime/blocks.py).
 """
 
 from __future__ import annotations
@@ -11,47 +14,52 @@ import torch
 import torch.nn.functional as F
 
 
+def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_size: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(block, offset) [B, S] each of position `positions[b, s]` under `tables` [B, M]: padding
+    rows (position -1), positions past the table (M * bs and beyond: a drafter's lookahead rows at
+    the end of the context) and entries -1 go to (trash, 0)."""
+    pos = positions.clamp(min=0)
+    entry = pos // block_size
+    block = torch.gather(tables, 1, entry.clamp(max=tables.shape[1] - 1))
+    valid = (positions >= 0) & (entry < tables.shape[1]) & (block >= 0)
+    return torch.where(valid, block, trash), torch.where(valid, pos % block_size, 0)
+
+
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                 block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
                  sliding_window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """PEagleKVAttention.
+    """PEagleKVAttention over a paged cache.
 
     q [B, S, H*d], k/v [B, S, KV*d] (RoPE applied); positions [B, S] int64 (-1 = padding row);
-    slots [B] int64; k_cache/v_cache [N, KV, T+1, d], updated IN PLACE at (slot, position % T).
-    Row (b, s) attends to the cached keys of slot b at positions 0..positions[b, s] (its own new
-    key included; rows of one request are causal among themselves through their positions).
+    block_tables [B, M] int64 (-1 = no block); k_cache/v_cache [N+1, bs, KV, d], updated IN PLACE:
+    row (b, s) writes its k/v at (block_tables[b, p // bs], p % bs), p = positions[b, s].
+    Row (b, s) attends to the keys of request b at positions 0..positions[b, s] (its own new key
+    included; rows of one request are causal among themselves through their positions).
 
-    Optional (defaults give the original op): `sliding_window` W > 0 restricts a row at position p
-    to keys at positions > p - W (Mistral / GPT-OSS / Gemma sliding layers); `sinks` [H] adds one
-    learned logit per head to the softmax denominator (GPT-OSS attention sinks, no value);
-    k = v = None reads the cache without writing (Gemma-4 KV-shared layers: this forward's keys
-    were written by the layer that owns the cache).
-    The cache is a ring of T positions (position q lives at row q % T): with T >= every position
-    this is plain absolute indexing; a windowed layer may use T >= W + S - 1 (S: most rows of one
-    forward) and still see every key of its window, so its memory is bounded by the window.
+    Optional (defaults give the plain op): `sliding_window` W > 0 restricts a row at position p
+    to keys at positions > p - W (Mistral / GPT-OSS / Gemma sliding layers; the blocks before the
+    window may be -1); `sinks` [H] adds one learned logit per head to the softmax denominator
+    (GPT-OSS attention sinks, no value); k = v = None reads the cache without writing (Gemma-4
+    KV-shared layers: this forward's keys were written by the layer that owns the cache).
     Returns out [B, S, H*d]; padding rows return finite values that callers ignore.
     """
     b, s, _ = q.shape
-    ring = k_cache.shape[2] - 1  # T; row T is the trash row
-    if sliding_window and s > ring - sliding_window + 1 and int(positions.max()) >= ring:
-        from peagle_trt.errors import RuntimeInvariantError
-
-        raise RuntimeInvariantError(f"kv_attention: {s} rows in one forward overrun a windowed KV ring of {ring} "
-                                    f"positions (window {sliding_window}); allocate W + rows - 1 >= "
-                                    f"{sliding_window + s - 1}")
+    trash, bs = k_cache.shape[0] - 1, k_cache.shape[1]
     if k is not None:  # k = v = None: read only (a KV-shared layer over the cache another layer wrote)
-        write = torch.where(positions >= 0, positions % ring, ring)  # [B, S]
-        rows = slots[:, None]
-        k_cache[rows, :, write] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
-        v_cache[rows, :, write] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
-    length = min(int(positions.max()) + 1, ring)
-    keys = k_cache[slots, :, :length].to(q.dtype)  # [B, KV, L, d]
-    values = v_cache[slots, :, :length].to(q.dtype)
-    j = torch.arange(length, device=q.device)[None, None]  # [1, 1, L] ring rows
+        block, offset = block_rows(block_tables, positions, trash, bs)  # [B, S]
+        k_cache[block, offset] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
+        v_cache[block, offset] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
+    length = min(int(positions.max()) + 1, block_tables.shape[1] * bs)
+    nb = -(-length // bs)  # blocks spanned by the longest row
+    table = block_tables[:, :nb]
+    table = torch.where(table >= 0, table, trash)  # [B, nb]
+    keys = k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)  # [B, KV, L, d]
+    values = v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
+    key_pos = torch.arange(length, device=q.device)[None, None]  # [1, 1, L]
     pos = positions[:, :, None]  # [B, S, 1]
-    key_pos = pos - (pos - j) % ring  # absolute position held by ring row j, as seen from the row
-    visible = key_pos >= 0  # [B, S, L]
+    visible = key_pos <= pos  # [B, S, L]
     if sliding_window:
         visible &= key_pos > pos - sliding_window
     visible[..., 0] |= positions < 0  # keep padding rows' softmax finite

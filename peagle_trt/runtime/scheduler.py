@@ -2,16 +2,22 @@
 between steps.
 
 One `step()`:
-  1. drop cancelled requests (waiting or running), freeing their KV slots;
-  2. admit waiting requests while a KV slot is free and the batch has room (FIFO);
-  3. prefill: the next chunk (`prefill_chunk` tokens) of every request still in prefill, in one
+  1. drop cancelled requests (waiting or running), freeing their KV blocks;
+  2. admit waiting requests in order (FIFO; a preempted request first) while the batch has room
+     and the head of the queue fits: its cached prefix is reused, and free blocks must hold the
+     rest of its prompt plus one step's lookahead (runtime/blocks.py);
+  3. reserve, oldest request first, the blocks this step writes; when the pool runs dry the
+     NEWEST running request is preempted: its blocks go back, it returns to the head of the
+     queue and later recomputes its KV from its tokens (prefix reuse usually finds most of it);
+     its output so far is kept and nothing it sent changes. Never truncated, never wrong;
+  4. prefill: the next chunk (`prefill_chunk` tokens) of every request still in prefill, in one
      target forward (and one drafter forward);
-  4. decode: ONE speculate-verify step for every decoding request (one target forward with K+1
+  5. decode: ONE speculate-verify step for every decoding request (one target forward with K+1
      rows per request, one drafter forward in peagle mode);
-  5. report new tokens through each request's `on_output`; finished requests free their slot.
-Capacity: each running request holds one KV slot of `max_seq_len` positions; a request that
-cannot fit (prompt + max_tokens > max_seq_len) is refused at `add`, never truncated; when every
-slot is taken new requests wait in the queue.
+  6. full blocks whose KV became final enter the prefix cache; new tokens are reported through
+     each request's `on_output`; finished requests give their blocks back.
+Capacity: requests hold the blocks their tokens need, not `max_seq_len` each; a request that can
+never fit (prompt + max_tokens > max_seq_len) is refused at `add`.
 
 Isolation: one request never hurts another. Requests are known by a `uid` the scheduler assigns
 at `add` (the client's `request_id` is only echoed and logged, two clients may send the same one),
@@ -38,7 +44,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from peagle_trt.config import SamplingParams
-from peagle_trt.errors import RequestError, RuntimeInvariantError
+from peagle_trt.errors import ConfigError, RequestError, RuntimeInvariantError
+from peagle_trt.runtime.blocks import BlockManager
 from peagle_trt.speculative.decoder import Sequence, SpecDecoder
 from peagle_trt.speculative.stats import SpecStats
 
@@ -95,10 +102,17 @@ def _restore(seq: Sequence, saved: tuple) -> None:
 
 class Scheduler:
     def __init__(self, decoder: SpecDecoder, max_batch: int | None = None, prefill_chunk: int = 256,
-                 max_queue: int = 1024):
+                 max_queue: int = 1024, prefix_caching: bool = True):
         self.decoder = decoder
-        self.max_batch = max_batch or decoder.ex.num_slots
+        kv = decoder.ex.kv
+        self.max_batch = max_batch or kv.max_batch
+        if self.max_batch > kv.max_batch:
+            raise ConfigError(f"max_batch {self.max_batch} exceeds the {kv.max_batch} requests the KV cache was "
+                              "laid out for (windowed layers hold blocks per request); rebuild with a larger batch")
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
+        k = decoder.k
+        self.blocks = BlockManager(kv, decoder.ex.windows, 2 * k if k else 1, drafter=bool(k),
+                                   prefix_caching=prefix_caching)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
         self._cancelled: set[int] = set()
@@ -147,22 +161,53 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    @property
-    def kv_slots_used(self) -> int:
-        return len(self.running)
+    def metrics(self) -> dict:
+        """KV capacity and prefix reuse (runtime/blocks.py), plus the queue."""
+        return {**self.blocks.metrics(), "requests_running": len(self.running), "requests_waiting": len(self.waiting)}
 
     # -- the scheduler thread ------------------------------------------------------------------
     def step(self) -> None:
         self._drop_cancelled()
         self._admit()
+        self._reserve()
         prefilling, decoding = [], []
         for r in self.running:  # split before prefilling: a prompt finishing now decodes next step
-            (decoding if r.seq.num_computed == len(r.seq.prompt) else prefilling).append(r.seq)
+            (decoding if r.seq.prefilled else prefilling).append(r.seq)
         if prefilling:
             self._isolated(lambda seqs: self.decoder.prefill(seqs, self.prefill_chunk), prefilling)
         if decoding:
             self._isolated(self.decoder.step, decoding)
+        for r in self.running:
+            self.blocks.commit(r.seq)
         self._report()
+
+    def _reserve(self) -> None:
+        """Blocks for what this step writes, oldest request first; preempt the newest when short."""
+        k = self.decoder.k
+        for r in sorted(self.running, key=lambda r: r.uid):
+            seq = r.seq
+            if r not in self.running:
+                continue  # preempted for an older one
+            if seq.prefilled:  # verify rows cur .. cur+K, then the drafter's mask rows
+                low, upto = seq.cur, seq.cur + self.blocks.lookahead
+            else:  # this chunk, then (last chunk) K - 1 mask rows
+                low = seq.num_computed
+                upto = min(low + self.prefill_chunk, seq.prefill_len) + k
+            while not self.blocks.reserve(seq, low, upto):
+                victim = max(self.running, key=lambda x: x.uid)
+                self._preempt(victim)
+                if victim is r:
+                    break
+
+    def _preempt(self, r: Request) -> None:
+        log.info("KV cache full: preempting request %s (uid %d, %d tokens); it resumes when blocks free up",
+                 r.request_id, r.uid, len(r.seq.prompt) + len(r.seq.output))
+        self.running.remove(r)
+        self.blocks.release(r.seq)
+        r.seq.preempt()
+        self.blocks.stats.preemptions += 1
+        with self._lock:
+            self.waiting.appendleft(r)
 
     def _isolated(self, run: Callable[[list[Sequence]], None], seqs: list[Sequence]) -> None:
         """run(seqs); if it raises, undo it and run each sequence alone: those that still fail
@@ -192,17 +237,21 @@ class Scheduler:
                 self._finish(r, "error", error=_describe(exc))
 
     def _admit(self) -> None:
-        ex = self.decoder.ex
-        while self.waiting and len(self.running) < self.max_batch and ex.free_slots:
-            with self._lock:
-                request = self.waiting.popleft()
-            slot = ex.alloc_slot()
+        while self.waiting and len(self.running) < self.max_batch:
+            request = self.waiting[0]
             try:
-                request.seq = self.decoder.new_sequence(request.prompt, request.params, slot)
+                if request.seq is None:
+                    request.seq = self.decoder.new_sequence(request.prompt, request.params)
+                admitted = self.blocks.admit(request.seq)
             except Exception as exc:  # only this request cannot start
-                ex.free_slot(slot)
+                with self._lock:
+                    self.waiting.popleft()
                 self._finish(request, "error", error=_describe(exc))
                 continue
+            if not admitted:
+                return  # the head of the queue waits for blocks (FIFO: no overtaking)
+            with self._lock:
+                self.waiting.popleft()
             self.running.append(request)
 
     def _drop_cancelled(self) -> None:
@@ -246,7 +295,8 @@ class Scheduler:
                 already_sent: bool = False, error: str | None = None) -> None:
         if r in self.running:
             self.running.remove(r)
-            self.decoder.ex.free_slot(r.seq.slot)
+        if r.seq is not None and r.seq.blocks:
+            self.blocks.release(r.seq)
         stats = r.seq.stats if r.seq is not None else SpecStats(self.decoder.k)
         self.stats.merge(stats)
         self.finished_requests += 1

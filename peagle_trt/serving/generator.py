@@ -58,10 +58,10 @@ class Event:
     error: str | None = None  # with finish_reason "error"
 
 
-def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Path, num_slots: int,
-                  max_len: int):
-    """The executor the options' backend asks for; paths are relative to `version` (or absolute)."""
-    spec = options.speculation
+def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Path):
+    """The executor the options' backend asks for, its KV cache laid out by `options.kv_layout`;
+    paths are relative to `version` (or absolute)."""
+    spec, kv = options.speculation, options.kv_layout
     if options.backend == "torch":
         if options.kernels == "cuda":  # before any weight is read
             from peagle_trt.ops import kernels as cuda_kernels
@@ -69,22 +69,20 @@ def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Pat
             cuda_kernels.require(torch.device(options.device))
         pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
         target, drafter_model = pair.build(options.device, DTYPES[options.dtype])
-        # windowed layers keep only W + max_rows - 1 positions
-        return TorchExecutor(target, drafter_model, num_slots=num_slots, max_len=max_len,
-                             kernels=options.kernels, max_rows=options.max_rows)
+        return TorchExecutor(target, drafter_model, kv, kernels=options.kernels)
     if options.backend == "onnxruntime" and not paths.onnx:  # in-process from checkpoints, graphs in memory
         from peagle_trt.executors.onnxruntime import OrtExecutor
 
         pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
         target, drafter_model = pair.build("cpu", torch.float32)
-        return OrtExecutor.from_models(target, drafter_model, spec, num_slots, max_len, options.threads)
+        return OrtExecutor.from_models(target, drafter_model, spec, kv, options.threads)
     if options.backend == "onnxruntime":
         from peagle_trt.executors.onnxruntime import OrtExecutor
 
         executor = OrtExecutor(version / paths.onnx, verify=False)  # the repo manifest covers it
-        if (executor.num_slots, executor.max_len) != (num_slots, max_len):
-            raise ConfigError(f"{version}: the ONNX export was made for {executor.num_slots} slots x "
-                              f"{executor.max_len} positions, config.pbtxt asks {num_slots} x {max_len}; rebuild")
+        if executor.kv != kv:
+            raise ConfigError(f"{version}: the ONNX export was made for the KV layout {executor.kv}, config.pbtxt "
+                              f"asks {kv}; rebuild")
         return executor
     import numpy as np
 
@@ -136,12 +134,12 @@ class TextGenerator:
     def from_options(cls, version: Path, options: RepositoryOptions, paths: ArtifactPaths) -> TextGenerator:
         """The one constructor: model paths are relative to `version` (or absolute)."""
         spec = options.speculation
-        executor = make_executor(options, paths, version, options.max_batch, options.max_seq_len + spec.k + 1)
+        executor = make_executor(options, paths, version)
         target_dir = version / paths.target
         codec = TextCodec(target_dir)
         eos = tuple(sorted(set(codec.eos_ids) | set(load_target_config(target_dir).eos_token_ids)))
         decoder = SpecDecoder(executor, spec, eos)
-        scheduler = Scheduler(decoder, options.max_batch, options.prefill_chunk)
+        scheduler = Scheduler(decoder, options.max_batch, options.prefill_chunk, prefix_caching=options.prefix_caching)
         return cls(codec, scheduler, options)
 
     # -- requests ------------------------------------------------------------------------------

@@ -16,7 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from peagle_trt.config import KERNELS, MAX_STOP_BYTES, PREFILL_CHUNK, PROMPT_BYTES_PER_TOKEN, SpecConfig
+from peagle_trt.config import (
+    BLOCK_SIZE,
+    KERNELS,
+    MAX_STOP_BYTES,
+    PREFILL_CHUNK,
+    PROMPT_BYTES_PER_TOKEN,
+    KVLayout,
+    SpecConfig,
+)
 from peagle_trt.errors import BuildError, ConfigError
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
@@ -39,6 +47,9 @@ class RepositoryOptions:
     max_prompt_bytes: int | None = None  # None: 16 x max_seq_len (peagle_trt/config.py)
     max_stop_bytes: int | None = None  # None: 1024, all stop strings together
     threads: int | None = None  # onnxruntime: intra-op threads (None: its default, the physical cores)
+    kv_blocks: int = 0  # KV blocks (full-attention layers and drafter); 0: max_batch full-length requests
+    block_size: int = BLOCK_SIZE  # positions per KV block
+    prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (runtime/blocks.py)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -49,8 +60,11 @@ class RepositoryOptions:
             raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the CUDA kernels: it "
                              f"needs --backend torch --device cuda (got backend {self.backend!r}, device "
                              f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
-        if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1:
-            raise BuildError("max_batch, max_seq_len and prefill_chunk must be positive")
+        if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1 or self.block_size < 1:
+            raise BuildError("max_batch, max_seq_len, prefill_chunk and block_size must be positive")
+        if self.kv_blocks and self.kv_blocks < self.kv_layout.max_blocks:
+            raise BuildError(f"kv_blocks {self.kv_blocks} cannot hold one request of max_seq_len {self.max_seq_len} "
+                             f"(it needs {self.kv_layout.max_blocks} blocks of {self.block_size}); raise it")
         if (self.max_prompt_bytes is not None and self.max_prompt_bytes < 1) or \
                 (self.max_stop_bytes is not None and self.max_stop_bytes < 0):
             raise BuildError(f"max_prompt_bytes must be >= 1 and max_stop_bytes >= 0, got "
@@ -65,6 +79,14 @@ class RepositoryOptions:
     def max_rows(self) -> int:
         """Most rows of one request in a target forward: a prefill chunk or a verify window."""
         return max(self.prefill_chunk, self.speculation.k + 1)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """The paged KV cache: positions per request = max_seq_len + a verify's K + 1 headroom."""
+        max_len = self.max_seq_len + self.speculation.k + 1
+        if not self.kv_blocks:
+            return KVLayout.for_sequences(self.max_batch, max_len, self.block_size, max_rows=self.max_rows)
+        return KVLayout(self.kv_blocks, max_len, self.max_batch, self.block_size, self.max_rows)
 
 
 @dataclass(frozen=True)
@@ -121,8 +143,10 @@ def from_parameters(params: Mapping[str, str],
             continue  # an older repository without the key: the option's default
         if f.name in _OPTIONAL_INTS:
             values[f.name] = integer(f.name) if params[f.name] else None
-        elif f.name in ("max_batch", "max_seq_len", "prefill_chunk"):
+        elif f.name in ("max_batch", "max_seq_len", "prefill_chunk", "kv_blocks", "block_size"):
             values[f.name] = integer(f.name)
+        elif f.name == "prefix_caching":
+            values[f.name] = params[f.name] == "True"
         else:
             values[f.name] = None if f.name == "plugin_library" and not params[f.name] else params[f.name]
     spec = SpecConfig(get("spec_mode"), integer("num_spec_tokens"))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -30,7 +31,6 @@ from peagle_trt.speculative.verify import verify
 class Sequence:
     prompt: list[int]
     params: SamplingParams
-    slot: int
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)  # generated ids (prompt excluded)
     drafts: list[int] = field(default_factory=list)  # [K] proposals for positions cur+1..cur+K
@@ -41,10 +41,28 @@ class Sequence:
     # (sampled, not yet run through the target); during chunked prefill, the next prompt token
     cur: int = 0
     stop_ids: frozenset = frozenset()  # EOS / end ids that finish this sequence
+    # per KV group, the blocks holding positions j*bs .. j*bs + bs - 1 (-1: none); the runtime's
+    blocks: list[list[int]] = field(default_factory=list)
+
+    @property
+    def prefill_len(self) -> int:
+        """Tokens prefill runs through the target: the prompt, or after a preemption (the KV was
+        given back) the prompt and every generated token but the last, which the next verify runs."""
+        return len(self.prompt) + max(len(self.output) - 1, 0)
+
+    def prefill_ids(self, a: int, b: int) -> list[int]:
+        """Tokens at positions a .. b-1 of prompt + output."""
+        n = len(self.prompt)
+        return self.prompt[a:b] if b <= n else self.prompt[a:] + self.output[max(a - n, 0):b - n]
 
     @property
     def prefilled(self) -> bool:
-        return self.num_computed == len(self.prompt)
+        return self.num_computed == self.prefill_len
+
+    def preempt(self) -> None:
+        """Forget the KV (its blocks went back to the pool): the next prefill recomputes it from
+        the tokens; output, stats and the random stream go on untouched."""
+        self.num_computed, self.blocks, self.drafts = 0, [], []
 
     @property
     def finished(self) -> bool:
@@ -59,9 +77,9 @@ class SpecDecoder:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
         # headroom: a verify writes K+1 positions past the last committed one
-        self.max_seq_len = executor.max_len - (self.k + 1)
+        self.max_seq_len = executor.kv.max_len - (self.k + 1)
 
-    def new_sequence(self, prompt: list[int], params: SamplingParams, slot: int) -> Sequence:
+    def new_sequence(self, prompt: list[int], params: SamplingParams) -> Sequence:
         if not prompt:
             raise ConfigError("the prompt is empty; send at least one token")
         if len(prompt) >= self.max_seq_len:
@@ -70,36 +88,45 @@ class SpecDecoder:
                               "(--max-seq-len of generate or build)")
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
         stop_ids = frozenset() if params.ignore_eos else frozenset(self.eos_ids) | frozenset(params.end_ids)
-        return Sequence(list(prompt), params, slot, generator, stats=SpecStats(self.k), stop_ids=stop_ids)
+        return Sequence(list(prompt), params, generator, stats=SpecStats(self.k), stop_ids=stop_ids)
+
+    def tables(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Block tables [G, B, M] int64 of `seqs` (-1: no block)."""
+        out = np.full((len(self.ex.windows), len(seqs), self.ex.kv.max_blocks), -1, dtype=np.int64)
+        for b, s in enumerate(seqs):
+            for g, blocks in enumerate(s.blocks):
+                out[g, b, :len(blocks)] = blocks
+        return torch.from_numpy(out).to(self.ex.device)
 
     def prefill(self, seqs: list[Sequence], chunk: int | None = None) -> None:
         """Run the next `chunk` prompt tokens (all when None) of each sequence through the target
-        and the drafter. A sequence whose prompt completes samples its first token and drafts.
+        and the drafter. A sequence whose prompt completes samples its first token and drafts (a
+        preempted one recomputing its KV drafts from the token it had: `Sequence.prefill_len`).
 
         Drafter rows pair token q+1 with target hidden q, so a chunk [a, b) feeds the drafter
         tokens prompt[a+1 .. b] (the next chunk's first token acts as the bonus, its drafts are
         discarded) and the last chunk feeds prompt[a+1 ..] + the sampled first token."""
         ex, dev = self.ex, self.ex.device
         starts = [s.num_computed for s in seqs]
-        ends = [len(s.prompt) if chunk is None else min(len(s.prompt), a + chunk) for s, a in zip(seqs, starts)]
-        tokens = pad_stack([torch.tensor(s.prompt[a:b], device=dev) for s, a, b in zip(seqs, starts, ends)], 0)
+        ends = [s.prefill_len if chunk is None else min(s.prefill_len, a + chunk) for s, a in zip(seqs, starts)]
+        tokens = pad_stack([torch.tensor(s.prefill_ids(a, b), device=dev) for s, a, b in zip(seqs, starts, ends)], 0)
         positions = pad_stack([torch.arange(a, b, device=dev) for a, b in zip(starts, ends)], -1)  # [B, C]
         last = torch.tensor([[b - a - 1] for a, b in zip(starts, ends)], device=dev)  # [B, 1]
-        slots = torch.tensor([s.slot for s in seqs], device=dev)
-        logits, aux = ex.target(tokens, positions, slots, last)  # [B, 1, V], [B, C, A]
+        tables = self.tables(seqs)  # [G, B, M]
+        logits, aux = ex.target(tokens, positions, tables, last)  # [B, 1, V], [B, C, A]
         pending = []  # drafter tokens per sequence, paired row by row with aux
         for i, (s, a, b) in enumerate(zip(seqs, starts, ends)):
             s.stats.target_forwards += 1
             s.num_computed = s.cur = b
-            if b < len(s.prompt):
-                pending.append(s.prompt[a + 1:b + 1])
+            if b < s.prefill_len or s.output:  # more to prefill, or resuming: the next token is known
+                pending.append(s.prefill_ids(a + 1, b + 1))
                 continue
             first = verify([], logits[i], s.params, s.generator)  # one sampled token, no drafts
             pending.append(s.prompt[a + 1:] + first)
             self._commit(s, first)
         if not self.k:
             return
-        batch = DraftBatch.build(seqs, pending, aux, dev)
+        batch = DraftBatch.build(seqs, pending, aux, tables, dev)
         partial = [i for i, s in enumerate(seqs) if not s.prefilled]
         if partial:  # fills the drafter KV cache for the chunk; the draft is discarded
             self.proposer.propose(batch.select(partial), 1)
@@ -115,8 +142,8 @@ class SpecDecoder:
         tokens = ints([[s.output[-1]] + s.drafts for s in seqs], dev)  # [B, K+1]
         cur = ints([s.cur for s in seqs], dev)  # [B]
         positions = cur[:, None] + torch.arange(k + 1, device=dev)  # [B, K+1]
-        slots = ints([s.slot for s in seqs], dev)
-        logits, aux = ex.target(tokens, positions, slots)  # [B, K+1, V], [B, K+1, A]
+        tables = self.tables(seqs)  # [G, B, M]
+        logits, aux = ex.target(tokens, positions, tables)  # [B, K+1, V], [B, K+1, A]
         # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
         target_ids = logits.argmax(dim=-1)  # [B, K+1]
         accepted = (tokens[:, 1:] == target_ids[:, :k]).cumprod(dim=1).sum(dim=1)  # [B]
@@ -134,7 +161,7 @@ class SpecDecoder:
         if k:
             num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
             batch = DraftBatch(seqs, ints([e + [0] * (k + 1 - len(e)) for e in emitted], dev), aux, num,
-                               cur + num, slots)
+                               cur + num, tables)
             self._draft(batch.select([i for i, s in enumerate(seqs) if s.finish_reason is None]))
 
     def _draft(self, batch: DraftBatch) -> None:

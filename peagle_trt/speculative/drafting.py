@@ -43,21 +43,22 @@ class DraftBatch:
     aux: torch.Tensor  # [B, P, 3 * H_t] the target taps paired with them
     num_pending: torch.Tensor  # [B]
     cur: torch.Tensor  # [B] pending rows sit at positions cur-n .. cur-1
-    slots: torch.Tensor  # [B]
+    tables: torch.Tensor  # [G, B, M] block tables
 
     @classmethod
-    def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, device) -> DraftBatch:
+    def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, tables: torch.Tensor,
+              device) -> DraftBatch:
         width = aux.shape[1]
         tokens = ints([p + [0] * (width - len(p)) for p in pending], device)
         return cls(seqs, tokens, aux, ints([len(p) for p in pending], device), ints([s.cur for s in seqs], device),
-                   ints([s.slot for s in seqs], device))
+                   tables)
 
     def select(self, rows: list[int]) -> DraftBatch:
         if len(rows) == len(self.seqs):
             return self
         idx = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
         return DraftBatch([self.seqs[i] for i in rows], self.tokens[idx], self.aux[idx], self.num_pending[idx],
-                          self.cur[idx], self.slots[idx])
+                          self.cur[idx], self.tables[:, idx])
 
 
 class ParallelDrafter:
@@ -67,7 +68,7 @@ class ParallelDrafter:
         self.ex = executor
 
     def propose(self, b: DraftBatch, k: int) -> torch.Tensor:
-        drafts = self.ex.draft_parallel(b.tokens, b.aux, b.num_pending, b.cur, b.slots, k)  # [B, K]
+        drafts = self.ex.draft_parallel(b.tokens, b.aux, b.num_pending, b.cur, b.tables, k)  # [B, K]
         for s in b.seqs:
             s.stats.drafter_forwards += 1
         return drafts
@@ -90,7 +91,7 @@ class SequentialDrafter:
         rows = torch.arange(len(b.seqs), device=dev)
         out = []
         for step in range(k):
-            logits, fed_back = ex.drafter(tokens, hidden, positions, b.slots)  # [B, S, V_d], [B, S, H]
+            logits, fed_back = ex.drafter(tokens, hidden, positions, b.tables)  # [B, S, V_d], [B, S, H]
             idx = last if step == 0 else torch.zeros_like(last)
             draft = ex.to_target_ids(logits[rows, idx].argmax(dim=-1))  # [B]
             out.append(draft)

@@ -2,8 +2,11 @@
 
 `SpecDecoder` (decoder.py) and the drafters (drafting.py) call `target(...)` for prefill and
 verify, `draft_parallel(...)` for the one-pass P-EAGLE draft, `drafter(...)` / `project(...)` /
-`to_target_ids(...)` for sequential EAGLE-3 drafting, plus KV-slot bookkeeping. The torch,
-onnxruntime and TensorRT executors of peagle_trt/executors/ implement it.
+`to_target_ids(...)` for sequential EAGLE-3 drafting. Every forward gets block tables [G, B, M]
+(int64, -1 = no block; G KV groups: group 0 full attention and the drafter, one group per sliding
+window, `windows`) into the executor's paged caches, laid out by `kv` (a KVLayout); the runtime
+decides which blocks each request holds (runtime/blocks.py). The torch, onnxruntime and TensorRT
+executors of peagle_trt/executors/ implement it.
 """
 
 from __future__ import annotations
@@ -12,18 +15,16 @@ from typing import Protocol
 
 import torch
 
+from peagle_trt.config import KVLayout
+
 
 class Executor(Protocol):
     device: torch.device
-    num_slots: int
-    max_len: int  # KV positions per slot
+    kv: KVLayout  # blocks, block size, positions per request, batch
+    windows: tuple[int, ...]  # per KV group its window (group 0: 0, full attention)
 
-    def alloc_slot(self) -> int | None: ...
-    def free_slot(self, slot: int) -> None: ...
-    @property
-    def free_slots(self) -> int: ...
-    def target(self, tokens, positions, slots, logit_rows=None) -> tuple[torch.Tensor, torch.Tensor]: ...
-    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor: ...
-    def drafter(self, tokens, hidden, positions, slots) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def target(self, tokens, positions, tables, logit_rows=None) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor: ...
+    def drafter(self, tokens, hidden, positions, tables) -> tuple[torch.Tensor, torch.Tensor]: ...
     def project(self, aux: torch.Tensor) -> torch.Tensor: ...
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor: ...

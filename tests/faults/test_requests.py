@@ -78,11 +78,11 @@ def test_nan_prone_temperatures_in_a_mixed_batch_keep_every_greedy_request_exact
 
 # -- step failures ---------------------------------------------------------------------------------
 class FaultyExecutor:
-    """Wraps an executor; `method` raises from its `at`-th call that involves the victim's slot
-    on, every time (a persistent fault of that request)."""
+    """Wraps an executor; `method` raises from its `at`-th call that involves the victim's first
+    KV block on, every time (a persistent fault of that request)."""
 
-    def __init__(self, inner, method: str, at: int, victim_slot):
-        self.inner, self.method, self.at, self.victim_slot = inner, method, at, victim_slot
+    def __init__(self, inner, method: str, at: int, victim_block):
+        self.inner, self.method, self.at, self.victim_block = inner, method, at, victim_block
         self.calls = 0
 
     def __getattr__(self, name):
@@ -91,8 +91,8 @@ class FaultyExecutor:
             return attr
 
         def faulty(*args):
-            slots = args[2] if name == "target" else args[4]  # target(tokens, pos, slots, ..), draft_parallel
-            if self.victim_slot() in slots.tolist():
+            tables = args[2] if name == "target" else args[4]  # target(tokens, pos, tables, ..), draft_parallel
+            if self.victim_block() in tables[0, :, 0].tolist():
                 self.calls += 1
                 if self.calls >= self.at:
                     raise RuntimeError("injected fault")
@@ -107,8 +107,8 @@ def test_a_step_exception_fails_only_its_request(tiny, references, method, at):
     sched = Scheduler(decoder, prefill_chunk=16)
     outputs: dict = {}
     victim = Request("victim", [7, 8, 9, 10], greedy(40), collect(outputs))
-    faulty = FaultyExecutor(decoder.ex, method, at,  # the victim's slot while it holds it
-                            lambda: victim.seq.slot if victim in sched.running else None)
+    faulty = FaultyExecutor(decoder.ex, method, at,  # the victim's first block while it holds it
+                            lambda: victim.seq.blocks[0][0] if victim in sched.running else None)
     decoder.ex = decoder.proposer.ex = faulty
     load = workload(6, 11)
     for i in (0, 1, 2):
@@ -121,7 +121,7 @@ def test_a_step_exception_fails_only_its_request(tiny, references, method, at):
     assert outputs["victim"]["final"] == 1 and faulty.calls >= at
     for i in range(6):
         assert outputs[str(i)]["ids"] == references[i] and outputs[str(i)]["reason"] == "length", i
-    assert decoder.ex.free_slots == 6 and sched.finished_requests == 7
+    assert sched.blocks.used_blocks == 0 and sched.finished_requests == 7
 
 
 @pytest.fixture(scope="module")
@@ -182,11 +182,11 @@ def test_the_serving_loop_keeps_serving_beside_a_failing_request(engine, refs, s
     victim_uid = []
     target = engine.scheduler.decoder.ex.target
 
-    def faulty_target(tokens, positions, slots, *rest):
-        victim = [r.seq.slot for r in engine.scheduler.running if r.uid in victim_uid and r.seq]
-        if victim and victim[0] in slots.tolist():
+    def faulty_target(tokens, positions, tables, *rest):
+        victim = [r.seq.blocks[0][0] for r in engine.scheduler.running if r.uid in victim_uid and r.seq]
+        if victim and victim[0] in tables[0, :, 0].tolist():
             raise RuntimeError("injected fault")
-        return target(tokens, positions, slots, *rest)
+        return target(tokens, positions, tables, *rest)
 
     monkeypatch.setattr(engine.scheduler.decoder.ex, "target", faulty_target)
     done: dict = {}

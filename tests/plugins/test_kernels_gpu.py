@@ -327,7 +327,7 @@ def test_enable_routes_the_torch_executor(pl, tiny, monkeypatch):
 
     def run() -> list[int]:
         target, drafter = pair.build("cuda", torch.float32)
-        decoder = SpecDecoder(TorchExecutor(target, drafter, num_slots=1, max_len=256), spec)
+        decoder = SpecDecoder(TorchExecutor(target, drafter, 1, max_len=256), spec)
         return generate(decoder, prompt, greedy(40)).output
 
     expected = run()
