@@ -22,7 +22,7 @@ import time
 import traceback
 from pathlib import Path
 
-from peagle_trt.config import SPEC_MODES, SamplingParams, SpecConfig
+from peagle_trt.config import BLOCK_SIZE, SPEC_MODES, SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError, PeagleError
 
 
@@ -145,7 +145,8 @@ def cmd_export(args: argparse.Namespace) -> dict:
     spec = resolve_spec(args)
     t0 = time.perf_counter()
     manifest = export_pair(args.target, args.drafter, args.output,
-                           ExportOptions(spec, args.max_batch, args.max_seq_len, args.dtype), args.force)
+                           ExportOptions(spec, args.max_batch, args.max_seq_len, args.dtype,
+                                         kv_blocks=args.kv_blocks, block_size=args.block_size), args.force)
     return {"output": str(args.output), "graphs": manifest["graphs"], "export_s": manifest["export_s"],
             "total_s": round(time.perf_counter() - t0, 3)}
 
@@ -158,7 +159,8 @@ def cmd_build(args: argparse.Namespace) -> dict:
     repo = RepositoryOptions(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
                     str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels,
-                    max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes)
+                    max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes,
+                    kv_blocks=args.kv_blocks, block_size=args.block_size, prefix_caching=not args.no_prefix_caching)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantizeOptions
@@ -258,8 +260,11 @@ def add_build_parser(sub) -> argparse.ArgumentParser:
     b.add_argument("--backend", default="auto", choices=["auto", "tensorrt", "onnxruntime", "torch"],
                    help="executor of the served model; auto = tensorrt where installed, else onnxruntime")
     b.add_argument("--model-name", default="peagle", help="Triton model name (default peagle)")
-    b.add_argument("--max-batch", type=int, default=8, help="concurrent requests / KV slots (default 8)")
+    b.add_argument("--max-batch", type=int, default=8, help="most requests per step (default 8)")
     b.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
+    _kv_flags(b)
+    b.add_argument("--no-prefix-caching", action="store_true",
+                   help="recompute every prompt (default: reuse the KV of cached prompt prefixes)")
     b.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill chunk")
     b.add_argument("--device", default="cpu", help="torch device of the served model (default cpu)")
     b.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -284,14 +289,22 @@ def add_build_parser(sub) -> argparse.ArgumentParser:
     return b
 
 
+def _kv_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-blocks", type=int, default=0,
+                   help="KV cache blocks (full-attention layers and drafter); requests hold the blocks their "
+                        "tokens need (default 0: room for --max-batch requests of --max-seq-len)")
+    p.add_argument("--block-size", type=int, default=BLOCK_SIZE, help=f"positions per KV block (default {BLOCK_SIZE})")
+
+
 def add_export_parser(sub) -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write the ONNX graphs with peagle plugin nodes (+ TensorRT copies)")
     e.add_argument("--target", required=True, type=Path, help="Hugging Face (or FP8) target directory")
     e.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
     e.add_argument("--output", required=True, type=Path, help="export directory to create")
     _spec_flags(e)
-    e.add_argument("--max-batch", type=int, default=8, help="KV slots (default 8)")
+    e.add_argument("--max-batch", type=int, default=8, help="most requests per step (default 8)")
     e.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
+    _kv_flags(e)
     e.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     e.add_argument("--force", action="store_true", help="replace a previous peagle-trt output (nothing else)")
     e.set_defaults(func=cmd_export)

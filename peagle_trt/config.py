@@ -1,7 +1,7 @@
-"""Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`) and how to
-sample one request (`SamplingParams`), how the KV cache is paged (`KVLayout`). Each validates itself on construction. Also the run-time
-constants several floors share: the custom-op implementations (`KERNELS`) and the default input
-byte limits of a served model."""
+"""Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`), how to sample
+one request (`SamplingParams`), how the KV cache is paged (`KVLayout`). Each validates itself on
+construction. Also the run-time constants several floors share: the custom-op implementations
+(`KERNELS`), the KV block size and the default input byte limits of a served model."""
 
 from __future__ import annotations
 

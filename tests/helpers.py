@@ -39,11 +39,12 @@ def chunked_forward(model, ids: torch.Tensor, cache, chunks=CHUNKS_ACROSS_WINDOW
 
 
 def make_decoder(tiny, target: str, drafter: str | None, mode: str, k: int, max_len: int = 512,
-                 proposer=None, slots: int = 1) -> SpecDecoder:
+                 proposer=None, slots: int = 1, kv: KVLayout | None = None) -> SpecDecoder:
+    """A decoder over the torch executor; KV room for `slots` requests of `max_len`, or `kv`."""
     spec = SpecConfig(mode, k)
     pair = load_pair(tiny[target], tiny[drafter] if drafter else None, spec)
     t, d = pair.build()
-    return SpecDecoder(TorchExecutor(t, d, slots, max_len), spec, proposer=proposer)
+    return SpecDecoder(TorchExecutor(t, d, kv or slots, max_len), spec, proposer=proposer)
 
 
 def greedy(n: int) -> SamplingParams:
@@ -124,3 +125,44 @@ def collect(outputs: dict):
             entry["final"] += 1
             entry["reason"], entry["stats"], entry["error"] = out.finish_reason, out.stats, out.error
     return on_output
+
+
+def static_tables(ex, seqs: list[int]) -> torch.Tensor:
+    """Block tables [G, B, M] for executor `ex` giving request b the blocks seqs[b] * M .. + M - 1 in
+    every KV group (the static layout of models/kv_cache.py: sequence indices as slots)."""
+    m = ex.kv.max_blocks
+    tables = torch.tensor(seqs)[:, None] * m + torch.arange(m)
+    return tables.expand(len(ex.windows), -1, -1).contiguous()
+
+
+def new_sequence(decoder, prompt: list[int], params: SamplingParams, index: int = 0):
+    """A sequence driven by hand (no scheduler), holding the static layout's blocks of `index`."""
+    seq = decoder.new_sequence(prompt, params)
+    seq.blocks = static_tables(decoder.ex, [index])[:, 0].tolist()
+    return seq
+
+
+@torch.no_grad()
+def paged_forward(model, ids: torch.Tensor, chunks=CHUNKS_ACROSS_WINDOW, block_size: int = 4, max_len: int = 64):
+    """ids [1, T] chunk by chunk through a paged cache whose blocks the runtime's BlockManager
+    hands out (windowed groups give back what slid out of their window) -> (logits, aux, cache,
+    block tables per group at the end)."""
+    from types import SimpleNamespace
+
+    from peagle_trt.runtime.blocks import BlockManager
+
+    rows = max(b - a for a, b in chunks)
+    kv = KVLayout(-(-max_len // block_size), max_len, 1, block_size, rows)
+    cache = model.new_cache(kv)
+    manager = BlockManager(kv, model.kv_windows, lookahead=1, drafter=False, prefix_caching=False)
+    seq = SimpleNamespace(blocks=[[] for _ in model.kv_windows])
+    outs, taps = [], []
+    for a, b in chunks:
+        assert manager.reserve(seq, a, b, b)
+        tables = torch.full((len(seq.blocks), 1, kv.max_blocks), -1)
+        for g, blocks in enumerate(seq.blocks):
+            tables[g, 0, :len(blocks)] = torch.tensor(blocks)
+        logits, aux = model(ids[:, a:b], torch.arange(a, b)[None], tables, cache)
+        outs.append(logits)
+        taps.append(aux)
+    return torch.cat(outs, 1), torch.cat(taps, 1), cache, seq.blocks

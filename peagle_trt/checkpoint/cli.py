@@ -122,13 +122,13 @@ def cmd_inspect(args: argparse.Namespace) -> dict:
     for info in infos:
         _print(info)
     result = {info["kind"]: info for info in infos}
-    if targets:  # KV memory per slot as `build` allocates it (bf16/fp16, build's default prefill chunk)
-        from peagle_trt.models.memory import kv_slot_memory
+    if targets:  # KV memory of one full-length request as `build` lays it out (bf16/fp16, default chunk)
+        from peagle_trt.config import KVLayout
+        from peagle_trt.models.memory import kv_memory
 
-        max_rows = PREFILL_CHUNK if args.backend != "tensorrt" else None
-        memory = kv_slot_memory(load_target_config(targets[0]), loaded.config if loaded else None,
-                                args.max_seq_len, max_rows)
-        print(f"{memory.describe(1)} (max_seq_len {args.max_seq_len}, 2-byte KV)")
+        layout = KVLayout.for_sequences(1, args.max_seq_len, max_rows=PREFILL_CHUNK)
+        memory = kv_memory(load_target_config(targets[0]), loaded.config if loaded else None, layout)
+        print(f"{memory.describe()} (one request of max_seq_len {args.max_seq_len}, 2-byte KV)")
         result["kv_memory"] = memory.as_dict()
     if targets and loaded:
         result["pair"] = check_pair(targets[0], loaded, args)

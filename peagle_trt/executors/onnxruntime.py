@@ -2,9 +2,10 @@
 
 The custom `peagle` nodes run through their model-local function bodies, so the very files that
 go to TensorRT (minus those functions) are what this executor validates on a CPU. KV caches are
-host arrays per layer, allocated once and bound through IO binding as both `past_*` and
-`present_*`: the graph's ScatterND writes the new rows into that very buffer (no per-step cache
-copy) and attention reads only the live rows. Other outputs (logits, taps) are allocated by
+paged host arrays per layer ([blocks + 1, block_size, kv_heads, head_dim], models/kv_cache.py),
+allocated once and bound through IO binding as both `past_*` and `present_*`: the graph's
+ScatterND writes the new rows into that very buffer (no per-step cache copy) and attention
+gathers only the blocks of the batch's requests, through the block tables. Other outputs (logits, taps) are allocated by
 onnxruntime per run and handed over without a copy.
 """
 
@@ -16,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError
-from peagle_trt.executors.slots import SlotPool
 from peagle_trt.manifest import verify_manifest
 
 
@@ -88,13 +89,15 @@ class _Graph:
         return {name: v.numpy() for name, v in zip(self.plain, values[len(self.kv):])}
 
 
-class OrtExecutor(SlotPool):
+class OrtExecutor:
     def __init__(self, export_dir: str | Path, threads: int | None = None, verify: bool = True):
         export_dir = Path(export_dir)
         manifest = verify_manifest(export_dir) if verify else json.loads((export_dir / "manifest.json").read_text())
         info = manifest["export"]
-        super().__init__(info["num_slots"])
-        self.max_len, self.k = info["max_len"], info["spec"]["num_spec_tokens"]
+        if "kv" not in info:
+            raise ConfigError(f"{export_dir} was exported before the KV cache was paged; export it again")
+        self.kv, self.windows = KVLayout(**info["kv"]), tuple(info["windows"])
+        self.k = info["spec"]["num_spec_tokens"]
         self.device = torch.device("cpu")
         self.mask_token_id = None  # baked into drafter.onnx
         graphs = set(manifest["graphs"])
@@ -107,40 +110,42 @@ class OrtExecutor(SlotPool):
         self.d2t = torch.from_numpy(np.load(export_dir / "d2t.npy")) if (export_dir / "d2t.npy").is_file() else None
 
     @classmethod
-    def from_models(cls, target, drafter=None, spec=None, num_slots: int = 1, max_len: int = 2048,
+    def from_models(cls, target, drafter=None, spec=None, kv: KVLayout | int = 1, max_len: int = 2048,
                     threads: int | None = None) -> OrtExecutor:
         """Executor over built torch models (`TargetModel`, `DrafterModel` | None), their graphs
         made in memory, no files: what `export` would write (float32), for `spec` (SpecConfig;
-        None: target only). `generate --target` runs this on CPU (docs/BENCHMARKS.md, decode speed)."""
+        None: target only), caches laid out by `kv` (or N: room for N requests of `max_len`
+        positions). `generate --target` runs this on CPU (docs/BENCHMARKS.md, decode speed)."""
         from peagle_trt.export.graphs import export_drafter, export_drafter_fc, export_drafter_step, export_target
         from peagle_trt.ops.onnx_defs import register_schemas
 
         register_schemas()
         self = cls.__new__(cls)
-        SlotPool.__init__(self, num_slots)
+        self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
+        self.windows = target.kv_windows
         k = spec.k if spec is not None else 0
-        self.max_len, self.k, self.device, self.mask_token_id = max_len, k, torch.device("cpu"), None
-        self.g_target = _Graph(export_target(target, num_slots, max_len), threads)
+        self.k, self.device, self.mask_token_id = k, torch.device("cpu"), None
+        self.g_target = _Graph(export_target(target, self.kv), threads)
         self.g_drafter = self.g_step = self.g_fc = self.d2t = None
         if drafter is None or not k:
             return self
         if spec.mode == "peagle":
-            self.g_drafter = _Graph(export_drafter(drafter, num_slots, max_len, k), threads)
+            self.g_drafter = _Graph(export_drafter(drafter, self.kv, k), threads)
         shared = self.g_drafter.kv if self.g_drafter is not None else None
-        self.g_step = _Graph(export_drafter_step(drafter, num_slots, max_len), threads, shared)
+        self.g_step = _Graph(export_drafter_step(drafter, self.kv), threads, shared)
         self.g_fc = _Graph(export_drafter_fc(drafter), threads)
         self.d2t = drafter.d2t.cpu().to(torch.int64)
         return self
 
-    def target(self, tokens, positions, slots, logit_rows=None):
-        # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None (all rows)
+    def target(self, tokens, positions, tables, logit_rows=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows)
         if logit_rows is None:
             logit_rows = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
         out = self.g_target.run({"input_ids": tokens.numpy(), "positions": positions.numpy(),
-                                 "slots": slots.numpy(), "logit_rows": logit_rows.contiguous().numpy()})
+                                 "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy()})
         return torch.from_numpy(out["logits"]), torch.from_numpy(out["aux_hidden"])
 
-    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
+    def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         if self.g_drafter is None:
             raise ConfigError("this export has no drafter.onnx (parallel drafting); re-export in peagle mode")
         # The graph drafts the K fixed at export; a smaller k (the k=1 pass of a partial prefill
@@ -148,12 +153,13 @@ class OrtExecutor(SlotPool):
         if k > self.k:
             raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for K={k}; re-export")
         out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
-                                  "num_pending": num_pending.numpy(), "cur": cur.numpy(), "slots": slots.numpy()})
+                                  "num_pending": num_pending.numpy(), "cur": cur.numpy(),
+                                  "block_tables": tables[0].numpy()})
         return torch.from_numpy(out["draft_ids"][:, :k])
 
-    def drafter(self, tokens, hidden, positions, slots):
+    def drafter(self, tokens, hidden, positions, tables):
         out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),
-                               "positions": positions.numpy(), "slots": slots.numpy()})
+                               "positions": positions.numpy(), "block_tables": tables[0].numpy()})
         return torch.from_numpy(out["logits"]), torch.from_numpy(out["hidden_out"])
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:

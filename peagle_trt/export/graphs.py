@@ -17,7 +17,9 @@ import onnx
 import torch
 from onnx import TensorProto, helper
 
-from peagle_trt.models.target import kv_layer_lens
+from peagle_trt.config import KVLayout
+from peagle_trt.models.kv_cache import block_counts
+from peagle_trt.models.target import kv_groups
 from peagle_trt.ops.names import DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE
 from peagle_trt.ops.onnx_builder import Builder
 from peagle_trt.ops.onnx_defs import OPSET, draft_inputs_function, draft_sample_function, plugin_attrs
@@ -91,24 +93,18 @@ class ModelWriter(Builder):
         out = self.op("Add", self.op("Mul", x4, cos), self.op("Mul", rotated, sin))
         return self.op("Reshape", out, self.ints(0, 0, heads * head_dim))
 
-    def cache_len(self, past_k: str) -> int:
-        """T, the KV positions of the cache input `past_k` [N, KV, T + 1, d] (row T: trash row)."""
-        shape = next(v for v in self.inputs if v.name == past_k).type.tensor_type.shape
-        return shape.dim[2].dim_value - 1
-
-    def kv_io(self, num_layers: int, num_slots: int, kv_heads: int, max_len: int, head_dim: int,
-              layer_lens: tuple[int, ...] | None = None, layer_shapes: tuple | None = None,
-              kv_sources: tuple[int, ...] | None = None):
-        """past_/present_ KV pairs per layer (layer_shapes: (kv_heads, head_dim) per layer); a
-        KV-shared layer (kv_sources[i] != i) has none: (None, None)."""
+    def kv_io(self, layer_shapes: tuple, group_blocks: tuple[int, ...], layer_groups: tuple[int, ...],
+              block_size: int, kv_sources: tuple[int, ...] | None = None):
+        """past_/present_ KV pairs per layer, paged: [blocks of its group + 1, block_size, kv_heads,
+        head_dim] (layer_shapes: (kv_heads, head_dim) per layer); a KV-shared layer
+        (kv_sources[i] != i) has none: (None, None)."""
         past, present = [], []
-        for i in range(num_layers):
+        for i, (kv, d) in enumerate(layer_shapes):
             if kv_sources and kv_sources[i] != i:
                 past.append(None)
                 present.append(None)
                 continue
-            kv, d = layer_shapes[i] if layer_shapes else (kv_heads, head_dim)
-            shape = [num_slots, kv, (layer_lens[i] if layer_lens else max_len) + 1, d]
+            shape = [group_blocks[layer_groups[i]] + 1, block_size, kv, d]
             pair = (self.input(f"past_key_{i}", self.float_type, shape),
                     self.input(f"past_value_{i}", self.float_type, shape))
             past.append(pair)
@@ -126,29 +122,31 @@ class ModelWriter(Builder):
         return model
 
 
-def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
-                  max_rows: int | None = None) -> onnx.ModelProto:
-    """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place.
-    `max_rows` (most rows per run) lets sliding-window layers keep only their window of KV."""
+def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProto:
+    """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place,
+    through block tables [G, B, M] (one [B, M] table per KV group: full attention, each window)."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
     positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
-    slots = w.input("slots", TensorProto.INT64, ["batch"])
+    windows, groups = kv_groups(c)
+    block_tables = w.input("block_tables", TensorProto.INT64, [len(windows), "batch", kv.max_blocks])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
     attn = [c.attention(i) for i in range(c.num_layers)]
-    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim,
-                            kv_layer_lens(c, max_len, max_rows), tuple((a.num_kv_heads, a.head_dim) for a in attn),
-                            tuple(a.kv_source for a in attn))
+    past, present = w.kv_io(tuple((a.num_kv_heads, a.head_dim) for a in attn), block_counts(kv, windows), groups,
+                            kv.block_size, tuple(a.kv_source for a in attn))
+    group_tables = [w.op("Gather", block_tables, w.const(np.int64(g)), axis=0) for g in range(len(windows))]
     x = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
     if c.embed_scale != 1.0:
         x = w.op("Mul", x, w.const(np.asarray(c.embed_scale, dtype=w.np)))
     pli = model.per_layer_inputs.write_onnx(w, ids, x) if c.per_layer_input_size else None
-    tables = [w.rope_tables(inv, scale, max_len, positions) for inv, scale in zip(model.inv_freqs(), model.rope_scales)]
+    ropes = [w.rope_tables(inv, scale, kv.max_len, positions)
+             for inv, scale in zip(model.inv_freqs(), model.rope_scales)]
     tapped = {}
     for i, layer in enumerate(model.layers):
         tapped[i] = x
-        cos, sin = tables[model.layer_rope[i]]
-        x = layer.write_onnx(w, x, i, cos, sin, positions, slots, past[i], present[i], pli, attn[i].kv_source)
+        cos, sin = ropes[model.layer_rope[i]]
+        x = layer.write_onnx(w, x, i, cos, sin, positions, group_tables[groups[i]], past[i], present[i], pli,
+                             attn[i].kv_source)
     tapped[c.num_layers] = x
     if model.taps:
         w.op("Concat", *[tapped[t] for t in model.taps], axis=-1, outputs=["aux_hidden"])
@@ -168,16 +166,23 @@ def export_target(model, num_slots: int, max_len: int, dtype: str = "float32",
     return w.model("peagle_target")
 
 
-def _drafter_layers(w: ModelWriter, model, e: str, g: str, positions: str, slots: str, past, present) -> str:
-    cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, model_max_len(past, w), positions)
-    x = model.layers[0].write_onnx(w, e, g, cos, sin, positions, slots, past[0], present[0])  # fusion layer
+def _drafter_layers(w: ModelWriter, model, e: str, g: str, positions: str, table: str, past, present,
+                    max_len: int) -> str:
+    cos, sin = w.rope_tables(model.inv_freq, model.rope_scale, max_len, positions)
+    x = model.layers[0].write_onnx(w, e, g, cos, sin, positions, table, past[0], present[0])  # fusion layer
     for i, layer in enumerate(model.layers[1:], start=1):
-        x = layer.write_onnx(w, x, i, cos, sin, positions, slots, past[i], present[i])
+        x = layer.write_onnx(w, x, i, cos, sin, positions, table, past[i], present[i])
     return x
 
 
-def model_max_len(past, w: ModelWriter) -> int:
-    return w.cache_len(past[0][0])
+def _drafter_kv(w: ModelWriter, model, kv: KVLayout) -> tuple[str, list, list]:
+    """The drafter's block tables input [B, M] (KV group 0, the target's full-attention tables) and
+    its paged KV I/O."""
+    c = model.config
+    table = w.input("block_tables", TensorProto.INT64, ["batch", kv.max_blocks])
+    past, present = w.kv_io(((c.num_kv_heads, c.head_dim),) * c.num_layers, (kv.num_blocks,), (0,) * c.num_layers,
+                            kv.block_size)
+    return table, past, present
 
 
 def _project(w: ModelWriter, model, aux: str) -> str:
@@ -192,15 +197,14 @@ def _project(w: ModelWriter, model, aux: str) -> str:
     return w.linear(aux, model.fc, "fc")
 
 
-def export_drafter(model, num_slots: int, max_len: int, k: int, dtype: str = "float32") -> onnx.ModelProto:
+def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.ModelProto:
     """drafter.onnx: ONE parallel P-EAGLE pass -> K draft ids."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
     aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])
     n = w.input("num_pending", TensorProto.INT64, ["batch"])
     cur = w.input("cur", TensorProto.INT64, ["batch"])
-    slots = w.input("slots", TensorProto.INT64, ["batch"])
-    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
+    table, past, present = _drafter_kv(w, model, kv)
     w.functions[DRAFT_INPUTS] = draft_inputs_function(k, c.mask_token_id)
     w.functions[DRAFT_SAMPLE] = draft_sample_function()
     embeds, hidden, positions, rows = w.op(
@@ -208,7 +212,7 @@ def export_drafter(model, num_slots: int, max_len: int, k: int, dtype: str = "fl
         w.param("embed_tokens.weight", model.embed_tokens.weight), w.param("h_mask", model.h_mask),
         domain=DOMAIN, outputs=4, name=DRAFT_INPUTS,
         **plugin_attrs(num_spec_tokens=k, mask_token_id=c.mask_token_id))
-    x = _drafter_layers(w, model, embeds, hidden, positions, slots, past, present)
+    x = _drafter_layers(w, model, embeds, hidden, positions, table, past, present, kv.max_len)
     gather = w.op("Expand", w.op("Unsqueeze", rows, w.ints(2)),
                   w.op("Concat", w.op("Shape", rows), w.ints(c.hidden_size), axis=0))
     xs = w.op("GatherElements", x, gather, axis=1)  # [B, K, H]
@@ -221,17 +225,16 @@ def export_drafter(model, num_slots: int, max_len: int, k: int, dtype: str = "fl
     return w.model("peagle_drafter")
 
 
-def export_drafter_step(model, num_slots: int, max_len: int, dtype: str = "float32") -> onnx.ModelProto:
+def export_drafter_step(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProto:
     """drafter_step.onnx: generic rows -> draft-vocab logits + the hidden fed to the next sequential
     step (pre-norm output; post-norm for norm_output heads), as `DrafterModel.forward`."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
     hidden = w.input("hidden", w.float_type, ["batch", "rows", c.hidden_size])
     positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
-    slots = w.input("slots", TensorProto.INT64, ["batch"])
-    past, present = w.kv_io(c.num_layers, num_slots, c.num_kv_heads, max_len, c.head_dim)
+    table, past, present = _drafter_kv(w, model, kv)
     e = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)
-    x = _drafter_layers(w, model, e, hidden, positions, slots, past, present)
+    x = _drafter_layers(w, model, e, hidden, positions, table, past, present, kv.max_len)
     normed = model.norm.write_onnx(w, x, "norm")
     w.op("Identity", normed if c.norm_output else x, outputs=["hidden_out"])
     w.op("Cast", w.linear(normed, model.lm_head, "lm_head"), to=TensorProto.FLOAT, outputs=["logits"])

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from peagle_trt.atomic import check_output, staged_dir
-from peagle_trt.config import SpecConfig
+from peagle_trt.config import BLOCK_SIZE, PREFILL_CHUNK, KVLayout, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import write_manifest
 
@@ -26,10 +26,12 @@ from peagle_trt.manifest import write_manifest
 @dataclass(frozen=True)
 class ExportOptions:
     speculation: SpecConfig
-    num_slots: int = 8  # KV slots = max concurrent requests
+    max_batch: int = 8  # most requests per step
     max_seq_len: int = 2048
     dtype: str = "float32"
-    max_rows: int | None = None  # most rows per target run: sliding-window layers keep W + max_rows - 1
+    max_rows: int | None = None  # most rows of a request per target run (None: max(prefill chunk, K + 1))
+    kv_blocks: int = 0  # KV blocks of the full-attention layers and the drafter; 0: max_batch full requests
+    block_size: int = BLOCK_SIZE
 
     def __post_init__(self):
         if self.dtype not in ("float32", "float16"):
@@ -37,8 +39,17 @@ class ExportOptions:
 
     @property
     def max_len(self) -> int:
-        """KV positions per slot: the sequence plus a verify window (as the runtime allocates)."""
+        """KV positions per request: the sequence plus a verify window (as the runtime allocates)."""
         return self.max_seq_len + self.speculation.k + 1
+
+    @property
+    def kv(self) -> KVLayout:
+        """The paged cache the graphs' KV inputs are shaped for (the same rule as
+        RepositoryOptions.kv_layout)."""
+        rows = self.max_rows or max(PREFILL_CHUNK, self.speculation.k + 1)
+        if not self.kv_blocks:
+            return KVLayout.for_sequences(self.max_batch, self.max_len, self.block_size, max_rows=rows)
+        return KVLayout(self.kv_blocks, self.max_len, self.max_batch, self.block_size, rows)
 
 
 def _described(spec: ExportOptions) -> dict:
@@ -64,12 +75,12 @@ def export_models(target, drafter, out_dir: Path, spec: ExportOptions, info: dic
     timings = {}
     with staged_dir(out_dir, "the export") as tmp:
         (tmp / "trt").mkdir(parents=True)
-        graphs = {"target": lambda: export_target(target, spec.num_slots, spec.max_len, spec.dtype, spec.max_rows)}
+        kv = spec.kv
+        graphs = {"target": lambda: export_target(target, kv, spec.dtype)}
         if drafter is not None:
             if spec.speculation.mode == "peagle":
-                graphs["drafter"] = lambda: export_drafter(drafter, spec.num_slots, spec.max_len, spec.speculation.k,
-                                                           spec.dtype)
-            graphs["drafter_step"] = lambda: export_drafter_step(drafter, spec.num_slots, spec.max_len, spec.dtype)
+                graphs["drafter"] = lambda: export_drafter(drafter, kv, spec.speculation.k, spec.dtype)
+            graphs["drafter_step"] = lambda: export_drafter_step(drafter, kv, spec.dtype)
             graphs["drafter_fc"] = lambda: export_drafter_fc(drafter, spec.dtype)
         if drafter is not None:  # d2t for the sequential path (plain .npy: no pickle)
             np.save(tmp / "d2t.npy", drafter.d2t.cpu().numpy().astype(np.int64), allow_pickle=False)
@@ -80,7 +91,8 @@ def export_models(target, drafter, out_dir: Path, spec: ExportOptions, info: dic
             save(model, tmp / f"{name}.onnx")
             save(trt_copy, tmp / "trt" / f"{name}.onnx")
             timings[name] = round(time.perf_counter() - t0, 3)
-        manifest = write_manifest(tmp, {"export": {**_described(spec), "max_len": spec.max_len},
+        manifest = write_manifest(tmp, {"export": {**_described(spec), "max_len": spec.max_len,
+                                                   "kv": asdict(kv), "windows": list(target.kv_windows)},
                                         "graphs": sorted(graphs), "export_s": timings, **(info or {})})
     return manifest
 

@@ -55,7 +55,7 @@ class FusionLayer(nn.Module):
         x = residual + self.self_attn(x, cos, sin, cache, 0, tables, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def write_onnx(self, w, e: str, g: str, cos: str, sin: str, positions: str, slots: str, past,
+    def write_onnx(self, w, e: str, g: str, cos: str, sin: str, positions: str, table: str, past,
                    present) -> str:
         """The same layer as ONNX nodes (`w`: the ModelWriter of peagle_trt/export/graphs.py):
         e, g [B, S, H] -> [B, S, H]."""
@@ -63,7 +63,7 @@ class FusionLayer(nn.Module):
         residual = g_normed if self.norm_before_residual else g
         e_normed = self.input_layernorm.write_onnx(w, e, "layers.0.input_layernorm")
         x = w.op("Concat", e_normed, g_normed, axis=-1)
-        h = self.self_attn.write_onnx(w, x, 0, "layers.0.self_attn", cos, sin, positions, slots, past,
+        h = self.self_attn.write_onnx(w, x, 0, "layers.0.self_attn", cos, sin, positions, table, past,
                                       present)
         x = w.op("Add", residual, h)
         h = self.post_attention_layernorm.write_onnx(w, x, "layers.0.post_attention_layernorm")

@@ -67,13 +67,13 @@ class Gemma4DecoderLayer(nn.Module):
             x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate))
         return x if self.layer_scalar is None else x * self.layer_scalar
 
-    def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, slots: str, past, present,
+    def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, table: str, past, present,
                    pli: str | None = None, source: int | None = None) -> str:
         """Layer `i` as nodes (x [B, S, H] -> [B, S, H]); pli [B, S, L, P] or None; `source`: the
         layer whose KV cache a KV-shared layer reads."""
         p = f"layers.{i}"
         h = self.self_attn.write_onnx(w, self.input_layernorm.write_onnx(w, x, f"{p}.input_layernorm"), i,
-                                      f"{p}.self_attn", cos, sin, positions, slots, past, present, source)
+                                      f"{p}.self_attn", cos, sin, positions, table, past, present, source)
         x = w.op("Add", x, self.post_attention_layernorm.write_onnx(w, h, f"{p}.post_attention_layernorm"))
         h = self.pre_feedforward_layernorm.write_onnx(w, x, f"{p}.pre_feedforward_layernorm")
         h = self.mlp.write_onnx(w, h, f"{p}.mlp")

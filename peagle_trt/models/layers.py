@@ -101,13 +101,14 @@ class Attention(nn.Module):
                                self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
         return self.o_proj(out)
 
-    def write_onnx(self, w, x: str, layer: int, prefix: str, cos: str, sin: str, positions: str, slots: str,
+    def write_onnx(self, w, x: str, layer: int, prefix: str, cos: str, sin: str, positions: str, table: str,
                    past: tuple[str, str] | None, present: tuple[str, str] | None,
                    source: int | None = None) -> str:
         """x [B, S, in_dim] -> [B, S, out_dim] through one PEagleKVAttention node writing
-        `present` from `past`. `source`: for a KV-shared layer, the layer owning the cache it
-        reads. That layer's op already wrote this forward's keys; the shared op re-writes the same
-        k/v at the same rows (idempotent) into a copy nobody reads, so the op contract stays one op."""
+        `present` from `past` through `table` [B, M] (this layer's KV group's block tables).
+        `source`: for a KV-shared layer, the layer owning the cache it reads. That layer's op already
+        wrote this forward's keys; the shared op re-writes the same k/v at the same rows (idempotent)
+        into a copy nobody reads, so the op contract stays one op."""
         from peagle_trt.ops.names import DOMAIN, KV_ATTENTION
         from peagle_trt.ops.onnx_defs import kv_attention_function, plugin_attrs
 
@@ -117,7 +118,7 @@ class Attention(nn.Module):
             q = self.q_norm.write_onnx_heads(w, q, f"{prefix}.q_norm", h, d)
         q = w.rope(q, h, d, cos, sin)
         if self.kv_shared:
-            k, v, window_past, past = w.written[source]
+            k, v, past = w.written[source]
             present = (w.name(f"{prefix}.k_cache_copy"), w.name(f"{prefix}.v_cache_copy"))
         else:
             k = w.linear(x, self.k_proj, f"{prefix}.k_proj")
@@ -127,16 +128,13 @@ class Attention(nn.Module):
                 if self.v_norm is not None:
                     v = self.v_norm.write_onnx_heads(w, v, f"{prefix}.v_norm", kv, d)
             k = w.rope(k, kv, d, cos, sin)
-            window_past = past
-            w.written[layer] = (k, v, past, present)
+            w.written[layer] = (k, v, past)
         scale = self.scale if self.scale is not None else float(d) ** -0.5
         if KV_ATTENTION not in w.functions:
             w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None)
         extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
-        # a window spanning the whole cache (W >= T positions) cuts nothing: no attribute (as forward)
-        cuts = self.window and self.window < w.cache_len(window_past[0])
-        window = {"sliding_window": self.window} if cuts else {}
-        out = w.op(KV_ATTENTION, q, k, v, positions, slots, *past, *extra, domain=DOMAIN,
+        window = {"sliding_window": self.window} if self.window else {}
+        out = w.op(KV_ATTENTION, q, k, v, positions, table, *past, *extra, domain=DOMAIN,
                    outputs=[w.name(f"{prefix}.attn"), *present], name=f"{prefix}.{KV_ATTENTION}",
                    **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
         return w.linear(out[0], self.o_proj, f"{prefix}.o_proj")
@@ -189,14 +187,14 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, tables, positions)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-    def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, slots: str,
+    def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, table: str,
                    past: tuple[str, str] | None, present: tuple[str, str] | None, pli: str | None = None,
                    source: int | None = None) -> str:
         """Layer `i` as nodes (x [B, S, H] -> [B, S, H]); `pli` and `source` are the Gemma-4
         layer's (per-layer inputs, KV sharing) and unused here."""
         p = f"layers.{i}"
         h = self.input_layernorm.write_onnx(w, x, f"{p}.input_layernorm")
-        x = w.op("Add", x, self.self_attn.write_onnx(w, h, i, f"{p}.self_attn", cos, sin, positions, slots,
+        x = w.op("Add", x, self.self_attn.write_onnx(w, h, i, f"{p}.self_attn", cos, sin, positions, table,
                                                      past, present))
         h = self.post_attention_layernorm.write_onnx(w, x, f"{p}.post_attention_layernorm")
         return w.op("Add", x, self.mlp.write_onnx(w, h, f"{p}.mlp"))

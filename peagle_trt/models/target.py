@@ -160,9 +160,10 @@ def decoder_layer(c: TargetConfig, i: int) -> nn.Module:
 
 def kv_groups(c: TargetConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(windows, groups): per KV group its window (group 0: 0, full attention, present even when
-    every layer is windowed: the drafter's), per layer its group."""
+    every layer is windowed: the drafter's), per layer its group (a KV-shared layer: its source's)."""
     windows = (0,) + tuple(sorted({c.window(i) for i in range(c.num_layers)} - {0}))
-    return windows, tuple(windows.index(c.window(i)) for i in range(c.num_layers))
+    groups = [windows.index(c.window(i)) for i in range(c.num_layers)]
+    return windows, tuple(groups[c.attention(i).kv_source] for i in range(c.num_layers))
 
 
 def load_strict(model: nn.Module, tensors: dict, what: str) -> None:

@@ -12,6 +12,6 @@ DRAFT_SAMPLE = "PEagleDraftSample"
 OP_TYPES = (KV_ATTENTION, DRAFT_INPUTS, DRAFT_SAMPLE)
 
 DOMAIN = "peagle"  # ONNX domain of the custom nodes
-DOMAIN_VERSION = 1  # its opset version (the schemas' since_version)
-PLUGIN_VERSION = "1"  # TensorRT plugin version: plugin name = op_type
+DOMAIN_VERSION = 2  # its opset version (the schemas' since_version); 2: paged KV (block_tables)
+PLUGIN_VERSION = "2"  # TensorRT plugin version: plugin name = op_type; 2: paged KV
 PLUGIN_NAMESPACE = ""

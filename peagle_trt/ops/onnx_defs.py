@@ -58,8 +58,8 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
 
 
 SCHEMAS = [
-    _schema(KV_ATTENTION, "attention of new rows over a per-request KV cache slot, in-place writes",
-            [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("slots", "I"), ("k_cache", "T"),
+    _schema(KV_ATTENTION, "attention of new rows over a paged KV cache (block tables), in-place writes",
+            [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("block_tables", "I"), ("k_cache", "T"),
              ("v_cache", "T"), ("sinks?", "T")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
             [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
              ("scale", _T.FLOAT, "softmax scale"),
@@ -105,10 +105,10 @@ def _attr_tensor(b: Builder, attr: str, kind: str = "int") -> str:
 
 
 def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.FunctionProto:
-    """Body of PEagleKVAttention (cache layout [N, KV, T+1, d]; row T is the trash row; position
-    q lives at row q % T, see ops.reference.kv_attention). Head counts, head size and scale come
-    from the calling node's attributes, so one body serves layers of different shapes (Gemma-4).
-    `sinks`: the body reads the 8th input."""
+    """Body of PEagleKVAttention over the paged cache (layout [NB+1, bs, KV, d], block NB the trash
+    block; block_tables [B, M], -1 = no block; see ops.reference.kv_attention). Head counts, head
+    size and scale come from the calling node's attributes, so one body serves layers of different
+    shapes (Gemma-4). `sinks`: the body reads the 8th input."""
     b = Builder("att_")
     kv1 = b.op("Unsqueeze", _attr_tensor(b, "num_kv_heads"), b.ints(0))  # [1]
     d = _attr_tensor(b, "head_dim")
@@ -117,49 +117,55 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     scale = b.op("Where", b.op("Greater", given, b.const(np.float32(0))), given,
                  b.op("Reciprocal", b.op("Sqrt", b.op("Cast", d, to=onnx.TensorProto.FLOAT))))
     scale = b.op("Cast", scale, to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
-    # 1. write K/V at (slot, head, position % T) straight into the cache layout: the ScatterND
-    #    output aliases its data input when the caller binds present_* to the past_* buffer
-    #    (OrtExecutor), so a step copies nothing; padding rows (position < 0) write the trash row T
-    t1 = b.op("Gather", b.op("Shape", "k_cache"), b.ints(2), axis=0)  # [1] = T+1
-    trash = b.op("Sub", t1, b.ints(1))  # [1] = T
-    write = b.op("Where", b.op("GreaterOrEqual", "positions", b.ints(0)), b.op("Mod", "positions", trash),
-                 trash)  # [B,S]
-    bskv1 = b.op("Concat", b.op("Shape", "positions"), kv1, b.ints(1), axis=0)  # [4] = B,S,KV,1
-    heads = b.op("Reshape", b.op("Range", b.const(np.int64(0)), b.op("Squeeze", kv1, b.ints(0)),
-                                 b.const(np.int64(1))), b.ints(1, 1, -1, 1))  # [1,1,KV,1]
-    index = b.op("Concat", b.op("Expand", b.op("Unsqueeze", "slots", b.ints(1, 2, 3)), bskv1),
-                 b.op("Expand", heads, bskv1), b.op("Expand", b.op("Unsqueeze", write, b.ints(2, 3)), bskv1),
-                 axis=3)  # [B,S,KV,3] = (slot, head, row)
+    cache_shape = b.op("Shape", "k_cache")
+    trash = b.op("Sub", b.op("Gather", cache_shape, b.const(np.int64(0)), axis=0), b.const(np.int64(1)))  # NB
+    bs = b.op("Gather", cache_shape, b.const(np.int64(1)), axis=0)  # scalar block size
+    m = b.op("Gather", b.op("Shape", "block_tables"), b.const(np.int64(1)), axis=0)  # scalar M
+    zero = b.const(np.int64(0))
+    # 1. write K/V at (block_tables[b, p // bs], p % bs) straight into the cache: the ScatterND output
+    #    aliases its data input when the caller binds present_* to the past_* buffer (OrtExecutor), so
+    #    a step copies nothing; padding rows, rows past the table and entries -1 write the trash block
+    pos0 = b.op("Max", "positions", zero)  # [B,S]
+    entry = b.op("Div", pos0, bs)
+    block = b.op("GatherElements", "block_tables", b.op("Min", entry, b.op("Sub", m, b.const(np.int64(1)))),
+                 axis=1)  # [B,S]
+    valid = b.op("And", b.op("And", b.op("GreaterOrEqual", "positions", zero), b.op("Less", entry, m)),
+                 b.op("GreaterOrEqual", block, zero))
+    block = b.op("Where", valid, block, trash)
+    offset = b.op("Where", valid, b.op("Mod", pos0, bs), zero)
+    index = b.op("Concat", b.op("Unsqueeze", block, b.ints(2)), b.op("Unsqueeze", offset, b.ints(2)),
+                 axis=2)  # [B,S,2] = (block, offset)
     rows = b.op("Concat", b.ints(0, 0), kv1, d1, axis=0)  # [B, S, KV, d]
     b.op("ScatterND", "k_cache", index, b.op("Reshape", "k", rows), outputs=["k_cache_out"])
     b.op("ScatterND", "v_cache", index, b.op("Reshape", "v", rows), outputs=["v_cache_out"])
-    # 2. attention of each row over the LIVE rows of its slot (L = min(max position + 1, T), as
-    #    the torch reference), causal by absolute position, GQA by broadcasting
+    # 2. attention of each row over its request's keys 0 .. L-1 (L = max position + 1, capped at the
+    #    table), gathered block by block through the table; causal by position, GQA by broadcasting
     live = b.op("Min", b.op("Add", b.op("ReduceMax", "positions", keepdims=0), b.const(np.int64(1))),
-                b.op("Squeeze", trash, b.ints(0)))  # scalar L
-    live1 = b.op("Unsqueeze", live, b.ints(0))  # [1]
+                b.op("Mul", m, bs))  # scalar L
+    nb = b.op("Div", b.op("Sub", b.op("Add", live, bs), b.const(np.int64(1))), bs)  # blocks spanned
+    table = b.op("Slice", "block_tables", b.ints(0), b.op("Unsqueeze", nb, b.ints(0)), b.ints(1))  # [B, nb]
+    table = b.op("Where", b.op("GreaterOrEqual", table, zero), table, trash)
+    flat = b.op("Concat", b.ints(0, -1), kv1, d1, axis=0)  # [B, nb*bs, KV, d]
+    live1 = b.op("Unsqueeze", live, b.ints(0))
 
-    def read(cache: str) -> str:  # [N,KV,T+1,d] -> [B,KV,1,L,d]: slice the live rows, then the slots
-        part = b.op("Slice", cache, b.ints(0), live1, b.ints(2))
-        return b.op("Unsqueeze", b.op("Gather", part, "slots", axis=0), b.ints(2))
+    def read(cache: str, perm: list[int]) -> str:  # [NB+1,bs,KV,d] -> the request's first L keys
+        rows_ = b.op("Reshape", b.op("Gather", cache, table, axis=0), flat)  # [B, nb*bs, KV, d]
+        return b.op("Unsqueeze", b.op("Transpose", b.op("Slice", rows_, b.ints(0), live1, b.ints(1)), perm=perm),
+                    b.ints(2))
 
-    keys, values = read("k_cache_out"), read("v_cache_out")
+    keys_t = read("k_cache_out", [0, 2, 3, 1])  # [B,KV,1,d,L]
+    values = read("v_cache_out", [0, 2, 1, 3])  # [B,KV,1,L,d]
     q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
-    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])),
-                  scale)  # [B,KV,G,S,L]
-    ring = b.op("Range", b.const(np.int64(0)), live, b.const(np.int64(1)))  # [L] cache rows
+    scores = b.op("Mul", b.op("MatMul", q, keys_t), scale)  # [B,KV,G,S,L]
+    key_pos = b.op("Range", zero, live, b.const(np.int64(1)))  # [L]
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
-    # absolute position held by cache row j as seen from a row at p: p - ((p - j) mod T)
-    key_pos = b.op("Sub", pos, b.op("Mod", b.op("Sub", pos, ring), trash))  # [B,S,L]
-    visible = b.op("And", b.op("GreaterOrEqual", key_pos, b.ints(0)),
-                   b.op("Less", ring, trash))  # [B,S,L]; the trash row is never read
+    visible = b.op("LessOrEqual", key_pos, pos)  # [B,S,L]
     window = _attr_tensor(b, "sliding_window")
-    in_window = b.op("Or", b.op("Equal", window, b.const(np.int64(0))),
-                     b.op("Greater", key_pos, b.op("Sub", pos, window)))
+    in_window = b.op("Or", b.op("Equal", window, zero), b.op("Greater", key_pos, b.op("Sub", pos, window)))
     visible = b.op("And", visible, in_window)
-    first_key = b.op("Equal", ring, b.const(np.int64(0)))
-    padding = b.op("Less", pos, b.ints(0))
+    first_key = b.op("Equal", key_pos, zero)
+    padding = b.op("Less", pos, zero)
     visible = b.op("Or", visible, b.op("And", first_key, padding))  # keep padding rows finite
     bias = b.op("Where", visible, b.const(np.asarray(0, dtype=dtype)), b.const(np.asarray(-np.inf, dtype=dtype)))
     scores = b.op("Add", scores, b.op("Unsqueeze", bias, b.ints(1, 2)))  # [B,KV,G,S,L]
@@ -174,7 +180,7 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     out = b.op("MatMul", probs, values)  # [B,KV,G,S,d]
     out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
     b.op("Reshape", out, b.ints(0, 0, -1), outputs=["out"])
-    inputs = ["q", "k", "v", "positions", "slots", "k_cache", "v_cache"] + (["sinks"] if sinks else [])
+    inputs = ["q", "k", "v", "positions", "block_tables", "k_cache", "v_cache"] + (["sinks"] if sinks else [])
     return _function(KV_ATTENTION, b, inputs, ["out", "k_cache_out", "v_cache_out"],
                      ["num_heads", "num_kv_heads", "head_dim", "scale"],
                      [helper.make_attribute("sliding_window", 0)])

@@ -85,10 +85,9 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path,
     target_model, drafter_model = pair.build()
     log.info("exporting ONNX graphs")
     dtype = "float32" if repo.backend == "onnxruntime" else "float16"
-    # windowed KV rings need the attention extensions the TensorRT plugins do not have yet
-    max_rows = repo.max_rows if repo.backend == "onnxruntime" else None
     export_models(target_model, drafter_model, artifacts / "onnx",
-                  ExportOptions(repo.speculation, repo.max_batch, repo.max_seq_len, dtype, max_rows))
+                  ExportOptions(repo.speculation, repo.max_batch, repo.max_seq_len, dtype, repo.max_rows,
+                                repo.kv_blocks, repo.block_size))
     if repo.backend != "tensorrt":
         return ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx")
     from peagle_trt.engine import EngineOptions, build_engines
@@ -120,8 +119,8 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
             quantize_target(target, Path(tmp) / "target-fp8", quant)
             return build_repository(Path(tmp) / "target-fp8", drafter, output, repo, force)
     pair = load_pair(target, drafter, repo.speculation)  # raises before anything is written
-    memory = slot_memory(pair, repo)
-    print(memory.describe(repo.max_batch), file=sys.stderr, flush=True)
+    memory = kv_memory_of(pair, repo)
+    print(memory.describe(), file=sys.stderr, flush=True)
     if repo.backend == "tensorrt":
         from peagle_trt.engine import import_tensorrt
 
@@ -154,13 +153,10 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
     return manifest
 
 
-def slot_memory(pair, repo: RepositoryOptions):
-    """KV bytes per slot this build's executor allocates (models/memory.py); windowed layers hold
-    only their window on the torch and onnxruntime backends."""
-    from peagle_trt.models.memory import kv_slot_memory
+def kv_memory_of(pair, repo: RepositoryOptions):
+    """KV bytes this build's executor allocates (models/memory.py), for `repo.kv_layout`."""
+    from peagle_trt.models.memory import kv_memory
 
     dtype_bytes = 4 if repo.backend != "tensorrt" and repo.dtype == "float32" else 2
-    max_rows = repo.max_rows if repo.backend != "tensorrt" else None
-    max_len = repo.max_seq_len + repo.speculation.k + 1  # as the runtime allocates
     drafter = pair.drafter.config if pair.drafter is not None else None
-    return kv_slot_memory(pair.target.config, drafter, max_len, max_rows, dtype_bytes)
+    return kv_memory(pair.target.config, drafter, repo.kv_layout, dtype_bytes)

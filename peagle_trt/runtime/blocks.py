@@ -7,9 +7,10 @@ holds positions j*bs .. j*bs + bs - 1; -1: none).
 
   admit(seq)        prefix reuse, then blocks for its prefill tokens + one step's lookahead, or
                     False (it waits): nothing is allocated for a request that does not fit
-  reserve(seq, ..)  before a forward: blocks up to the positions it writes (a verify's K + 1 rows
-                    and the drafter's K - 1 more); a windowed group first returns the blocks that
-                    slid out of its window. False when group 0 ran dry (the scheduler preempts)
+  reserve(seq, ..)  before a forward: blocks up to the positions it writes (group 0: a verify's
+                    K + 1 rows and the drafter's K - 1 more; windowed groups: the target's rows,
+                    after returning the blocks that slid out of the window). False when group 0
+                    ran dry (the scheduler preempts)
   commit(seq)       after a step: full blocks whose KV is final enter the prefix cache
   release(seq)      finish, cancel, failure, preemption: every block back (cached ones stay
                     reusable until evicted, least recently used first)
@@ -206,15 +207,17 @@ class BlockManager:
         if self.prefix_caching:
             self.stats.prefix_queried_tokens += seq.prefill_len
             self.stats.prefix_hit_tokens += seq.num_computed
-        ok = self.reserve(seq, seq.num_computed, seq.prefill_len + self.lookahead)
+        ok = self.reserve(seq, seq.num_computed, seq.num_computed, seq.prefill_len + self.lookahead)
         if not ok:  # cannot happen after the check above; keep the pool exact anyway
             self.release(seq)
         return ok
 
-    def reserve(self, seq, low: int, upto: int) -> bool:
-        """Blocks for positions < `upto` in every group; windowed groups first return the blocks
-        wholly before `low - W + 1` (the oldest key a row at `low` sees). False when group 0
-        has too few free blocks (nothing allocated then)."""
+    def reserve(self, seq, low: int, target_upto: int, upto: int) -> bool:
+        """Blocks for the next forward, whose target rows sit at `low` .. target_upto-1: group 0
+        (full layers and the drafter) up to `upto`; a windowed group of window W first returns
+        the blocks wholly before low - W + 1 (the oldest key a row at `low` sees), then takes
+        blocks up to `target_upto` (so it holds at most kv_cache.window_blocks per request).
+        False when group 0 has too few free blocks (nothing allocated then)."""
         bs, n = self.kv.block_size, self._entries(upto)
         if n - len(seq.blocks[0]) > self.pools[0].available:
             return False
@@ -225,7 +228,7 @@ class BlockManager:
                     if table[j] >= 0:
                         pool.release(table[j])
                         table[j] = -1
-            while len(table) < n:
+            while len(table) < (self._entries(target_upto) if window else n):
                 table.append(pool.alloc())
         return True
 

@@ -111,6 +111,9 @@ class Scheduler:
                               "laid out for (windowed layers hold blocks per request); rebuild with a larger batch")
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
         k = decoder.k
+        if len(decoder.ex.windows) > 1 and max(prefill_chunk, k + 1) > kv.max_rows:
+            raise ConfigError(f"prefill chunk {prefill_chunk} / K + 1 = {k + 1} exceed the {kv.max_rows} rows per "
+                              "forward the windowed layers' KV blocks were sized for; rebuild with this chunk")
         self.blocks = BlockManager(kv, decoder.ex.windows, 2 * k if k else 1, drafter=bool(k),
                                    prefix_caching=prefix_caching)
         self.waiting: collections.deque[Request] = collections.deque()
@@ -189,11 +192,12 @@ class Scheduler:
             if r not in self.running:
                 continue  # preempted for an older one
             if seq.prefilled:  # verify rows cur .. cur+K, then the drafter's mask rows
-                low, upto = seq.cur, seq.cur + self.blocks.lookahead
+                low, rows, upto = seq.cur, seq.cur + k + 1, seq.cur + self.blocks.lookahead
             else:  # this chunk, then (last chunk) K - 1 mask rows
                 low = seq.num_computed
-                upto = min(low + self.prefill_chunk, seq.prefill_len) + k
-            while not self.blocks.reserve(seq, low, upto):
+                rows = min(low + self.prefill_chunk, seq.prefill_len)
+                upto = rows + k
+            while not self.blocks.reserve(seq, low, rows, upto):
                 victim = max(self.running, key=lambda x: x.uid)
                 self._preempt(victim)
                 if victim is r:

@@ -15,7 +15,7 @@ import torch
 
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.stats import SpecStats
-from tests.helpers import CountingExecutor, ScriptedDrafter, greedy, make_decoder, reference_outputs
+from tests.helpers import CountingExecutor, ScriptedDrafter, greedy, make_decoder, new_sequence, reference_outputs
 
 PROMPTS = [[5, 9, 13], [100, 3, 77, 21, 8, 400], list(range(30, 52))]
 
@@ -104,8 +104,8 @@ def test_parallel_first_draft_equals_sequential_first_draft(tiny, k):
     par = make_decoder(tiny, "qwen3", "speculators", "peagle", k)
     seq_dec = make_decoder(tiny, "qwen3", "speculators", "eagle3", k)
     for prompt in ([3], [4, 5, 6, 7, 8], list(range(50, 90))):
-        a = par.new_sequence(prompt, greedy(50), 0)
-        b = seq_dec.new_sequence(prompt, greedy(50), 0)
+        a = new_sequence(par, prompt, greedy(50))
+        b = new_sequence(seq_dec, prompt, greedy(50))
         par.prefill([a])
         seq_dec.prefill([b])
         assert a.output == b.output and a.drafts[0] == b.drafts[0]

@@ -17,6 +17,7 @@ from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
+from tests.helpers import new_sequence, static_tables
 
 FAMILIES = ["qwen3_moe", "gpt_oss", "gemma4", "gemma4_moe"]
 K, SLOTS, SEQ = 3, 2, 96
@@ -68,7 +69,7 @@ def test_greedy_equals_transformers_generate(tiny_moe, family):
 def test_ort_target_matches_torch(exported, family):
     target, _, out = exported(family)
     torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
-    slots = torch.tensor([1, 0])
+    slots = static_tables(ort_ex, [1, 0])
     steps = [(torch.randint(0, 500, (2, 13)), torch.tensor([list(range(13)), list(range(9)) + [-1] * 4])),
              (torch.randint(0, 500, (2, 1)), torch.tensor([[13], [9]])),
              (torch.randint(0, 500, (2, K + 1)), torch.tensor([list(range(14, 18)), list(range(10, 14))]))]
@@ -97,7 +98,7 @@ def test_ort_chunked_prefill_across_the_window(exported, family):
     outputs = []
     for ex in (TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), OrtExecutor(out)):
         decoder = SpecDecoder(ex, SpecConfig("peagle", K))
-        seq = decoder.new_sequence(prompt, SamplingParams(max_tokens=16, ignore_eos=True), ex.alloc_slot())
+        seq = new_sequence(decoder, prompt, SamplingParams(max_tokens=16, ignore_eos=True))
         while not seq.prefilled:
             decoder.prefill([seq], chunk=10)
         while not seq.finished:

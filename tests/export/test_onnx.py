@@ -16,10 +16,12 @@ from peagle_trt.executors.onnxruntime import OrtExecutor
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.ops import DOMAIN, OP_TYPES
+from peagle_trt.ops.names import PLUGIN_VERSION
 from peagle_trt.ops.onnx_defs import register_schemas
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from tests.export.crossbackend import check_greedy_near_equal
+from tests.helpers import new_sequence, static_tables
 
 K, SLOTS, SEQ = 3, 3, 120
 # |logit| error bound torch vs onnxruntime for the float32 graphs (measured: about 1e-6; see
@@ -61,7 +63,7 @@ def test_graphs_hold_plugin_nodes_and_pass_the_full_checker(exported):
         assert {t: sum(n.op_type == t for n in nodes) for t in counts} == counts
         for node in nodes:
             attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-            assert attrs["plugin_version"] == b"1" and attrs["plugin_namespace"] == b""
+            assert attrs["plugin_version"] == PLUGIN_VERSION.encode() and attrs["plugin_namespace"] == b""
             if node.op_type == "PEagleKVAttention":
                 assert (attrs["num_heads"], attrs["num_kv_heads"]) == ((4, 2) if name == "target.onnx" else (4, 2))
                 assert attrs["head_dim"] in (32, 16) and attrs["scale"] == pytest.approx(attrs["head_dim"] ** -0.5)
@@ -78,7 +80,7 @@ def test_graphs_hold_plugin_nodes_and_pass_the_full_checker(exported):
 def test_ort_target_matches_torch_for_prefill_decode_and_verify(exported, family):
     target, _, out, _ = exported(family, "peagle")
     torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
-    slots = torch.tensor([2, 0])
+    slots = static_tables(ort_ex, [2, 0])
     steps = [(torch.randint(0, 500, (2, 13)), torch.tensor([list(range(13)), list(range(9)) + [-1] * 4])),  # prefill
              (torch.randint(0, 500, (2, 1)), torch.tensor([[13], [9]])),  # decode
              (torch.randint(0, 500, (2, K + 1)), torch.tensor([list(range(14, 18)), list(range(10, 14))]))]  # verify
@@ -96,7 +98,7 @@ def test_ort_parallel_drafts_equal_torch(exported):
     ort_ex = OrtExecutor(out)
     pending = torch.randint(0, 500, (2, 6))
     aux = torch.randn(2, 6, 192)
-    n, cur, slots = torch.tensor([6, 2]), torch.tensor([30, 11]), torch.tensor([1, 2])
+    n, cur, slots = torch.tensor([6, 2]), torch.tensor([30, 11]), static_tables(ort_ex, [1, 2])
     for _ in range(2):  # twice: the second pass reads the KV written by the first
         a = torch_ex.draft_parallel(pending, aux, n, cur, slots, K)
         b = ort_ex.draft_parallel(pending, aux, n, cur, slots, K)
@@ -149,7 +151,7 @@ def test_chunked_prefill_equals_whole_prefill_within_each_backend(exported):
     for make in (lambda: TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), lambda: OrtExecutor(out)):
         ex = make()
         decoder = SpecDecoder(ex, spec)
-        seq = decoder.new_sequence(prompt, params, ex.alloc_slot())
+        seq = new_sequence(decoder, prompt, params)
         while not seq.prefilled:
             decoder.prefill([seq], chunk=8)
         while not seq.finished:

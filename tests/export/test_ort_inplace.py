@@ -1,7 +1,8 @@
 """The onnxruntime executor made in memory (`OrtExecutor.from_models`, what `generate --target`
 runs on CPU): logits near the torch reference, and the KV cache written in place: the new rows
-land in the very buffers bound as past_* / present_* (IO binding), at their slot and positions
-only, with no other cache entry touched; spec == target-only within it."""
+land in the very buffers bound as past_* / present_* (IO binding), in the blocks the block
+table names at their offsets only, with no other cache entry touched; spec == target-only
+within it."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ def test_in_memory_executor_writes_kv_in_place(tiny):
     ort_ex, torch_ex = OrtExecutor.from_models(target, None, None, 2, 64), TorchExecutor(target, None, 2, 64)
     kv = ort_ex.g_target.kv
     addresses = {name: a.ctypes.data for name, a in kv.items()}
-    slots = torch.tensor([1])
+    tables = torch.tensor([[[3, -1]]])  # [G, B, M]: one request, positions 0..31 in block 3
     for tokens, positions in (([[5, 6, 7]], [[0, 1, 2]]), ([[9]], [[3]]), ([[4, 8]], [[4, 5]])):
-        got, _ = ort_ex.target(torch.tensor(tokens), torch.tensor(positions), slots)  # [1, S, V]
-        want, _ = torch_ex.target(torch.tensor(tokens), torch.tensor(positions), slots)
+        got, _ = ort_ex.target(torch.tensor(tokens), torch.tensor(positions), tables)  # [1, S, V]
+        want, _ = torch_ex.target(torch.tensor(tokens), torch.tensor(positions), tables)
         assert (got - want).abs().max() < LOGIT_TOL
     assert {name: a.ctypes.data for name, a in kv.items()} == addresses  # the same buffers, still bound
-    k0 = kv["past_key_0"]  # [N, KV, T+1, d]
-    np.testing.assert_allclose(k0[1, :, :6], torch_ex.target_cache.k[0][1, :, :6].numpy(), atol=1e-5)
-    assert not k0[0].any() and not k0[1, :, 6:].any()  # the other slot and later rows untouched
+    k0 = kv["past_key_0"]  # [blocks + 1, block_size, KV, d]
+    np.testing.assert_allclose(k0[3, :6], torch_ex.target_cache.k[0][3, :6].numpy(), atol=1e-5)
+    assert k0[3, :6].any() and not k0[3, 6:].any()  # later offsets untouched
+    assert not np.delete(k0, 3, axis=0).any()  # every other block untouched
 
 
 def test_in_memory_spec_equals_target_only(tiny):

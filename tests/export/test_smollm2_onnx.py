@@ -18,6 +18,7 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 from tests.export.crossbackend import check_greedy_near_equal
+from tests.helpers import static_tables
 
 pytestmark = pytest.mark.slow
 K, SLOTS, SEQ = 3, 2, 256
@@ -36,7 +37,7 @@ def exported(smollm2, tmp_path_factory):
 def test_ort_logits_and_taps_near_torch(exported):
     target, _, out, _ = exported
     torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
-    slots = torch.tensor([1, 0])
+    slots = static_tables(ort_ex, [1, 0])
     steps = [(torch.randint(0, 49152, (2, 40)), torch.arange(40).expand(2, -1)),  # prefill
              (torch.randint(0, 49152, (2, 1)), torch.tensor([[40], [40]])),  # decode
              (torch.randint(0, 49152, (2, K + 1)), torch.arange(41, 41 + K + 1).expand(2, -1))]  # verify

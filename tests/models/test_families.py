@@ -10,9 +10,10 @@ import torch
 
 from peagle_trt.checkpoint import mxfp4
 from peagle_trt.checkpoint.target import load_target
-from peagle_trt.models.memory import kv_slot_memory
+from peagle_trt.config import KVLayout
+from peagle_trt.models.memory import kv_memory
 from peagle_trt.tokenizer import TextCodec
-from tests.helpers import chunked_forward, hf_target, our_target
+from tests.helpers import chunked_forward, hf_target, our_target, paged_forward
 
 FAMILIES = ["qwen3_moe", "gpt_oss"]
 TAPS = (0, 2, 4, 5, 7)
@@ -32,36 +33,31 @@ def test_logits_and_taps_equal_transformers(tiny_moe, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("max_rows", [None, 12])  # 12: sliding layers keep 8 + 12 - 1 positions only
-def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, family, max_rows):
+@pytest.mark.parametrize("paged", [False, True])  # True: blocks of 4 from the BlockManager, windows freed
+def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, family, paged):
     ours, hf = our_target(tiny_moe[family], TAPS), hf_target(tiny_moe[family])
     ids = torch.randint(0, 500, (1, 45))
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
-        cache = ours.new_cache(1, 64, max_rows=max_rows)
-    logits, aux = chunked_forward(ours, ids, cache)
+    if paged:
+        logits, aux, cache, blocks = paged_forward(ours, ids)
+    else:
+        logits, aux = chunked_forward(ours, ids, ours.new_cache(1, 64))
     torch.testing.assert_close(logits, ref.logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(aux[..., 64:128], ref.hidden_states[2], rtol=1e-4, atol=1e-4)
-    if family == "gpt_oss" and max_rows:
-        assert [t.shape[2] - 1 for t in cache.k] == [19, 64] * 4  # sliding, full, ...
+    if family == "gpt_oss" and paged:  # window 8: the sliding layers gave back every block before 33 - 7
+        assert ours.kv_windows == (0, 8) and blocks[1][:6] == [-1] * 6 and min(blocks[1][6:]) >= 0
+        assert len(blocks[0]) == 12 and min(blocks[0]) >= 0  # full layers keep all 45 positions
 
 
-def test_kv_bytes_per_slot_grow_with_full_layers_only(tiny_moe):
+def test_kv_memory_grows_with_full_layers_only(tiny_moe):
     c = load_target(tiny_moe["gpt_oss"]).config
-    per_layer = lambda n: 2 * c.num_kv_heads * (n + 1) * c.head_dim * 2  # noqa: E731 (K and V, bf16)
-    assert kv_slot_memory(c, None, 4096).target_bytes_per_slot == 8 * per_layer(4096)
-    assert kv_slot_memory(c, None, 4096, max_rows=8).target_bytes_per_slot == 4 * per_layer(4096) + 4 * per_layer(15)
-
-
-def test_windowed_ring_refuses_a_forward_wider_than_it_holds(tiny_moe):
-    from peagle_trt.errors import RuntimeInvariantError
-
-    ours = our_target(tiny_moe["gpt_oss"], TAPS)
-    cache = ours.new_cache(1, 64, max_rows=4)  # sliding layers: 8 + 4 - 1 positions
-    with torch.no_grad():
-        ours(torch.randint(0, 500, (1, 11)), torch.arange(11)[None], torch.tensor([0]), cache)
-        with pytest.raises(RuntimeInvariantError, match="overrun a windowed KV ring"):
-            ours(torch.randint(0, 500, (1, 6)), torch.arange(11, 17)[None], torch.tensor([0]), cache)
+    block = 2 * c.num_kv_heads * 32 * c.head_dim * 2  # K and V of one 32-position block, bf16
+    kv = KVLayout.for_sequences(4, 4096, max_rows=8)  # 4 requests of 4096 positions: 512 blocks
+    mem = kv_memory(c, None, kv)
+    # sliding layers (window 8) hold ceil((8 + 8) / 32) + 1 = 2 blocks per request, + the trash block
+    assert mem.target_bytes_per_block == 4 * block and mem.window_bytes == 4 * block * (4 * 2 + 1)
+    assert (mem.full_layers, mem.windowed_layers) == (4, 4) and mem.total_bytes == 513 * 4 * block + mem.window_bytes
 
 
 def test_mxfp4_dequantizes_exactly():

@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from peagle_trt.checkpoint.target import load_target
+from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError
-from peagle_trt.models.memory import kv_slot_memory
-from tests.helpers import chunked_forward, hf_target, our_target
+from peagle_trt.models.memory import kv_memory
+from tests.helpers import chunked_forward, hf_target, our_target, paged_forward
 
 TAPS = (0, 2, 4, 5, 7)  # 5 and 7: entering / leaving KV-shared layers
 
@@ -37,31 +38,33 @@ def test_logits_and_taps_equal_transformers(tiny_moe):
     _check(logits, aux, ref)
 
 
-@pytest.mark.parametrize("max_rows", [None, 12])  # 12: sliding layers (and their sharers) keep 8 + 12 - 1
-def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, max_rows):
+@pytest.mark.parametrize("paged", [False, True])  # True: blocks of 4 from the BlockManager, windows freed
+def test_chunked_prefill_with_cache_equals_full_forward(tiny_moe, paged):
     ours, hf = our_target(tiny_moe["gemma4"], TAPS), hf_target(tiny_moe["gemma4"])
     ids = torch.randint(0, 500, (1, 45))
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
-        cache = ours.new_cache(1, 64, max_rows=max_rows)
-    logits, aux = chunked_forward(ours, ids, cache)
+    if paged:
+        logits, aux, cache, blocks = paged_forward(ours, ids)
+        assert blocks[1][:6] == [-1] * 6  # the sliding layers (and their sharers) gave back what slid out
+    else:
+        logits, aux = chunked_forward(ours, ids, cache := ours.new_cache(1, 64))
     _check(logits, aux, ref)
-    # KV-shared layers 5, 6, 7 hold no cache: they read layers 2, 4, 2
+    # KV-shared layers 5, 6, 7 hold no cache: they read layers 2, 4, 2 (and sit in their groups)
     assert cache.k[5] is cache.k[2] and cache.k[6] is cache.k[4] and cache.v[7] is cache.v[2]
-    ring = 19 if max_rows else 64
-    sliding, full = (2, ring + 1, 32), (1, 65, 64)  # full layers: 1 KV head of 64 (global)
-    assert [tuple(t.shape[1:]) for t in cache.k] == [sliding, sliding, full, sliding, sliding, full, sliding,
-                                                     full]
+    assert cache.groups == (1, 1, 0, 1, 1, 0, 1, 0)
+    sliding, full = (cache.block_size, 2, 32), (cache.block_size, 1, 64)  # full layers: 1 KV head of 64
+    assert [tuple(t.shape[1:]) for t in cache.k] == [sliding, sliding, full, sliding, sliding, full, sliding, full]
 
 
 def test_decode_steps_equal_transformers_with_its_cache(tiny_moe):
     """One token at a time after a prompt (past the window, through the shared layers' reads of
-    a ring cache), against transformers' own incremental decoding with its KV cache."""
+    another layer's cache), against transformers' own incremental decoding with its KV cache."""
     ours, hf = our_target(tiny_moe["gemma4"], TAPS), hf_target(tiny_moe["gemma4"])
     ids = torch.randint(0, 500, (1, 20))
     with torch.no_grad():
         ref = hf(ids[:, :4], use_cache=True, output_hidden_states=True)
-        cache = ours.new_cache(1, 32, max_rows=4)
+        cache = ours.new_cache(1, 32)
         logits, aux = ours(ids[:, :4], torch.arange(4)[None], torch.tensor([0]), cache)
         _check(logits, aux, ref)
         for p in range(4, 20):
@@ -86,14 +89,14 @@ def test_multimodal_wrapper_checkpoint_loads_its_language_model(tiny_moe):
     torch.testing.assert_close(aux[..., 64:128], ref.hidden_states[2], rtol=1e-4, atol=1e-4)
 
 
-def test_kv_bytes_per_slot_skip_shared_layers_and_keep_windows(tiny_moe):
+def test_kv_memory_skips_shared_layers_and_keeps_windows(tiny_moe):
     c = load_target(tiny_moe["gemma4"]).config
-    per_layer = lambda kv, d, n: 2 * kv * (n + 1) * d * 2  # noqa: E731 (K and V, bf16)
-    mem = kv_slot_memory(c, None, 4096, max_rows=8)
-    # owners: sliding 0, 1, 3, 4 (2 KV heads x 32, window 8 + 8 - 1); full 2 (1 KV head x 64)
-    assert mem.target_bytes_per_slot == 4 * per_layer(2, 32, 15) + per_layer(1, 64, 4096)
+    block = lambda kv, d: 2 * kv * 32 * d * 2  # noqa: E731 (K and V of a 32-position block, bf16)
+    mem = kv_memory(c, None, KVLayout.for_sequences(1, 4096, max_rows=8))
+    # owners: sliding 0, 1, 3, 4 (2 KV heads x 32, window 8: 2 blocks + trash); full 2 (1 KV head x 64)
+    assert mem.target_bytes_per_block == block(1, 64) and mem.window_bytes == 4 * 3 * block(2, 32)
     assert (mem.full_layers, mem.windowed_layers, mem.shared_layers) == (1, 4, 3)
-    assert "3 KV-shared" in mem.describe(1)
+    assert "3 KV-shared" in mem.describe()
 
 
 @pytest.mark.parametrize("key,value,feature", [
@@ -146,9 +149,10 @@ def test_inspect_prints_kv_memory_without_shared_layers(tiny_moe, capsys):
     out = capsys.readouterr().out
     mem = json.loads(out.strip().splitlines()[-1])["kv_memory"]
     c = load_target(tiny_moe["gemma4"]).config
-    assert mem == kv_slot_memory(c, None, 512, 256).as_dict() | {
-        "drafter_bytes_per_slot": mem["drafter_bytes_per_slot"],
-        "bytes_per_slot": mem["target_bytes_per_slot"] + mem["drafter_bytes_per_slot"]}
+    without = kv_memory(c, None, KVLayout.for_sequences(1, 512, max_rows=256)).as_dict()
+    assert {k: v for k, v in mem.items() if "drafter" not in k and "bytes" not in k} == \
+        {k: v for k, v in without.items() if "drafter" not in k and "bytes" not in k}
+    assert mem["target_bytes_per_block"] == without["target_bytes_per_block"] and mem["drafter_bytes_per_block"] > 0
     assert mem["shared_layers"] == 3 and "3 KV-shared" in out
 
 
@@ -161,6 +165,6 @@ def test_moe_block_equals_transformers(tiny_moe):
     ids = torch.randint(0, 500, (1, 45))
     with torch.no_grad():
         ref = hf(ids, output_hidden_states=True)
-    logits, aux = chunked_forward(ours, ids, ours.new_cache(1, 64, max_rows=12),
+    logits, aux = chunked_forward(ours, ids, ours.new_cache(1, 64),
                                   ((0, 11), (11, 12), (12, 24), (24, 45 - 12), (45 - 12, 45)))
     _check(logits, aux, ref)
