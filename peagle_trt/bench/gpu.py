@@ -244,8 +244,8 @@ def section_drafter(a, device, dtype, kernels: str, head: str) -> list[dict]:
 def target_forward(ex, b: int, s: int, context: int, device):
     tokens = torch.randint(0, 100, (b, s), device=device)
     positions = context + torch.arange(s, device=device)[None].expand(b, -1)  # [B, S]
-    slots = torch.arange(b, device=device)
-    return lambda: ex.target(tokens, positions, slots)
+    seqs = torch.arange(b, device=device)  # sequence indices: the static block layout (models/kv_cache.py)
+    return lambda: ex.target(tokens, positions, seqs)
 
 
 def section_target(a, ex, weights: str, copy_gbs: float, device) -> list[dict]:
@@ -263,11 +263,16 @@ def section_target(a, ex, weights: str, copy_gbs: float, device) -> list[dict]:
     return rows
 
 
-def sequences(b: int, k: int, context: int, vocab: int) -> list[Sequence]:
+def sequences(ex, b: int, k: int, context: int, vocab: int) -> list[Sequence]:
+    """B decoding sequences at `context`, each holding the KV blocks of sequence i in the static
+    layout (blocks i*M .. i*M + M - 1, what target_forward's sequence indices address), so a step
+    reads and writes the same blocks as the verify timed alone."""
     params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+    tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
     out = []
     for i in range(b):
-        s = Sequence([1] * context, params, i, stats=SpecStats(k), num_computed=context, cur=context)
+        s = Sequence([1] * context, params, i, stats=SpecStats(k), num_computed=context, cur=context,
+                     blocks=[group[i] for group in tables])
         s.output, s.drafts = [2], [3 % vocab] * k
         out.append(s)
     return out
@@ -292,7 +297,7 @@ def section_iteration(a, ex, device) -> list[dict]:
         spec = SpecConfig(mode, k)
         decoder = SpecDecoder(ex, spec)
         for b in a.batches:
-            seqs = sequences(b, spec.k, a.context, vocab)
+            seqs = sequences(ex, b, spec.k, a.context, vocab)
             step_ms = timed(lambda: decoder.step(seqs), device, a.repeats, a.warmup)
             verify_ms = timed(target_forward(ex, b, spec.k + 1, a.context, device), device, a.repeats, a.warmup)
             draft_ms = 0.0

@@ -7,7 +7,9 @@ Needs a CUDA GPU and the kernel library (scripts/build_plugins.sh -> plugins/bui
 without them it stops with a ConfigError naming what is missing.
 
 Shapes: a Llama-3-8B-like layer (H=32, KV=8, d=128); verify rows S = K+1 = 8 and drafter rows
-S = P+K-1; batch 1/8/32; every request at the same context length (512 .. 8192). The KV bytes read
+S = P+K-1; batch 1/8/32; every request at the same context length (512 .. 8192), its KV in blocks of
+32 positions scattered over the paged cache (a random permutation, as a long-running server's free
+list leaves them). The KV bytes read
 (context x KV x d x 2 tensors) over the time gives the bandwidth to compare with the HBM peak
 (H200: ~4.8 TB/s). --smoke: batch 1, one context, the smallest vocabulary, 5 iterations. A markdown
 table on stdout, and the LAST stdout line is one JSON object with every measurement.
@@ -21,6 +23,7 @@ import torch
 
 from peagle_trt.bench.common import progress
 from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
 
@@ -40,18 +43,19 @@ def bench(fn, iters: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters):
-    t1 = ctx + s + 1
+def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE):
     cache_dtype = torch.float8_e4m3fn if fp8 else dtype
     q = torch.randn(b, s, h * d, device="cuda", dtype=dtype)
     k = torch.randn(b, s, kv * d, device="cuda", dtype=dtype)
     v = torch.randn_like(k)
     positions = (torch.arange(s, device="cuda") + ctx - s + 1).expand(b, s).contiguous()
-    slots = torch.arange(b, device="cuda")
-    kc = torch.randn(b, kv, t1, d, device="cuda").to(cache_dtype)
-    vc = torch.randn(b, kv, t1, d, device="cuda").to(cache_dtype)
+    m = -(-(ctx + 1) // block_size)  # table entries covering positions 0 .. ctx
+    gen = torch.Generator().manual_seed(0)
+    tables = torch.randperm(b * m, generator=gen).view(b, m).to("cuda")  # scattered blocks
+    kc = torch.randn(b * m + 1, block_size, kv, d, device="cuda").to(cache_dtype)  # + the trash block
+    vc = torch.randn(b * m + 1, block_size, kv, d, device="cuda").to(cache_dtype)
     extra = dict(k_scale=0.05, v_scale=0.05) if fp8 else {}
-    ms = bench(lambda: plugins.kv_attention(q, k, v, positions, slots, kc, vc, h, kv, d, **extra), iters)
+    ms = bench(lambda: plugins.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, **extra), iters)
     kv_bytes = 2 * b * kv * (ctx + 1) * d * kc.element_size()
     return dict(op="kv_attention", batch=b, rows=s, context=ctx, heads=h, kv_heads=kv, head_dim=d,
                 dtype=str(dtype), fp8_cache=fp8, ms=round(ms, 4), kv_gbps=round(kv_bytes / ms / 1e6, 1))

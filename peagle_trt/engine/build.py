@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from peagle_trt.atomic import check_output, staged_dir
-from peagle_trt.errors import BuildError
+from peagle_trt.config import BLOCK_SIZE, KVLayout
+from peagle_trt.errors import BuildError, ConfigError
 from peagle_trt.manifest import MANIFEST, sha256, verify_manifest, write_manifest
 from peagle_trt.ops.names import DRAFT_INPUTS, KV_ATTENTION, OP_TYPES, PLUGIN_NAMESPACE, PLUGIN_VERSION
 
@@ -43,16 +44,18 @@ NGC_HINT = ("TensorRT is not installed in this Python environment, and it cannot
             "nvcr.io/nvidia/tensorrt:<yy.mm>-py3; or install the wheels from NVIDIA's index with "
             "`pip install tensorrt-cu13` (tensorrt-cu12 for CUDA 12), matching your CUDA and driver.")
 
-# Axes of every non-KV input (docs/EXPORT.md); None = a static size (hidden width) taken from the graph.
+# Axes of every non-KV input (docs/EXPORT.md); None = a static size (hidden width, KV groups) taken from
+# the graph; FIXED symbols may be static or dynamic in the graph but take one size in every profile.
 AXES = {
-    "target": {"input_ids": ("batch", "rows"), "positions": ("batch", "rows"), "slots": ("batch",),
-               "logit_rows": ("batch", "logit_rows")},
+    "target": {"input_ids": ("batch", "rows"), "positions": ("batch", "rows"),
+               "block_tables": (None, "batch", "blocks"), "logit_rows": ("batch", "logit_rows")},
     "drafter": {"pending_ids": ("batch", "pending"), "pending_aux": ("batch", "pending", None),
-                "num_pending": ("batch",), "cur": ("batch",), "slots": ("batch",)},
+                "num_pending": ("batch",), "cur": ("batch",), "block_tables": ("batch", "blocks")},
     "drafter_step": {"input_ids": ("batch", "rows"), "hidden": ("batch", "rows", None),
-                     "positions": ("batch", "rows"), "slots": ("batch",)},
+                     "positions": ("batch", "rows"), "block_tables": ("batch", "blocks")},
     "drafter_fc": {"aux": ("batch", "rows", None)},
 }
+FIXED = ("blocks",)  # M = ceil(max_len / block_size) block-table entries per request
 
 
 def import_tensorrt():
@@ -67,7 +70,7 @@ def import_tensorrt():
 @dataclass(frozen=True)
 class EngineOptions:
     gpu_arch: str = "sm_90"  # sm_90 (H100/H200) | sm_100 (B200)
-    max_batch: int = 8  # N: KV slots = concurrent requests
+    max_batch: int = 8  # concurrent requests (a batch's rows)
     max_seq_len: int = 2048  # prompt + generated tokens
     num_spec_tokens: int = 7  # K, fixed in the exported drafter
     prefill_chunk: int = 256  # prompt tokens per prefill forward
@@ -75,19 +78,36 @@ class EngineOptions:
     workspace_gb: float = 8.0  # builder workspace pool
     timing_cache: Path | None = None  # None: ~/.cache/peagle-trt/timing-<arch>.cache
     allow_arch_mismatch: bool = False  # build an Ampere+ hardware-compatible plan on another GPU
+    block_size: int = BLOCK_SIZE  # positions per KV block
+    kv_blocks: int = 0  # KV blocks (the trash block aside); 0: max_batch requests of the full length
 
     def __post_init__(self):
         if self.gpu_arch not in ARCHES:
             raise BuildError(f"--gpu-arch {self.gpu_arch!r} is not supported; choose from {sorted(ARCHES)}")
-        if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1 or self.workspace_gb <= 0:
-            raise BuildError("max_batch, max_seq_len, prefill_chunk and workspace_gb must be positive")
+        if (self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1 or self.workspace_gb <= 0
+                or self.block_size < 1 or self.kv_blocks < 0):
+            raise BuildError("max_batch, max_seq_len, prefill_chunk, block_size and workspace_gb must be positive "
+                             "(kv_blocks >= 0)")
         if not 0 <= self.num_spec_tokens <= 64:
             raise BuildError(f"num_spec_tokens must be in [0, 64], got {self.num_spec_tokens}")
+        if self.kv_blocks and self.kv_blocks < self.kv_layout.max_blocks:
+            raise BuildError(f"--kv-blocks {self.kv_blocks} cannot hold one request of --max-seq-len "
+                             f"{self.max_seq_len} (it needs {self.kv_layout.max_blocks} blocks of {self.block_size})")
 
     @property
-    def kv_len(self) -> int:
-        """T + 1 rows per KV slot: T = max_seq_len + K + 1 positions, plus the trash row."""
-        return self.max_seq_len + self.num_spec_tokens + 2
+    def max_len(self) -> int:
+        """KV positions per request: max_seq_len + a verify's K + 1 headroom (as the runtime's)."""
+        return self.max_seq_len + self.num_spec_tokens + 1
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """The paged KV cache the plans are built for (serving.options.RepositoryOptions.kv_layout)."""
+        try:
+            if not self.kv_blocks:
+                return KVLayout.for_sequences(self.max_batch, self.max_len, self.block_size, max_rows=self.max_rows)
+            return KVLayout(self.kv_blocks, self.max_len, self.max_batch, self.block_size, self.max_rows)
+        except ConfigError as exc:
+            raise BuildError(str(exc)) from exc
 
     @property
     def max_rows(self) -> int:
@@ -104,14 +124,18 @@ class EngineOptions:
 def _ranges(graph: str, spec: EngineOptions) -> dict[str, dict[str, tuple[int, int, int]]]:
     """(min, opt, max) of every symbolic axis, per profile."""
     n, k1, rows = spec.max_batch, spec.num_spec_tokens + 1, spec.max_rows
+    m = spec.kv_layout.max_blocks
+    blocks = (m, m, m)
     if graph == "target":
         chunk = spec.prefill_chunk
-        return {"prefill": {"batch": (1, 1, n), "rows": (1, chunk, chunk), "logit_rows": (1, 1, 1)},
-                "decode": {"batch": (1, n, n), "rows": (1, k1, k1), "logit_rows": (1, k1, k1)}}
+        return {"prefill": {"batch": (1, 1, n), "rows": (1, chunk, chunk), "logit_rows": (1, 1, 1),
+                            "blocks": blocks},
+                "decode": {"batch": (1, n, n), "rows": (1, k1, k1), "logit_rows": (1, k1, k1), "blocks": blocks}}
     if graph == "drafter":
-        return {"draft": {"batch": (1, n, n), "pending": (1, min(k1, rows), rows)}}
+        return {"draft": {"batch": (1, n, n), "pending": (1, min(k1, rows), rows), "blocks": blocks}}
     # drafter_step: K-1 of the K sequential passes have one row; drafter_fc projects pending rows
-    return {"rows": {"batch": (1, n, n), "rows": (1, 1 if graph == "drafter_step" else min(k1, rows), rows)}}
+    return {"rows": {"batch": (1, n, n), "rows": (1, 1 if graph == "drafter_step" else min(k1, rows), rows),
+                     "blocks": blocks}}
 
 
 def _static(dim) -> bool:
@@ -119,15 +143,19 @@ def _static(dim) -> bool:
 
 
 def _kv_shape(graph: str, name: str, dims: list, spec: EngineOptions) -> list[int]:
-    """[N, KV, T+1, d]: KV heads and head_dim from the graph, N and T+1 from the spec."""
-    if len(dims) != 4 or not (_static(dims[1]) and _static(dims[3])):
-        raise BuildError(f"{graph}.onnx input {name} has shape {dims}; expected [N, kv_heads, T+1, head_dim] "
-                         "with static kv_heads and head_dim (docs/EXPORT.md); re-export")
-    want = [spec.max_batch, dims[1], spec.kv_len, dims[3]]
-    for axis, what in ((0, "N = --max-batch"), (2, "T+1 = --max-seq-len + K + 2")):
+    """[blocks + 1, block_size, KV, d] (paged, the last block is the trash block): KV heads and
+    head_dim from the graph, the block count and size from the spec."""
+    if len(dims) != 4 or not (_static(dims[2]) and _static(dims[3])):
+        raise BuildError(f"{graph}.onnx input {name} has shape {dims}; expected [blocks + 1, block_size, kv_heads, "
+                         "head_dim] with static kv_heads and head_dim (docs/EXPORT.md); re-export")
+    kv = spec.kv_layout
+    want = [kv.num_blocks + 1, kv.block_size, dims[2], dims[3]]
+    what = {0: "blocks + 1 = (--kv-blocks, else --max-batch x ceil((--max-seq-len + K + 1) / --block-size)) + 1",
+            1: "--block-size"}
+    for axis in (0, 1):
         if _static(dims[axis]) and dims[axis] != want[axis]:
             raise BuildError(f"{graph}.onnx input {name} was exported with axis {axis} = {dims[axis]} but "
-                             f"{what} gives {want[axis]}; build with the export's sizes or re-export")
+                             f"{what[axis]} gives {want[axis]}; build with the export's sizes or re-export")
     return want
 
 
@@ -136,8 +164,9 @@ def profiles_for(graph: str, spec: EngineOptions, shapes: dict[str, list]) -> di
 
     `shapes` maps every network input to its dims (int = static; -1, None or a name = dynamic).
     target: prefill (batch 1..N, rows 1..prefill_chunk, logit_rows 1) and decode / verify (batch 1..N,
-    rows and logit_rows 1..K+1); drafter: pending 1..max(prefill_chunk, K+1), batch 1..N. KV inputs
-    are fixed [N, KV, T+1, d] in every profile.
+    rows and logit_rows 1..K+1); drafter: pending 1..max(prefill_chunk, K+1), batch 1..N (N =
+    max_batch). Block tables ([G, batch, M] target, [batch, M] drafters) have M = ceil(max_len /
+    block_size) entries in every profile; KV inputs are fixed [blocks + 1, block_size, KV, d].
     """
     if graph not in AXES:
         raise BuildError(f"unknown graph {graph!r}; expected one of {GRAPHS}")
@@ -158,9 +187,13 @@ def profiles_for(graph: str, spec: EngineOptions, shapes: dict[str, list]) -> di
             lo, opt, hi = [], [], []
             for axis, (sym, dim) in enumerate(zip(symbols, dims)):
                 if sym is None and not _static(dim):
-                    raise BuildError(f"{graph}.onnx input {name} axis {axis} must be static (a hidden size), "
-                                     f"got {dim!r}; re-export")
-                if sym is not None and _static(dim):
+                    raise BuildError(f"{graph}.onnx input {name} axis {axis} must be static (a hidden size or "
+                                     f"the KV groups), got {dim!r}; re-export")
+                if sym in FIXED and _static(dim) and dim != ranges[sym][0]:
+                    raise BuildError(f"{graph}.onnx input {name} axis {axis} ({sym}) was exported as {dim} but "
+                                     f"the KV layout gives {ranges[sym][0]} (ceil((--max-seq-len + K + 1) / "
+                                     "--block-size)); build with the export's sizes or re-export")
+                if sym is not None and sym not in FIXED and _static(dim):
                     raise BuildError(f"{graph}.onnx input {name} axis {axis} ({sym}) must be dynamic, got "
                                      f"{dim}; re-export with dynamic {sym}")
                 a, b, c = (dim, dim, dim) if sym is None else ranges[sym]
@@ -438,6 +471,7 @@ def build_engines(export_dir: Path, out_dir: Path, spec: EngineOptions) -> dict:
                  "aliased_plugin_io": aliased_plugin_io(trt),
                  "hardware_compatibility": "AMPERE_PLUS" if spec.gpu_arch != visible else "NONE",
                  "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
+                 "kv": asdict(spec.kv_layout),  # the paged cache the plans are built for
                  "timing_cache": str(cache_path), "plugin_library": None, "graphs": {}}
         if spec.plugin_library is not None:
             rel = Path("plugins") / spec.gpu_arch / Path(spec.plugin_library).name

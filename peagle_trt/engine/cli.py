@@ -2,7 +2,8 @@
 
     peagle-trt engine --export-dir EXPORT --output ENGINES --gpu-arch sm_90 \\
         [--plugin-library LIB.so] [--max-batch 8] [--max-seq-len 2048] [--num-spec-tokens 7] \\
-        [--prefill-chunk 256] [--workspace-gb 8] [--timing-cache PATH] [--allow-arch-mismatch]
+        [--prefill-chunk 256] [--block-size 32] [--kv-blocks 0] [--workspace-gb 8] [--timing-cache PATH] \\
+        [--allow-arch-mismatch]
 
 Runs only where TensorRT is installed (NGC containers, docker/); elsewhere it exits with a message
 naming the container. The last stdout line (printed by peagle_trt/cli.py) is the returned dict.
@@ -20,6 +21,7 @@ PLUGIN_ENV = "PEAGLE_TRT_PLUGIN_LIBRARY"  # default --plugin-library (set by doc
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `engine` on an argparse subparsers object; sets func=cmd_engine."""
+    from peagle_trt.config import BLOCK_SIZE
     from peagle_trt.engine import ARCHES
 
     e = sub.add_parser("engine", help="build TensorRT plans from an export directory (needs TensorRT + GPU)")
@@ -31,10 +33,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "it runs on")
     e.add_argument("--plugin-library", type=Path, default=os.environ.get(PLUGIN_ENV) or None,
                    help=f"PEagle TensorRT plugin library (.so built from plugins/; default ${PLUGIN_ENV})")
-    e.add_argument("--max-batch", type=int, default=8, help="N: KV slots = concurrent requests (default 8)")
+    e.add_argument("--max-batch", type=int, default=8, help="concurrent requests per forward (default 8)")
     e.add_argument("--max-seq-len", type=int, default=2048, help="prompt + output tokens (default 2048)")
     e.add_argument("--num-spec-tokens", type=int, default=7, help="K, as exported (default 7)")
     e.add_argument("--prefill-chunk", type=int, default=256, help="prompt tokens per prefill (default 256)")
+    e.add_argument("--block-size", type=int, default=BLOCK_SIZE,
+                   help=f"positions per KV block, as exported (default {BLOCK_SIZE})")
+    e.add_argument("--kv-blocks", type=int, default=0,
+                   help="KV blocks, as exported (default 0: --max-batch requests of the full length)")
     e.add_argument("--workspace-gb", type=float, default=8.0, help="builder workspace in GiB (default 8)")
     e.add_argument("--timing-cache", type=Path, default=None,
                    help="persistent timing cache (default ~/.cache/peagle-trt/timing-<arch>.cache)")
@@ -50,7 +56,8 @@ def cmd_engine(args: argparse.Namespace) -> dict:
 
     spec = EngineOptions(args.gpu_arch, args.max_batch, args.max_seq_len, args.num_spec_tokens,
                       args.prefill_chunk, Path(args.plugin_library) if args.plugin_library else None,
-                      args.workspace_gb, args.timing_cache, args.allow_arch_mismatch)
+                      args.workspace_gb, args.timing_cache, args.allow_arch_mismatch,
+                      block_size=args.block_size, kv_blocks=args.kv_blocks)
     t0 = time.perf_counter()
     manifest = build_engines(args.export_dir, args.output, spec)
     entry = manifest["engines"][spec.gpu_arch]

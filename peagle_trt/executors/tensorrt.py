@@ -2,10 +2,15 @@
 
 What: deserializes `<graph>.<arch>.plan` (target, drafter, drafter_step, drafter_fc; see
 docs/EXPORT.md), creates one execution context per optimization profile, allocates every KV cache
-ONCE as a torch CUDA tensor [N, KV, T+1, d] and binds it to BOTH `past_*` and `present_*` of its
-layer (the attention plugin updates it in place), then runs a forward by choosing the profile that
-fits the row count, `set_input_shape` + `set_tensor_address` on torch tensors, and
-`execute_async_v3` on torch's current stream (no host sync: results are torch tensors on it).
+ONCE as a torch CUDA tensor, paged [blocks + 1, block_size, KV, d] (the last block is the trash
+block), and binds it to BOTH `past_*` and `present_*` of its layer (the attention plugin updates it
+in place), then runs a forward by choosing the profile that fits the row count, `set_input_shape` +
+`set_tensor_address` on torch tensors, and `execute_async_v3` on torch's current stream (no host
+sync: results are torch tensors on it). Which blocks a request holds is the runtime's business
+(runtime/blocks.py): every forward gets block tables [G, B, M] (`block_tables` of the target plan;
+the drafter plans take group 0's [B, M]). `kv` (a KVLayout) comes from the engine manifest (else
+from the cache and table shapes of the plans); `windows` is (0,): the plugins have no sliding
+windows, so the engine stage builds full-attention models only (one KV group).
 Why: the Triton model and `generate --repo` step the same scheduler over any executor; this one
 runs the engines instead of the torch reference.
 How to test: only where TensorRT and a GPU exist (an NGC container): build the plans of a small
@@ -19,13 +24,14 @@ from pathlib import Path
 
 import torch
 
+from peagle_trt.config import KVLayout
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
-from peagle_trt.executors.slots import SlotPool
 from peagle_trt.manifest import verify_manifest
 
 log = logging.getLogger(__name__)
 
 PAST, PRESENT = "past_", "present_"
+TABLES = "block_tables"  # [G, B, M] in the target plan, [B, M] (group 0) in the drafter plans
 
 
 def _torch_dtype(trt, dtype) -> torch.dtype:
@@ -71,6 +77,7 @@ class _Runner:
             raise RuntimeInvariantError(f"{path}: {unpaired} have no present_* output to alias "
                                         "(docs/EXPORT.md)")
         dynamic = [n for n in self.inputs if min(tuple(engine.get_tensor_shape(n)), default=0) < 0]
+        self.declared = {n: tuple(engine.get_tensor_shape(n)) for n in self.inputs}  # -1: dynamic axes
         self.ranges = []  # per profile: {input: (min, max)}
         for p in range(engine.num_optimization_profiles):
             bounds = {n: engine.get_tensor_profile_shape(n, p) for n in dynamic}
@@ -141,7 +148,28 @@ def _volume(shape) -> int:
     return v
 
 
-class TensorRTExecutor(SlotPool):
+def _kv_layout(entry: dict, runners: dict[str, _Runner], caches: dict[str, torch.Tensor]) -> KVLayout:
+    """The plans' KVLayout: the engine manifest's `kv` (written by the engine stage), checked against
+    the caches; for an older manifest, from the cache shape [blocks + 1, bs, KV, d] and the profiles'
+    block tables (M entries) and batch."""
+    cache = next(iter(caches.values()))
+    blocks, block_size = cache.shape[0] - 1, cache.shape[1]
+    if entry.get("kv"):
+        kv = KVLayout(**entry["kv"])
+        if (kv.num_blocks, kv.block_size) != (blocks, block_size):
+            raise RuntimeInvariantError(f"the engine manifest's KV layout {kv} disagrees with the plans' caches "
+                                        f"{tuple(cache.shape)}; rebuild the engines")
+        return kv
+    target = runners["target"]
+    tables = [hi for p in target.ranges for name, (_, hi) in p.items() if name == TABLES]
+    entries = max((t[-1] for t in tables), default=0) or target.declared.get(TABLES, (0,))[-1]
+    batch = max((t[-2] for t in tables), default=1)
+    if entries < 1:
+        raise RuntimeInvariantError(f"{target.path.name}: no {TABLES} input; rebuild the engines from a paged export")
+    return KVLayout(blocks, entries * block_size, batch, block_size)
+
+
+class TensorRTExecutor:
     """Executor over TensorRT plans built by `peagle-trt engine` (one directory, one GPU arch)."""
 
     def __init__(self, engine_dir: str | Path, arch: str | None = None,
@@ -174,11 +202,16 @@ class TensorRTExecutor(SlotPool):
                         for g, e in entry["graphs"].items()}
         if "target" not in self.runners:
             raise ConfigError(f"{engine_dir}: no target plan for {arch}")
-        kv = next(iter(target_kv.values()))  # [N, KV, T+1, d]
-        self.num_slots, self.max_len = kv.shape[0], kv.shape[2] - 1
+        if not target_kv:
+            raise RuntimeInvariantError(f"{engine_dir}: the target plan has no past_* KV inputs (docs/EXPORT.md)")
+        self.kv = _kv_layout(entry, self.runners, target_kv)
+        self.windows = (0,)  # one KV group: the plugins (and so the engine stage) have no sliding windows
+        groups = self.runners["target"].declared.get(TABLES, (1,))[0]
+        if groups not in (-1, 1):
+            raise RuntimeInvariantError(f"{engine_dir}: the target plan takes {groups} KV groups of block tables; "
+                                        "the TensorRT plugins serve full-attention models only (one group)")
         self.num_spec_tokens = entry["spec"]["num_spec_tokens"]
         self.d2t = d2t.to(self.device) if d2t is not None else None
-        SlotPool.__init__(self, self.num_slots)
 
     # -- forwards ------------------------------------------------------------------------------
     def _runner(self, graph: str) -> _Runner:
@@ -187,30 +220,31 @@ class TensorRTExecutor(SlotPool):
                               "`peagle-trt engine`)")
         return self.runners[graph]
 
-    def target(self, tokens, positions, slots, logit_rows=None):
-        # tokens, positions [B, S]; slots [B]; logit_rows [B, R] | None (all rows)
+    def target(self, tokens, positions, tables, logit_rows=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows)
         # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
         if logit_rows is None:
             logit_rows = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
-        out = self._runner("target").run({"input_ids": tokens, "positions": positions, "slots": slots,
+        out = self._runner("target").run({"input_ids": tokens, "positions": positions, TABLES: tables,
                                           "logit_rows": logit_rows})
         return out["logits"], out["aux_hidden"]
 
-    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k: int) -> torch.Tensor:
-        # tokens [B, P], aux [B, P, 3 * H_t], num_pending, cur, slots [B] -> draft ids [B, k]
+    def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
+        # tokens [B, P], aux [B, P, 3 * H_t], num_pending, cur [B], tables [G, B, M] -> draft ids [B, k]
         # The plan drafts the K fixed at export; a smaller k (the k=1 pass of a partial prefill chunk)
         # keeps the first k: the extra mask rows only write KV positions the next pass overwrites.
         if k > self.num_spec_tokens:
             raise RuntimeInvariantError(f"asked for {k} drafts; the drafter plan was built for "
                                         f"K = {self.num_spec_tokens}")
         out = self._runner("drafter").run({"pending_ids": tokens, "pending_aux": aux,
-                                           "num_pending": num_pending, "cur": cur, "slots": slots})
+                                           "num_pending": num_pending, "cur": cur, TABLES: tables[0]})
         return out["draft_ids"][:, :k].long()
 
-    def drafter(self, tokens, hidden, positions, slots):
-        # tokens, positions [B, S]; hidden [B, S, H] -> draft logits [B, S, V_d], pre-norm [B, S, H]
+    def drafter(self, tokens, hidden, positions, tables):
+        # tokens, positions [B, S]; hidden [B, S, H]; tables [G, B, M] (the drafter reads group 0)
+        # -> draft logits [B, S, V_d], pre-norm [B, S, H]
         out = self._runner("drafter_step").run({"input_ids": tokens, "hidden": hidden,
-                                                "positions": positions, "slots": slots})
+                                                "positions": positions, TABLES: tables[0]})
         return out["logits"], out["hidden_out"]
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:

@@ -3,12 +3,14 @@
 Same signatures and semantics as `peagle_trt.ops.reference` (the contract of docs/EXPORT.md), on CUDA
 tensors, on torch's current stream:
 
-    kv_attention(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale)
+    kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale)
     draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, k, mask_token_id)
     draft_sample(logits, d2t)
 
 plus keyword-only extras: `out=` buffers (tests poison them), FP8 caches (`k_scale=`, `v_scale=`;
 stored = value / scale), `simple=True` (the CUDA-core attention kernel), `split=False` (no split-K).
+The KV cache is paged (block tables, reference.kv_attention); the kernels implement neither
+`sliding_window` nor `sinks` nor the read-only (k = v = None) form: those layers stay on the reference.
 
 Routing the torch executor through the kernels. The models call the op functions of
 `peagle_trt.models.layers` and `peagle_trt.executors.torch` by module-global name; `install()` swaps
@@ -46,6 +48,7 @@ from peagle_trt.ops import reference
 
 ENV_LIB = "PEAGLE_KERNELS_LIB"
 DEFAULT_LIB = Path(__file__).resolve().parents[2] / "plugins" / "build" / "libpeagle_kernels.so"
+API_VERSION = 2  # peagle_kernels_version() of the C API declared below (2: paged KV cache)
 
 # peagle_dtype_t of include/peagle_kernels.h
 _DTYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
@@ -86,6 +89,11 @@ def load() -> ctypes.CDLL:
         except OSError as e:
             raise KernelsUnavailable(f"cannot load {path}: {e}") from e
         _declare(lib)
+        version = lib.peagle_kernels_version()
+        if version != API_VERSION:
+            raise KernelsUnavailable(
+                f"{path} implements kernel API version {version}, this code calls version {API_VERSION} "
+                "(the paged KV cache); rebuild it with scripts/build_plugins.sh")
         _lib = lib
         return lib
 
@@ -93,7 +101,7 @@ def load() -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> None:
     p, i32, i64, f32, sz = ctypes.c_void_p, ctypes.c_int32, ctypes.c_int64, ctypes.c_float, ctypes.c_size_t
     enum = ctypes.c_int
-    lib.peagle_kv_attention.argtypes = [p] * 8 + [i32] * 7 + [f32] * 3 + [enum, enum, p, sz, i32, p]
+    lib.peagle_kv_attention.argtypes = [p] * 8 + [i32] * 8 + [f32] * 3 + [enum, enum, p, sz, i32, p]
     lib.peagle_kv_attention.restype = ctypes.c_int
     lib.peagle_kv_attention_workspace_size.argtypes = [i32, i32, i32, i32, i32]
     lib.peagle_kv_attention_workspace_size.restype = sz
@@ -175,26 +183,39 @@ def _i64(t: torch.Tensor) -> torch.Tensor:
 # -- the ops --------------------------------------------------------------------------------------
 
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                 slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                 block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
                  num_kv_heads: int, head_dim: int, scale: float | None = None, *, k_scale: float = 1.0,
                  v_scale: float = 1.0, out: torch.Tensor | None = None, simple: bool = False,
                  split: bool = True) -> torch.Tensor:
-    """PEagleKVAttention on the GPU; see `reference.kv_attention`. Writes k/v into the caches in place.
+    """PEagleKVAttention on the GPU over a paged cache; see `reference.kv_attention`. Writes k/v into
+    the caches in place.
 
-    q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
-    slots [B]; k_cache/v_cache [N, KV, T+1, d] contiguous, q's dtype or float8_e4m3fn (then
-    k_scale/v_scale are the per-tensor dequantization scales). Returns out [B, S, H*d].
+    q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S] (-1 =
+    padding); block_tables [B, M] (-1 = no block); k_cache/v_cache [N+1, bs, KV, d] contiguous (the
+    last block is the trash block), q's dtype or float8_e4m3fn (then k_scale/v_scale are the
+    per-tensor dequantization scales). Returns out [B, S, H*d]. One difference from the reference,
+    outside the runtime's contract: a table entry -1 inside a row's visible range is masked here,
+    where the reference reads the trash block.
     """
-    lib = _cuda_lib(q, k, v, positions, slots, k_cache, v_cache)
+    lib = _cuda_lib(q, k, v, positions, block_tables, k_cache, v_cache)
     b, s, _ = q.shape
     if (q.shape[-1] != num_heads * head_dim or k.shape != (b, s, num_kv_heads * head_dim)
             or v.shape != k.shape):
         raise ValueError(f"kv_attention: q {tuple(q.shape)} / k {tuple(k.shape)} / v {tuple(v.shape)} do not "
                          f"match num_heads={num_heads}, num_kv_heads={num_kv_heads}, head_dim={head_dim}")
-    n, kvh, t1, d = k_cache.shape
+    if positions.shape != (b, s) or block_tables.dim() != 2 or block_tables.shape[0] != b:
+        raise ValueError(f"kv_attention: positions {tuple(positions.shape)} / block_tables "
+                         f"{tuple(block_tables.shape)} must be [{b}, {s}] / [{b}, M]")
+    if k_cache.dim() != 4:
+        raise ValueError(f"kv_attention: caches must be [blocks + 1, block_size, kv_heads, head_dim], got "
+                         f"{tuple(k_cache.shape)}")
+    nb, bs, kvh, d = k_cache.shape
     if (kvh != num_kv_heads or d != head_dim or v_cache.shape != k_cache.shape
             or v_cache.dtype != k_cache.dtype):
         raise ValueError(f"kv_attention: caches {tuple(k_cache.shape)} / {tuple(v_cache.shape)} do not match")
+    m = block_tables.shape[1]
+    if m < 1 or m * bs >= 2 ** 31 or nb >= 2 ** 31:
+        raise ValueError(f"kv_attention: {m} table entries of {bs} positions, {nb} blocks: out of range")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("kv_attention: the caches are updated in place and must be contiguous")
     act = _dtype_code(q, "kv_attention q")
@@ -202,15 +223,15 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
         raise TypeError("kv_attention: q, k and v must share a dtype")
     cache = _dtype_code(k_cache, "kv_attention cache", (act, 3))
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    positions, slots = _i64(positions), _i64(slots)
+    positions, tables = _i64(positions), _i64(block_tables)
     out = _out(out, q.shape, q.dtype, q.device, "kv_attention")
-    ws_bytes = lib.peagle_kv_attention_workspace_size(b, s, num_heads, head_dim, t1) if split else 0
+    ws_bytes = lib.peagle_kv_attention_workspace_size(b, s, num_heads, head_dim, m * bs) if split else 0
     ws = _workspace(ws_bytes, q.device)
     with torch.cuda.device(q.device):
         stream = torch.cuda.current_stream(q.device).cuda_stream
         err = lib.peagle_kv_attention(
-            _ptr(q), _ptr(k), _ptr(v), _ptr(positions), _ptr(slots), _ptr(k_cache), _ptr(v_cache), _ptr(out),
-            b, s, num_heads, num_kv_heads, head_dim, n, t1, float(scale or 0.0), float(k_scale),
+            _ptr(q), _ptr(k), _ptr(v), _ptr(positions), _ptr(tables), _ptr(k_cache), _ptr(v_cache), _ptr(out),
+            b, s, num_heads, num_kv_heads, head_dim, nb, bs, m, float(scale or 0.0), float(k_scale),
             float(v_scale), act, cache, _ptr(ws), ws_bytes, _ATTN_FORCE_SIMPLE if simple else 0, stream)
     _check(lib, err, "kv_attention")
     return out
@@ -286,12 +307,12 @@ def _use_kernel(supported: bool) -> bool:
     return _GLOBAL and supported and available()
 
 
-def _kv_attention_dispatch(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
-                           scale=None):
+def _kv_attention_dispatch(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
+                           head_dim, scale=None):
     supported = (q.is_cuda and k_cache.is_cuda and q.dtype in _DTYPES and q.dtype != _FP8
                  and k_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous())
     op = kv_attention if _use_kernel(supported) else reference.kv_attention
-    return op(q, k, v, positions, slots, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale)
+    return op(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale)
 
 
 def _draft_inputs_dispatch(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,

@@ -35,38 +35,43 @@ typedef enum peagle_dtype
 #define PEAGLE_ATTN_FORCE_SIMPLE 1 /* use the simple (CUDA-core, one block per row) kernel */
 
 /* ---------------------------------------------------------------------------------------------
- * PEagleKVAttention
+ * PEagleKVAttention over a paged KV cache
  *
  *   q        [B, S, H*d]    act_dtype      k, v [B, S, KV*d] act_dtype (RoPE applied)
- *   positions [B, S] int64  (-1 = padding row: writes the trash row T, attends to key 0)
- *   slots    [B] int64      KV slot of each request
- *   k_cache, v_cache [N, KV, T1, d] cache_dtype (T1 = T + 1; row T is the trash row), updated IN PLACE
+ *   positions [B, S] int64  (-1 = padding row: writes the trash block, attends to key 0)
+ *   block_tables [B, M] int64  entry j = the block holding positions j*bs .. j*bs + bs - 1 of the
+ *            request (-1 = no block)
+ *   k_cache, v_cache [NB, bs, KV, d] cache_dtype (NB = cache_blocks; block NB - 1 is the trash
+ *            block), updated IN PLACE
  *   out      [B, S, H*d]    act_dtype
  *
- * First writes every row's k/v at (slot, kv_head, position) (FP8: value / k_scale, saturating),
- * then row (b, s) of head h attends over cache positions 0..positions[b, s] of kv head
- * h / (H / KV) of its slot (causal by absolute position, GQA), softmax(q.k * scale) with fp32
- * accumulation; FP8 caches are read back as stored * k_scale / v_scale.
+ * First writes every row's k/v at (block_tables[b, p / bs], p % bs), p = positions[b, s]
+ * (FP8: value / k_scale, saturating); rows with p < 0, p >= M * bs, or a table entry -1 write to
+ * (trash, 0). Then row (b, s) of head h attends over the keys of request b at positions
+ * 0..min(p, M*bs - 1), looked up through the table, of kv head h / (H / KV) (causal by absolute
+ * position, GQA), softmax(q.k * scale) with fp32 accumulation; FP8 caches are read back as
+ * stored * k_scale / v_scale. Keys whose entry is -1 are masked (the runtime never leaves one in
+ * a row's range; a row that sees no key returns zeros); a padding row sees key 0.
  *
  * act_dtype: F16 or BF16 (fast tensor-core path), or F32 (simple path).
  * cache_dtype: act_dtype or FP8_E4M3. k_scale / v_scale are ignored unless cache_dtype is FP8.
  * head_dim 16, 32, 64, 128 take the fast path; any head_dim that is a multiple of 8 up to 512
  * takes the simple path. The fast path splits long contexts over several blocks (flash-decoding)
- * when `workspace` is large enough (see peagle_kv_attention_workspace_size); with a smaller or
- * NULL workspace it uses fewer (or no) splits, which is correct but slower.
- * Pointers must be 16-byte aligned; positions must be < T1 - 1 and slots in [0, N) (values out of
- * range are clamped / skipped so that nothing is written out of bounds).
+ * when `workspace` is large enough (see peagle_kv_attention_workspace_size with max_keys = M * bs);
+ * with a smaller or NULL workspace it uses fewer (or no) splits, which is correct but slower.
+ * Pointers must be 16-byte aligned; table entries outside [0, NB) count as -1, so nothing is
+ * read or written out of bounds. M * bs must fit in int32.
  * ------------------------------------------------------------------------------------------- */
 PEAGLE_KERNELS_API cudaError_t peagle_kv_attention(void const* q, void const* k, void const* v,
-    int64_t const* positions, int64_t const* slots, void* k_cache, void* v_cache, void* out, int32_t batch,
-    int32_t rows, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t num_slots,
-    int32_t cache_len, float scale, float k_scale, float v_scale, peagle_dtype_t act_dtype,
+    int64_t const* positions, int64_t const* block_tables, void* k_cache, void* v_cache, void* out, int32_t batch,
+    int32_t rows, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t cache_blocks,
+    int32_t block_size, int32_t max_blocks, float scale, float k_scale, float v_scale, peagle_dtype_t act_dtype,
     peagle_dtype_t cache_dtype, void* workspace, size_t workspace_size, int32_t flags, cudaStream_t stream);
 
 /* Workspace (bytes) that lets peagle_kv_attention use its full split-K parallelism for any
- * problem with batch <= max_batch and rows <= max_rows (monotone in both). */
+ * problem with batch <= max_batch, rows <= max_rows and M * bs <= max_keys (monotone in all three). */
 PEAGLE_KERNELS_API size_t peagle_kv_attention_workspace_size(
-    int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t cache_len);
+    int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t max_keys);
 
 /* ---------------------------------------------------------------------------------------------
  * PEagleDraftInputs (R = P + K - 1 rows per request, K = num_spec_tokens)
@@ -102,7 +107,7 @@ PEAGLE_KERNELS_API size_t peagle_draft_sample_workspace_size(int32_t max_rows, i
 /* Human-readable name of a cudaError_t (cudaGetErrorString of the library's runtime). */
 PEAGLE_KERNELS_API char const* peagle_error_string(cudaError_t err);
 
-/* Library version (bumped when the C API changes). */
+/* Library version (bumped when the C API changes; 2: paged KV cache, block tables). */
 PEAGLE_KERNELS_API int32_t peagle_kernels_version(void);
 
 #ifdef __cplusplus

@@ -224,41 +224,60 @@ void checkKvAttention()
     CHECK(build->getOutputDataTypes(out, 3, in, 7) == 0);
     CHECK(out[0] == DataType::kBF16 && out[1] == DataType::kFP8 && out[2] == DataType::kFP8);
 
-    int64_t const B = 4, S = 8, N = 6, T1 = 4097;
+    // paged cache: M table entries of BS positions per request, NB blocks + the trash block
+    int64_t const B = 4, S = 8, BS = 32, M = 129, NB1 = 6 * M + 1;
     DimsExprs inShapes[7] = {dimsExprs({B, S, heads * headDim}), dimsExprs({B, S, kvHeads * headDim}),
-        dimsExprs({B, S, kvHeads * headDim}), dimsExprs({B, S}), dimsExprs({B}),
-        dimsExprs({N, kvHeads, T1, headDim}), dimsExprs({N, kvHeads, T1, headDim})};
+        dimsExprs({B, S, kvHeads * headDim}), dimsExprs({B, S}), dimsExprs({B, M}),
+        dimsExprs({NB1, BS, kvHeads, headDim}), dimsExprs({NB1, BS, kvHeads, headDim})};
     DimsExprs outShapes[3];
     TestBuilder eb;
     CHECK(build->getOutputShapes(inShapes, 7, nullptr, 0, outShapes, 3, eb) == 0);
     CHECK(outShapes[0].nbDims == 3 && outShapes[0].d[2]->getConstantValue() == heads * headDim);
-    CHECK(outShapes[1].nbDims == 4 && outShapes[1].d[2]->getConstantValue() == T1);
+    CHECK(outShapes[1].nbDims == 4 && outShapes[1].d[0]->getConstantValue() == NB1
+        && outShapes[1].d[1]->getConstantValue() == BS && outShapes[1].d[2]->getConstantValue() == kvHeads);
+    CHECK(outShapes[2].nbDims == 4 && outShapes[2].d[3]->getConstantValue() == headDim);
+    inShapes[4] = dimsExprs({B}); // the slots [B] of the contiguous cache: no longer taken
+    CHECK(build->getOutputShapes(inShapes, 7, nullptr, 0, outShapes, 3, eb) != 0);
 
     for (DataType act : {DataType::kHALF, DataType::kBF16, DataType::kFLOAT})
         for (DataType cache : {act, DataType::kFP8})
         {
             std::vector<DynamicPluginTensorDesc> io = {desc(act, {B, S, heads * headDim}),
                 desc(act, {B, S, kvHeads * headDim}), desc(act, {B, S, kvHeads * headDim}),
-                desc(DataType::kINT64, {B, S}), desc(DataType::kINT64, {B}),
-                desc(cache, {N, kvHeads, T1, headDim}), desc(cache, {N, kvHeads, T1, headDim}),
-                desc(act, {B, S, heads * headDim}), desc(cache, {N, kvHeads, T1, headDim}),
-                desc(cache, {N, kvHeads, T1, headDim})};
+                desc(DataType::kINT64, {B, S}), desc(DataType::kINT64, {B, M}),
+                desc(cache, {NB1, BS, kvHeads, headDim}), desc(cache, {NB1, BS, kvHeads, headDim}),
+                desc(act, {B, S, heads * headDim}), desc(cache, {NB1, BS, kvHeads, headDim}),
+                desc(cache, {NB1, BS, kvHeads, headDim})};
             CHECK(allSupported(build, io, 7));
             CHECK(build->configurePlugin(io.data(), 7, io.data() + 7, 3) == 0);
             size_t const ws = build->getWorkspaceSize(io.data(), 7, io.data() + 7, 3);
-            CHECK(ws == peagle_kv_attention_workspace_size(B, S, heads, headDim, T1));
+            // sized for the keys a table addresses (M * BS = 4128: split-K applies)
+            CHECK(ws == peagle_kv_attention_workspace_size(B, S, heads, headDim, M * BS) && ws > 0);
             io[3].desc.type = DataType::kINT32; // positions must be int64
             CHECK(!build->supportsFormatCombination(3, io.data(), 7, 3));
             io[3].desc.type = DataType::kINT64;
+            io[4].desc.type = DataType::kINT32; // block tables too
+            CHECK(!build->supportsFormatCombination(4, io.data(), 7, 3));
+            io[4].desc.type = DataType::kINT64;
             io[1].desc.type = act == DataType::kHALF ? DataType::kBF16 : DataType::kHALF; // k must match q
             CHECK(!build->supportsFormatCombination(1, io.data(), 7, 3));
         }
     {
         std::vector<DynamicPluginTensorDesc> io = {desc(DataType::kHALF, {B, S, heads * headDim}),
             desc(DataType::kHALF, {B, S, 1}), desc(DataType::kHALF, {B, S, 1}), desc(DataType::kINT64, {B, S}),
-            desc(DataType::kINT64, {B}), desc(DataType::kHALF, {N, kvHeads + 1, T1, headDim}),
-            desc(DataType::kHALF, {N, kvHeads + 1, T1, headDim})};
+            desc(DataType::kINT64, {B, M}), desc(DataType::kHALF, {NB1, BS, kvHeads + 1, headDim}),
+            desc(DataType::kHALF, {NB1, BS, kvHeads + 1, headDim})};
         CHECK(build->configurePlugin(io.data(), 7, io.data(), 3) != 0); // KV heads disagree with the attribute
+        io[5] = io[6] = desc(DataType::kHALF, {NB1, BS, kvHeads, headDim});
+        CHECK(build->configurePlugin(io.data(), 7, io.data(), 3) == 0);
+        io[4] = desc(DataType::kINT64, {B}); // slots [B] (the contiguous cache's input): rank 2 expected
+        CHECK(build->configurePlugin(io.data(), 7, io.data(), 3) != 0);
+        io[4] = desc(DataType::kINT64, {B, M});
+        io[6] = desc(DataType::kHALF, {NB1, 2 * BS, kvHeads, headDim}); // v_cache must match k_cache
+        CHECK(build->configurePlugin(io.data(), 7, io.data(), 3) != 0);
+        // the old contiguous layout [N, KV, T+1, d]: KV heads are not at axis 2
+        io[5] = io[6] = desc(DataType::kHALF, {6, kvHeads, 4097, headDim});
+        CHECK(build->configurePlugin(io.data(), 7, io.data(), 3) != 0);
     }
 
     // serialization round trip through the creator (runtime phase)
@@ -290,6 +309,15 @@ void checkKvAttention()
         rd[i] = desc(DataType::kINT32, {1, 1, 1, 1}).desc;
     void const* nullIn[7] = {};
     void* nullOut[3] = {};
+    CHECK(runtime->enqueue(rd, rd, nullIn, nullOut, nullptr, nullptr) != 0);
+    // ... and shapes off the paged contract (a [B] slot vector instead of [B, M] block tables)
+    rd[0] = desc(DataType::kHALF, {B, S, heads * headDim}).desc;
+    rd[1] = rd[2] = desc(DataType::kHALF, {B, S, kvHeads * headDim}).desc;
+    rd[3] = desc(DataType::kINT64, {B, S}).desc;
+    rd[4] = desc(DataType::kINT64, {B}).desc;
+    rd[5] = rd[6] = desc(DataType::kHALF, {NB1, BS, kvHeads, headDim}).desc;
+    CHECK(runtime->enqueue(rd, rd, nullIn, nullOut, nullptr, nullptr) != 0);
+    rd[4] = desc(DataType::kINT64, {B + 1, M}).desc; // one table per request
     CHECK(runtime->enqueue(rd, rd, nullIn, nullOut, nullptr, nullptr) != 0);
     delete p;
 }

@@ -1,6 +1,7 @@
 """The TensorRT build stage without TensorRT: a clear error when it is missing, the documented
-optimization profiles, and an end-to-end build against a fake `tensorrt` module that only records
-the calls (network flags, plugin loading, profiles, timing cache, atomic plans, manifest)."""
+optimization profiles (paged KV cache: block tables and [blocks + 1, block_size, KV, d] caches), and
+an end-to-end build against a fake `tensorrt` module that only records the calls (network flags,
+plugin loading, profiles, timing cache, atomic plans, manifest), then the executor over its plans."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from peagle_trt.config import KVLayout
 from peagle_trt.engine import EngineOptions, build_engines, profiles_for
 from peagle_trt.engine import build as stage
 from peagle_trt.errors import BuildError, RuntimeInvariantError
@@ -21,8 +23,11 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 N, KV, D, H3 = 8, 2, 4, 12
-SPEC = EngineOptions("sm_90", max_batch=N, max_seq_len=32, num_spec_tokens=3, prefill_chunk=16, workspace_gb=1.0)
-T1 = 32 + 3 + 2  # T + 1 rows per KV slot
+BS = 8  # positions per KV block
+SPEC = EngineOptions("sm_90", max_batch=N, max_seq_len=32, num_spec_tokens=3, prefill_chunk=16, workspace_gb=1.0,
+                     block_size=BS)
+M = 5  # table entries per request: ceil((max_seq_len + K + 1) / BS) = ceil(36 / 8)
+NB1 = N * M + 1  # blocks for N full-length requests, plus the trash block
 
 
 # -- a fake tensorrt that records calls -----------------------------------------------------------
@@ -254,7 +259,7 @@ def _save(path, nodes, inputs, outputs):
 
 
 def _kv(prefix):
-    return [_value(f"{prefix}_{kind}_0", TensorProto.FLOAT, [N, KV, T1, D]) for kind in ("key", "value")]
+    return [_value(f"{prefix}_{kind}_0", TensorProto.FLOAT, [NB1, BS, KV, D]) for kind in ("key", "value")]
 
 
 def make_export(root, k=3):
@@ -262,12 +267,13 @@ def make_export(root, k=3):
     trt_dir.mkdir(parents=True)
     i64 = TensorProto.INT64
     attn = helper.make_node("PEagleKVAttention",
-                            ["q", "k", "v", "positions", "slots", "past_key_0", "past_value_0"],
+                            ["q", "k", "v", "positions", "block_tables", "past_key_0", "past_value_0"],
                             ["attn", "present_key_0", "present_value_0"], domain="peagle",
                             num_heads=4, num_kv_heads=KV, head_dim=D, scale=0.5)
     _save(trt_dir / "target.onnx", [attn],
           [_value("input_ids", i64, ["batch", "rows"]), _value("positions", i64, ["batch", "rows"]),
-           _value("slots", i64, ["batch"]), _value("logit_rows", i64, ["batch", "logit_rows"]), *_kv("past")],
+           _value("block_tables", i64, [1, "batch", "blocks"]),  # [G, B, M], M dynamic here
+           _value("logit_rows", i64, ["batch", "logit_rows"]), *_kv("past")],
           [_value("logits", TensorProto.FLOAT, ["batch", "logit_rows", 16]),
            _value("aux_hidden", TensorProto.FLOAT, ["batch", "rows", H3]), *_kv("present")])
     draft = helper.make_node("PEagleDraftInputs",
@@ -278,7 +284,7 @@ def make_export(root, k=3):
           [_value("pending_ids", i64, ["batch", "pending"]),
            _value("pending_aux", TensorProto.FLOAT, ["batch", "pending", H3]),
            _value("num_pending", i64, ["batch"]), _value("cur", i64, ["batch"]),
-           _value("slots", i64, ["batch"]),
+           _value("block_tables", i64, ["batch", M]),  # [B, M] (group 0), M static here
            *_kv("past")],
           [_value("draft_ids", i64, ["batch", k]), *_kv("present")])
     write_manifest(root, {"stage": "export", "num_spec_tokens": k})
@@ -319,38 +325,64 @@ def test_missing_tensorrt_names_the_container(tmp_path, monkeypatch):
 # -- (b) profiles ----------------------------------------------------------------------------------
 def test_profiles_follow_docs_export_md():
     spec = EngineOptions("sm_90", max_batch=8, max_seq_len=2048, num_spec_tokens=7, prefill_chunk=256)
-    kv = {"past_key_0": [8, 4, 2057, 128], "past_value_0": [-1, 4, -1, 128]}  # static or dynamic N / T+1
-    target = profiles_for("target", spec, {"input_ids": [-1, -1], "positions": [-1, -1], "slots": [-1],
-                                           "logit_rows": [-1, -1], **kv})
+    m = 65  # ceil((2048 + 7 + 1) / 32) table entries per request
+    nb1 = 8 * m + 1  # blocks for 8 full-length requests + the trash block
+    kv = {"past_key_0": [nb1, 32, 4, 128], "past_value_0": [-1, -1, 4, 128]}  # static or dynamic blocks / size
+    target = profiles_for("target", spec, {"input_ids": [-1, -1], "positions": [-1, -1],
+                                           "block_tables": [1, -1, -1], "logit_rows": [-1, -1], **kv})
     assert list(target) == ["prefill", "decode"]
     pre, dec = target["prefill"], target["decode"]
     assert pre["input_ids"] == {"min": [1, 1], "opt": [1, 256], "max": [8, 256]}
     assert pre["logit_rows"] == {"min": [1, 1], "opt": [1, 1], "max": [8, 1]}
-    assert pre["slots"] == {"min": [1], "opt": [1], "max": [8]}
+    assert pre["block_tables"] == {"min": [1, 1, m], "opt": [1, 1, m], "max": [1, 8, m]}
+    assert dec["block_tables"] == {"min": [1, 1, m], "opt": [1, 8, m], "max": [1, 8, m]}
     assert dec["positions"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 8]}
     assert dec["logit_rows"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 8]}
-    fixed = [8, 4, 2048 + 7 + 2, 128]  # [N, KV, T+1, d], T = max_seq_len + K + 1
+    fixed = [nb1, 32, 4, 128]  # [blocks + 1, block_size, KV, d]
     for p in (pre, dec):
         assert p["past_key_0"] == p["past_value_0"] == {"min": fixed, "opt": fixed, "max": fixed}
     drafter = profiles_for("drafter", spec, {"pending_ids": [-1, -1], "pending_aux": [-1, -1, 3 * 512],
-                                             "num_pending": [-1], "cur": [-1], "slots": [-1], **kv})
+                                             "num_pending": [-1], "cur": [-1], "block_tables": [-1, m], **kv})
     d = drafter["draft"]
     assert d["pending_ids"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 256]}  # max(prefill_chunk, K+1)
     assert d["pending_aux"] == {"min": [1, 1, 1536], "opt": [8, 8, 1536], "max": [8, 256, 1536]}
+    assert d["block_tables"] == {"min": [1, m], "opt": [8, m], "max": [8, m]}
+    step = profiles_for("drafter_step", spec, {"input_ids": [-1, -1], "hidden": [-1, -1, 512],
+                                               "positions": [-1, -1], "block_tables": [-1, -1], **kv})
+    assert step["rows"]["block_tables"]["max"] == [8, m]
     small = EngineOptions("sm_100", max_batch=2, num_spec_tokens=15, prefill_chunk=4)
     rows = profiles_for("drafter_fc", small, {"aux": [-1, -1, 96]})["rows"]["aux"]
     assert rows["max"] == [2, 16, 96]  # K+1 > prefill_chunk
+    # an explicit block count and size
+    paged = EngineOptions(max_batch=8, max_seq_len=2048, num_spec_tokens=7, block_size=16, kv_blocks=300)
+    assert paged.kv_layout == KVLayout(300, 2056, 8, 16, 256)
+    shapes = {"input_ids": [-1, -1], "positions": [-1, -1], "block_tables": [1, -1, -1], "logit_rows": [-1, -1],
+              "past_key_0": [-1, -1, 4, 128]}
+    assert profiles_for("target", paged, shapes)["decode"]["past_key_0"]["max"] == [301, 16, 4, 128]
+    assert profiles_for("target", paged, shapes)["decode"]["block_tables"]["max"] == [1, 8, 129]
 
 
 def test_profiles_reject_graphs_off_contract():
     spec = EngineOptions(max_batch=8, max_seq_len=2048, num_spec_tokens=7)
-    good = {"input_ids": [-1, -1], "positions": [-1, -1], "slots": [-1], "logit_rows": [-1, -1]}
+    good = {"input_ids": [-1, -1], "positions": [-1, -1], "block_tables": [1, -1, -1], "logit_rows": [-1, -1]}
     with pytest.raises(BuildError, match=r"missing \['logit_rows'\]"):
         profiles_for("target", spec, {k: v for k, v in good.items() if k != "logit_rows"})
-    with pytest.raises(BuildError, match="axis 0 = 4 but N = --max-batch gives 8"):
-        profiles_for("target", spec, {**good, "past_key_0": [4, 2, 2057, 64]})
+    with pytest.raises(BuildError, match=r"missing \['block_tables'\], unexpected \['slots'\]"):  # the old contract
+        profiles_for("target", spec, {**{k: v for k, v in good.items() if k != "block_tables"}, "slots": [-1]})
+    with pytest.raises(BuildError, match=r"axis 0 = 9 but blocks \+ 1 = .* gives 521"):
+        profiles_for("target", spec, {**good, "past_key_0": [9, 32, 2, 64]})
+    with pytest.raises(BuildError, match="axis 1 = 16 but --block-size gives 32"):
+        profiles_for("target", spec, {**good, "past_key_0": [-1, 16, 2, 64]})
+    with pytest.raises(BuildError, match="expected \\[blocks \\+ 1, block_size, kv_heads, head_dim\\]"):
+        profiles_for("target", spec, {**good, "past_key_0": [8, 2, -1, 64]})  # [N, KV, T+1, d] of the slots
+    with pytest.raises(BuildError, match=r"\(blocks\) was exported as 64 but the KV layout gives 65"):
+        profiles_for("target", spec, {**good, "block_tables": [1, -1, 64]})
+    with pytest.raises(BuildError, match="must be static"):
+        profiles_for("target", spec, {**good, "block_tables": [-1, -1, -1]})  # G: the KV groups
     with pytest.raises(BuildError, match="must be dynamic"):
         profiles_for("target", spec, {**good, "input_ids": [1, -1]})
+    with pytest.raises(BuildError, match="cannot hold one request"):
+        EngineOptions(max_seq_len=2048, kv_blocks=10)
 
 
 # -- (c) end to end against the fake -----------------------------------------------------------------
@@ -370,6 +402,8 @@ def test_build_end_to_end_with_fake_tensorrt(env):
     assert profiles[0]["input_ids"] == ((1, 1), (1, 16), (N, 16))
     assert profiles[1]["logit_rows"] == ((1, 1), (N, 4), (N, 4))
     assert profiles[2]["pending_ids"] == ((1, 1), (N, 4), (N, 16))
+    assert profiles[0]["block_tables"] == ((1, 1, M), (1, 1, M), (1, N, M))  # M dynamic in target.onnx
+    assert profiles[2]["block_tables"] == ((1, M), (N, M), (N, M))
     assert all("past_key_0" not in p for p in profiles)  # static KV inputs need no profile
     # the timing cache: created empty, then grown by each build and saved
     assert [c[1] for c in env.calls if c[0] == "create_timing_cache"] == [b"", b"+"]
@@ -387,7 +421,9 @@ def test_build_end_to_end_with_fake_tensorrt(env):
     entry = manifest["engines"]["sm_90"]
     assert entry["strongly_typed"] and entry["aliased_plugin_io"]
     assert entry["hardware_compatibility"] == "NONE"
-    assert entry["graphs"]["target"]["profiles"]["decode"]["past_key_0"]["max"] == [N, KV, T1, D]
+    assert entry["graphs"]["target"]["profiles"]["decode"]["past_key_0"]["max"] == [NB1, BS, KV, D]
+    assert entry["graphs"]["target"]["profiles"]["decode"]["block_tables"]["max"] == [1, N, M]
+    assert entry["kv"] == {"num_blocks": NB1 - 1, "max_len": 36, "max_batch": N, "block_size": BS, "max_rows": 16}
     assert {"target.sm_90.plan", "drafter.sm_90.plan", "plugins/sm_90/libpeagle_trt_plugins.so"} <= set(
         manifest["files"])
     # a rebuild loads the saved timing cache
@@ -501,7 +537,8 @@ def test_cli_parser_and_command(env):
     args = parser.parse_args(["engine", "--export-dir", str(env.export), "--output", str(env.out),
                               "--gpu-arch", "sm_90", "--plugin-library", str(env.spec.plugin_library),
                               "--max-batch", str(N), "--max-seq-len", "32", "--num-spec-tokens", "3",
-                              "--prefill-chunk", "16", "--timing-cache", str(env.spec.timing_cache)])
+                              "--prefill-chunk", "16", "--block-size", str(BS),
+                              "--timing-cache", str(env.spec.timing_cache)])
     out = args.func(args)
     assert out["plans"] == ["target.sm_90.plan", "drafter.sm_90.plan"]
     assert out["tensorrt_version"] == "10.99.0"
@@ -516,7 +553,8 @@ def test_executor_binds_kv_in_place_and_picks_the_profile_by_rows(env):
     env.calls.clear()
     ex = TensorRTExecutor(env.out, arch="sm_90", device="cpu")  # the fake runs no kernels
     assert ("load_library", str(env.out / "plugins" / "sm_90" / "libpeagle_trt_plugins.so")) in env.calls
-    assert ex.num_slots == N and ex.max_len == T1 - 1
+    assert ex.kv == KVLayout(NB1 - 1, 36, N, BS, 16) == env.spec.kv_layout and ex.windows == (0,)
+    assert ex.kv.max_blocks == M
     assert [c for c in env.calls if c[0] == "set_optimization_profile_async"] == [
         ("set_optimization_profile_async", 1)]  # target: a context per profile; drafter: one
     target, drafter = ex.runners["target"], ex.runners["drafter"]
@@ -526,27 +564,46 @@ def test_executor_binds_kv_in_place_and_picks_the_profile_by_rows(env):
             for kind in ("key", "value"):
                 ptr = runner.caches[f"past_{kind}_0"].data_ptr()
                 assert ctx.addresses[f"past_{kind}_0"] == ctx.addresses[f"present_{kind}_0"] == ptr
-    assert target.caches["past_key_0"].shape == (N, KV, T1, D)
+    assert target.caches["past_key_0"].shape == (NB1, BS, KV, D)  # paged: [blocks + 1, block_size, KV, d]
     assert drafter.caches["past_key_0"].data_ptr() != target.caches["past_key_0"].data_ptr()
-    # verify: K+1 rows, all logits -> decode profile (1)
+    # verify: K+1 rows, all logits -> decode profile (1); the target takes the [G, B, M] tables
     tokens, pos = torch.zeros(2, 4, dtype=torch.long), torch.arange(4).expand(2, 4)
-    slots = torch.tensor([0, 1])
-    logits, aux = ex.target(tokens, pos, slots)
+    tables = torch.full((1, 2, M), -1, dtype=torch.long)
+    tables[0, :, 0] = torch.tensor([3, 7])
+    logits, aux = ex.target(tokens, pos, tables)
     assert logits.shape == (2, 4, 16) and aux.shape == (2, 4, H3)
-    assert env.calls[-1][:2] == ("execute_async_v3", 1)
+    assert env.calls[-1][:2] == ("execute_async_v3", 1) and env.calls[-1][2]["block_tables"] == (1, 2, M)
     # a prefill chunk longer than K+1 with one logit row -> prefill profile (0)
     chunk = torch.zeros(1, 10, dtype=torch.long)
-    logits, _ = ex.target(chunk, torch.arange(10)[None], slots[:1], torch.tensor([[9]]))
+    logits, _ = ex.target(chunk, torch.arange(10)[None], tables[:, :1], torch.tensor([[9]]))
     assert logits.shape == (1, 1, 16) and env.calls[-1][:2] == ("execute_async_v3", 0)
     with pytest.raises(RuntimeInvariantError, match="fit no optimization profile"):
         too_long = torch.zeros(1, 17, dtype=torch.long)
-        ex.target(too_long, torch.arange(17)[None], slots[:1], torch.tensor([[16]]))
+        ex.target(too_long, torch.arange(17)[None], tables[:, :1], torch.tensor([[16]]))
+    with pytest.raises(RuntimeInvariantError, match="fit no optimization profile"):  # M entries, no fewer
+        ex.target(tokens, pos, tables[:, :, :3])
     aux3 = torch.zeros(2, 4, H3)
-    drafts = ex.draft_parallel(tokens, aux3, torch.tensor([4, 2]), torch.tensor([8, 6]), slots, 1)
+    drafts = ex.draft_parallel(tokens, aux3, torch.tensor([4, 2]), torch.tensor([8, 6]), tables, 1)
     assert drafts.shape == (2, 1) and drafts.dtype == torch.long  # the k=1 pass of a partial prefill
+    assert env.calls[-1][2]["block_tables"] == (2, M)  # the drafter plan takes group 0's [B, M]
     with pytest.raises(RuntimeInvariantError, match="built for K = 3"):
-        ex.draft_parallel(tokens, aux3, torch.tensor([4, 2]), torch.tensor([8, 6]), slots, 4)
-    assert [ex.alloc_slot() for _ in range(N)] == list(range(N)) and ex.alloc_slot() is None
+        ex.draft_parallel(tokens, aux3, torch.tensor([4, 2]), torch.tensor([8, 6]), tables, 4)
+    assert not hasattr(ex, "alloc_slot")  # the runtime assigns blocks (runtime/blocks.py)
+
+
+def test_executor_kv_layout_without_the_manifest_entry(env):
+    """An engine manifest without `kv`: the layout comes from the caches and the profiles."""
+    from peagle_trt.executors.tensorrt import TensorRTExecutor
+
+    build_engines(env.export, env.out, env.spec)
+    import json
+
+    path = env.out / "manifest.json"
+    manifest = json.loads(path.read_text())
+    del manifest["engines"]["sm_90"]["kv"]
+    path.write_text(json.dumps(manifest))
+    ex = TensorRTExecutor(env.out, arch="sm_90", device="cpu", verify=False)
+    assert ex.kv == KVLayout(NB1 - 1, M * BS, N, BS)
 
 
 def test_windowed_attention_is_refused_for_tensorrt(tmp_path):
@@ -560,7 +617,7 @@ def test_windowed_attention_is_refused_for_tensorrt(tmp_path):
         onnx.save(helper.make_model(graph), str(path))
         return path
 
-    plain = ["q", "k", "v", "positions", "slots", "k0", "v0"]
+    plain = ["q", "k", "v", "positions", "block_tables", "k0", "v0"]
     assert stage._graph_info(graph_with("full", plain))["plugin_ops"] == ["PEagleKVAttention"]
     for path in (graph_with("window", plain, sliding_window=8), graph_with("sinks", [*plain, "sinks"])):
         with pytest.raises(BuildError, match=r"sliding windows or attention sinks.*--backend torch or onnxruntime"):

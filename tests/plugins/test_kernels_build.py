@@ -162,15 +162,16 @@ def test_c_api_is_exported_and_validates_arguments(kernels_lib):
     lib = ctypes.CDLL(str(kernels_lib))  # loads without a GPU (static CUDA runtime)
     for sym in API:
         assert hasattr(lib, sym), sym
-    assert lib.peagle_kernels_version() == 1
+    assert lib.peagle_kernels_version() == 2  # 2: the paged KV cache (block tables)
 
     ws = lib.peagle_kv_attention_workspace_size
     ws.restype, ws.argtypes = ctypes.c_size_t, [ctypes.c_int32] * 5
     per_split = 8 * 8 * 32 * (128 + 1) * 4
     assert ws(8, 8, 32, 128, 8200) == 33 * per_split  # ceil(8200 / 256) splits of [B*S*H, d+1] floats
-    assert ws(8, 8, 32, 128, 200) == 0                # short caches are never split
+    assert ws(8, 8, 32, 128, 200) == 0                # short tables are never split
     assert ws(64, 64, 64, 128, 32768) == 0            # more than the 64 MiB budget allows for 2 splits
     assert ws(16, 8, 32, 128, 8200) >= ws(8, 8, 32, 128, 8200)  # monotone in the batch
+    assert ws(8, 8, 32, 128, 8192 + 32) >= ws(8, 8, 32, 128, 8192)  # ... and in the keys (M * bs)
 
     sws = lib.peagle_draft_sample_workspace_size
     sws.restype, sws.argtypes = ctypes.c_size_t, [ctypes.c_int32, ctypes.c_int64]
@@ -180,24 +181,27 @@ def test_c_api_is_exported_and_validates_arguments(kernels_lib):
     attn = lib.peagle_kv_attention
     attn.restype = ctypes.c_int
     p, i, f = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
-    attn.argtypes = [p] * 8 + [i] * 7 + [f] * 3 + [ctypes.c_int, ctypes.c_int, p, ctypes.c_size_t, i, p]
+    attn.argtypes = [p] * 8 + [i] * 8 + [f] * 3 + [ctypes.c_int, ctypes.c_int, p, ctypes.c_size_t, i, p]
     dummy = 256
-    args = [dummy] * 8 + [2, 4, 8, 2, 64, 4, 100, 0.0, 1.0, 1.0, 1, 1, None, 0, 0, None]
-    bad_head_dim = list(args)
-    bad_head_dim[12] = 12  # not a multiple of 8
-    assert attn(*bad_head_dim) == CUDA_ERROR_INVALID_VALUE
-    bad_gqa = list(args)
-    bad_gqa[11] = 3  # 8 heads do not split over 3 kv heads
-    assert attn(*bad_gqa) == CUDA_ERROR_INVALID_VALUE
-    bad_cache = list(args)
-    bad_cache[19] = 2  # bf16 cache under fp16 activations
-    assert attn(*bad_cache) == CUDA_ERROR_INVALID_VALUE
-    bad_scale = list(args)
-    bad_scale[19], bad_scale[16] = 3, 0.0  # FP8 cache needs a positive k_scale
-    assert attn(*bad_scale) == CUDA_ERROR_INVALID_VALUE
-    empty = list(args)
-    empty[8] = 0  # batch 0: nothing to do
-    assert attn(*empty) == 0
+    # q k v positions block_tables k_cache v_cache out; B S H KV d; cache blocks (+ trash), block size, M
+    args = [dummy] * 8 + [2, 4, 8, 2, 64, 9, 32, 4, 0.0, 1.0, 1.0, 1, 1, None, 0, 0, None]
+
+    def call(**changes):
+        a = list(args)
+        for index, value in changes.items():
+            a[int(index[1:])] = value
+        return attn(*a)
+
+    assert call(a12=12) == CUDA_ERROR_INVALID_VALUE  # head_dim not a multiple of 8
+    assert call(a11=3) == CUDA_ERROR_INVALID_VALUE  # 8 heads do not split over 3 kv heads
+    assert call(a20=2) == CUDA_ERROR_INVALID_VALUE  # bf16 cache under fp16 activations
+    assert call(a20=3, a17=0.0) == CUDA_ERROR_INVALID_VALUE  # FP8 cache needs a positive k_scale
+    assert call(a13=0) == CUDA_ERROR_INVALID_VALUE  # no cache block (not even the trash block)
+    assert call(a14=0) == CUDA_ERROR_INVALID_VALUE  # block size 0
+    assert call(a15=0) == CUDA_ERROR_INVALID_VALUE  # empty block tables
+    assert call(a14=1 << 12, a15=1 << 20) == CUDA_ERROR_INVALID_VALUE  # M * bs past int32
+    assert call(a4=None) == CUDA_ERROR_INVALID_VALUE  # no block tables
+    assert call(a8=0) == 0  # batch 0: nothing to do
 
 
 @needs_build_tools

@@ -8,8 +8,10 @@ split-K scratch buffers are filled with NaN bytes, so an element a kernel forget
 Covered: ragged batches (per-request context lengths 0..8k, real rows + padding rows, rows in any
 order), rows S = K+1 for K in {1, 3, 7, 11, 15} and prefill chunks (S up to 300), GQA groups 1..8,
 head_dim 16/32/64/128, fp16 / bf16 activations and caches, an FP8 (E4M3) cache against the reference
-run on the dequantized cache, in-place KV writes (every cache element but the trash row compared),
-the split-K and the single-pass paths, the simple kernel (fp32 too); the draft-input layout for
+run on the dequantized cache, the paged cache (block sizes 16 / 32 and 1 / 24 / 64, each request's
+blocks a random draw from a shuffled pool, -1 past its end; rows past the table write the trash
+block), in-place KV writes (every cache element but the trash block compared, blocks of no table
+untouched), the split-K and the single-pass paths, the simple kernel (fp32 too); the draft-input layout for
 fp32/fp16/bf16 and odd hidden sizes; argmax ties (lowest index, across chunk boundaries), NaN and
 -inf rows, d2t; and the torch executor routed through the kernels (`plugins.enable()`).
 """
@@ -75,47 +77,67 @@ def rand_int(gen, lo, hi):  # lo..hi inclusive
 
 # ---- PEagleKVAttention ---------------------------------------------------------------------------
 
-def make_batch(gen, b, s, h, kv, d, contexts, t1=None, n_slots=None, shuffle=True, full=False):
+def make_tables(gen, lengths, m, block_size, spare=3):
+    """Block tables [B, M] for requests of `lengths` positions: each takes ceil(length / bs) blocks
+    (at most M) drawn from a shuffled pool, so consecutive entries are scattered; -1 past its end;
+    `spare` blocks belong to no request. Returns (tables, number of blocks without the trash block)."""
+    need = [min(-(-n // block_size), m) for n in lengths]
+    total = sum(need) + spare
+    pool = torch.randperm(total, generator=gen)
+    tables = torch.full((len(lengths), m), -1, dtype=torch.int64)
+    at = 0
+    for i, n in enumerate(need):
+        tables[i, :n] = pool[at:at + n]
+        at += n
+    return tables, total
+
+
+def make_batch(gen, b, s, h, kv, d, contexts, max_len=None, block_size=None, shuffle=True, full=False,
+               spare=3):
     """A ragged batch: request i has n_i real rows at positions ctx_i .. ctx_i + n_i - 1, the other
-    s - n_i rows are padding (-1); rows shuffled within the request. CPU float32 tensors."""
+    s - n_i rows are padding (-1); rows shuffled within the request. The cache is paged: M =
+    ceil(max_len / bs) table entries per request (bs 16 or 32 unless given), blocks from make_tables,
+    plus the trash block. CPU float32 tensors: q, k, v, positions, block_tables, k_cache, v_cache."""
     n_real = [s if full else rand_int(gen, 1, s) for _ in range(b)]
     positions = torch.full((b, s), -1, dtype=torch.int64)
     for i, (ctx, n) in enumerate(zip(contexts, n_real)):
         row = torch.cat([torch.arange(ctx, ctx + n), torch.full((s - n,), -1)])
         positions[i] = row[torch.randperm(s, generator=gen)] if shuffle else row
-    t1 = t1 or max(contexts) + s + 2  # T + 1 rows, the last is the trash row
-    n_slots = n_slots or b + 2
-    slots = torch.randperm(n_slots, generator=gen)[:b]
+    block_size = block_size or (16, 32)[rand_int(gen, 0, 1)]
+    max_len = max_len or max(contexts) + s + 1
+    m = -(-max_len // block_size)
+    tables, blocks = make_tables(gen, [ctx + n for ctx, n in zip(contexts, n_real)], m, block_size, spare)
     q = torch.randn(b, s, h * d, generator=gen)
     k = torch.randn(b, s, kv * d, generator=gen)
     v = torch.randn(b, s, kv * d, generator=gen)
-    k_cache = torch.randn(n_slots, kv, t1, d, generator=gen)
-    v_cache = torch.randn(n_slots, kv, t1, d, generator=gen)
-    return q, k, v, positions, slots, k_cache, v_cache
+    k_cache = torch.randn(blocks + 1, block_size, kv, d, generator=gen)  # stale contents everywhere
+    v_cache = torch.randn(blocks + 1, block_size, kv, d, generator=gen)
+    return q, k, v, positions, tables, k_cache, v_cache
 
 
-def check_attention(pl, gen, dtype, q, k, v, positions, slots, k_cache, v_cache, h, kv, d, **kw):
+def check_attention(pl, gen, dtype, q, k, v, positions, tables, k_cache, v_cache, h, kv, d, **kw):
     """Run the kernel (poisoned output) and the fp32 CPU reference on the same (rounded) inputs."""
     qd, kd, vd = (x.to(dtype) for x in (q, k, v))
     kc, vc = k_cache.to(dtype), v_cache.to(dtype)
     kc_gpu, vc_gpu = kc.to(CUDA), vc.to(CUDA)
     ptr = kc_gpu.data_ptr()
     out = torch.full(qd.shape, float("nan"), dtype=dtype, device=CUDA)
-    res = pl.kv_attention(qd.to(CUDA), kd.to(CUDA), vd.to(CUDA), positions.to(CUDA), slots.to(CUDA), kc_gpu,
+    res = pl.kv_attention(qd.to(CUDA), kd.to(CUDA), vd.to(CUDA), positions.to(CUDA), tables.to(CUDA), kc_gpu,
                           vc_gpu, h, kv, d, out=out, **kw)
     torch.cuda.synchronize()
     assert res is out and kc_gpu.data_ptr() == ptr
 
     kc_ref, vc_ref = kc.float(), vc.float()
-    ref = reference.kv_attention(qd.float(), kd.float(), vd.float(), positions, slots, kc_ref, vc_ref,
+    ref = reference.kv_attention(qd.float(), kd.float(), vd.float(), positions, tables, kc_ref, vc_ref,
                                  h, kv, d)
     got = out.float().cpu()
-    msg = f"seed={gen.initial_seed()} dtype={dtype} h={h} kv={kv} d={d} positions={positions.tolist()}"
+    msg = (f"seed={gen.initial_seed()} dtype={dtype} h={h} kv={kv} d={d} bs={kc.shape[1]} "
+           f"positions={positions.tolist()}")
     assert torch.isfinite(got).all(), msg
     torch.testing.assert_close(got, ref, **TOL[dtype], msg=lambda m: f"{m}\n{msg}")
-    t = kc.shape[2] - 1  # the trash row takes the padding rows' writes in an unspecified order
-    assert torch.equal(kc_gpu.float().cpu()[:, :, :t], kc_ref[:, :, :t]), "k cache " + msg
-    assert torch.equal(vc_gpu.float().cpu()[:, :, :t], vc_ref[:, :, :t]), "v cache " + msg
+    # the trash block (last) takes the padding rows' writes in an unspecified order
+    assert torch.equal(kc_gpu.float().cpu()[:-1], kc_ref[:-1]), "k cache " + msg
+    assert torch.equal(vc_gpu.float().cpu()[:-1], vc_ref[:-1]), "v cache " + msg
 
 
 HEADS = [(32, 8, 128), (16, 2, 64), (4, 4, 32), (8, 1, 16)]  # (H, KV, d): GQA groups 4, 8, 1, 8
@@ -148,8 +170,32 @@ def test_kv_attention_long_contexts(pl, gen, dtype, split):
     """8k contexts: split-K over up to 33 chunks plus the reduction, or one pass per block."""
     h, kv, d = 32, 8, 128
     contexts = [8000, rand_int(gen, 4000, 8100), rand_int(gen, 0, 300)]
-    batch = make_batch(gen, 3, 8, h, kv, d, contexts, t1=8200)
+    batch = make_batch(gen, 3, 8, h, kv, d, contexts, max_len=8200, block_size=32)  # M * bs = 8224 keys
     check_attention(pl, gen, dtype, *batch, h, kv, d, split=split)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("simple", [False, True])
+@pytest.mark.parametrize("block_size", [24, 1, 64])
+def test_kv_attention_other_block_sizes(pl, gen, dtype, simple, block_size):
+    """Blocks that do not divide the 64-key tile (24), one position per block, a block per tile."""
+    h, kv, d = 16, 4, 64
+    contexts = [rand_int(gen, 0, 700), rand_int(gen, 0, 50), 300]
+    batch = make_batch(gen, 3, 8, h, kv, d, contexts, block_size=block_size)
+    check_attention(pl, gen, dtype, *batch, h, kv, d, simple=simple)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("simple", [False, True])
+def test_kv_attention_rows_past_the_table(pl, gen, dtype, simple):
+    """The drafter's lookahead rows at the end of the context sit past the table (M * bs and beyond):
+    they write the trash block and see every key the table addresses, as in the reference."""
+    h, kv, d, bs, s = 8, 2, 64, 16, 12
+    contexts = [40, 60]
+    q, k, v, positions, tables, kc, vc = make_batch(gen, 2, s, h, kv, d, contexts, max_len=64, block_size=bs,
+                                                    shuffle=False, full=True)
+    assert tables.shape[1] * bs == 64 and int(positions.max()) >= 64  # rows 64 .. 71 of request 1
+    check_attention(pl, gen, dtype, q, k, v, positions, tables, kc, vc, h, kv, d, simple=simple)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -172,11 +218,11 @@ def test_kv_attention_simple_kernel(pl, gen, dtype, h, kv, d):
 
 def test_kv_attention_explicit_scale(pl, gen):
     h, kv, d, dtype = 8, 2, 64, torch.float16
-    q, k, v, positions, slots, kc, vc = make_batch(gen, 2, 4, h, kv, d, [10, 100])
+    q, k, v, positions, tables, kc, vc = make_batch(gen, 2, 4, h, kv, d, [10, 100])
     out = pl.kv_attention(q.to(dtype).cuda(), k.to(dtype).cuda(), v.to(dtype).cuda(), positions.cuda(),
-                          slots.cuda(), kc.to(dtype).cuda(), vc.to(dtype).cuda(), h, kv, d, 0.05)
+                          tables.cuda(), kc.to(dtype).cuda(), vc.to(dtype).cuda(), h, kv, d, 0.05)
     ref = reference.kv_attention(q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), positions,
-                                 slots, kc.to(dtype).float(), vc.to(dtype).float(), h, kv, d, 0.05)
+                                 tables, kc.to(dtype).float(), vc.to(dtype).float(), h, kv, d, 0.05)
     torch.testing.assert_close(out.float().cpu(), ref, **TOL[dtype])
 
 
@@ -188,54 +234,60 @@ def test_kv_attention_fp8_cache(pl, gen, dtype, h, kv, d, s, simple):
     """FP8 cache, per-tensor scales: the kernel stores fp8(value / scale) and attends over
     stored * scale; compared with the reference run on the dequantized cache."""
     contexts = [rand_int(gen, 0, 5000), rand_int(gen, 0, 300), 0]
-    q, k, v, positions, slots, kc, vc = make_batch(gen, 3, s, h, kv, d, contexts)
+    q, k, v, positions, tables, kc, vc = make_batch(gen, 3, s, h, kv, d, contexts)
     qd, kd, vd = (x.to(dtype) for x in (q, k, v))
     k_scale, v_scale = 0.02 + 0.05 * float(torch.rand(1, generator=gen)), 0.03
     kc8 = (kc * 2).to(FP8)  # stale contents, any fp8 codes
     vc8 = (vc * 2).to(FP8)
     kc_gpu, vc_gpu = kc8.to(CUDA), vc8.to(CUDA)
     out = torch.full(qd.shape, float("nan"), dtype=dtype, device=CUDA)
-    pl.kv_attention(qd.cuda(), kd.cuda(), vd.cuda(), positions.cuda(), slots.cuda(), kc_gpu, vc_gpu, h, kv, d,
+    pl.kv_attention(qd.cuda(), kd.cuda(), vd.cuda(), positions.cuda(), tables.cuda(), kc_gpu, vc_gpu, h, kv, d,
                     k_scale=k_scale, v_scale=v_scale, out=out, simple=simple)
     torch.cuda.synchronize()
 
     # expected stored codes: the reference write, in the fp8 domain (same indexing as the reference)
     kq, vq = (kd.float() / k_scale).to(FP8), (vd.float() / v_scale).to(FP8)
-    t = kc.shape[2] - 1
-    write = torch.where(positions >= 0, positions, t)
+    block, offset = reference.block_rows(tables, positions, kc.shape[0] - 1, kc.shape[1])  # [B, S] each
     exp_k, exp_v = kc8.clone(), vc8.clone()
-    exp_k[slots[:, None], :, write] = kq.view(*positions.shape, kv, d)
-    exp_v[slots[:, None], :, write] = vq.view(*positions.shape, kv, d)
+    exp_k[block, offset] = kq.view(*positions.shape, kv, d)
+    exp_v[block, offset] = vq.view(*positions.shape, kv, d)
     msg = f"seed={gen.initial_seed()} dtype={dtype} h={h} kv={kv} d={d} s={s} simple={simple}"
     got_k, got_v = kc_gpu.cpu(), vc_gpu.cpu()
-    assert torch.equal(got_k[:, :, :t].float(), exp_k[:, :, :t].float()), "k cache codes " + msg
-    assert torch.equal(got_v[:, :, :t].float(), exp_v[:, :, :t].float()), "v cache codes " + msg
+    assert torch.equal(got_k[:-1].float(), exp_k[:-1].float()), "k cache codes " + msg  # trash block aside
+    assert torch.equal(got_v[:-1].float(), exp_v[:-1].float()), "v cache codes " + msg
 
     # attention: the reference over the dequantized cache, writing the dequantized new rows
-    ref = reference.kv_attention(qd.float(), kq.float() * k_scale, vq.float() * v_scale, positions, slots,
+    ref = reference.kv_attention(qd.float(), kq.float() * k_scale, vq.float() * v_scale, positions, tables,
                                  kc8.float() * k_scale, vc8.float() * v_scale, h, kv, d)
     got = out.float().cpu()
     assert torch.isfinite(got).all(), msg
     torch.testing.assert_close(got, ref, **TOL[dtype], msg=lambda m: f"{m}\n{msg}")
 
 
-def test_kv_attention_leaves_other_slots_alone(pl, gen):
-    h, kv, d, dtype = 8, 2, 64, torch.bfloat16
-    q, k, v, positions, slots, kc, vc = make_batch(gen, 2, 4, h, kv, d, [50, 7], n_slots=5)
+def test_kv_attention_leaves_other_blocks_alone(pl, gen):
+    h, kv, d, dtype, bs = 8, 2, 64, torch.bfloat16, 16
+    q, k, v, positions, tables, kc, vc = make_batch(gen, 2, 4, h, kv, d, [50, 7], block_size=bs, spare=4)
     kc_gpu, vc_gpu = kc.to(dtype).cuda(), vc.to(dtype).cuda()
     before = kc_gpu.clone(), vc_gpu.clone()
     pl.kv_attention(q.to(dtype).cuda(), k.to(dtype).cuda(), v.to(dtype).cuda(), positions.cuda(),
-                    slots.cuda(), kc_gpu, vc_gpu, h, kv, d)
+                    tables.cuda(), kc_gpu, vc_gpu, h, kv, d)
     torch.cuda.synchronize()
-    others = [i for i in range(5) if i not in slots.tolist()]
+    trash = kc.shape[0] - 1
+    used = set(tables[tables >= 0].tolist())
+    others = [i for i in range(trash) if i not in used]
+    assert len(others) == 4
     assert torch.equal(kc_gpu[others], before[0][others]) and torch.equal(vc_gpu[others], before[1][others])
-    # written rows are exactly the new k/v; rows past each request's positions untouched
-    for i, slot in enumerate(slots.tolist()):
+    # written positions hold exactly the new k/v; positions past each request's rows are untouched
+    for i in range(2):
         for j, p in enumerate(positions[i].tolist()):
             if p >= 0:
-                assert torch.equal(kc_gpu[slot, :, p].cpu(), k[i, j].to(dtype).view(kv, d))
+                block = int(tables[i, p // bs])
+                assert torch.equal(kc_gpu[block, p % bs].cpu(), k[i, j].to(dtype).view(kv, d))
+                assert torch.equal(vc_gpu[block, p % bs].cpu(), v[i, j].to(dtype).view(kv, d))
         top = int(positions[i].max()) + 1
-        assert torch.equal(kc_gpu[slot, :, top:-1], before[0][slot, :, top:-1])
+        for p in range(top, int((tables[i] >= 0).sum()) * bs):
+            block = int(tables[i, p // bs])
+            assert torch.equal(kc_gpu[block, p % bs], before[0][block, p % bs]), (i, p)
 
 
 # ---- PEagleDraftInputs ---------------------------------------------------------------------------
@@ -352,11 +404,16 @@ def test_enable_routes_the_torch_executor(pl, tiny, monkeypatch):
 
 def test_unsupported_inputs_raise(pl):
     q = torch.zeros(1, 1, 8, dtype=torch.float16, device=CUDA)
-    cache = torch.zeros(2, 1, 4, 8, dtype=torch.bfloat16, device=CUDA)  # cache dtype != q dtype
+    positions = torch.zeros(1, 1, dtype=torch.int64, device=CUDA)
+    tables = torch.zeros(1, 1, dtype=torch.int64, device=CUDA)  # [B, M]
+    cache = torch.zeros(2, 4, 1, 8, dtype=torch.bfloat16, device=CUDA)  # cache dtype != q dtype
     with pytest.raises(TypeError):
-        pl.kv_attention(q, q, q, torch.zeros(1, 1, dtype=torch.int64, device=CUDA),
-                        torch.zeros(1, dtype=torch.int64, device=CUDA), cache, cache.clone(), 1, 1, 8)
-    strided = torch.zeros(2, 1, 8, 4, dtype=torch.float16, device=CUDA).transpose(2, 3)  # [2, 1, 4, 8]
+        pl.kv_attention(q, q, q, positions, tables, cache, cache.clone(), 1, 1, 8)
+    strided = torch.zeros(2, 8, 1, 4, dtype=torch.float16, device=CUDA).transpose(1, 3)  # [2, 4, 1, 8]
     with pytest.raises(ValueError, match="contiguous"):
-        pl.kv_attention(q, q, q, torch.zeros(1, 1, dtype=torch.int64, device=CUDA),
-                        torch.zeros(1, dtype=torch.int64, device=CUDA), strided, cache.half(), 1, 1, 8)
+        pl.kv_attention(q, q, q, positions, tables, strided, cache.half(), 1, 1, 8)
+    with pytest.raises(ValueError, match="block_tables"):  # the slots [B] of the contiguous cache
+        pl.kv_attention(q, q, q, positions, tables[:, 0], cache.half(), cache.half(), 1, 1, 8)
+    old = torch.zeros(2, 1, 4, 8, dtype=torch.float16, device=CUDA)  # [N, KV, T+1, d]: KV heads at axis 1
+    with pytest.raises(ValueError, match="do not match"):
+        pl.kv_attention(q, q, q, positions, tables, old, old.clone(), 1, 1, 8)

@@ -1,12 +1,15 @@
-// PEagleKVAttention: attention of a few new rows per request over that request's KV-cache slot,
+// PEagleKVAttention: attention of a few new rows per request over that request's paged KV cache,
 // causal by absolute position, writing the new K/V rows in place first.
 //
 // Shapes (docs/EXPORT.md): q [B, S, H*d]; k, v [B, S, KV*d]; positions [B, S] (-1 = padding);
-// slots [B]; k_cache, v_cache [N, KV, T1, d] (T1 = T + 1, row T = trash row); out [B, S, H*d].
+// block_tables [B, M] (-1 = no block); k_cache, v_cache [NB, bs, KV, d] (NB = blocks + 1, the last
+// block is the trash block); out [B, S, H*d]. Position p of request b lives in block
+// block_tables[b, p / bs] at offset p % bs.
 //
 // Three launches on one stream:
-//   1. kvWriteKernel     every row's k/v -> cache[slot, kv_head, position] (padding rows -> trash row;
-//                        FP8 caches store value / scale). All writes land before any read.
+//   1. kvWriteKernel     every row's k/v -> cache[block, offset, kv_head] (padding rows, positions past
+//                        the table and entries -1 -> (trash, 0); FP8 caches store value / scale).
+//                        All writes land before any read.
 //   2. attnMmaKernel     flash-decoding over the context. Block = (16 query rows, one KV chunk,
 //                        one (request, kv head)). The 16 rows are (s, head-in-group) pairs that share
 //                        the kv head, so each K/V tile is loaded once for all of them (GQA). Four
@@ -15,13 +18,17 @@
 //                        with an online softmax in registers; the warps are merged at the end.
 //                        Long contexts are split into chunks over blockIdx.y so an 8k context fills
 //                        the GPU; blocks whose chunk starts past their rows' last position exit.
+//                        Each 64-key tile looks its keys' blocks up in the table once (shared memory).
 //   3. attnReduceKernel  merges the per-chunk partial results (o, log-sum-exp) of each row
 //                        (only when the context was split).
 // attnSimpleKernel (one block per query row, CUDA cores) serves fp32 activations, other head sizes,
 // and is a second implementation to check the fast one against (PEAGLE_ATTN_FORCE_SIMPLE).
 //
-// Row (b, s) at position p sees cache keys 0..p of its slot; a padding row (p = -1) sees key 0 only,
-// as the reference does, so its output is finite.
+// Row (b, s) at position p sees the keys at positions 0..min(p, M*bs - 1) of its request, found
+// through its block table; a padding row (p = -1) sees key 0 only, as the reference does, so its
+// output is finite. Keys whose table entry is -1 (or out of range) are masked: the runtime never
+// leaves such an entry inside a row's visible range (the reference would read the trash block
+// there); a row that sees no key at all returns zeros.
 #include "common.cuh"
 
 #include <algorithm>
@@ -55,33 +62,37 @@ struct AttnParams
     void const* k;
     void const* v;
     int64_t const* positions;
-    int64_t const* slots;
+    int64_t const* tables; // [B, M] block tables
     void* kCache;
     void* vCache;
     void* out;
     float* partO;   // [splits, B*S*H, D]
     float* partLse; // [splits, B*S*H]   (log2 domain)
-    int32_t B, S, H, KV, G, D, N, T1;
+    int32_t B, S, H, KV, G, D;
+    int32_t NB;      // cache blocks, the trash block (NB - 1) included
+    int32_t BS;      // positions per block
+    int32_t M;       // table entries per request
+    int32_t maxKeys; // M * BS: positions a table can address
     int32_t splits, chunk;
     float scale;  // softmax scale
     float kScale; // FP8 dequantization scales (1 for 16/32-bit caches)
     float vScale;
 };
 
-// Cache row a position writes to / reads up to (out-of-range values are clamped, never out of bounds).
-__device__ __forceinline__ int32_t writeRow(int64_t pos, int32_t T1)
+// Element offset of (position, kv head) of request b in the caches [NB, BS, KV, D], or -1 when the
+// position has no block (entry -1 or out of range). `pos` must be in [0, maxKeys).
+__device__ __forceinline__ int64_t keyRow(AttnParams const& p, int32_t b, int32_t pos, int32_t head)
 {
-    return (pos < 0 || pos >= T1) ? T1 - 1 : static_cast<int32_t>(pos);
+    int64_t const block = p.tables[static_cast<int64_t>(b) * p.M + pos / p.BS];
+    if (block < 0 || block >= p.NB)
+        return -1;
+    return ((block * p.BS + pos % p.BS) * p.KV + head) * static_cast<int64_t>(p.D);
 }
 
-__device__ __forceinline__ int32_t readRow(int64_t pos, int32_t T1)
+// Last key position a row at `pos` sees (a padding row: key 0), capped by what the table addresses.
+__device__ __forceinline__ int32_t lastKey(int64_t pos, int32_t maxKeys)
 {
-    return pos < 0 ? 0 : (pos >= T1 ? T1 - 1 : static_cast<int32_t>(pos));
-}
-
-__device__ __forceinline__ bool validSlot(int64_t slot, int32_t N)
-{
-    return slot >= 0 && slot < N;
+    return pos < 0 ? 0 : (pos >= maxKeys ? maxKeys - 1 : static_cast<int32_t>(pos));
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -93,10 +104,13 @@ __global__ void __launch_bounds__(kThreads) kvWriteKernel(AttnParams p)
 {
     int64_t const bs = blockIdx.x; // b * S + s
     int32_t const b = static_cast<int32_t>(bs / p.S);
-    int64_t const slot = p.slots[b];
-    if (!validSlot(slot, p.N))
-        return;
-    int32_t const row = writeRow(p.positions[bs], p.T1);
+    int64_t const pos = p.positions[bs];
+    // (block, offset) of this row; padding rows, positions past the table and entries -1 -> (trash, 0)
+    int64_t base = -1;
+    if (pos >= 0 && pos < p.maxKeys)
+        base = keyRow(p, b, static_cast<int32_t>(pos), 0);
+    if (base < 0)
+        base = static_cast<int64_t>(p.NB - 1) * p.BS * p.KV * p.D;
     int32_t const width = p.KV * p.D;
     TA const* k = static_cast<TA const*>(p.k) + bs * width;
     TA const* v = static_cast<TA const*>(p.v) + bs * width;
@@ -104,8 +118,7 @@ __global__ void __launch_bounds__(kThreads) kvWriteKernel(AttnParams p)
     TC* vc = static_cast<TC*>(p.vCache);
     for (int32_t e = threadIdx.x; e < width; e += blockDim.x)
     {
-        int32_t const head = e / p.D, i = e % p.D;
-        int64_t const dst = ((slot * p.KV + head) * static_cast<int64_t>(p.T1) + row) * p.D + i;
+        int64_t const dst = base + e; // [KV, D] of one position are contiguous
         float kv = toFloat(k[e]), vv = toFloat(v[e]);
         if constexpr (IsFp8<TC>::value)
         {
@@ -172,11 +185,12 @@ __device__ __forceinline__ uint32_t load32(uint16_t const* p)
     return *reinterpret_cast<uint32_t const*>(p);
 }
 
-// Stage keys [t0, t0 + kTileKeys) of one (slot, kv head) into shared memory as T bit patterns;
-// keys at or past kvEnd are zero (they are masked, and zeros keep 0 * V finite).
+// Stage the keys of one tile into shared memory as T bit patterns: key r of the tile is the cache
+// row at element offset rows[r] (-1: a key past kvEnd or without a block, staged as zeros: it is
+// masked, and zeros keep 0 * V finite).
 template <typename T, typename TC, int D>
 __device__ __forceinline__ void loadKvTile(uint16_t (*sK)[D + kPad], uint16_t (*sV)[D + kPad],
-    TC const* __restrict__ kBase, TC const* __restrict__ vBase, int32_t t0, int32_t kvEnd)
+    TC const* __restrict__ kBase, TC const* __restrict__ vBase, int64_t const* rows)
 {
     if constexpr (IsFp8<TC>::value)
     {
@@ -184,12 +198,12 @@ __device__ __forceinline__ void loadKvTile(uint16_t (*sK)[D + kPad], uint16_t (*
         for (int e = threadIdx.x; e < kTileKeys * kChunks; e += kThreads)
         {
             int const r = e / kChunks, c = (e % kChunks) * 16;
-            int32_t const key = t0 + r;
+            int64_t const row = rows[r];
             uint4 kRaw = make_uint4(0, 0, 0, 0), vRaw = make_uint4(0, 0, 0, 0);
-            if (key < kvEnd)
+            if (row >= 0)
             {
-                kRaw = __ldg(reinterpret_cast<uint4 const*>(kBase + static_cast<int64_t>(key) * D + c));
-                vRaw = __ldg(reinterpret_cast<uint4 const*>(vBase + static_cast<int64_t>(key) * D + c));
+                kRaw = __ldg(reinterpret_cast<uint4 const*>(kBase + row + c));
+                vRaw = __ldg(reinterpret_cast<uint4 const*>(vBase + row + c));
             }
             uint8_t const* kb = reinterpret_cast<uint8_t const*>(&kRaw);
             uint8_t const* vb = reinterpret_cast<uint8_t const*>(&vRaw);
@@ -215,12 +229,12 @@ __device__ __forceinline__ void loadKvTile(uint16_t (*sK)[D + kPad], uint16_t (*
         for (int e = threadIdx.x; e < kTileKeys * kChunks; e += kThreads)
         {
             int const r = e / kChunks, c = (e % kChunks) * 8;
-            int32_t const key = t0 + r;
+            int64_t const row = rows[r];
             uint4 kRaw = make_uint4(0, 0, 0, 0), vRaw = make_uint4(0, 0, 0, 0);
-            if (key < kvEnd)
+            if (row >= 0)
             {
-                kRaw = __ldg(reinterpret_cast<uint4 const*>(kBase + static_cast<int64_t>(key) * D + c));
-                vRaw = __ldg(reinterpret_cast<uint4 const*>(vBase + static_cast<int64_t>(key) * D + c));
+                kRaw = __ldg(reinterpret_cast<uint4 const*>(kBase + row + c));
+                vRaw = __ldg(reinterpret_cast<uint4 const*>(vBase + row + c));
             }
             *reinterpret_cast<uint4*>(&sK[r][c]) = kRaw;
             *reinterpret_cast<uint4*>(&sV[r][c]) = vRaw;
@@ -241,6 +255,7 @@ __global__ void __launch_bounds__(kThreads) attnMmaKernel(AttnParams p)
     __shared__ __align__(16) uint16_t sQ[kTileRows][kStride];
     __shared__ __align__(16) uint16_t sKV[2][kTileKeys][kStride];
     __shared__ int32_t sPos[kTileRows];
+    __shared__ int64_t sRows[kTileKeys]; // cache offsets of the current tile's keys (-1: masked)
 
     int32_t const rowTile = blockIdx.x;
     int32_t const split = blockIdx.y;
@@ -248,44 +263,25 @@ __global__ void __launch_bounds__(kThreads) attnMmaKernel(AttnParams p)
     int32_t const g = blockIdx.z % p.KV;
     int32_t const R = p.S * p.G; // query rows of this (request, kv head): r = s * G + head-in-group
     int32_t const row0 = rowTile * kTileRows;
-    int64_t const slot = p.slots[b];
-    bool const slotOk = validSlot(slot, p.N);
 
     if (threadIdx.x < kTileRows)
     {
         int32_t const r = row0 + threadIdx.x;
         int32_t pos = -1; // rows past R see nothing
-        if (r < R && slotOk)
-            pos = readRow(p.positions[static_cast<int64_t>(b) * p.S + r / p.G], p.T1);
+        if (r < R)
+            pos = lastKey(p.positions[static_cast<int64_t>(b) * p.S + r / p.G], p.maxKeys);
         sPos[threadIdx.x] = pos;
     }
     __syncthreads();
 
-    int32_t kvLen = 0; // keys any row of this tile can see
+    int32_t kvLen = 0; // keys any row of this tile can see (>= 1: the tile holds a row r < R)
 #pragma unroll
     for (int i = 0; i < kTileRows; ++i)
         kvLen = max(kvLen, sPos[i] + 1);
     int32_t const kvBegin = split * p.chunk;
     int32_t const kvEnd = min(kvBegin + p.chunk, kvLen);
     if (kvBegin >= kvEnd)
-    {
-        // Nothing to attend to in this chunk. With a single chunk that only happens for an invalid
-        // slot: write zeros so the output is defined. (Split chunks are skipped by the reducer.)
-        if (p.splits == 1 && !slotOk)
-        {
-            for (int e = threadIdx.x; e < kTileRows * D; e += kThreads)
-            {
-                int32_t const r = row0 + e / D;
-                if (r < R)
-                {
-                    int32_t const h = g * p.G + r % p.G;
-                    int64_t const o = ((static_cast<int64_t>(b) * p.S + r / p.G) * p.H + h) * D + e % D;
-                    static_cast<T*>(p.out)[o] = fromFloat<T>(0.f);
-                }
-            }
-        }
-        return;
-    }
+        return; // a chunk past every row of the tile (never chunk 0): the reducer skips it
 
     // ---- Q tile -> shared -> A fragments (registers) -------------------------------------------
     T const* q = static_cast<T const*>(p.q);
@@ -328,16 +324,21 @@ __global__ void __launch_bounds__(kThreads) attnMmaKernel(AttnParams p)
     float l0 = 0.f, l1 = 0.f;             // running sums (this lane's columns only)
     float const scoreScale = p.scale * p.kScale * kLog2e;
 
-    int64_t const cacheBase = (slot * p.KV + g) * static_cast<int64_t>(p.T1) * D;
-    TC const* kBase = static_cast<TC const*>(p.kCache) + cacheBase;
-    TC const* vBase = static_cast<TC const*>(p.vCache) + cacheBase;
+    TC const* kBase = static_cast<TC const*>(p.kCache);
+    TC const* vBase = static_cast<TC const*>(p.vCache);
     uint16_t(*sK)[kStride] = sKV[0];
     uint16_t(*sV)[kStride] = sKV[1];
 
     for (int32_t t0 = kvBegin; t0 < kvEnd; t0 += kTileKeys)
     {
-        __syncthreads(); // every warp is done with the previous tile
-        loadKvTile<T, TC, D>(sK, sV, kBase, vBase, t0, kvEnd);
+        __syncthreads(); // every warp is done with the previous tile (and its sRows)
+        if (threadIdx.x < kTileKeys)
+        {
+            int32_t const key = t0 + threadIdx.x;
+            sRows[threadIdx.x] = key < kvEnd ? keyRow(p, b, key, g) : -1;
+        }
+        __syncthreads();
+        loadKvTile<T, TC, D>(sK, sV, kBase, vBase, sRows);
         __syncthreads();
 
         int32_t const key0 = t0 + warp * kWarpKeys;
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(kThreads) attnMmaKernel(AttnParams p)
                 Mma<T>::run(s[nt], qf[ks], load32(kRow + ks * 16 + 2 * tq), load32(kRow + ks * 16 + 8 + 2 * tq));
         }
 
-        // causal mask by absolute position, scale into the log2 domain
+        // causal mask by absolute position (keys without a block masked too), scale into the log2 domain
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt)
 #pragma unroll
@@ -364,7 +365,8 @@ __global__ void __launch_bounds__(kThreads) attnMmaKernel(AttnParams p)
             {
                 int32_t const key = key0 + nt * 8 + 2 * tq + (e & 1);
                 int32_t const pos = e < 2 ? pos0 : pos1;
-                s[nt][e] = (key <= pos && key < kvEnd) ? s[nt][e] * scoreScale : -INFINITY;
+                bool const visible = key <= pos && key < kvEnd && sRows[key - t0] >= 0;
+                s[nt][e] = visible ? s[nt][e] * scoreScale : -INFINITY;
             }
 
         // online softmax: the 4 lanes of a group hold the 16 columns of a row
@@ -492,20 +494,20 @@ __global__ void __launch_bounds__(kThreads) attnReduceKernel(AttnParams p)
     if (row >= rowsTotal)
         return;
     int64_t const bs = row / p.H;
-    int32_t const b = static_cast<int32_t>(bs / p.S);
     T* out = static_cast<T*>(p.out) + row * p.D;
-    if (!validSlot(p.slots[b], p.N))
+    // chunks 0..n-1 cover this row's keys (its last key's chunk is n-1; the attention kernel ran all
+    // of them for this row's tile); a chunk whose keys all lack a block holds lse = -inf
+    int32_t const pos = lastKey(p.positions[bs], p.maxKeys);
+    int32_t const n = min(p.splits, pos / p.chunk + 1);
+    float M = -INFINITY;
+    for (int i = 0; i < n; ++i)
+        M = fmaxf(M, p.partLse[i * rowsTotal + row]);
+    if (M == -INFINITY) // no visible key at all
     {
         for (int c = lane; c < p.D; c += kWarpSize)
             out[c] = fromFloat<T>(0.f);
         return;
     }
-    // chunks 0..n-1 each hold at least one key this row sees (its own position's chunk is n-1)
-    int32_t const pos = readRow(p.positions[bs], p.T1);
-    int32_t const n = min(p.splits, pos / p.chunk + 1);
-    float M = -INFINITY;
-    for (int i = 0; i < n; ++i)
-        M = fmaxf(M, p.partLse[i * rowsTotal + row]);
     float W = 0.f;
     for (int i = 0; i < n; ++i)
         W += exp2f(p.partLse[i * rowsTotal + row] - M);
@@ -550,55 +552,51 @@ __device__ __forceinline__ float blockSum(float x, float* red)
     return r;
 }
 
-// grid: (H, S, B); dynamic shared memory (D + kThreads + kWarps) floats
+// grid: (H, S, B); dynamic shared memory: kThreads int64 + (D + kThreads + kWarps) floats
 template <typename TA, typename TC>
 __global__ void __launch_bounds__(kThreads) attnSimpleKernel(AttnParams p)
 {
-    extern __shared__ float smem[];
-    float* sq = smem;               // [D]
-    float* sp = sq + p.D;           // [kThreads] probabilities of the current key tile
-    float* red = sp + kThreads;     // [kWarps]
+    extern __shared__ __align__(16) unsigned char smemRaw[];
+    int64_t* sRow = reinterpret_cast<int64_t*>(smemRaw); // [kThreads] cache offsets of the tile's keys
+    float* sq = reinterpret_cast<float*>(sRow + kThreads); // [D]
+    float* sp = sq + p.D;                                  // [kThreads] probabilities of the current key tile
+    float* red = sp + kThreads;                            // [kWarps]
 
     int32_t const h = blockIdx.x, s = blockIdx.y, b = blockIdx.z;
     int64_t const bs = static_cast<int64_t>(b) * p.S + s;
     TA* out = static_cast<TA*>(p.out) + (bs * p.H + h) * p.D;
-    int64_t const slot = p.slots[b];
-    if (!validSlot(slot, p.N))
-    {
-        for (int c = threadIdx.x; c < p.D; c += blockDim.x)
-            out[c] = fromFloat<TA>(0.f);
-        return;
-    }
     int32_t const g = h / p.G;
-    int32_t const pos = readRow(p.positions[bs], p.T1);
+    int32_t const pos = lastKey(p.positions[bs], p.maxKeys);
     TA const* q = static_cast<TA const*>(p.q) + (bs * p.H + h) * p.D;
     for (int c = threadIdx.x; c < p.D; c += blockDim.x)
         sq[c] = toFloat(q[c]);
     __syncthreads();
 
-    int64_t const cacheBase = (slot * p.KV + g) * static_cast<int64_t>(p.T1) * p.D;
-    TC const* kc = static_cast<TC const*>(p.kCache) + cacheBase;
-    TC const* vc = static_cast<TC const*>(p.vCache) + cacheBase;
+    TC const* kc = static_cast<TC const*>(p.kCache);
+    TC const* vc = static_cast<TC const*>(p.vCache);
     float const qkScale = p.scale * p.kScale;
     float acc[kSimpleMaxDimsPerThread] = {};
     float m = -INFINITY, l = 0.f;
     for (int32_t k0 = 0; k0 <= pos; k0 += kThreads)
     {
         int32_t const j = k0 + threadIdx.x;
+        int64_t const row = j <= pos ? keyRow(p, b, j, g) : -1; // -1: past the row, or no block
         float sj = -INFINITY;
-        if (j <= pos)
+        if (row >= 0)
         {
-            TC const* kr = kc + static_cast<int64_t>(j) * p.D;
+            TC const* kr = kc + row;
             float dot = 0.f;
             for (int c = 0; c < p.D; ++c)
                 dot += sq[c] * toFloat(kr[c]);
             sj = dot * qkScale;
         }
-        float const mNew = fmaxf(m, blockMax(sj, red)); // finite: key k0 <= pos is visible
-        float const alpha = expf(m - mNew);
-        float const pj = j <= pos ? expf(sj - mNew) : 0.f;
+        sRow[threadIdx.x] = row;
+        float const mNew = fmaxf(m, blockMax(sj, red));
+        float const base = mNew == -INFINITY ? 0.f : mNew; // nothing visible yet: keep exp finite
+        float const alpha = expf(m - base);                // 0 while m == -inf
+        float const pj = row >= 0 ? expf(sj - base) : 0.f;
         sp[threadIdx.x] = pj;
-        l = l * alpha + blockSum(pj, red); // blockSum's barrier also publishes sp
+        l = l * alpha + blockSum(pj, red); // blockSum's barrier also publishes sp and sRow
         m = mNew;
         int32_t const nk = min(kThreads, pos - k0 + 1);
 #pragma unroll
@@ -609,18 +607,22 @@ __global__ void __launch_bounds__(kThreads) attnSimpleKernel(AttnParams p)
             {
                 float a = acc[i] * alpha;
                 for (int jj = 0; jj < nk; ++jj)
-                    a += sp[jj] * toFloat(vc[static_cast<int64_t>(k0 + jj) * p.D + c]);
+                {
+                    int64_t const r = sRow[jj];
+                    if (r >= 0)
+                        a += sp[jj] * toFloat(vc[r + c]);
+                }
                 acc[i] = a;
             }
         }
-        __syncthreads(); // sp is rewritten by the next tile
+        __syncthreads(); // sp and sRow are rewritten by the next tile
     }
 #pragma unroll
     for (int i = 0; i < kSimpleMaxDimsPerThread; ++i)
     {
         int const c = threadIdx.x + i * kThreads;
         if (c < p.D)
-            out[c] = fromFloat<TA>(acc[i] / l * p.vScale);
+            out[c] = fromFloat<TA>(l > 0.f ? acc[i] / l * p.vScale : 0.f);
     }
 }
 
@@ -628,9 +630,9 @@ __global__ void __launch_bounds__(kThreads) attnSimpleKernel(AttnParams p)
 // host side
 // ------------------------------------------------------------------------------------------------
 
-int32_t maxSplits(int32_t cacheLen)
+int32_t maxSplits(int32_t maxKeys)
 {
-    int64_t const s = ceilDiv(cacheLen, kMinChunk);
+    int64_t const s = ceilDiv(maxKeys, kMinChunk);
     return static_cast<int32_t>(s < 1 ? 1 : (s > kMaxSplits ? kMaxSplits : s));
 }
 
@@ -639,20 +641,20 @@ size_t perSplitBytes(int64_t batch, int64_t rows, int64_t heads, int64_t headDim
     return static_cast<size_t>(batch * rows * heads * (headDim + 1)) * sizeof(float);
 }
 
-// Split the key range [0, T1) into `splits` chunks of `chunk` keys (a multiple of kTileKeys).
+// Split the key range [0, M * bs) into `splits` chunks of `chunk` keys (a multiple of kTileKeys).
 void planSplits(AttnParams& p, size_t workspaceSize)
 {
     int64_t const tiles = ceilDiv(static_cast<int64_t>(p.S) * p.G, kTileRows);
     int64_t const baseBlocks = tiles * p.B * p.KV;
-    int64_t s = maxSplits(p.T1);
+    int64_t s = maxSplits(p.maxKeys);
     s = std::min<int64_t>(s, std::max<int64_t>(1, kTargetBlocks / baseBlocks));
     size_t const per = perSplitBytes(p.B, p.S, p.H, p.D);
     s = std::min<int64_t>(s, static_cast<int64_t>(std::min(workspaceSize, kWorkspaceBudget) / per));
     if (s < 2)
         s = 1;
-    int64_t const chunk = roundUp(ceilDiv(p.T1, s), kTileKeys);
+    int64_t const chunk = roundUp(ceilDiv(p.maxKeys, s), kTileKeys);
     p.chunk = static_cast<int32_t>(chunk);
-    p.splits = static_cast<int32_t>(ceilDiv(p.T1, chunk));
+    p.splits = static_cast<int32_t>(ceilDiv(p.maxKeys, chunk));
 }
 
 template <typename T, typename TC>
@@ -698,7 +700,7 @@ cudaError_t launchAll(AttnParams const& p, bool fast, void* workspace, size_t wo
     }
     if (p.S > 65535 || p.B > 65535)
         return cudaErrorInvalidValue;
-    size_t const smem = (p.D + kThreads + kWarps) * sizeof(float);
+    size_t const smem = kThreads * sizeof(int64_t) + (p.D + kThreads + kWarps) * sizeof(float);
     attnSimpleKernel<TA, TC><<<dim3(p.H, p.S, p.B), kThreads, smem, stream>>>(p);
     PEAGLE_RETURN_IF_LAUNCH_ERROR();
     return cudaSuccess;
@@ -717,27 +719,27 @@ cudaError_t dispatchCache(
 } // namespace peagle
 
 extern "C" size_t peagle_kv_attention_workspace_size(
-    int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t cache_len)
+    int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t max_keys)
 {
     using namespace peagle;
-    if (max_batch <= 0 || max_rows <= 0 || num_heads <= 0 || head_dim <= 0 || cache_len <= 0)
+    if (max_batch <= 0 || max_rows <= 0 || num_heads <= 0 || head_dim <= 0 || max_keys <= 0)
         return 0;
     size_t const per = perSplitBytes(max_batch, max_rows, num_heads, head_dim);
-    size_t const bytes = static_cast<size_t>(maxSplits(cache_len)) * per;
+    size_t const bytes = static_cast<size_t>(maxSplits(max_keys)) * per;
     size_t const capped = std::min(bytes, (kWorkspaceBudget / per) * per);
     return capped >= 2 * per ? capped : 0;
 }
 
 extern "C" cudaError_t peagle_kv_attention(void const* q, void const* k, void const* v, int64_t const* positions,
-    int64_t const* slots, void* k_cache, void* v_cache, void* out, int32_t batch, int32_t rows, int32_t num_heads,
-    int32_t num_kv_heads, int32_t head_dim, int32_t num_slots, int32_t cache_len, float scale, float k_scale,
-    float v_scale, peagle_dtype_t act_dtype, peagle_dtype_t cache_dtype, void* workspace, size_t workspace_size,
-    int32_t flags, cudaStream_t stream)
+    int64_t const* block_tables, void* k_cache, void* v_cache, void* out, int32_t batch, int32_t rows,
+    int32_t num_heads, int32_t num_kv_heads, int32_t head_dim, int32_t cache_blocks, int32_t block_size,
+    int32_t max_blocks, float scale, float k_scale, float v_scale, peagle_dtype_t act_dtype,
+    peagle_dtype_t cache_dtype, void* workspace, size_t workspace_size, int32_t flags, cudaStream_t stream)
 {
     using namespace peagle;
     if (batch < 0 || rows < 1 || num_heads < 1 || num_kv_heads < 1 || num_heads % num_kv_heads != 0
-        || head_dim < 8 || head_dim % 8 != 0 || head_dim > kSimpleMaxDimsPerThread * kThreads || num_slots < 1
-        || cache_len < 1)
+        || head_dim < 8 || head_dim % 8 != 0 || head_dim > kSimpleMaxDimsPerThread * kThreads || cache_blocks < 1
+        || block_size < 1 || max_blocks < 1 || static_cast<int64_t>(max_blocks) * block_size > 0x7fffffff)
         return cudaErrorInvalidValue;
     if (act_dtype != PEAGLE_F32 && act_dtype != PEAGLE_F16 && act_dtype != PEAGLE_BF16)
         return cudaErrorInvalidValue;
@@ -748,7 +750,7 @@ extern "C" cudaError_t peagle_kv_attention(void const* q, void const* k, void co
         return cudaErrorInvalidValue;
     if (batch == 0)
         return cudaSuccess;
-    if (!q || !k || !v || !positions || !slots || !k_cache || !v_cache || !out)
+    if (!q || !k || !v || !positions || !block_tables || !k_cache || !v_cache || !out)
         return cudaErrorInvalidValue;
     if (static_cast<int64_t>(batch) * rows > 0x7fffffff)
         return cudaErrorInvalidValue;
@@ -758,7 +760,7 @@ extern "C" cudaError_t peagle_kv_attention(void const* q, void const* k, void co
     p.k = k;
     p.v = v;
     p.positions = positions;
-    p.slots = slots;
+    p.tables = block_tables;
     p.kCache = k_cache;
     p.vCache = v_cache;
     p.out = out;
@@ -768,10 +770,12 @@ extern "C" cudaError_t peagle_kv_attention(void const* q, void const* k, void co
     p.KV = num_kv_heads;
     p.G = num_heads / num_kv_heads;
     p.D = head_dim;
-    p.N = num_slots;
-    p.T1 = cache_len;
+    p.NB = cache_blocks;
+    p.BS = block_size;
+    p.M = max_blocks;
+    p.maxKeys = max_blocks * block_size;
     p.splits = 1;
-    p.chunk = cache_len;
+    p.chunk = p.maxKeys;
     p.scale = scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim));
     p.kScale = fp8 ? k_scale : 1.f;
     p.vScale = fp8 ? v_scale : 1.f;
@@ -795,5 +799,5 @@ extern "C" char const* peagle_error_string(cudaError_t err)
 
 extern "C" int32_t peagle_kernels_version(void)
 {
-    return 1;
+    return 2; // 2: paged KV cache (block tables)
 }

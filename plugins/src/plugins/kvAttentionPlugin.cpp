@@ -16,7 +16,7 @@ enum : int32_t
     kK,
     kV,
     kPositions,
-    kSlots,
+    kBlockTables,
     kKCache,
     kVCache,
     kNbInputs,
@@ -58,10 +58,11 @@ int32_t KVAttentionPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, in
     nvinfer1::DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, nvinfer1::DimsExprs* outputs,
     int32_t nbOutputs, nvinfer1::IExprBuilder& /*exprBuilder*/) noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs || inputs[kQ].nbDims != 3 || inputs[kKCache].nbDims != 4)
+    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs || inputs[kQ].nbDims != 3 || inputs[kPositions].nbDims != 2
+        || inputs[kBlockTables].nbDims != 2 || inputs[kKCache].nbDims != 4 || inputs[kVCache].nbDims != 4)
         return 1;
-    outputs[kOut] = inputs[kQ];           // [B, S, H*d]
-    outputs[kKCacheOut] = inputs[kKCache]; // [N, KV, T+1, d], same buffer
+    outputs[kOut] = inputs[kQ];            // [B, S, H*d]
+    outputs[kKCacheOut] = inputs[kKCache]; // [NB+1, bs, KV, d], same buffer
     outputs[kVCacheOut] = inputs[kVCache];
     return 0;
 }
@@ -80,7 +81,7 @@ bool KVAttentionPlugin::supportsFormatCombination(
     case kK:
     case kV: return t == inOut[kQ].desc.type;
     case kPositions:
-    case kSlots: return t == nvinfer1::DataType::kINT64;
+    case kBlockTables: return t == nvinfer1::DataType::kINT64;
     case kKCache: return t == inOut[kQ].desc.type || t == nvinfer1::DataType::kFP8;
     case kVCache: return t == inOut[kKCache].desc.type;
     case kNbInputs + kOut: return t == inOut[kQ].desc.type;
@@ -96,14 +97,29 @@ int32_t KVAttentionPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc con
     if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
         return 1;
     nvinfer1::Dims const& cache = in[kKCache].desc.dims;
+    nvinfer1::Dims const& vCache = in[kVCache].desc.dims;
     nvinfer1::Dims const& q = in[kQ].desc.dims;
-    // static dims must agree with the attributes (-1 = not known yet)
-    if (cache.nbDims != 4 || q.nbDims != 3 || (cache.d[1] >= 0 && cache.d[1] != mNumKvHeads)
+    nvinfer1::Dims const& tables = in[kBlockTables].desc.dims;
+    // static dims must agree with the attributes (-1 = not known yet); caches [NB+1, bs, KV, d]
+    if (cache.nbDims != 4 || q.nbDims != 3 || (cache.d[2] >= 0 && cache.d[2] != mNumKvHeads)
         || (cache.d[3] >= 0 && cache.d[3] != mHeadDim)
         || (q.d[2] >= 0 && q.d[2] != static_cast<int64_t>(mNumHeads) * mHeadDim))
     {
         logError("PEagleKVAttention: input shapes do not match num_heads / num_kv_heads / head_dim");
         return 1;
+    }
+    if (tables.nbDims != 2 || in[kPositions].desc.dims.nbDims != 2 || vCache.nbDims != 4)
+    {
+        logError("PEagleKVAttention: expected positions [B, S], block_tables [B, M] and caches [NB+1, bs, KV, d]");
+        return 1;
+    }
+    for (int32_t i = 0; i < 4; ++i)
+    {
+        if (cache.d[i] >= 0 && vCache.d[i] >= 0 && cache.d[i] != vCache.d[i])
+        {
+            logError("PEagleKVAttention: k_cache and v_cache shapes differ");
+            return 1;
+        }
     }
     return 0;
 }
@@ -113,11 +129,15 @@ size_t KVAttentionPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc con
 {
     if (nbInputs != kNbInputs)
         return 0;
-    // the bound is monotone in (batch, rows): sized for the profile maximum, enough for any shape in it
+    // the bound is monotone in (batch, rows, keys): sized for the profile maximum, enough for any shape in it
     nvinfer1::Dims const& q = inputs[kQ].max;
+    nvinfer1::Dims const& tables = inputs[kBlockTables].max;
     nvinfer1::Dims const& cache = inputs[kKCache].max;
+    int64_t const keys = tables.d[1] * cache.d[1]; // M * bs: positions a table addresses
+    if (q.nbDims != 3 || tables.nbDims != 2 || cache.nbDims != 4 || keys <= 0 || keys > 0x7fffffff)
+        return 0;
     return peagle_kv_attention_workspace_size(static_cast<int32_t>(q.d[0]), static_cast<int32_t>(q.d[1]),
-        mNumHeads, mHeadDim, static_cast<int32_t>(cache.d[2]));
+        mNumHeads, mHeadDim, static_cast<int32_t>(keys));
 }
 
 int32_t KVAttentionPlugin::getAliasedInput(int32_t outputIndex) noexcept
@@ -134,18 +154,22 @@ int32_t KVAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc,
     cudaStream_t stream) noexcept
 {
     nvinfer1::Dims const& q = inputDesc[kQ].dims;
+    nvinfer1::Dims const& tables = inputDesc[kBlockTables].dims;
     nvinfer1::Dims const& cache = inputDesc[kKCache].dims;
     peagle_dtype_t actType, cacheType;
     if (!toKernelType(inputDesc[kQ].type, actType) || !toKernelType(inputDesc[kKCache].type, cacheType)
-        || cache.d[1] != mNumKvHeads || cache.d[3] != mHeadDim)
+        || q.nbDims != 3 || tables.nbDims != 2 || cache.nbDims != 4 || tables.d[0] != q.d[0]
+        || cache.d[2] != mNumKvHeads || cache.d[3] != mHeadDim)
     {
-        logError("PEagleKVAttention: unexpected input types or cache shape");
+        logError("PEagleKVAttention: unexpected input types or shapes (block_tables [B, M], caches [NB+1, bs, KV, d])");
         return 1;
     }
     int32_t const batch = static_cast<int32_t>(q.d[0]);
     int32_t const rows = static_cast<int32_t>(q.d[1]);
-    int32_t const slots = static_cast<int32_t>(cache.d[0]);
-    int32_t const cacheLen = static_cast<int32_t>(cache.d[2]);
+    int32_t const cacheBlocks = static_cast<int32_t>(cache.d[0]); // the trash block included
+    int32_t const blockSize = static_cast<int32_t>(cache.d[1]);
+    int32_t const maxBlocks = static_cast<int32_t>(tables.d[1]);
+    int64_t const keys = static_cast<int64_t>(maxBlocks) * blockSize;
 
     // outputs 1/2 alias inputs 5/6; should TensorRT ever hand distinct buffers, carry the cache over first
     size_t const cacheBytes = static_cast<size_t>(volume(cache)) * elementSize(inputDesc[kKCache].type);
@@ -159,11 +183,13 @@ int32_t KVAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc,
         if (copied != cudaSuccess)
             return kernelStatus(copied, "PEagleKVAttention (cache copy)");
     }
-    size_t const ws = workspace ? peagle_kv_attention_workspace_size(batch, rows, mNumHeads, mHeadDim, cacheLen) : 0;
+    size_t const ws = workspace && keys > 0 && keys <= 0x7fffffff
+        ? peagle_kv_attention_workspace_size(batch, rows, mNumHeads, mHeadDim, static_cast<int32_t>(keys))
+        : 0;
     cudaError_t const err = peagle_kv_attention(inputs[kQ], inputs[kK], inputs[kV],
-        static_cast<int64_t const*>(inputs[kPositions]), static_cast<int64_t const*>(inputs[kSlots]),
-        outputs[kKCacheOut], outputs[kVCacheOut], outputs[kOut], batch, rows, mNumHeads, mNumKvHeads, mHeadDim, slots,
-        cacheLen, mScale, mKScale, mVScale, actType, cacheType, workspace, ws, 0, stream);
+        static_cast<int64_t const*>(inputs[kPositions]), static_cast<int64_t const*>(inputs[kBlockTables]),
+        outputs[kKCacheOut], outputs[kVCacheOut], outputs[kOut], batch, rows, mNumHeads, mNumKvHeads, mHeadDim,
+        cacheBlocks, blockSize, maxBlocks, mScale, mKScale, mVScale, actType, cacheType, workspace, ws, 0, stream);
     return kernelStatus(err, kName);
 }
 

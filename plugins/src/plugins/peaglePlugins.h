@@ -1,7 +1,9 @@
 // TensorRT IPluginV3 plugins of the P-EAGLE custom ops (docs/EXPORT.md, "Plugin nodes").
 //
-//   PEagleKVAttention  inputs  q [B,S,H*d], k [B,S,KV*d], v, positions [B,S] i64, slots [B] i64,
-//                              k_cache [N,KV,T+1,d], v_cache
+//   PEagleKVAttention  inputs  q [B,S,H*d], k [B,S,KV*d], v, positions [B,S] i64,
+//                              block_tables [B,M] i64 (-1 = no block), k_cache [NB+1,bs,KV,d], v_cache
+//                              (paged: position p of request b at block block_tables[b, p / bs],
+//                              offset p % bs; the last block is the trash block)
 //                      outputs out [B,S,H*d], k_cache_out (alias of input 5), v_cache_out (alias of 6)
 //                      attrs   num_heads, num_kv_heads, head_dim (int), scale (float, <= 0 or absent:
 //                              1/sqrt(head_dim)), k_scale, v_scale (float, FP8 caches only, default 1)
