@@ -53,6 +53,18 @@ class KVLayout:
         """Block-table entries per request."""
         return math.ceil(self.max_len / self.block_size)
 
+    def window_blocks(self, window: int) -> int:
+        """Blocks one request can hold at once in a group of `window` positions: the window behind
+        the first row of a forward plus that forward's rows (`max_rows`), block-aligned."""
+        return math.ceil((window + self.max_rows) / self.block_size) + 1
+
+    def group_blocks(self, windows: tuple[int, ...]) -> tuple[int, ...]:
+        """Blocks per KV group (`windows`: per group its window, group 0 full attention):
+        `num_blocks` for group 0; a windowed group gets enough for `max_batch` requests each
+        holding its window (it never runs dry, so admission only counts group 0)."""
+        return (self.num_blocks,) + tuple(min(self.num_blocks, self.max_batch * self.window_blocks(w))
+                                          for w in windows[1:])
+
     @classmethod
     def for_sequences(cls, num_seqs: int, max_len: int, block_size: int = BLOCK_SIZE, **kw) -> KVLayout:
         """Blocks for `num_seqs` requests of `max_len` positions each (the memory contiguous slots

@@ -18,7 +18,6 @@ import torch
 from onnx import TensorProto, helper
 
 from peagle_trt.config import KVLayout
-from peagle_trt.models.kv_cache import block_counts
 from peagle_trt.models.target import kv_groups
 from peagle_trt.ops.names import DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE
 from peagle_trt.ops.onnx_builder import Builder
@@ -132,7 +131,7 @@ def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProt
     block_tables = w.input("block_tables", TensorProto.INT64, [len(windows), "batch", kv.max_blocks])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
     attn = [c.attention(i) for i in range(c.num_layers)]
-    past, present = w.kv_io(tuple((a.num_kv_heads, a.head_dim) for a in attn), block_counts(kv, windows), groups,
+    past, present = w.kv_io(tuple((a.num_kv_heads, a.head_dim) for a in attn), kv.group_blocks(windows), groups,
                             kv.block_size, tuple(a.kv_source for a in attn))
     group_tables = [w.op("Gather", block_tables, w.const(np.int64(g)), axis=0) for g in range(len(windows))]
     x = w.op("Gather", w.param("embed_tokens.weight", model.embed_tokens.weight), ids, axis=0)

@@ -14,7 +14,7 @@ Block tables `[G, B, M]` int64 (G groups, B requests, M = ceil(max_len / block_s
 sequence indices `[B]` instead: the static layout of `static(num_seqs, ...)`, where sequence i
 owns blocks i*M .. i*M + M - 1 of every group (`tables()` turns them into block tables).
 
-    block_counts(layout, windows) -> blocks per group for a `KVLayout`
+Blocks per group: `KVLayout.group_blocks(windows)` (peagle_trt/config.py, shared with the runtime).
 """
 
 from __future__ import annotations
@@ -22,22 +22,6 @@ from __future__ import annotations
 import math
 
 import torch
-
-from peagle_trt.config import KVLayout
-
-
-def window_blocks(window: int, layout: KVLayout) -> int:
-    """Blocks one request can hold at once in a group of `window` positions: the window behind
-    the first row of a forward plus that forward's rows (`max_rows`), block-aligned."""
-    return math.ceil((window + layout.max_rows) / layout.block_size) + 1
-
-
-def block_counts(layout: KVLayout, windows: tuple[int, ...]) -> tuple[int, ...]:
-    """Blocks per group: `layout.num_blocks` for group 0 (full attention); a windowed group gets
-    enough for `max_batch` requests each holding its window (it never runs dry, so admission
-    only counts group 0)."""
-    return (layout.num_blocks,) + tuple(
-        min(layout.num_blocks, layout.max_batch * window_blocks(w, layout)) for w in windows[1:])
 
 
 class KVCache:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from peagle_trt.config import KVLayout
-from peagle_trt.models.kv_cache import block_counts
 from peagle_trt.models.target import kv_groups
 
 
@@ -62,7 +61,7 @@ def _block_bytes(kv_heads: int, head_dim: int, block_size: int, dtype_bytes: int
 def kv_memory(target, drafter, kv: KVLayout, dtype_bytes: int = 2) -> KVMemory:
     """`target`: a TargetConfig; `drafter`: a DrafterConfig or None."""
     windows, groups = kv_groups(target)
-    counts = block_counts(kv, windows)
+    counts = kv.group_blocks(windows)
     owners = [i for i in range(target.num_layers) if target.attention(i).kv_source == i]
     per_block = {i: _block_bytes(target.attention(i).num_kv_heads, target.attention(i).head_dim, kv.block_size,
                                  dtype_bytes) for i in owners}

@@ -18,7 +18,7 @@ from peagle_trt.architecture import TargetConfig
 from peagle_trt.config import BLOCK_SIZE, KVLayout
 from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.gemma4 import Gemma4DecoderLayer, Gemma4PerLayerInputs
-from peagle_trt.models.kv_cache import KVCache, block_counts
+from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.moe import SparseMoE
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
@@ -66,7 +66,7 @@ class TargetModel(nn.Module):
         attn = [c.attention(i) for i in range(c.num_layers)]
         windows, groups = kv_groups(c)
         if isinstance(layout, KVLayout):
-            counts = block_counts(layout, windows)
+            counts = layout.group_blocks(windows)
             block_size, max_len = layout.block_size, layout.max_len
         else:
             block_size = BLOCK_SIZE

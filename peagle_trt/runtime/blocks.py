@@ -38,7 +38,6 @@ import numpy as np
 
 from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError, RuntimeInvariantError
-from peagle_trt.models.kv_cache import block_counts
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +138,7 @@ class BlockManager:
                               f"one request of the maximum length needs ({kv.max_blocks}, {kv.max_len} positions); "
                               "raise the block count (--kv-blocks) or lower the maximum sequence length")
         self.kv, self.windows, self.lookahead, self.drafter = kv, windows, lookahead, drafter
-        self.pools = [BlockPool(n) for n in block_counts(kv, windows)]
+        self.pools = [BlockPool(n) for n in kv.group_blocks(windows)]
         self.prefix_caching = prefix_caching and len(windows) == 1
         if prefix_caching and not self.prefix_caching:
             log.warning("prefix reuse is off: this target has sliding-window layers (windows %s), whose blocks "
@@ -216,7 +215,7 @@ class BlockManager:
         """Blocks for the next forward, whose target rows sit at `low` .. target_upto-1: group 0
         (full layers and the drafter) up to `upto`; a windowed group of window W first returns
         the blocks wholly before low - W + 1 (the oldest key a row at `low` sees), then takes
-        blocks up to `target_upto` (so it holds at most kv_cache.window_blocks per request).
+        blocks up to `target_upto` (so it holds at most KVLayout.window_blocks per request).
         False when group 0 has too few free blocks (nothing allocated then)."""
         bs, n = self.kv.block_size, self._entries(upto)
         if n - len(seq.blocks[0]) > self.pools[0].available:

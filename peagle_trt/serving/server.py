@@ -231,7 +231,7 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return None
         values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                  if line.startswith(("peagle_kv_slots_used", "peagle_requests_waiting"))]
+                  if line.startswith(("peagle_kv_blocks_used", "peagle_requests_waiting"))]
         return any(v > 0 for v in values) if values else None
 
     def stop(self, grace_s: float | None = None, abort: Callable[[], bool] | None = None) -> int:

@@ -228,11 +228,18 @@ class TritonPythonModel:
         self.m_accepted = family("peagle_accepted_drafts_total", counter,
                                  "accepted draft tokens of finished requests").Metric(labels=labels)
         self._last_steps = self._last_accepted = 0
-        self.m_slots = family("peagle_kv_slots_used", gauge,
-                              "KV-cache slots held by running requests").Metric(labels=labels)
-        self.m_slots_total = family("peagle_kv_slots_total", gauge, "KV-cache slots").Metric(labels=labels)
+        self.m_blocks = family("peagle_kv_blocks_used", gauge,
+                               "KV-cache blocks held by running requests").Metric(labels=labels)
+        self.m_blocks_total = family("peagle_kv_blocks_total", gauge, "KV-cache blocks").Metric(labels=labels)
+        self.m_preempted = family("peagle_kv_preemptions_total", counter,
+                                  "requests preempted when the KV cache ran dry").Metric(labels=labels)
+        self.m_prefix_hits = family("peagle_prefix_cache_hit_tokens_total", counter,
+                                    "prompt tokens whose KV came from the prefix cache").Metric(labels=labels)
+        self.m_prefix_queries = family("peagle_prefix_cache_queried_tokens_total", counter,
+                                       "prompt tokens looked up in the prefix cache").Metric(labels=labels)
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
-        self.m_slots_total.set(self.generator.scheduler.decoder.ex.num_slots)
+        self.m_blocks_total.set(self.generator.scheduler.blocks.num_blocks)
+        self._last_blocks = {"kv_preemptions": 0, "prefix_hit_tokens": 0, "prefix_queried_tokens": 0}
         self._last_tokens = 0
 
     def _update_metrics(self):
@@ -254,7 +261,12 @@ class TritonPythonModel:
         self._last_steps, self._last_accepted = sched.stats.steps, sched.stats.accepted
         for metric, rate in zip(self.m_pos, sched.stats.accept_rate_per_pos):
             metric.set(rate)
-        self.m_slots.set(sched.kv_slots_used)
+        kv = sched.blocks.metrics()
+        self.m_blocks.set(kv["kv_blocks_used"])
+        for key, metric in (("kv_preemptions", self.m_preempted), ("prefix_hit_tokens", self.m_prefix_hits),
+                            ("prefix_queried_tokens", self.m_prefix_queries)):
+            metric.increment(kv[key] - self._last_blocks[key])
+            self._last_blocks[key] = kv[key]
         self.m_waiting.set(len(sched.waiting))
 
     def finalize(self):

@@ -150,7 +150,7 @@ def test_openai_client_raises_its_typed_errors(client):
 def test_disconnect_mid_stream_cancels_the_triton_request(server, frontend):
     def settle(name: str) -> float:
         deadline = time.time() + 20
-        while metric(server, "peagle_kv_slots_used") != 0 and time.time() < deadline:
+        while metric(server, "peagle_kv_blocks_used") != 0 and time.time() < deadline:
             time.sleep(0.2)
         time.sleep(1.1)  # the model refreshes its metrics twice a second
         return metric(server, name)
@@ -163,7 +163,7 @@ def test_disconnect_mid_stream_cancels_the_triton_request(server, frontend):
             lines = r.iter_lines()
             assert next(line for line in lines if line.startswith("data: "))  # the stream is running
     generated = settle("peagle_generated_tokens_total") - before
-    assert metric(server, "peagle_kv_slots_used") == 0
+    assert metric(server, "peagle_kv_blocks_used") == 0
     assert generated < 220, generated  # stopped early: the request was cancelled, not finished
 
 

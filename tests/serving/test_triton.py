@@ -63,7 +63,7 @@ def test_each_model_exports_its_own_metric_series(server):
     model's slots or acceptance never overwrite another's."""
     lines = metric_lines(server)
     for model in MODELS:
-        assert metric(server, "peagle_kv_slots_total", model) > 0
+        assert metric(server, "peagle_kv_blocks_total", model) > 0
         assert any(line.startswith("peagle_generated_tokens_total{") and f'model="{model}"' in line for line in lines)
     assert not [line for line in lines if not line.split(" ")[0].endswith("}")], "a series without labels"
 
@@ -138,9 +138,9 @@ def test_cancelled_stream_frees_its_kv_slot_and_others_continue(server, offline)
     for t in threads:
         t.join(60)
     deadline = time.time() + 20
-    while metric(server, "peagle_kv_slots_used") != 0 and time.time() < deadline:
+    while metric(server, "peagle_kv_blocks_used") != 0 and time.time() < deadline:
         time.sleep(0.2)
-    assert metric(server, "peagle_kv_slots_used") == 0  # the victim's slot came back
+    assert metric(server, "peagle_kv_blocks_used") == 0  # the victim's blocks came back
     for i in range(3):
         assert others[i]["token_ids"] == offline(PROMPTS[i], 40)
 

@@ -13,7 +13,7 @@
 //                      attrs   num_spec_tokens (K), mask_token_id            (R = P + K - 1)
 //   PEagleDraftSample  inputs  logits [B,K,V_d] f32, d2t [V_d] i64; output draft_ids [B,K] i64
 //
-// Plugin names equal the ONNX op_types; version "1", namespace "". Each plugin object implements
+// Plugin names equal the ONNX op_types; version "2" (2: paged KV), namespace "". Each plugin object implements
 // the core, build (V2: I/O aliasing) and runtime capabilities itself; the enqueue calls the C API of
 // libpeagle_kernels.so. The KV-cache aliasing needs PreviewFeature::kALIASED_PLUGIN_IO_10_03 on the
 // builder config (TensorRT >= 10.3).

@@ -15,7 +15,7 @@ namespace peagle
 namespace trt
 {
 
-constexpr char const* kPluginVersion = "1";
+constexpr char const* kPluginVersion = "2";
 constexpr char const* kPluginNamespace = "";
 
 //! Log through the ILogger handed to setLoggerFinder() (stderr when there is none).
