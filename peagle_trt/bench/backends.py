@@ -7,7 +7,7 @@ What, per model shape (Llama target + AWS-layout P-EAGLE drafter, random seeded 
                `modelopt.torch.quantization` is timed once, separately, before the first run (torch
                and transformers are already imported then, so it is ModelOpt's own import cost).
   2. export    wall time of `export_pair(target, drafter, out, ExportOptions(SpecConfig("peagle", 7),
-               num_slots=4, max_seq_len=512))` for the fp32 and the FP8 target (checkpoint load +
+               max_batch=4, max_seq_len=512))` for the fp32 and the FP8 target (checkpoint load +
                model build + all graphs + their TensorRT copies, written to disk).
   3. step      one forward of each kind on the torch executor (`TorchExecutor` over `pair.build()`)
                and on the onnxruntime executor (`OrtExecutor(export_dir, threads=2)`), batch 1 and 4,
@@ -192,7 +192,8 @@ class Steps:
 
     def __init__(self, ex, batch: int, context: int, vocab: int, gen: torch.Generator):
         self.ex, self.b, self.ctx = ex, batch, context
-        self.slots = torch.arange(batch, dtype=torch.int64)
+        m = ex.kv.max_blocks  # request b holds blocks b*M .. b*M + M - 1 of every group
+        self.slots = (torch.arange(batch)[:, None] * m + torch.arange(m)).expand(len(ex.windows), -1, -1).contiguous()
         prompt = torch.randint(0, vocab, (batch, context), generator=gen)
         positions = torch.arange(context).expand(batch, -1).contiguous()
         last = torch.full((batch, 1), context - 1, dtype=torch.int64)
@@ -224,7 +225,7 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
                 interleave: bool, prefills: list) -> list[dict]:
     pair = load_pair(target_dir, drafter_dir, SpecConfig("peagle", K))
     target, drafter = pair.build()
-    spec = ExportOptions(SpecConfig("peagle", K), num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
+    spec = ExportOptions(SpecConfig("peagle", K), max_batch=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
     rows = []
     for batch in BATCHES:
         gen_t, gen_o = torch.Generator().manual_seed(batch), torch.Generator().manual_seed(batch)
@@ -350,7 +351,7 @@ def run(args: argparse.Namespace) -> dict:
             exports = {}
             for precision, tdir in (("fp32", target_dir), ("fp8", root / "target-fp8")):
                 out = root / f"export-{precision}"
-                spec = ExportOptions(SpecConfig("peagle", K), num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
+                spec = ExportOptions(SpecConfig("peagle", K), max_batch=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN)
                 t0 = time.perf_counter()
                 manifest = export_pair(tdir, drafter_dir, out, spec)
                 e_s = time.perf_counter() - t0
@@ -377,6 +378,6 @@ def run(args: argparse.Namespace) -> dict:
                          "-" if r["other_cpu_share"] is None else f"{r['other_cpu_share']:.0%}"] for r in steps]),
         "", f"total {total_s:.0f} s"]))
     return dict(**env, modelopt_import_s=round(modelopt_import_s, 3), context=args.context, k=K,
-                pending=PENDING, num_slots=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN,
+                pending=PENDING, max_batch=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN,
                 shapes={"h512": H512} if "h512" in shapes else {}, total_s=round(total_s, 1),
                 stages=stages, prefills=prefills, steps=steps, smoke=args.smoke)

@@ -31,6 +31,7 @@ import torch
 from peagle_trt.bench.common import cpu_model, progress
 from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint.adapters import adapter_for
+from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
 from peagle_trt.models.target import decoder_layer
@@ -94,9 +95,10 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
             p.normal_(0, 0.02)
     weight_bytes = sum(p.numel() * p.element_size() for m in mods for p in m.parameters())
     max_len = CONTEXT + 256
-    cache = KVCache(layers, 1, c.num_kv_heads, max_len, c.head_dim, DTYPE)
+    shapes = tuple((c.attention(i).num_kv_heads, c.attention(i).head_dim) for i in range(layers))
+    cache = KVCache(shapes, (0,) * layers, (KVCache.static_blocks(1, max_len, BLOCK_SIZE),), BLOCK_SIZE, max_len, DTYPE)
     inv, scale = inv_freq(c.rope, c.head_dim)
-    slots = torch.tensor([0])
+    slots = cache.tables(torch.tensor([0]))  # block tables of one request
 
     def step(rows: int):
         pos = torch.arange(CONTEXT, CONTEXT + rows)[None]

@@ -5,12 +5,14 @@ What: the wall time of `Scheduler.step()` (runtime/scheduler.py) when the execut
 no-ops. One decode step then measures only the Python/host work around the models:
   scheduler bookkeeping (cancellation check, admission, prefill/decode split, `_report` and the
   per-request `on_output` callback), SpecDecoder.step (verify-input assembly, per-sequence greedy
-  verification, commit), and ParallelDrafter.propose (host side of the drafter inputs: padded
-  pending tokens and target taps, num_pending / cur / slot tensors, `.tolist()` of the drafts).
+  verification, commit, block tables), the KV block reservation and prefix-cache commit
+  (runtime/blocks.py), and ParallelDrafter.propose (host side of the drafter inputs: padded
+  pending tokens and target taps, num_pending / cur tensors, `.tolist()` of the drafts).
 The no-op executor implements the `Executor` interface of executors/torch.py (`target`,
-`draft_parallel`, `drafter`, `project`, `to_target_ids`, `device`, `max_len`, `num_slots`, the slot
-methods) and returns slices of preallocated zero tensors with a tiny vocabulary (V = 64) and hidden
-size (H = 8, aux = 3H), so no model compute is timed. Since the P-EAGLE drafter inputs (token /
+`draft_parallel`, `drafter`, `project`, `to_target_ids`, `device`, `kv`, `windows`; the scheduler
+still assigns real KV blocks, so the block bookkeeping is timed) and returns slices of
+preallocated zero tensors with a tiny vocabulary (V = 64) and hidden size (H = 8, aux = 3H), so
+no model compute is timed. Since the P-EAGLE drafter inputs (token /
 hidden / position rows) are built inside `Executor.draft_parallel` (device ops in the torch, ORT
 and TensorRT executors), the host-side drafting work timed here is ParallelDrafter.propose:
 padding the pending tokens and target taps, the per-batch index tensors and `.tolist()`.
@@ -57,7 +59,7 @@ import torch
 
 from peagle_trt.bench.common import cpu_model, progress
 from peagle_trt.bench.report import emit, markdown_table
-from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.config import KVLayout, SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.speculative.decoder import SpecDecoder
 
@@ -69,45 +71,33 @@ class NoOpExecutor:
     """The executor interface SpecDecoder / ParallelDrafter use, with forwards that do no compute:
     each returns views of preallocated zero tensors of the right shapes."""
 
-    def __init__(self, num_slots: int, max_len: int, max_rows: int, accept: int):
+    def __init__(self, num_seqs: int, max_len: int, max_rows: int, accept: int):
         self.device = torch.device("cpu")
-        self.num_slots, self.max_len = num_slots, max_len
+        self.kv, self.windows = KVLayout.for_sequences(num_seqs, max_len), (0,)
         self.mask_token_id = VOCAB - 1
         self.h_mask = torch.zeros(HIDDEN)
-        self._free = list(range(num_slots))[::-1]
         # target logits: argmax 0 on rows < accept, 1 from row `accept` on -> `accept` drafts of
         # token 0 are accepted, then token 1 is the correction (or the bonus when accept >= K)
-        self._t_logits = torch.zeros(num_slots, max_rows, VOCAB)
+        self._t_logits = torch.zeros(num_seqs, max_rows, VOCAB)
         self._t_logits[:, accept:, 1] = 1.0
-        self._aux = torch.zeros(num_slots, max_rows, 3 * HIDDEN)
-        self._d_logits = torch.zeros(num_slots, max_rows, VOCAB)  # drafts: always token 0
-        self._prenorm = torch.zeros(num_slots, max_rows, HIDDEN)
-        self._drafts = torch.zeros(num_slots, max_rows, dtype=torch.long)  # draft ids: token 0
-
-    # -- slots (same contract as TorchExecutor) --------------------------------------------------
-    def alloc_slot(self) -> int | None:
-        return self._free.pop() if self._free else None
-
-    def free_slot(self, slot: int) -> None:
-        self._free.append(slot)
-
-    @property
-    def free_slots(self) -> int:
-        return len(self._free)
+        self._aux = torch.zeros(num_seqs, max_rows, 3 * HIDDEN)
+        self._d_logits = torch.zeros(num_seqs, max_rows, VOCAB)  # drafts: always token 0
+        self._prenorm = torch.zeros(num_seqs, max_rows, HIDDEN)
+        self._drafts = torch.zeros(num_seqs, max_rows, dtype=torch.long)  # draft ids: token 0
 
     # -- forwards ------------------------------------------------------------------------------
-    def target(self, tokens, positions, slots, logit_rows=None):
+    def target(self, tokens, positions, tables, logit_rows=None):
         b, s = tokens.shape
         if logit_rows is not None:  # prefill: only the requested rows (here: the last one)
             return self._t_logits[:b, s - 1:s].expand(b, logit_rows.shape[1], VOCAB), self._aux[:b, :s]
         return self._t_logits[:b, :s], self._aux[:b, :s]
 
-    def draft_parallel(self, tokens, aux, num_pending, cur, slots, k):
+    def draft_parallel(self, tokens, aux, num_pending, cur, tables, k):
         # P-EAGLE one-pass draft: input rows, drafter forward and sampling all happen in the
         # executor (device ops in a real one) -> draft ids [B, K]
         return self._drafts[:tokens.shape[0], :k]
 
-    def drafter(self, tokens, hidden, positions, slots):  # sequential (EAGLE-3) drafting only
+    def drafter(self, tokens, hidden, positions, tables):  # sequential (EAGLE-3) drafting only
         b, s = tokens.shape
         return self._d_logits[:b, :s], self._prenorm[:b, :s]
 
@@ -119,11 +109,11 @@ class NoOpExecutor:
 
 
 def make_scheduler(mode: str, k: int, batch: int, accept: int, prompt_len: int) -> Scheduler:
-    max_len = 1 << 22  # never reached: no request finishes while timed
+    max_len = 1 << 14  # never reached: no request finishes while timed
     ex = NoOpExecutor(batch, max_len, max_rows=prompt_len + 2 * k + 2, accept=accept)
     decoder = SpecDecoder(ex, SpecConfig(mode, k if mode != "none" else 1))
     sched = Scheduler(decoder, max_batch=batch, prefill_chunk=256, max_queue=batch)
-    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_len // 2, ignore_eos=True)
     for i in range(batch):
         prompt = [(7 * i + j) % (VOCAB - 2) + 2 for j in range(prompt_len)]
         sched.add(Request(f"r{i}", prompt, params, on_output=lambda out: None))

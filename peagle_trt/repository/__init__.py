@@ -4,7 +4,7 @@ build.py renders it (atomic, with manifest.json); its settings, `RepositoryOptio
 round trip through config.pbtxt live in peagle_trt/serving/options.py, beside their reader.
 """
 
-from peagle_trt.repository.build import build_repository, slot_memory, templates_dir
+from peagle_trt.repository.build import build_repository, kv_memory_of, templates_dir
 from peagle_trt.serving.options import (
                                            ArtifactPaths,
                                            RepositoryOptions,
@@ -15,4 +15,4 @@ from peagle_trt.serving.options import (
 )
 
 __all__ = ["ArtifactPaths", "RepositoryOptions", "build_repository", "from_parameters", "read_options",
-           "read_parameters", "slot_memory", "templates_dir", "to_parameters"]
+           "read_parameters", "kv_memory_of", "templates_dir", "to_parameters"]

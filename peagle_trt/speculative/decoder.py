@@ -36,7 +36,7 @@ class Sequence:
     drafts: list[int] = field(default_factory=list)  # [K] proposals for positions cur+1..cur+K
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
-    num_computed: int = 0  # prompt tokens already run through the target (chunked prefill)
+    num_computed: int = 0  # tokens run through the target (KV final below it): chunked prefill, then = cur
     # position of the token the next verify starts from: the last generated token once decoding
     # (sampled, not yet run through the target); during chunked prefill, the next prompt token
     cur: int = 0
@@ -180,4 +180,4 @@ class SpecDecoder:
             emitted, s.finish_reason = emitted[:room], "length"
         s.output += emitted
         s.stats.tokens += len(emitted)
-        s.cur = len(s.prompt) + len(s.output) - 1
+        s.cur = s.num_computed = len(s.prompt) + len(s.output) - 1
