@@ -128,11 +128,17 @@ def collect(outputs: dict):
 
 
 def static_tables(ex, seqs: list[int]) -> torch.Tensor:
-    """Block tables [G, B, M] for executor `ex` giving request b the blocks seqs[b] * M .. + M - 1 in
-    every KV group (the static layout of models/kv_cache.py: sequence indices as slots)."""
-    m = ex.kv.max_blocks
-    tables = torch.tensor(seqs)[:, None] * m + torch.arange(m)
-    return tables.expand(len(ex.windows), -1, -1).contiguous()
+    """Block tables [G, B, M] for executor `ex` giving request b the blocks seqs[b] * M .. + M - 1
+    (the static layout of models/kv_cache.py: sequence indices as slots); a windowed group, sized
+    for its window, gives each of `max_batch` requests its share of blocks, then -1 (positions
+    there must stay within that share)."""
+    m, groups = ex.kv.max_blocks, ex.kv.group_blocks(ex.windows)
+    out = torch.full((len(groups), len(seqs), m), -1)
+    for g, n in enumerate(groups):
+        share = min(m, n // ex.kv.max_batch)
+        for b, seq in enumerate(seqs):
+            out[g, b, :share] = seq * share + torch.arange(share)
+    return out
 
 
 def new_sequence(decoder, prompt: list[int], params: SamplingParams, index: int = 0):

@@ -30,7 +30,7 @@ ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 class ModelWriter(Builder):
     """The graph being written. What the layer writers (`write_onnx` in peagle_trt/models/) use
     besides the `Builder` blocks: `param` (a weight in the export dtype), `linear`, `rope`,
-    `cache_len`, `np` / `dtype` / `float_type`, `functions` and `written` (KV sharing)."""
+    `np` / `dtype` / `float_type`, `functions` and `written` (KV sharing)."""
 
     def __init__(self, dtype: str):
         super().__init__()
@@ -38,7 +38,7 @@ class ModelWriter(Builder):
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.functions: dict[str, onnx.FunctionProto] = {}  # op_type -> model-local function (ops.onnx_defs)
-        self.written: dict[int, tuple] = {}  # layer -> (k, v, past, present) for KV-shared readers
+        self.written: dict[int, tuple] = {}  # layer -> (k, v, present) for KV-shared readers
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
         return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np, copy=False))

@@ -118,7 +118,7 @@ class Attention(nn.Module):
             q = self.q_norm.write_onnx_heads(w, q, f"{prefix}.q_norm", h, d)
         q = w.rope(q, h, d, cos, sin)
         if self.kv_shared:
-            k, v, past = w.written[source]
+            k, v, past = w.written[source]  # the owner's present_*: its cache after its write
             present = (w.name(f"{prefix}.k_cache_copy"), w.name(f"{prefix}.v_cache_copy"))
         else:
             k = w.linear(x, self.k_proj, f"{prefix}.k_proj")
@@ -128,7 +128,7 @@ class Attention(nn.Module):
                 if self.v_norm is not None:
                     v = self.v_norm.write_onnx_heads(w, v, f"{prefix}.v_norm", kv, d)
             k = w.rope(k, kv, d, cos, sin)
-            w.written[layer] = (k, v, past)
+            w.written[layer] = (k, v, present)
         scale = self.scale if self.scale is not None else float(d) ** -0.5
         if KV_ATTENTION not in w.functions:
             w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None)

@@ -86,7 +86,8 @@ def test_ort_greedy_identical_to_target_only_in_every_mode(exported, family):
     _, _, out = exported(family)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt in _prompts():
-        outputs = {mode: generate(SpecDecoder(OrtExecutor(out), SpecConfig(mode, K)), prompt, params).output
+        outputs = {mode: generate(SpecDecoder(OrtExecutor(out), SpecConfig(mode, K)), prompt, params,
+                                  prefill_chunk=MAX_ROWS).output
                    for mode in MODES}
         assert outputs["eagle3"] == outputs["none"] and outputs["peagle"] == outputs["none"]
 
@@ -124,9 +125,11 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
     windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), 0) for n in attn]
     if family == "gpt_oss":
         assert windows == [8, 0] * 4 and all(len(n.input) == 8 for n in attn)  # + sinks input
-        ring = [i.type.tensor_type.shape.dim[2].dim_value - 1 for i in model.graph.input
-                if i.name.startswith("past_key")]
-        assert ring == [8 + MAX_ROWS - 1, SEQ + K + 1] * 4  # windowed layers keep only their window
+        blocks = [i.type.tensor_type.shape.dim[0].dim_value - 1 for i in model.graph.input
+                  if i.name.startswith("past_key")]
+        # full layers: SLOTS requests x ceil((SEQ + K + 1) / 32) blocks; windowed layers: SLOTS x
+        # (ceil((8 + MAX_ROWS) / 32) + 1) blocks of their own (+ the trash block each)
+        assert blocks == [SLOTS * 2, SLOTS * 4] * 4
     elif family.startswith("gemma4"):  # layers 5-7 read the caches of 2, 4, 2: no KV inputs of their own
         assert windows == [8, 8, 0, 8, 8, 0, 8, 0] and all(len(n.input) == 7 for n in attn)
         assert [(next(a.i for a in n.attribute if a.name == "num_kv_heads"),
@@ -135,7 +138,7 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
             {a.f for n in attn for a in n.attribute if a.name == "scale"} == {1.0}
         kv = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input
               if i.name.startswith("past_key")}
-        sliding, full = [SLOTS, 2, 8 + MAX_ROWS, 32], [SLOTS, 1, SEQ + K + 2, 64]
+        sliding, full = [SLOTS * 2 + 1, 32, 2, 32], [SLOTS * 4 + 1, 32, 1, 64]
         assert kv == {f"past_key_{i}": shape for i, shape in enumerate([sliding, sliding, full, sliding, sliding])}
         from peagle_trt.engine.build import _graph_info
         from peagle_trt.errors import BuildError
@@ -146,14 +149,15 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
         assert windows == [0] * 8 and all(len(n.input) == 7 for n in attn)
 
 
-def test_build_prints_and_records_kv_memory_per_slot(tiny_moe, tmp_path, capsys):
+def test_build_prints_and_records_kv_memory(tiny_moe, tmp_path, capsys):
     from peagle_trt.repository import RepositoryOptions, build_repository
 
     manifest = build_repository(tiny_moe["gpt_oss"], tiny_moe["drafter-gpt_oss"], tmp_path / "repo",
                                 RepositoryOptions(SpecConfig("peagle", K), max_batch=4, max_seq_len=60,
                                                   prefill_chunk=8))
     mem = manifest["kv_memory"]
-    assert (mem["full_layers"], mem["windowed_layers"], mem["window_positions"]) == (4, 4, 8 + 8 - 1)
-    per_layer = lambda n: 2 * 2 * (n + 1) * 32 * 4  # noqa: E731 (K and V, 2 kv heads, head_dim 32, fp32)
-    assert mem["target_bytes_per_slot"] == 4 * per_layer(60 + K + 1) + 4 * per_layer(15)
-    assert "KV cache per slot: target" in capsys.readouterr().err
+    assert (mem["full_layers"], mem["windowed_layers"], mem["num_blocks"]) == (4, 4, 4 * 2)  # 4 x 64 positions
+    block = 2 * 2 * 32 * 32 * 4  # K and V, 2 kv heads, 32 positions, head_dim 32, fp32
+    # windowed layers: 4 requests x (ceil((8 + 8) / 32) + 1) blocks, + the trash block
+    assert mem["target_bytes_per_block"] == 4 * block and mem["window_bytes"] == 4 * block * (4 * 2 + 1)
+    assert "KV cache: 8 blocks x 32 positions" in capsys.readouterr().err

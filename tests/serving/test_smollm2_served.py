@@ -39,12 +39,11 @@ def smol_server(smol_repo):
         yield srv, fe
 
 
-def test_build_reports_kv_bytes_per_slot(smol_repo):
+def test_build_reports_kv_bytes_per_block(smol_repo):
     manifest = json.loads((smol_repo / "peagle" / "manifest.json").read_text())
     kv = manifest["kv_memory"]
-    positions = MAX_SEQ_LEN + SPEC.k + 1 + 1  # + the trash row
-    assert kv["target_bytes_per_slot"] == 30 * 2 * 3 * 64 * 4 * positions  # 30 layers, K+V, 3 KV heads, fp32
-    assert kv["full_layers"] == 30 and kv["drafter_bytes_per_slot"] > 0
+    assert kv["target_bytes_per_block"] == 30 * 2 * 3 * 64 * 4 * 32  # 30 layers, K+V, 3 KV heads, fp32, 32 positions
+    assert kv["full_layers"] == 30 and kv["drafter_bytes_per_block"] > 0 and kv["window_bytes"] == 0
 
 
 def test_streams_equal_in_process(smollm2, smol_server):
