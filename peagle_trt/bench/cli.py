@@ -47,6 +47,8 @@ SUITES: dict[str, tuple[str, str]] = {
                     "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 agreement and KL"),
     "decode": ("peagle_trt.bench.decode",
                "real model (SmolLM2-135M): decode and verify vs transformers and the roofline, batch 8 vs 1"),
+    "paged": ("peagle_trt.bench.paged",
+              "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, table overhead"),
 }
 
 

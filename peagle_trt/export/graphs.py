@@ -30,7 +30,8 @@ ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 class ModelWriter(Builder):
     """The graph being written. What the layer writers (`write_onnx` in peagle_trt/models/) use
     besides the `Builder` blocks: `param` (a weight in the export dtype), `linear`, `rope`,
-    `np` / `dtype` / `float_type`, `functions` and `written` (KV sharing)."""
+    `np` / `dtype` / `float_type`, `functions`, `written` (KV sharing) and `max_len` (positions per
+    request: a window at least this long cuts nothing)."""
 
     def __init__(self, dtype: str):
         super().__init__()
@@ -39,6 +40,7 @@ class ModelWriter(Builder):
         self.outputs: list[onnx.ValueInfoProto] = []
         self.functions: dict[str, onnx.FunctionProto] = {}  # op_type -> model-local function (ops.onnx_defs)
         self.written: dict[int, tuple] = {}  # layer -> (k, v, present) for KV-shared readers
+        self.max_len = 1 << 62  # set by the export functions
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
         return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np, copy=False))
@@ -125,6 +127,7 @@ def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProt
     """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place,
     through block tables [G, B, M] (one [B, M] table per KV group: full attention, each window)."""
     c, w = model.config, ModelWriter(dtype)
+    w.max_len = kv.max_len
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
     positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
     windows, groups = kv_groups(c)
@@ -178,6 +181,7 @@ def _drafter_kv(w: ModelWriter, model, kv: KVLayout) -> tuple[str, list, list]:
     """The drafter's block tables input [B, M] (KV group 0, the target's full-attention tables) and
     its paged KV I/O."""
     c = model.config
+    w.max_len = kv.max_len
     table = w.input("block_tables", TensorProto.INT64, ["batch", kv.max_blocks])
     past, present = w.kv_io(((c.num_kv_heads, c.head_dim),) * c.num_layers, (kv.num_blocks,), (0,) * c.num_layers,
                             kv.block_size)

@@ -91,11 +91,13 @@ class Attention(nn.Module):
         # PEagleKVAttention: write K/V at each row's position through the block table, attend causally
         # by position (stale entries past a row, e.g. last step's rejected drafts, are never read)
         table = tables[cache.groups[layer]]  # [B, M]
-        if self.window or self.sinks is not None or self.kv_shared:
+        # a window spanning every position a request can have (W >= max_len) cuts nothing
+        window = self.window if self.window < cache.max_len else 0
+        if window or self.sinks is not None or self.kv_shared:
             # windows, sinks, read-only: the torch reference (the CUDA kernels do not implement them yet)
             out = reference.kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer],
                                          self.num_heads, self.num_kv_heads, self.head_dim, scale=self.scale,
-                                         sliding_window=self.window, sinks=self.sinks)
+                                         sliding_window=window, sinks=self.sinks)
         else:
             out = kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer],
                                self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
@@ -133,7 +135,8 @@ class Attention(nn.Module):
         if KV_ATTENTION not in w.functions:
             w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None)
         extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
-        window = {"sliding_window": self.window} if self.window else {}
+        # a window spanning every position a request can have (W >= max_len) cuts nothing: no attribute
+        window = {"sliding_window": self.window} if 0 < self.window < w.max_len else {}
         out = w.op(KV_ATTENTION, q, k, v, positions, table, *past, *extra, domain=DOMAIN,
                    outputs=[w.name(f"{prefix}.attn"), *present], name=f"{prefix}.{KV_ATTENTION}",
                    **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))

@@ -1,0 +1,196 @@
+"""Suite `paged` (docs/BENCHMARKS.md, "Paged KV cache and prefix reuse"): what the paged KV cache
+buys on the real model.
+
+    peagle-trt bench paged [--target DIR] [--budget-mib 256] [--max-seq-len 2048] [--rounds 2]
+
+One process, the onnxruntime executor (float32, --threads), target only (spec mode none: KV memory
+is the subject; a drafter's layers add their bytes to every block), SmolLM2-135M-Instruct by
+default (converted once into the cache). Greedy, every output checked identical across contenders.
+  capacity  a fixed KV budget (--budget-mib of 32-position blocks) serves a mix of chat requests
+            (held-out stdlib instructions, cut at max_seq_len / 4 tokens, answered up to
+            --short-tokens) and long-context ones (a stdlib
+            module's source cut to --long-prompt tokens, 3:1): `contiguous` = what per-request
+            slots of max_seq_len positions allow, budget / slot bytes requests at once (the same
+            blocks, max_batch capped at that number); `paged` = requests hold the blocks their
+            tokens need (max_batch --max-batch). Peak requests running at once, wall time,
+            generated tokens/s, preemptions.
+  prefix    requests sharing a --system-tokens system prompt, each with its own short question:
+            time to first token with prefix reuse (after one request warmed the cache) and without
+            (two executors, their own caches), alternating request by request.
+  overhead  batch-1 decode (one request, --decode-tokens tokens after a 64-token prompt) with
+            blocks of 32 against one block per request (block size = the whole length: a
+            one-entry table, the contiguous layout), alternating; the table's cost per step.
+Prints a markdown table; the JSON of the results is the last stdout line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+from peagle_trt.bench.common import cpu_model, progress
+from peagle_trt.bench.report import emit, markdown_table
+
+BLOCK = 32
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", help="converted target directory (default: SmolLM2-135M-Instruct, cached)")
+    p.add_argument("--budget-mib", type=int, default=256, help="KV memory of the capacity phase (MiB)")
+    p.add_argument("--max-seq-len", type=int, default=2048, help="longest request (prompt + output)")
+    p.add_argument("--max-batch", type=int, default=32, help="paged: most requests per step")
+    p.add_argument("--requests", type=int, default=24, help="capacity: requests of the mix")
+    p.add_argument("--short-tokens", type=int, default=96, help="capacity: max_tokens of a chat request")
+    p.add_argument("--long-prompt", type=int, default=1200, help="capacity: tokens of a long-context prompt")
+    p.add_argument("--system-tokens", type=int, default=1024, help="prefix: shared system prompt tokens")
+    p.add_argument("--questions", type=int, default=6, help="prefix: requests timed per contender")
+    p.add_argument("--decode-tokens", type=int, default=64, help="overhead: tokens per batch-1 run")
+    p.add_argument("--rounds", type=int, default=2, help="overhead: alternating rounds")
+    p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
+
+
+def _executor(target, kv, threads: int):
+    from peagle_trt.executors.onnxruntime import OrtExecutor
+
+    return OrtExecutor.from_models(target, None, None, kv, threads=threads)
+
+
+def _scheduler(ex, max_batch: int, prefix_caching: bool = True):
+    from peagle_trt.config import SpecConfig
+    from peagle_trt.runtime.scheduler import Scheduler
+    from peagle_trt.speculative.decoder import SpecDecoder
+
+    return Scheduler(SpecDecoder(ex, SpecConfig("none", 0)), max_batch=max_batch, prefill_chunk=256,
+                     prefix_caching=prefix_caching)
+
+
+def _serve(sched, work: list[tuple[list[int], int]]) -> dict:
+    """All of `work` (prompt ids, max_tokens) queued at once, stepped to the end."""
+    from peagle_trt.config import SamplingParams
+    from peagle_trt.runtime.scheduler import Request
+
+    outputs: dict[int, list[int]] = {}
+
+    def collect(i):
+        return lambda out: outputs.setdefault(i, []).extend(out.new_token_ids)
+
+    for i, (prompt, n) in enumerate(work):
+        sched.add(Request(str(i), prompt, SamplingParams(max_tokens=n, ignore_eos=True), collect(i)))
+    peak, t0 = 0, time.perf_counter()
+    while sched.has_work:
+        sched.step()
+        peak = max(peak, len(sched.running))
+    wall = time.perf_counter() - t0
+    tokens = sum(map(len, outputs.values()))
+    return {"peak_running": peak, "wall_s": round(wall, 2), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
+            "preemptions": sched.blocks.stats.preemptions, "outputs": [outputs[i] for i in range(len(work))]}
+
+
+def _ttft(sched, prompt: list[int]) -> float:
+    from peagle_trt.config import SamplingParams
+    from peagle_trt.runtime.scheduler import Request
+
+    first: list[float] = []
+    t0 = time.perf_counter()
+    sched.add(Request("q", prompt, SamplingParams(max_tokens=1, ignore_eos=True),
+                      lambda out: first.append(time.perf_counter()) if out.new_token_ids and not first else None))
+    sched.run_until_idle()
+    return first[0] - t0
+
+
+def workloads(codec, args) -> tuple[list, list, list]:
+    """(capacity mix, prefix questions with their system prompt, the overhead prompt) as token ids."""
+    from peagle_trt.bench.prompts import stdlib_files
+    from peagle_trt.train.instructions import instructions
+
+    rows = [r for r in instructions("heldout", seed=0) if r["kind"] in ("write", "explain", "complete")]
+    chats = [codec.encode_prompt(r["prompt"], True)[:args.max_seq_len // 4] for r in rows]
+    sources = [p.read_text(errors="replace") for p in stdlib_files()[::40]]
+    longs = [ids[:args.long_prompt] for ids in (codec.encode_prompt(s, False) for s in sources)
+             if len(ids) >= args.long_prompt]
+    mix = []
+    for i in range(args.requests):
+        if i % 4 == 3:
+            mix.append((longs[(i // 4) % len(longs)], args.short_tokens))
+        else:
+            mix.append((chats[i % len(chats)], args.short_tokens))
+    system = codec.encode_prompt(sources[0] * 4, False)[:args.system_tokens]
+    questions = [system + codec.encode_prompt(r["prompt"], False)[:48] for r in rows[:args.questions + 1]]
+    return mix, questions, chats[0][:64]
+
+
+def run(args: argparse.Namespace) -> dict:
+    from pathlib import Path
+
+    from peagle_trt.checkpoint import load_pair
+    from peagle_trt.config import KVLayout, SpecConfig
+    from peagle_trt.convert.packaged import cached_target
+    from peagle_trt.models.memory import kv_memory
+    from peagle_trt.tokenizer import TextCodec
+
+    target_dir = Path(args.target) if args.target else cached_target("smollm2")
+    target, _ = load_pair(target_dir, None, SpecConfig("none", 0)).build()
+    codec = TextCodec(target_dir)
+    mix, questions, decode_prompt = workloads(codec, args)
+    max_len = args.max_seq_len + 1
+    per_block = kv_memory(target.config, None, KVLayout.for_sequences(1, max_len), 4).bytes_per_block
+    blocks = args.budget_mib * 2 ** 20 // per_block
+    slots = blocks // KVLayout.for_sequences(1, max_len).max_blocks
+    progress(f"capacity: {blocks} blocks of {BLOCK} ({args.budget_mib} MiB, {per_block / 1024:.0f} KiB per block): "
+             f"{slots} contiguous slots of {max_len} positions")
+    kv = KVLayout(blocks, max_len, args.max_batch, BLOCK)
+    ex = _executor(target, kv, args.threads)
+    capacity = {}
+    for name, batch in (("contiguous", max(slots, 1)), ("paged", args.max_batch)):
+        progress(f"capacity: {name} (max_batch {batch})")
+        capacity[name] = _serve(_scheduler(ex, batch), mix)
+    same = capacity["paged"].pop("outputs") == capacity["contiguous"].pop("outputs")
+
+    progress(f"prefix: {len(questions) - 1} requests sharing {args.system_tokens} tokens")
+    kv_p = KVLayout.for_sequences(2, max_len)
+    with_reuse, without = _scheduler(_executor(target, kv_p, args.threads), 1), \
+        _scheduler(_executor(target, kv_p, args.threads), 1, prefix_caching=False)
+    _ttft(with_reuse, questions[0])  # warms the prefix cache
+    _ttft(without, questions[0])  # the same warm-up work for the other contender
+    ttft: dict[str, list[float]] = {"reuse": [], "recompute": []}
+    for q in questions[1:]:
+        ttft["reuse"].append(_ttft(with_reuse, q))
+        ttft["recompute"].append(_ttft(without, q))
+    hit = with_reuse.blocks.metrics()
+
+    progress("overhead: batch-1 decode, blocks of 32 vs one block per request")
+    overhead_kv = {"blocks of 32": KVLayout.for_sequences(1, 1024),
+                   "one block": KVLayout.for_sequences(1, 1024, block_size=1024)}
+    decoders = {name: _scheduler(_executor(target, lay, args.threads), 1) for name, lay in overhead_kv.items()}
+    times: dict[str, list[float]] = {name: [] for name in decoders}
+    outs = {}
+    for r in range(args.rounds + 1):  # round 0 warms up
+        for name, sched in decoders.items():
+            t0 = time.perf_counter()
+            outs[name] = _serve(sched, [(decode_prompt, args.decode_tokens)])["outputs"]
+            if r:
+                times[name].append(time.perf_counter() - t0)
+    same = same and outs["blocks of 32"] == outs["one block"]
+
+    rows = [{"phase": "capacity", "contender": name, **v} for name, v in capacity.items()]
+    rows += [{"phase": "prefix", "contender": name, "ttft_ms": round(statistics.median(v) * 1e3, 1)}
+             for name, v in ttft.items()]
+    rows += [{"phase": "overhead", "contender": name,
+              "tokens_per_s": round(args.decode_tokens / statistics.median(v), 2)} for name, v in times.items()]
+    paged, contiguous = capacity["paged"], capacity["contiguous"]
+    ratio = {"capacity_peak_ratio": round(paged["peak_running"] / contiguous["peak_running"], 2),
+             "capacity_throughput_ratio": round(paged["tokens_per_s"] / contiguous["tokens_per_s"], 2),
+             "prefix_ttft_speedup": round(statistics.median(ttft["recompute"]) / statistics.median(ttft["reuse"]), 2),
+             "table_overhead": round(statistics.median(times["blocks of 32"]) / statistics.median(times["one block"])
+                                     - 1, 4)}
+    header = ["phase", "contender", "peak running", "wall s", "tokens/s", "preemptions", "TTFT ms"]
+    table = markdown_table(header, [[r["phase"], r["contender"], r.get("peak_running"), r.get("wall_s"),
+                                     r.get("tokens_per_s"), r.get("preemptions"), r.get("ttft_ms")] for r in rows])
+    emit(args, f"{table}\n\nratios: {ratio}; outputs identical across contenders: {same}")
+    return {"benchmark": "paged_kv", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cpu": cpu_model(), "target": str(target_dir), "budget_mib": args.budget_mib, "blocks": blocks,
+            "block_bytes": per_block, "contiguous_slots": slots, "max_seq_len": args.max_seq_len,
+            "prefix_hit_tokens": hit["prefix_hit_tokens"], "prefix_queried_tokens": hit["prefix_queried_tokens"],
+            "outputs_identical": same, **ratio, "rows": rows}
