@@ -191,7 +191,7 @@ void checkKvAttention()
     CHECK(c != nullptr);
     if (!c)
         return;
-    CHECK(std::strcmp(c->getPluginVersion(), "1") == 0 && std::strcmp(c->getPluginNamespace(), "") == 0);
+    CHECK(std::strcmp(c->getPluginVersion(), "2") == 0 && std::strcmp(c->getPluginNamespace(), "") == 0);
     CHECK(std::strcmp(c->getInterfaceInfo().kind, "PLUGIN CREATOR_V3ONE") == 0);
     PluginFieldCollection const* names = c->getFieldNames();
     CHECK(names->nbFields == 6 && std::strcmp(names->fields[0].name, "num_heads") == 0);
@@ -214,7 +214,7 @@ void checkKvAttention()
     auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
     auto* runtime = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
     CHECK(std::strcmp(core->getPluginName(), "PEagleKVAttention") == 0);
-    CHECK(std::strcmp(core->getPluginVersion(), "1") == 0);
+    CHECK(std::strcmp(core->getPluginVersion(), "2") == 0);
     CHECK(build->getNbOutputs() == 3);
     CHECK(build->getAliasedInput(0) == -1 && build->getAliasedInput(1) == 5 && build->getAliasedInput(2) == 6);
 

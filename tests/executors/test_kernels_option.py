@@ -76,4 +76,4 @@ def test_build_plumbs_kernels_into_config_pbtxt_and_checks_it(tiny, tmp_path):
     model_dir, options, paths = read_options(tmp_path / "repo")
     assert options.kernels == "cuda"  # read back from config.pbtxt
     with pytest.raises(kernels.KernelsUnavailable, match="CUDA device"):  # the served executor checks too
-        make_executor(options, paths, model_dir / "1", 1, 64)
+        make_executor(options, paths, model_dir / "1")
