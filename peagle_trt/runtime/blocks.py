@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,6 +39,7 @@ from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError, RuntimeInvariantError
 
 log = logging.getLogger(__name__)
+_NOTHING = (0, b"")  # no block of a sequence in the prefix cache yet
 
 
 @dataclass
@@ -149,7 +149,8 @@ class BlockManager:
     # -- sizes -------------------------------------------------------------------------------
     def _entries(self, upto: int) -> int:
         """Table entries covering positions 0 .. upto-1 (capped at the table's length)."""
-        return min(math.ceil(upto / self.kv.block_size), self.kv.max_blocks)
+        n = -(-upto // self.kv.block_size)
+        return n if n < self.kv.max_blocks else self.kv.max_blocks
 
     @property
     def num_blocks(self) -> int:
@@ -218,7 +219,10 @@ class BlockManager:
         blocks up to `target_upto` (so it holds at most KVLayout.window_blocks per request).
         False when group 0 has too few free blocks (nothing allocated then)."""
         bs, n = self.kv.block_size, self._entries(upto)
-        if n - len(seq.blocks[0]) > self.pools[0].available:
+        missing = n - len(seq.blocks[0])
+        if missing <= 0 and len(self.pools) == 1:  # the common step: its blocks are already held
+            return True
+        if missing > self.pools[0].available:
             return False
         for g, (pool, window) in enumerate(zip(self.pools, self.windows)):
             table = seq.blocks[g]
@@ -237,10 +241,11 @@ class BlockManager:
         cur - 1 pairs the committed token at cur)."""
         if not self.prefix_caching or not seq.blocks:
             return
-        done, parent = self._committed.get(seq, (0, b""))
-        full = min(seq.cur // self.kv.block_size, len(seq.blocks[0]))
+        done, parent = self._committed.get(seq, _NOTHING)
+        full = seq.cur // self.kv.block_size
         if full <= done:
             return
+        full = min(full, len(seq.blocks[0]))
         keys = self._keys(seq.prompt + seq.output, done, full, parent)
         for block, key in zip(seq.blocks[0][done:full], keys):
             self.pools[0].remember(block, key)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import itertools
 import logging
+import operator
 import threading
 import time
 from collections.abc import Callable
@@ -187,7 +188,7 @@ class Scheduler:
     def _reserve(self) -> None:
         """Blocks for what this step writes, oldest request first; preempt the newest when short."""
         k = self.decoder.k
-        for r in sorted(self.running, key=lambda r: r.uid):
+        for r in sorted(self.running, key=_uid):
             seq = r.seq
             if r not in self.running:
                 continue  # preempted for an older one
@@ -312,6 +313,9 @@ class Scheduler:
     def run_until_idle(self) -> None:
         while self.has_work:
             self.step()
+
+
+_uid = operator.attrgetter("uid")
 
 
 def _describe(exc: BaseException) -> str:

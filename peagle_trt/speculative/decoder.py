@@ -57,7 +57,8 @@ class Sequence:
 
     @property
     def prefilled(self) -> bool:
-        return self.num_computed == self.prefill_len
+        n = len(self.output)
+        return self.num_computed == len(self.prompt) + (n - 1 if n else 0)  # == prefill_len (hot path)
 
     def preempt(self) -> None:
         """Forget the KV (its blocks went back to the pool): the next prefill recomputes it from
