@@ -138,27 +138,26 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     rows = b.op("Concat", b.ints(0, 0), kv1, d1, axis=0)  # [B, S, KV, d]
     b.op("ScatterND", "k_cache", index, b.op("Reshape", "k", rows), outputs=["k_cache_out"])
     b.op("ScatterND", "v_cache", index, b.op("Reshape", "v", rows), outputs=["v_cache_out"])
-    # 2. attention of each row over its request's keys 0 .. L-1 (L = max position + 1, capped at the
-    #    table), gathered block by block through the table; causal by position, GQA by broadcasting
+    # 2. attention of each row over the keys of the blocks spanning positions 0 .. max position
+    #    (L = nb * bs keys, gathered block by block through the table; positions past a row are
+    #    masked, so no slice to the exact length), causal by position, GQA by broadcasting
     live = b.op("Min", b.op("Add", b.op("ReduceMax", "positions", keepdims=0), b.const(np.int64(1))),
-                b.op("Mul", m, bs))  # scalar L
+                b.op("Mul", m, bs))  # scalar: most positions a row sees
     nb = b.op("Div", b.op("Sub", b.op("Add", live, bs), b.const(np.int64(1))), bs)  # blocks spanned
     table = b.op("Slice", "block_tables", b.ints(0), b.op("Unsqueeze", nb, b.ints(0)), b.ints(1))  # [B, nb]
     table = b.op("Where", b.op("GreaterOrEqual", table, zero), table, trash)
-    flat = b.op("Concat", b.ints(0, -1), kv1, d1, axis=0)  # [B, nb*bs, KV, d]
-    live1 = b.op("Unsqueeze", live, b.ints(0))
+    flat = b.op("Concat", b.ints(0, -1), kv1, b.ints(1), d1, axis=0)  # [B, L, KV, 1, d]
 
-    def read(cache: str, perm: list[int]) -> str:  # [NB+1,bs,KV,d] -> the request's first L keys
-        rows_ = b.op("Reshape", b.op("Gather", cache, table, axis=0), flat)  # [B, nb*bs, KV, d]
-        return b.op("Unsqueeze", b.op("Transpose", b.op("Slice", rows_, b.ints(0), live1, b.ints(1)), perm=perm),
-                    b.ints(2))
+    def read(cache: str, perm: list[int]) -> str:  # [NB+1,bs,KV,d] -> the request's L keys, head-major
+        return b.op("Transpose", b.op("Reshape", b.op("Gather", cache, table, axis=0), flat), perm=perm)
 
-    keys_t = read("k_cache_out", [0, 2, 3, 1])  # [B,KV,1,d,L]
-    values = read("v_cache_out", [0, 2, 1, 3])  # [B,KV,1,L,d]
+    keys = read("k_cache_out", [0, 2, 3, 1, 4])  # [B,KV,1,L,d]: whole d-rows move, a cheap transpose
+    values = read("v_cache_out", [0, 2, 3, 1, 4])  # [B,KV,1,L,d]
     q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
-    scores = b.op("Mul", b.op("MatMul", q, keys_t), scale)  # [B,KV,G,S,L]
-    key_pos = b.op("Range", zero, live, b.const(np.int64(1)))  # [L]
+    # q @ keys^T: onnxruntime fuses this Transpose into the MatMul (FusedMatMul, transB)
+    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])), scale)  # [B,KV,G,S,L]
+    key_pos = b.op("Range", zero, b.op("Mul", nb, bs), b.const(np.int64(1)))  # [L]
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
     visible = b.op("LessOrEqual", key_pos, pos)  # [B,S,L]
     window = _attr_tensor(b, "sliding_window")
