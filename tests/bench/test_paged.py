@@ -18,4 +18,4 @@ def test_paged_suite_smoke(tiny, tmp_path, capsys):
     assert rows[("capacity", "paged")]["peak_running"] > rows[("capacity", "contiguous")]["peak_running"]
     assert rows[("capacity", "paged")]["tokens"] == rows[("capacity", "contiguous")]["tokens"] == 8 * 8
     assert result["prefix_hit_tokens"] >= 2 * 64  # both timed requests reuse the 2 full blocks of the prefix
-    assert {("prefix", "reuse"), ("prefix", "recompute"), ("overhead", "one block")} <= set(rows)
+    assert {("prefix", "reuse"), ("prefix", "recompute"), ("block", "one block of 1024")} <= set(rows)
