@@ -22,7 +22,8 @@ default (converted once into the cache). Greedy, every output checked identical 
             attention gathers whole blocks, so small ones read only what is in use. (The cost of
             the tables against the former contiguous slots needs that older code: see
             docs/BENCHMARKS.md, "Paged KV".)
-Prints a markdown table; the JSON of the results is the last stdout line.
+Prints a markdown table; the JSON of the results is the last stdout line. --smoke: tiny sizes
+(3 slots' worth of blocks, 256 positions) that only prove the suite runs.
 """
 
 from __future__ import annotations
@@ -132,6 +133,10 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.models.memory import kv_memory
     from peagle_trt.tokenizer import TextCodec
 
+    if args.smoke:  # a size that only proves the suite runs: 3 contiguous slots' worth of blocks
+        for name, value in (("max_seq_len", 256), ("requests", 6), ("short_tokens", 4), ("long_prompt", 100),
+                            ("system_tokens", 70), ("questions", 1), ("decode_tokens", 4), ("rounds", 1)):
+            setattr(args, name, value)
     target_dir = Path(args.target) if args.target else cached_target("smollm2")
     target, _ = load_pair(target_dir, None, SpecConfig("none", 0)).build()
     codec = TextCodec(target_dir)
@@ -139,6 +144,8 @@ def run(args: argparse.Namespace) -> dict:
     max_len = args.max_seq_len + 1
     per_block = kv_memory(target.config, None, KVLayout.for_sequences(1, max_len), 4).bytes_per_block
     blocks = args.budget_mib * 2 ** 20 // per_block
+    if args.smoke:
+        blocks = 3 * KVLayout.for_sequences(1, max_len).max_blocks + 2
     slots = blocks // KVLayout.for_sequences(1, max_len).max_blocks
     progress(f"capacity: {blocks} blocks of {BLOCK} ({args.budget_mib} MiB, {per_block / 1024:.0f} KiB per block): "
              f"{slots} contiguous slots of {max_len} positions")
