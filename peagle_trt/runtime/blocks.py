@@ -14,6 +14,8 @@ holds positions j*bs .. j*bs + bs - 1; -1: none).
   commit(seq)       after a step: full blocks whose KV is final enter the prefix cache
   release(seq)      finish, cancel, failure, preemption: every block back (cached ones stay
                     reusable until evicted, least recently used first)
+  listeners         callables told ("stored" | "removed", key) as keys enter and leave the
+                    prefix cache: the block events a KV-aware router consumes
 
 Rejected drafts need nothing: their rows sit in blocks the request keeps, and the next step
 overwrites them. Prefix reuse (group 0 only, so off for models with windowed layers): a full
@@ -55,8 +57,9 @@ class BlockPool:
     """The blocks of one KV group: free ones, referenced ones (a count each) and, with prefix
     reuse, cached ones (content known by hash; unreferenced ones are evicted LRU when needed)."""
 
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, on_event=None):
         self.num_blocks = num_blocks
+        self.on_event = on_event  # ("stored" | "removed", key): the prefix cache's changes
         self.free = collections.deque(range(num_blocks))  # no content worth keeping
         self.refs = [0] * num_blocks
         self.by_hash: dict[bytes, int] = {}
@@ -77,8 +80,11 @@ class BlockPool:
             block = self.free.popleft()
         elif self.idle:
             block, _ = self.idle.popitem(last=False)  # least recently used cached block
-            del self.by_hash[self.hash_of.pop(block)]
+            key = self.hash_of.pop(block)
+            del self.by_hash[key]
             self.evictions += 1
+            if self.on_event is not None:
+                self.on_event("removed", key)
         else:
             raise RuntimeInvariantError("KV block pool exhausted (the caller checks `available` first)")
         self.refs[block] = 1
@@ -105,6 +111,8 @@ class BlockPool:
         if key not in self.by_hash and block not in self.hash_of:
             self.by_hash[key] = block
             self.hash_of[block] = key
+            if self.on_event is not None:
+                self.on_event("stored", key)
 
     def check(self, held: collections.Counter) -> None:
         """Invariants against `held` (block -> tables holding it); raises RuntimeInvariantError."""
@@ -138,13 +146,20 @@ class BlockManager:
                               f"one request of the maximum length needs ({kv.max_blocks}, {kv.max_len} positions); "
                               "raise the block count (--kv-blocks) or lower the maximum sequence length")
         self.kv, self.windows, self.lookahead, self.drafter = kv, windows, lookahead, drafter
-        self.pools = [BlockPool(n) for n in kv.group_blocks(windows)]
+        # prefix-cache events of group 0 (a block's key entered or left the cache), in order: what a
+        # KV-aware router (Dynamo's BlockStored / BlockRemoved) consumes; add a callable to listen
+        self.listeners: list = []
+        self.pools = [BlockPool(n, self._event if g == 0 else None) for g, n in enumerate(kv.group_blocks(windows))]
         self.prefix_caching = prefix_caching and len(windows) == 1
         if prefix_caching and not self.prefix_caching:
             log.warning("prefix reuse is off: this target has sliding-window layers (windows %s), whose blocks "
                         "slide out; every prompt is prefilled in full", list(windows[1:]))
         self.stats = BlockStats()
         self._committed: dict = {}  # seq -> (blocks entered into the prefix cache, the last one's key)
+
+    def _event(self, kind: str, key: bytes) -> None:
+        for listener in self.listeners:
+            listener(kind, key)
 
     # -- sizes -------------------------------------------------------------------------------
     def _entries(self, upto: int) -> int:

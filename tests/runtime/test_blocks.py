@@ -78,6 +78,24 @@ def test_prefix_reuse_hits_and_outputs_equal_recomputation(tiny):
             assert stats["prefix_hit_tokens"] == 0 and not stats["prefix_caching"]
 
 
+def test_prefix_cache_events_mirror_the_cache(tiny):
+    """Every key stored is announced once, every eviction too: replaying the events gives the
+    cache's keys (what a KV-aware router keeps per worker)."""
+    kv = KVLayout(num_blocks=14, max_len=96, max_batch=2, block_size=8, max_rows=16)
+    sched = Scheduler(make_decoder(tiny, "llama", "aws", "peagle", 3, kv=kv), prefill_chunk=16)
+    events: list = []
+    sched.blocks.listeners.append(lambda kind, key: events.append((kind, key)))
+    outputs: dict = {}
+    for i, (prompt, m) in enumerate(workload(8, 21, list(range(300, 330)))):
+        sched.add(Request(str(i), prompt, SamplingParams(max_tokens=m, ignore_eos=True), collect(outputs)))
+    sched.run_until_idle()
+    live: set = set()
+    for kind, key in events:
+        assert (key in live) == (kind == "removed")
+        (live.add if kind == "stored" else live.remove)(key)
+    assert live == set(sched.blocks.pools[0].by_hash) and any(k == "removed" for k, _ in events)
+
+
 def test_fuzz_arrivals_and_cancels_keep_the_pool_exact(tiny):
     shared = list(range(200, 224))
     load = workload(30, 5, shared)
