@@ -48,7 +48,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "decode": ("peagle_trt.bench.decode",
                "real model (SmolLM2-135M): decode and verify vs transformers and the roofline, batch 8 vs 1"),
     "paged": ("peagle_trt.bench.paged",
-              "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, table overhead"),
+              "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
 }
 
 

@@ -13,8 +13,8 @@ domain and plugin version/namespace are declared once, in `ops.names`.
 
 | op_type            | what                                                                 |
 |--------------------|----------------------------------------------------------------------|
-| PEagleKVAttention  | attention of a few new rows per request over its KV cache slot, causal by |
-|                    | absolute position, writing the new K/V in place                         |
+| PEagleKVAttention  | attention of a few new rows per request over its paged KV cache (block   |
+|                    | tables), causal by absolute position, writing the new K/V in place      |
 | PEagleDraftInputs  | the drafter's input rows for a batch: pending real rows + K-1 mask rows, |
 |                    | their embeddings, hidden states and positions                           |
 | PEagleDraftSample  | greedy argmax over the draft vocabulary + d2t mapping to target ids  |

@@ -180,7 +180,7 @@ def target_pass(target, ids: torch.Tensor, chunk: int = 512) -> tuple[torch.Tens
     dev = target.lm_head.weight.device
     t = ids.numel()
     cache = target.new_cache(1, t)
-    slots = torch.zeros(1, dtype=torch.long, device=dev)
+    seq0 = torch.zeros(1, dtype=torch.long, device=dev)  # sequence 0 of the static layout (models/kv_cache.py)
     normed, aux = [], []
     # the last layer's output is the final residual stream of every row (forward gathers the logits rows after it)
     hook = target.layers[-1].register_forward_hook(lambda mod, inp, out: normed.append(target.norm(out)[0]))
@@ -188,7 +188,7 @@ def target_pass(target, ids: torch.Tensor, chunk: int = 512) -> tuple[torch.Tens
         for a in range(0, t, chunk):
             b = min(t, a + chunk)
             last = torch.tensor([[b - a - 1]], device=dev)  # one logits row: the hook keeps every row's hidden
-            _, taps = target(ids[None, a:b].to(dev), torch.arange(a, b, device=dev)[None], slots, cache, last)
+            _, taps = target(ids[None, a:b].to(dev), torch.arange(a, b, device=dev)[None], seq0, cache, last)
             aux.append(taps[0])
     finally:
         hook.remove()

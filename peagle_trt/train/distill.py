@@ -69,8 +69,9 @@ def answer_all(executor, prompts: list[list[int]], params: list[SamplingParams],
     return done[0]
 
 
-def target_executor(target_dir: Path, backend: str, num_slots: int, max_len: int, threads: int | None = None):
-    """The target alone on CPU: onnxruntime (graphs in memory; the fast one at SmolLM2's size) or torch."""
+def target_executor(target_dir: Path, backend: str, num_seqs: int, max_len: int, threads: int | None = None):
+    """The target alone on CPU: onnxruntime (graphs in memory; the fast one at SmolLM2's size) or torch,
+    its KV cache room for `num_seqs` requests of `max_len` positions."""
     import torch
 
     from peagle_trt.checkpoint import load_pair
@@ -82,10 +83,10 @@ def target_executor(target_dir: Path, backend: str, num_slots: int, max_len: int
     if backend == "torch":
         from peagle_trt.executors.torch import TorchExecutor
 
-        return TorchExecutor(target, None, num_slots, max_len)
+        return TorchExecutor(target, None, num_seqs, max_len)
     from peagle_trt.executors.onnxruntime import OrtExecutor
 
-    return OrtExecutor.from_models(target, None, spec, num_slots, max_len, threads)
+    return OrtExecutor.from_models(target, None, spec, num_seqs, max_len, threads)
 
 
 def read_done(out: Path) -> set[str]:
