@@ -49,6 +49,20 @@ def speculative(final: dict) -> dict:
             "target_forwards": final["target_forwards"], "drafter_forwards": final["drafter_forwards"]}
 
 
+def spec_decode_metrics(final: dict) -> dict:
+    """vLLM's per-request `metrics` object (`--per-request-spec-decode-metrics summary`, the shape
+    AIPerf 0.13's vLLM adapter reads from the body, or from the last chunks when streaming):
+    mean_acceptance_length = 1 + accepted / steps, draft_acceptance_rate = accepted / drafted,
+    acceptance_histogram dense of length K + 1 (speculative/stats.py)."""
+    hist, steps, drafted = final["acceptance_histogram"], final["steps"], final["drafted"]
+    accepted = sum(j * n for j, n in enumerate(hist))
+    return {"speculative_decoding": {
+        "mean_acceptance_length": round(1.0 + accepted / steps, 4) if steps else 1.0,
+        "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+        "acceptance_histogram": hist, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+        "num_draft_tokens": drafted, "num_spec_tokens": final["num_spec_tokens"]}}
+
+
 def usage(final: dict, completion_tokens: int) -> dict:
     prompt = final.get("prompt_tokens") or 0
     return {"prompt_tokens": prompt, "completion_tokens": completion_tokens,
@@ -171,7 +185,8 @@ async def _whole(req, chat: bool, rid: str, created: int, first: Chunk, chunks) 
         choice["token_ids"] = ids
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": created, "model": req.model, "choices": [choice],
-                         "usage": usage(final, len(ids)), "speculative": speculative(final)})
+                         "usage": usage(final, len(ids)), "speculative": speculative(final),
+                         "metrics": spec_decode_metrics(final)})
 
 
 async def _chat_events(req: ChatRequest, rid: str, created: int, first: Chunk, chunks) -> AsyncIterator[str]:
@@ -187,7 +202,8 @@ async def _chat_events(req: ChatRequest, rid: str, created: int, first: Chunk, c
 
     yield event({"role": "assistant", "content": ""})
     async for piece in _stream_body(req, head, first, chunks, content,
-                                    lambda finish, final: event({}, finish, speculative=speculative(final))):
+                                    lambda finish, final: event({}, finish, speculative=speculative(final),
+                                                                metrics=spec_decode_metrics(final))):
         yield piece
 
 
@@ -200,7 +216,8 @@ async def _completion_events(req: CompletionRequest, rid: str, created: int, fir
                                           **({"token_ids": ids} if ids else {})}], **extra})
 
     async for piece in _stream_body(req, head, first, chunks, lambda text, ids: event(text, None, ids),
-                                    lambda finish, final: event("", finish, speculative=speculative(final))):
+                                    lambda finish, final: event("", finish, speculative=speculative(final),
+                                                                metrics=spec_decode_metrics(final))):
         yield piece
 
 
@@ -221,7 +238,8 @@ async def _stream_body(req, head: dict, first: Chunk, chunks, text_event, finish
                     break
                 yield finish_event(FINISH[final["finish_reason"]], final)
         if final is not None and final["finish_reason"] in FINISH and req.include_usage:
-            yield _sse({**head, "choices": [], "usage": usage(final, ids), "speculative": speculative(final)})
+            yield _sse({**head, "choices": [], "usage": usage(final, ids), "speculative": speculative(final),
+                        "metrics": spec_decode_metrics(final)})
     except RemoteError as exc:
         yield _sse(error_body(str(exc), "internal_error"))
     finally:

@@ -22,7 +22,9 @@ FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("sp
                  "draft_accept_rate": ("draft_accept_rate", np.float32),
                  "accept_rate_per_pos": ("accept_rate_per_pos", np.float32),
                  "num_draft_steps": ("steps", np.int32), "target_forwards": ("target_forwards", np.int32),
-                 "drafter_forwards": ("drafter_forwards", np.int32)}
+                 "drafter_forwards": ("drafter_forwards", np.int32),
+                 "num_draft_tokens": ("drafted", np.int32),
+                 "acceptance_histogram": ("acceptance_histogram", np.int32)}
 
 
 

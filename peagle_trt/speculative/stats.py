@@ -5,6 +5,8 @@ Formulas (vLLM conventions; "step" = one verify of K drafts):
   draft_accept_rate      = accepted / drafted               (drafted = steps * K)
   accept_rate_per_pos[i] = accepted_at_pos[i] / steps        (joint: >= i+1 drafts accepted)
 Identity: acceptance_length = 1 + sum(accept_rate_per_pos).
+acceptance_histogram: dense, K + 1 counts (j: the steps that accepted exactly j drafts), the
+shape of vLLM's per-request `metrics.speculative_decoding` (openai_frontend/app.py).
 Recording a step is one histogram increment (the hot path); the per-position counts derive
 from it: accepted_at_pos[i] = number of steps that accepted more than i drafts.
 """
@@ -45,6 +47,12 @@ class SpecStats:
         return [sum(n for a, n in self.histogram.items() if a > i) for i in range(depth)]
 
     @property
+    def acceptance_histogram(self) -> list[int]:
+        """Dense: entry j = steps that accepted exactly j drafts, j = 0 .. K."""
+        depth = max([self.num_spec_tokens, *self.histogram]) if self.histogram else self.num_spec_tokens
+        return [self.histogram.get(j, 0) for j in range(depth + 1)]
+
+    @property
     def acceptance_length(self) -> float:
         return 1.0 + self.accepted / self.steps if self.steps else 1.0
 
@@ -61,6 +69,6 @@ class SpecStats:
                 "draft_accept_rate": round(self.draft_accept_rate, 4),
                 "accept_rate_per_pos": [round(r, 4) for r in self.accept_rate_per_pos],
                 "num_spec_tokens": self.num_spec_tokens, "steps": self.steps,
-                "drafted": self.drafted, "accepted": self.accepted,
+                "drafted": self.drafted, "accepted": self.accepted, "acceptance_histogram": self.acceptance_histogram,
                 "target_forwards": self.target_forwards, "drafter_forwards": self.drafter_forwards,
                 "tokens": self.tokens}

@@ -64,12 +64,20 @@ def test_openai_client_completions_equal_the_grpc_path(server, client, model):
         spec = whole.model_extra["speculative"]
         assert spec["acceptance_length"] == pytest.approx(ref["acceptance_length"], abs=1e-3)
         assert len(spec["accept_rate_per_pos"]) == (0 if model == "peagle_none" else 3)
+        vllm = whole.model_extra["metrics"]["speculative_decoding"]  # vLLM's per-request shape (AIPerf reads it)
+        k = 0 if model == "peagle_none" else 3
+        assert vllm["num_spec_tokens"] == k and len(vllm["acceptance_histogram"]) == k + 1
+        assert vllm["num_spec_steps"] == ref["steps"] == sum(vllm["acceptance_histogram"])
+        assert vllm["num_draft_tokens"] == k * ref["steps"]
+        assert vllm["mean_acceptance_length"] == pytest.approx(ref["acceptance_length"], abs=1e-3)
+        assert vllm["num_accepted_draft_tokens"] == sum(j * n for j, n in enumerate(vllm["acceptance_histogram"]))
         chunks = list(client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0,
                                                 stream=True, stream_options={"include_usage": True},
                                                 extra_body=extra))
         ids = [i for c in chunks if c.choices for i in c.choices[0].model_extra.get("token_ids", [])]
         assert ids == ref["token_ids"] and "".join(c.choices[0].text for c in chunks if c.choices) == ref["text"]
         assert chunks[-1].usage.completion_tokens == 24 and chunks[-1].choices == []
+        assert chunks[-1].model_extra["metrics"]["speculative_decoding"] == vllm  # streaming: on the last chunks
 
 
 def test_openai_client_chat_uses_the_chat_template_and_equals_the_grpc_path(server, client):
