@@ -26,16 +26,30 @@ from peagle_trt.config import BLOCK_SIZE, SPEC_MODES, SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError, PeagleError
 
 
-def resolve_spec(args: argparse.Namespace) -> SpecConfig:
-    """Spec config from --speculative-config and/or --spec-mode / --num-spec-tokens."""
-    if args.speculative_config:
-        spec = SpecConfig.from_vllm(args.speculative_config)
+def resolve_spec(args: argparse.Namespace, purpose: str = "generate") -> SpecConfig:
+    """Spec config from --speculative-config (else $SM_VLLM_SPECULATIVE_CONFIG) and/or --spec-mode /
+    --num-spec-tokens. The JSON's "model" fills --drafter when that is not given."""
+    from peagle_trt import speculative_config
+
+    parsed = speculative_config.resolve(args.speculative_config, purpose)
+    if parsed is not None:
+        spec = parsed.spec
+        if parsed.model is not None:
+            if args.drafter is None:
+                args.drafter = Path(parsed.model)
+            elif Path(parsed.model).resolve() != Path(args.drafter).resolve():
+                raise ConfigError(f"--drafter {args.drafter} contradicts \"model\": {parsed.model!r} of the "
+                                  "speculative config; pass one of them")
         if args.spec_mode not in (None, spec.mode):
-            raise ConfigError(f"--spec-mode {args.spec_mode} contradicts --speculative-config "
+            raise ConfigError(f"--spec-mode {args.spec_mode} contradicts the speculative config "
                               f"(which means {spec.mode}); pass one of them")
         if args.num_spec_tokens not in (None, spec.num_spec_tokens):
             raise ConfigError(f"--num-spec-tokens {args.num_spec_tokens} contradicts "
-                              f"num_speculative_tokens={spec.num_spec_tokens} in --speculative-config")
+                              f"num_speculative_tokens={spec.num_spec_tokens} in the speculative config")
+        if spec.synthetic_rates and not getattr(args, "allow_synthetic_acceptance", False):
+            raise ConfigError("rejection_sample_method 'synthetic' accepts drafts whatever their tokens: the "
+                              "output is NOT the target's. It is for benchmarks (peagle-trt bench synthetic); "
+                              "pass --allow-synthetic-acceptance to force it here")
         return spec
     mode = args.spec_mode
     if mode is None:  # default: P-EAGLE when the head has mask_hidden, else EAGLE-3, else none
@@ -142,7 +156,7 @@ def resolve_backend(name: str) -> str:
 def cmd_export(args: argparse.Namespace) -> dict:
     from peagle_trt.export import ExportOptions, export_pair
 
-    spec = resolve_spec(args)
+    spec = resolve_spec(args, "export")
     t0 = time.perf_counter()
     manifest = export_pair(args.target, args.drafter, args.output,
                            ExportOptions(spec, args.max_batch, args.max_seq_len, args.dtype,
@@ -154,7 +168,7 @@ def cmd_export(args: argparse.Namespace) -> dict:
 def cmd_build(args: argparse.Namespace) -> dict:
     from peagle_trt.repository import RepositoryOptions, build_repository
 
-    spec = resolve_spec(args)
+    spec = resolve_spec(args, "build")
     backend = resolve_backend(args.backend)
     repo = RepositoryOptions(spec, args.model_name, backend, args.max_batch, args.max_seq_len,
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
@@ -174,11 +188,33 @@ def cmd_build(args: argparse.Namespace) -> dict:
             "build_s": round(time.perf_counter() - t0, 3)}
 
 
+def _serve_spec(args: argparse.Namespace) -> str | None:
+    """The serve-time speculative config (flag, else $SM_VLLM_SPECULATIVE_CONFIG) over the built
+    one of every model of the repository, checked before anything starts; its vLLM JSON for the
+    Triton models, or None."""
+    from peagle_trt import speculative_config
+    from peagle_trt.serving.options import read_options
+
+    parsed = speculative_config.resolve(args.speculative_config, "serve")
+    if parsed is None:
+        return None
+    for config in sorted(Path(args.repo).glob("*/config.pbtxt")):
+        try:
+            spec = speculative_config.for_built(read_options(args.repo, config.parent.name)[1].speculation, parsed)
+        except ConfigError as exc:
+            raise ConfigError(f"model {config.parent.name!r}: {exc}") from None
+    if spec.synthetic_rates and not args.allow_synthetic_acceptance:
+        raise ConfigError("rejection_sample_method 'synthetic' accepts drafts whatever their tokens: the output "
+                          "is NOT the target's; pass --allow-synthetic-acceptance to force it (benchmarks only)")
+    return json.dumps(speculative_config.to_vllm(spec))
+
+
 def cmd_serve(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.server import ServeOptions, serve_forever
 
     options = ServeOptions(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
-                           args.ready_timeout, drain_timeout_s=args.drain_timeout)
+                           args.ready_timeout, drain_timeout_s=args.drain_timeout,
+                           speculative_config=_serve_spec(args))
 
     frontend = None
     if args.openai_port:  # bound before tritonserver starts; answers 503 until the model is ready
@@ -186,7 +222,8 @@ def cmd_serve(args: argparse.Namespace) -> dict:
 
         grpc_host = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host  # reach Triton locally
         frontend = OpenAIFrontend(FrontendOptions(args.repo, f"{grpc_host}:{args.grpc_port}", args.host,
-                                               args.openai_port)).start()
+                                                  args.openai_port,
+                                                  spec_metrics=args.per_request_spec_decode_metrics)).start()
 
     def on_ready(server):
         print(json.dumps({"ready": True, "http": server.http_url, "grpc": server.grpc_url,
@@ -218,7 +255,9 @@ def _spec_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-spec-tokens", type=int, default=None, help="K, draft tokens per step (default 7)")
     p.add_argument("--speculative-config", default=None,
                    help='vLLM form, e.g. \'{"method":"eagle3","num_speculative_tokens":7,'
-                        '"parallel_drafting":true}\'')
+                        '"parallel_drafting":true}\' (default: $SM_VLLM_SPECULATIVE_CONFIG); keys: README.md')
+    p.add_argument("--allow-synthetic-acceptance", action="store_true",
+                   help="accept a synthetic rejection_sample_method (benchmarks only: output is not the target's)")
 
 
 def add_generate_parser(sub) -> argparse.ArgumentParser:
@@ -324,6 +363,15 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
                         "a second signal stops at once")
     s.add_argument("--openai-port", type=int, default=None,
                    help="also serve OpenAI-compatible /v1/... on this port (same --host); off by default")
+    s.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"), default="summary",
+                   help="vLLM's per-response metrics.speculative_decoding on the OpenAI API (default summary; "
+                        "detailed adds per-step lists)")
+    s.add_argument("--speculative-config", default=None,
+                   help="run-time keys over the built config (default: $SM_VLLM_SPECULATIVE_CONFIG): "
+                        "num_speculative_tokens_per_batch_size, adaptive_num_speculative_tokens, synthetic "
+                        "acceptance; method and K must be the built ones")
+    s.add_argument("--allow-synthetic-acceptance", action="store_true",
+                   help="accept a synthetic rejection_sample_method (benchmarks only: output is not the target's)")
     s.set_defaults(func=cmd_serve)
     return s
 

@@ -5,7 +5,6 @@ construction. Also the run-time constants several floors share: the custom-op im
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 
@@ -75,39 +74,59 @@ class KVLayout:
 
 @dataclass(frozen=True)
 class SpecConfig:
+    """What to speculate. `num_spec_tokens` is K, the most drafts per step (the graphs and KV
+    headroom are built for it); a step may verify fewer: `k_schedule` caps K by the running batch
+    size (vLLM's num_speculative_tokens_per_batch_size: (first, last, K) inclusive ranges from batch
+    size 1; a gap or a batch past the last range keeps the previous range's K; K = 0 decodes
+    plainly), and `adaptive` picks each request's k per step (speculative/draft_length.py).
+    `synthetic_rates` is for benchmarks only: draft i is accepted with unconditional probability
+    synthetic_rates[i-1] whatever its token, so the output is NOT the target's
+    (speculative_config.py refuses it outside benchmarks unless forced). Parsed from vLLM's JSON by
+    peagle_trt/speculative_config.py."""
     mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
-    num_spec_tokens: int = 7  # K, draft tokens per step
+    num_spec_tokens: int = 7  # K, the most draft tokens per step
+    k_schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last batch size, K)
+    adaptive: bool = False  # per request and step, the k of the most expected tokens per second
+    synthetic_rates: tuple[float, ...] = ()  # benchmarks: P(first i drafts accepted), i = 1..K
 
     def __post_init__(self):
         if self.mode not in SPEC_MODES:
             raise ConfigError(f"spec mode {self.mode!r} is unknown; expected one of {SPEC_MODES}")
         if self.mode != "none" and not 1 <= self.num_spec_tokens <= 64:
             raise ConfigError(f"num_spec_tokens must be in [1, 64], got {self.num_spec_tokens}")
+        if self.mode == "none" and (self.k_schedule or self.adaptive or self.synthetic_rates):
+            raise ConfigError("a K schedule, adaptive K or synthetic acceptance needs speculation (a drafter)")
+        last = 0
+        for entry in self.k_schedule:
+            if len(entry) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry):
+                raise ConfigError(f"K schedule entry {entry!r} must be [first batch size, last batch size, K] integers")
+            lo, hi, k = entry
+            if (last == 0 and lo != 1) or lo <= last:
+                raise ConfigError(f"K schedule: batch-size ranges must start at 1 and be sorted without "
+                                  f"overlap; [{lo}, {hi}, {k}] follows a range ending at {last}")
+            if not 1 <= lo <= hi or not 0 <= k <= self.num_spec_tokens:
+                raise ConfigError(f"K schedule entry [{lo}, {hi}, {k}]: need 1 <= first <= last and "
+                                  f"0 <= K <= num_speculative_tokens ({self.num_spec_tokens})")
+            last = hi
+        rates = self.synthetic_rates
+        if rates and (len(rates) != self.num_spec_tokens or any(not 0 <= r <= 1 for r in rates)
+                      or any(b > a for a, b in zip(rates, rates[1:]))):
+            raise ConfigError(f"synthetic acceptance rates must be {self.num_spec_tokens} non-increasing "
+                              f"probabilities (one per draft position), got {list(rates)}")
 
     @property
     def k(self) -> int:
-        """Drafts per step; 0 when not speculating (a step then emits exactly one token)."""
+        """The most drafts per step; 0 when not speculating (a step then emits exactly one token)."""
         return 0 if self.mode == "none" else self.num_spec_tokens
 
-    @classmethod
-    def from_vllm(cls, text: str) -> SpecConfig:
-        """Parse vLLM / SageMaker `--speculative-config` JSON, e.g.
-        {"method": "eagle3", "num_speculative_tokens": 7, "parallel_drafting": true}."""
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"--speculative-config is not valid JSON: {exc}") from exc
-        if not isinstance(obj, dict):
-            raise ConfigError("--speculative-config must be a JSON object")
-        method = obj.get("method", "eagle3")
-        if method not in ("eagle3", "eagle"):
-            raise ConfigError(f"speculative method {method!r} is not supported; use 'eagle3' "
-                              "(with parallel_drafting=true for P-EAGLE)")
-        k = obj.get("num_speculative_tokens", 7)
-        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= 64:
-            raise ConfigError(f"--speculative-config: num_speculative_tokens must be an integer in "
-                              f"[1, 64], got {k!r}")
-        return cls("peagle" if obj.get("parallel_drafting") else "eagle3", k)
+    def k_for_batch(self, batch: int) -> int:
+        """The K cap at `batch` running requests (the schedule's, else K)."""
+        k = self.k
+        for lo, _, entry_k in self.k_schedule:
+            if lo > batch:
+                break
+            k = entry_k
+        return k
 
 
 @dataclass(frozen=True)

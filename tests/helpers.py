@@ -39,9 +39,11 @@ def chunked_forward(model, ids: torch.Tensor, cache, chunks=CHUNKS_ACROSS_WINDOW
 
 
 def make_decoder(tiny, target: str, drafter: str | None, mode: str, k: int, max_len: int = 512,
-                 proposer=None, slots: int = 1, kv: KVLayout | None = None) -> SpecDecoder:
-    """A decoder over the torch executor; KV room for `slots` requests of `max_len`, or `kv`."""
-    spec = SpecConfig(mode, k)
+                 proposer=None, slots: int = 1, kv: KVLayout | None = None, spec: SpecConfig | None = None
+                 ) -> SpecDecoder:
+    """A decoder over the torch executor; KV room for `slots` requests of `max_len`, or `kv`;
+    `spec` (else SpecConfig(mode, k)) for a K schedule, adaptive K or synthetic acceptance."""
+    spec = spec or SpecConfig(mode, k)
     pair = load_pair(tiny[target], tiny[drafter] if drafter else None, spec)
     t, d = pair.build()
     return SpecDecoder(TorchExecutor(t, d, kv or slots, max_len), spec, proposer=proposer)

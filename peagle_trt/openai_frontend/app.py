@@ -49,18 +49,38 @@ def speculative(final: dict) -> dict:
             "target_forwards": final["target_forwards"], "drafter_forwards": final["drafter_forwards"]}
 
 
-def spec_decode_metrics(final: dict) -> dict:
-    """vLLM's per-request `metrics` object (`--per-request-spec-decode-metrics summary`, the shape
-    AIPerf 0.13's vLLM adapter reads from the body, or from the last chunks when streaming):
+SPEC_METRICS = ("none", "summary", "detailed")  # vLLM's --per-request-spec-decode-metrics levels
+
+
+def spec_decode_metrics(final: dict, level: str = "summary") -> dict | None:
+    """vLLM's per-request `metrics` object (`--per-request-spec-decode-metrics`; the shape AIPerf
+    0.13's vLLM adapter reads from the body, or from the last chunks when streaming):
     mean_acceptance_length = 1 + accepted / steps, draft_acceptance_rate = accepted / drafted,
-    acceptance_histogram dense of length K + 1 (speculative/stats.py)."""
+    acceptance_histogram dense of length K + 1 (speculative/stats.py); `detailed` adds the
+    per-step lists. {"speculative_decoding": null} without speculation; None at level "none"."""
+    if level == "none":
+        return None
+    if final.get("spec_mode") == "none" or not final.get("num_spec_tokens"):
+        return {"speculative_decoding": None}
     hist, steps, drafted = final["acceptance_histogram"], final["steps"], final["drafted"]
     accepted = sum(j * n for j, n in enumerate(hist))
-    return {"speculative_decoding": {
-        "mean_acceptance_length": round(1.0 + accepted / steps, 4) if steps else 1.0,
-        "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
-        "acceptance_histogram": hist, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
-        "num_draft_tokens": drafted, "num_spec_tokens": final["num_spec_tokens"]}}
+    out = {"mean_acceptance_length": round(1.0 + accepted / steps, 4) if steps else 1.0,
+           "draft_acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
+           "acceptance_histogram": hist, "num_spec_steps": steps, "num_accepted_draft_tokens": accepted,
+           "num_draft_tokens": drafted, "num_spec_tokens": final["num_spec_tokens"]}
+    if level == "detailed":
+        out.update(per_step_accepted=final.get("per_step_accepted", []),
+                   per_step_drafted=final.get("per_step_drafted", []))
+    return {"speculative_decoding": out}
+
+
+def stats_fields(level: str):
+    """The statistics of a final response as top-level fields: ours (`speculative`) and vLLM's
+    (`metrics`, unless the level is "none")."""
+    def fields(final: dict) -> dict:
+        metrics = spec_decode_metrics(final, level)
+        return {"speculative": speculative(final), **({"metrics": metrics} if metrics is not None else {})}
+    return fields
 
 
 def usage(final: dict, completion_tokens: int) -> dict:
@@ -73,7 +93,10 @@ def _sse(obj: dict) -> str:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def create_app(backend: TritonBackend) -> FastAPI:
+def create_app(backend: TritonBackend, spec_metrics: str = "summary") -> FastAPI:
+    if spec_metrics not in SPEC_METRICS:
+        raise ConfigError(f"per-request spec-decode metrics {spec_metrics!r}: expected one of {SPEC_METRICS}")
+    fields = stats_fields(spec_metrics)
     app = FastAPI(title="peagle-trt OpenAI-compatible frontend", docs_url=None, redoc_url=None, openapi_url=None)
 
     @app.exception_handler(HTTPException)
@@ -152,9 +175,9 @@ def create_app(backend: TritonBackend) -> FastAPI:
         rid, created = new_id("chatcmpl" if chat else "cmpl"), now()
         if req.stream:
             events = _chat_events if chat else _completion_events
-            return StreamingResponse(events(req, rid, created, first, chunks), media_type="text/event-stream",
+            return StreamingResponse(events(req, rid, created, first, chunks, fields), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return await _whole(req, chat, rid, created, first, chunks)
+        return await _whole(req, chat, rid, created, first, chunks, fields)
 
     return app
 
@@ -165,7 +188,7 @@ async def _all(first: Chunk, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chun
         yield chunk
 
 
-async def _whole(req, chat: bool, rid: str, created: int, first: Chunk, chunks) -> JSONResponse:
+async def _whole(req, chat: bool, rid: str, created: int, first: Chunk, chunks, fields) -> JSONResponse:
     text, ids, final = [], [], None
     try:
         async for chunk in _all(first, chunks):
@@ -185,11 +208,11 @@ async def _whole(req, chat: bool, rid: str, created: int, first: Chunk, chunks) 
         choice["token_ids"] = ids
     return JSONResponse({"id": rid, "object": "chat.completion" if chat else "text_completion",
                          "created": created, "model": req.model, "choices": [choice],
-                         "usage": usage(final, len(ids)), "speculative": speculative(final),
-                         "metrics": spec_decode_metrics(final)})
+                         "usage": usage(final, len(ids)), **fields(final)})
 
 
-async def _chat_events(req: ChatRequest, rid: str, created: int, first: Chunk, chunks) -> AsyncIterator[str]:
+async def _chat_events(req: ChatRequest, rid: str, created: int, first: Chunk, chunks, fields
+                       ) -> AsyncIterator[str]:
     head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model}
 
     def event(delta: dict, finish: str | None = None, **extra) -> str:
@@ -202,13 +225,12 @@ async def _chat_events(req: ChatRequest, rid: str, created: int, first: Chunk, c
 
     yield event({"role": "assistant", "content": ""})
     async for piece in _stream_body(req, head, first, chunks, content,
-                                    lambda finish, final: event({}, finish, speculative=speculative(final),
-                                                                metrics=spec_decode_metrics(final))):
+                                    lambda finish, final: event({}, finish, **fields(final)), fields):
         yield piece
 
 
 async def _completion_events(req: CompletionRequest, rid: str, created: int, first: Chunk,
-                             chunks) -> AsyncIterator[str]:
+                             chunks, fields) -> AsyncIterator[str]:
     head = {"id": rid, "object": "text_completion", "created": created, "model": req.model}
 
     def event(text: str, finish: str | None = None, ids: list[int] | None = None, **extra) -> str:
@@ -216,12 +238,12 @@ async def _completion_events(req: CompletionRequest, rid: str, created: int, fir
                                           **({"token_ids": ids} if ids else {})}], **extra})
 
     async for piece in _stream_body(req, head, first, chunks, lambda text, ids: event(text, None, ids),
-                                    lambda finish, final: event("", finish, speculative=speculative(final),
-                                                                metrics=spec_decode_metrics(final))):
+                                    lambda finish, final: event("", finish, **fields(final)), fields):
         yield piece
 
 
-async def _stream_body(req, head: dict, first: Chunk, chunks, text_event, finish_event) -> AsyncIterator[str]:
+async def _stream_body(req, head: dict, first: Chunk, chunks, text_event, finish_event, fields
+                       ) -> AsyncIterator[str]:
     """Content events, the finish event with the statistics, the usage event, [DONE]. The
     generator's `finally` (also on a client disconnect) closes `chunks`, which cancels the request."""
     ids, final = 0, None
@@ -238,8 +260,7 @@ async def _stream_body(req, head: dict, first: Chunk, chunks, text_event, finish
                     break
                 yield finish_event(FINISH[final["finish_reason"]], final)
         if final is not None and final["finish_reason"] in FINISH and req.include_usage:
-            yield _sse({**head, "choices": [], "usage": usage(final, ids), "speculative": speculative(final),
-                        "metrics": spec_decode_metrics(final)})
+            yield _sse({**head, "choices": [], "usage": usage(final, ids), **fields(final)})
     except RemoteError as exc:
         yield _sse(error_body(str(exc), "internal_error"))
     finally:

@@ -24,6 +24,7 @@ class FrontendOptions:
     host: str = "127.0.0.1"
     port: int = 9000
     start_timeout_s: float = 20.0
+    spec_metrics: str = "summary"  # vLLM's --per-request-spec-decode-metrics: none | summary | detailed
 
 
 class OpenAIFrontend:
@@ -44,7 +45,7 @@ class OpenAIFrontend:
             raise ServeError(f"cannot bind the OpenAI frontend to {options.host}:{options.port} ({exc.strerror}); "
                              "pick a free port with --openai-port") from exc
         self.backend = TritonBackend(options.grpc_url, options.repo)
-        app = create_app(self.backend)
+        app = create_app(self.backend, options.spec_metrics)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=5, timeout_keep_alive=30)
         self._server = uvicorn.Server(config)

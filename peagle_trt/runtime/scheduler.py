@@ -86,17 +86,19 @@ def _save(seq: Sequence) -> tuple:
     """What a step may change in a sequence, to undo a failed batch step. Runs before every step
     (the hot path): plain values and one small dict copy, no object rebuilt."""
     st = seq.stats
-    counters = (st.steps, st.drafted, st.target_forwards, st.drafter_forwards, st.tokens, dict(st.histogram))
+    counters = (st.steps, st.drafted, st.target_forwards, st.drafter_forwards, st.tokens, dict(st.histogram),
+                list(st.tries))
     rng = seq.generator.get_state() if seq.generator is not None else None
-    return len(seq.output), seq.drafts, counters, seq.finish_reason, seq.num_computed, seq.cur, rng
+    return len(seq.output), seq.drafts, seq.undrafted, counters, seq.finish_reason, seq.num_computed, seq.cur, rng
 
 
 def _restore(seq: Sequence, saved: tuple) -> None:
-    n, seq.drafts, counters, seq.finish_reason, seq.num_computed, seq.cur, rng = saved
+    n, seq.drafts, seq.undrafted, counters, seq.finish_reason, seq.num_computed, seq.cur, rng = saved
     del seq.output[n:]
     for name, value in zip(_STAT_COUNTERS, counters):
         setattr(seq.stats, name, value)
-    seq.stats.histogram = counters[-1]
+    seq.stats.histogram, seq.stats.tries = counters[5], counters[6]
+    del seq.stats.per_step_drafted[seq.stats.steps:], seq.stats.per_step_accepted[seq.stats.steps:]
     if rng is not None:
         seq.generator.set_state(rng)
 
@@ -123,7 +125,7 @@ class Scheduler:
         self._uids = itertools.count()
         self._lock = threading.Lock()
         self.wakeup = threading.Condition(self._lock)
-        self.stats = SpecStats(decoder.k)  # all finished requests
+        self.stats = SpecStats(decoder.k, keep_steps=False)  # all finished requests
         self.finished_requests = 0
         self.generated_tokens = 0
 
@@ -174,6 +176,7 @@ class Scheduler:
         self._drop_cancelled()
         self._admit()
         self._reserve()
+        self.decoder.batch = len(self.running)  # the K schedule's batch size
         prefilling, decoding = [], []
         for r in self.running:  # split before prefilling: a prompt finishing now decodes next step
             (decoding if r.seq.prefilled else prefilling).append(r.seq)

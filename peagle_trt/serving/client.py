@@ -76,7 +76,7 @@ def final_stats(result) -> dict:
             continue
         if name == "accept_rate_per_pos":
             stats[key] = [round(float(x), 4) for x in value]
-        elif name == "acceptance_histogram":
+        elif name in ("acceptance_histogram", "per_step_drafted", "per_step_accepted"):
             stats[key] = [int(x) for x in value]
         elif name == "spec_mode":
             stats[key] = value[0].decode()

@@ -108,7 +108,9 @@ def to_parameters(options: RepositoryOptions, paths: ArtifactPaths) -> dict[str,
     """config.pbtxt `parameters` (all strings): every option but the model's name (the config's
     `name`), with the input limits resolved, plus the artifact paths."""
     spec = options.speculation
-    params = {"spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens)}
+    params = {"spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),  # run-time keys: quote-free
+              "k_schedule": " ".join(f"{lo}-{hi}:{k}" for lo, hi, k in spec.k_schedule),
+              "adaptive_k": str(spec.adaptive), "synthetic_rates": " ".join(repr(r) for r in spec.synthetic_rates)}
     for f in fields(options):
         if f.name in _RENAMED:
             continue
@@ -149,7 +151,14 @@ def from_parameters(params: Mapping[str, str],
             values[f.name] = params[f.name] == "True"
         else:
             values[f.name] = None if f.name == "plugin_library" and not params[f.name] else params[f.name]
-    spec = SpecConfig(get("spec_mode"), integer("num_spec_tokens"))
+    try:
+        schedule = tuple(tuple(int(x) for x in e.replace(":", "-").split("-")) for e in get("k_schedule", " ").split())
+        rates = tuple(float(r) for r in get("synthetic_rates", " ").split())
+    except ValueError:
+        raise ConfigError(f"config.pbtxt parameters k_schedule {params.get('k_schedule')!r} / synthetic_rates "
+                          f"{params.get('synthetic_rates')!r} are malformed; rebuild") from None
+    spec = SpecConfig(get("spec_mode"), integer("num_spec_tokens"), schedule, get("adaptive_k", "False") == "True",
+                      rates)
     try:
         options = RepositoryOptions(spec, **values)
     except BuildError as exc:

@@ -24,7 +24,9 @@ FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("sp
                  "num_draft_steps": ("steps", np.int32), "target_forwards": ("target_forwards", np.int32),
                  "drafter_forwards": ("drafter_forwards", np.int32),
                  "num_draft_tokens": ("drafted", np.int32),
-                 "acceptance_histogram": ("acceptance_histogram", np.int32)}
+                 "acceptance_histogram": ("acceptance_histogram", np.int32),
+                 "per_step_drafted": ("per_step_drafted", np.int32),
+                 "per_step_accepted": ("per_step_accepted", np.int32)}
 
 
 

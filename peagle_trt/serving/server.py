@@ -37,6 +37,7 @@ from pathlib import Path
 
 from peagle_trt.errors import ConfigError, PortInUseError, ServeError
 from peagle_trt.serving.procs import alive, check_ports, die_with_parent, pids_with_arg, sweep
+from peagle_trt.speculative_config import SERVE_ENV as SPEC_ENV
 
 # Error lines every CPU-only tritonserver prints: never the reason a start failed.
 _HARMLESS = ("CudaDriverHelper has not been initialized", "pinned memory", "CUDA driver")
@@ -55,6 +56,7 @@ class ServeOptions:
     ready_timeout_s: float = 180.0
     log_path: Path | None = None
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running streams (tritonserver's exit timeout)
+    speculative_config: str | None = None  # run-time keys over the built config (vLLM JSON; triton_model.py)
 
     def __post_init__(self):
         for role, port in self.ports.items():
@@ -95,6 +97,9 @@ def _bundled() -> tuple[Path, Path]:
 
 def command_and_env(options: ServeOptions, shm_prefix: str) -> tuple[list[str], dict]:
     env = dict(os.environ)
+    env.pop(SPEC_ENV, None)
+    if options.speculative_config:
+        env[SPEC_ENV] = options.speculative_config
     on_path = shutil.which("tritonserver")
     args = [f"--model-repository={options.repo.absolute()}",
             f"--http-address={options.host}", f"--http-port={options.http_port}",

@@ -37,6 +37,7 @@ from peagle_trt.errors import PeagleError, RequestError
 from peagle_trt.serving.generator import Event, TextGenerator
 from peagle_trt.serving.options import from_parameters
 from peagle_trt.serving.protocol import FINAL_OUTPUTS, INPUTS, InputLimits
+from peagle_trt.speculative_config import SERVE_ENV, for_built, parse
 
 log = logging.getLogger("peagle_trt.triton")
 
@@ -132,6 +133,10 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         options, paths = from_parameters(params, args["model_name"])
+        if os.environ.get(SERVE_ENV):  # `serve --speculative-config`: run-time keys over the built config
+            spec = for_built(options.speculation, parse(os.environ[SERVE_ENV], "serve"))
+            options = dataclasses.replace(options, speculation=spec)
+            log.info("speculative config from serve: %s", os.environ[SERVE_ENV])
         model_dir = Path(args["model_repository"])
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
@@ -238,6 +243,10 @@ class TritonPythonModel:
         self.m_prefix_queries = family("peagle_prefix_cache_queried_tokens_total", counter,
                                        "prompt tokens looked up in the prefix cache").Metric(labels=labels)
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
+        self.m_k = family("peagle_num_spec_tokens_per_step", pb.MetricFamily.HISTOGRAM,
+                          "drafts verified per step (K schedule / adaptive K; 0 = a plain decoding step)"
+                          ).Metric(labels=labels, buckets=[float(k) for k in range(self.k + 1)])
+        self._last_k: dict = {}
         self.m_blocks_total.set(self.generator.scheduler.blocks.num_blocks)
         self._last_blocks = {"kv_preemptions": 0, "prefix_hit_tokens": 0, "prefix_queried_tokens": 0}
         self._last_tokens = 0
@@ -268,6 +277,10 @@ class TritonPythonModel:
             metric.increment(kv[key] - self._last_blocks[key])
             self._last_blocks[key] = kv[key]
         self.m_waiting.set(len(sched.waiting))
+        for k, n in list(sched.decoder.lengths.steps_at_k.items()):
+            for _ in range(n - self._last_k.get(k, 0)):
+                self.m_k.observe(float(k))
+            self._last_k[k] = n
 
     def finalize(self):
         """Bounded: Triton calls it once every stream has ended (their senders are closed), and

@@ -1,10 +1,12 @@
 """The speculate-verify loop over a batch of sequences, on any executor.
 
-    prefill(seqs): target over each prompt (chunk) -> first token; drafter over it -> K drafts
-    step(seqs):    verify [last, d_1..d_K] in one target forward -> accept a drafts + 1 token
-                   -> draft the next K in one drafter forward (or K, in eagle3 mode)
+    prefill(seqs): target over each prompt (chunk) -> first token; drafter over it -> k drafts
+    step(seqs):    verify [last, d_1..d_k] in one target forward -> accept a drafts + 1 token
+                   -> draft the next k in one drafter forward (or k, in eagle3 mode)
 
-With K = 0 (spec mode "none") the same step is plain decoding: one target row, one token.
+k <= K is chosen per drafting call (draft_length.py: fixed, by batch size, or adaptive); rows of
+sequences with fewer drafts are padding (position -1). With k = 0 the step is plain decoding: one
+target row, one token; the drafter then gets that step's rows later (`Sequence.undrafted`).
 Greedy output equals the target's own greedy output token for token; sampled output has the
 target's distribution (speculative/verify.py). Requests may join (prefill) and leave between steps.
 The hot path keeps the batch in tensors: verification is one argmax/compare over [B, K+1] and the
@@ -13,6 +15,7 @@ drafter gets the verify outputs as they are (`DraftBatch`), with no per-sequence
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +23,7 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.speculative.draft_length import PROBE_ROWS, DraftLengths
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.sampling import make_generator
@@ -43,6 +47,8 @@ class Sequence:
     stop_ids: frozenset = frozenset()  # EOS / end ids that finish this sequence
     # per KV group, the blocks holding positions j*bs .. j*bs + bs - 1 (-1: none); the runtime's
     blocks: list[list[int]] = field(default_factory=list)
+    # rows the drafter has not seen after k = 0 steps: (tokens, their target taps [n, A]); replaced, never mutated
+    undrafted: tuple = ()
 
     @property
     def prefill_len(self) -> int:
@@ -63,7 +69,7 @@ class Sequence:
     def preempt(self) -> None:
         """Forget the KV (its blocks went back to the pool): the next prefill recomputes it from
         the tokens; output, stats and the random stream go on untouched."""
-        self.num_computed, self.blocks, self.drafts = 0, [], []
+        self.num_computed, self.blocks, self.drafts, self.undrafted = 0, [], [], ()
 
     @property
     def finished(self) -> bool:
@@ -77,6 +83,9 @@ class SpecDecoder:
         if proposer is None and self.k:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
+        self.lengths = DraftLengths(spec)
+        self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
+        self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
         # headroom: a verify writes K+1 positions past the last committed one
         self.max_seq_len = executor.kv.max_len - (self.k + 1)
 
@@ -138,38 +147,100 @@ class SpecDecoder:
         seqs = [s for s in seqs if not s.finished]
         if not seqs:
             return
-        ex, dev, k = self.ex, self.ex.device, self.k
-        # 1. verify: rows [last generated, d_1..d_K] at positions cur..cur+K, one target forward
-        tokens = ints([[s.output[-1]] + s.drafts for s in seqs], dev)  # [B, K+1]
+        ex, dev = self.ex, self.ex.device
+        ks = [len(s.drafts) for s in seqs]
+        k = max(ks)
+        # 1. verify: rows [last generated, d_1..d_k] at positions cur..cur+k, one target forward
+        tokens = ints([[s.output[-1]] + s.drafts + [0] * (k - len(s.drafts)) for s in seqs], dev)  # [B, k+1]
         cur = ints([s.cur for s in seqs], dev)  # [B]
-        positions = cur[:, None] + torch.arange(k + 1, device=dev)  # [B, K+1]
+        j = torch.arange(k + 1, device=dev)
+        positions = cur[:, None] + j  # [B, k+1]
+        if min(ks) < k:  # shorter drafts: padding rows
+            positions = torch.where(j <= ints(ks, dev)[:, None], positions, -1)
         tables = self.tables(seqs)  # [G, B, M]
-        logits, aux = ex.target(tokens, positions, tables)  # [B, K+1, V], [B, K+1, A]
+        t0 = time.perf_counter()
+        logits, aux = ex.target(tokens, positions, tables)  # [B, k+1, V], [B, k+1, A]
         # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
-        target_ids = logits.argmax(dim=-1)  # [B, K+1]
-        accepted = (tokens[:, 1:] == target_ids[:, :k]).cumprod(dim=1).sum(dim=1)  # [B]
-        emitted = [row[:a + 1] for row, a in zip(target_ids.tolist(), accepted.tolist())]
+        target_ids = logits.argmax(dim=-1)  # [B, k+1]
+        match = tokens[:, 1:] == target_ids[:, :k]
+        if min(ks) < k:
+            match &= j[1:] <= ints(ks, dev)[:, None]
+        accepted = match.cumprod(dim=1).sum(dim=1).tolist()  # [B]
+        self.lengths.verify_cost.record(len(seqs) * (k + 1), time.perf_counter() - t0)
+        self.lengths.steps_at_k[k] += 1
+        rows = target_ids.tolist()
+        emitted = []
         for i, s in enumerate(seqs):
-            if not s.params.greedy:  # lossless rejection sampling, per sequence
-                emitted[i] = verify(s.drafts, logits[i], s.params, s.generator)
+            if self.synthetic is not None and ks[i]:  # benchmarks: accept by the configured rates
+                accepted[i] = self._synthetic_accepts(ks[i])
+                e = s.drafts[:accepted[i]] + ([rows[i][accepted[i]]] if s.params.greedy else
+                                              verify([], logits[i, accepted[i]:accepted[i] + 1], s.params, s.generator))
+            elif s.params.greedy:
+                e = rows[i][:accepted[i] + 1]
+            else:  # lossless rejection sampling, per sequence
+                e = verify(s.drafts, logits[i, :ks[i] + 1], s.params, s.generator)
             s.stats.target_forwards += 1
-            if k:
-                s.stats.record_step(k, len(emitted[i]) - 1)
-            self._commit(s, emitted[i])
-        # 3. draft the next K from the emitted tokens, paired row by row with the verify's taps
+            if ks[i]:
+                s.stats.record_step(ks[i], len(e) - 1)
+                self.lengths.record(s.stats, ks[i], len(e) - 1)
+            self._commit(s, e)
+            emitted.append(e)
+        # 3. draft the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
-        if k:
-            num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
-            batch = DraftBatch(seqs, ints([e + [0] * (k + 1 - len(e)) for e in emitted], dev), aux, num,
-                               cur + num, tables)
-            self._draft(batch.select([i for i, s in enumerate(seqs) if s.finish_reason is None]))
+        if self.k:
+            live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
+            self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[live] if
+                                     len(live) < len(seqs) else aux, cur[live] if len(live) < len(seqs) else cur,
+                                     tables[:, live] if len(live) < len(seqs) else tables)
 
-    def _draft(self, batch: DraftBatch) -> None:
+    def _draft_after_verify(self, seqs: list[Sequence], emitted: list[list[int]], aux: torch.Tensor,
+                            cur: torch.Tensor, tables: torch.Tensor) -> None:
+        """Draft for `seqs` (aux [B, k+1, A] of their verify, cur [B] its first position); at k = 0
+        a sequence keeps its rows for later, and drafts one token once PROBE_ROWS piled up."""
+        if not seqs:
+            return
+        dev = self.ex.device
+        k = self.lengths.choose([s.stats for s in seqs], self.batch, self.k)
+        if k == 0 or any(s.undrafted for s in seqs):
+            pending = [(list(s.undrafted[0]) if s.undrafted else []) + e for s, e in zip(seqs, emitted)]
+            rows = [torch.cat([s.undrafted[1], aux[i, :len(e)]]) if s.undrafted else aux[i, :len(e)]
+                    for i, (s, e) in enumerate(zip(seqs, emitted))]
+            ready = [i for i, p in enumerate(pending) if k or len(p) >= PROBE_ROWS]
+            for i, s in enumerate(seqs):
+                s.undrafted = () if i in ready else (pending[i], rows[i])
+                if i not in ready:
+                    s.drafts = []
+            if not ready:
+                return
+            seqs = [seqs[i] for i in ready]
+            cur = ints([s.cur for s in seqs], dev)
+            batch = DraftBatch(seqs, pad_stack([ints(pending[i], dev) for i in ready], 0),
+                               pad_stack([rows[i] for i in ready], 0.0), ints([len(pending[i]) for i in ready], dev),
+                               cur, tables[:, ready])
+            self._draft(batch, max(k, 1))
+            return
+        num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
+        batch = DraftBatch(seqs, ints([e + [0] * (aux.shape[1] - len(e)) for e in emitted], dev), aux, num,
+                           cur + num, tables)
+        self._draft(batch, k)
+
+    def _synthetic_accepts(self, k: int) -> int:
+        """Drafts accepted under the configured unconditional rates r (P(first i accepted) = r_i)."""
+        u, rates = float(torch.rand((), generator=self.synthetic)), self.spec.synthetic_rates
+        return sum(1 for r in rates[:k] if u < r)
+
+    def _draft(self, batch: DraftBatch, k: int | None = None) -> None:
+        """k drafts for every sequence of `batch` (None: the rule's choice for them)."""
         if not batch.seqs:
             return
-        for s, drafts in zip(batch.seqs, self.proposer.propose(batch, self.k).tolist()):
-            s.drafts = drafts
+        if k is None:
+            k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
+        t0 = time.perf_counter()
+        drafts = self.proposer.propose(batch, max(k, 1)).tolist()
+        self.lengths.draft_cost.record((len(batch.seqs), max(k, 1)), time.perf_counter() - t0)
+        for s, d in zip(batch.seqs, drafts):
+            s.drafts = d[:k]
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
         """Append emitted tokens, stopping at an end id, max_tokens or the maximum length."""

@@ -9,10 +9,16 @@ acceptance_histogram: dense, K + 1 counts (j: the steps that accepted exactly j 
 shape of vLLM's per-request `metrics.speculative_decoding` (openai_frontend/app.py).
 Recording a step is one histogram increment (the hot path); the per-position counts derive
 from it: accepted_at_pos[i] = number of steps that accepted more than i drafts.
+When k varies per step (K schedule, adaptive K: draft_length.py), position i + 1 is only tried
+in steps that drafted it and accepted the i before: `tries[i]` counts those, `hits[i]` the
+accepted ones, and hits[i] / tries[i] is the acceptance at position i + 1 given the prefix.
+`per_step_drafted` / `per_step_accepted` list every step (one byte each; vLLM's detailed
+per-request metrics).
 """
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 
 
@@ -25,15 +31,33 @@ class SpecStats:
     target_forwards: int = 0
     drafter_forwards: int = 0
     tokens: int = 0  # generated tokens
+    tries: list = field(default_factory=list)  # [K] steps that verified position i + 1 after i accepted
+    keep_steps: bool = True  # keep the per-step lists (a request's; not a server's running totals)
+    per_step_drafted: array = field(default_factory=lambda: array("B"))
+    per_step_accepted: array = field(default_factory=lambda: array("B"))
+
+    def __post_init__(self):
+        if not self.tries:
+            self.tries = [0] * self.num_spec_tokens
 
     def record_step(self, num_drafts: int, num_accepted: int) -> None:
         self.steps += 1
         self.drafted += num_drafts
         self.histogram[num_accepted] = self.histogram.get(num_accepted, 0) + 1
+        tries = self.tries
+        if len(tries) < num_drafts:  # a decoder driving more drafts than its config's K (tests)
+            tries.extend([0] * (num_drafts - len(tries)))
+        for i in range(min(num_drafts, num_accepted + 1)):
+            tries[i] += 1
+        if self.keep_steps:
+            self.per_step_drafted.append(num_drafts)
+            self.per_step_accepted.append(num_accepted)
 
     def merge(self, other: SpecStats) -> None:
         for a, n in other.histogram.items():
             self.histogram[a] = self.histogram.get(a, 0) + n
+        for i, n in enumerate(other.tries[:len(self.tries)]):
+            self.tries[i] += n
         for name in ("steps", "drafted", "target_forwards", "drafter_forwards", "tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
@@ -45,6 +69,11 @@ class SpecStats:
     def accepted_at_pos(self) -> list[int]:
         depth = max([self.num_spec_tokens, *self.histogram]) if self.histogram else self.num_spec_tokens
         return [sum(n for a, n in self.histogram.items() if a > i) for i in range(depth)]
+
+    @property
+    def hits(self) -> list[int]:
+        """Steps that accepted position i + 1 (accepted_at_pos, one entry per `tries` entry)."""
+        return self.accepted_at_pos[:len(self.tries)]
 
     @property
     def acceptance_histogram(self) -> list[int]:
@@ -71,4 +100,5 @@ class SpecStats:
                 "num_spec_tokens": self.num_spec_tokens, "steps": self.steps,
                 "drafted": self.drafted, "accepted": self.accepted, "acceptance_histogram": self.acceptance_histogram,
                 "target_forwards": self.target_forwards, "drafter_forwards": self.drafter_forwards,
-                "tokens": self.tokens}
+                "tokens": self.tokens, "per_step_drafted": self.per_step_drafted.tolist(),
+                "per_step_accepted": self.per_step_accepted.tolist()}

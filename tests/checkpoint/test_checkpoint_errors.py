@@ -285,21 +285,6 @@ def test_zero_spec_tokens_in_peagle_mode():
         SpecConfig("peagle", 0)
 
 
-def test_from_vllm_bad_json():
-    with pytest.raises(ConfigError, match=r"--speculative-config is not valid JSON"):
-        SpecConfig.from_vllm('{"method": "eagle3", ')
-
-
-def test_from_vllm_unsupported_method():
-    with pytest.raises(ConfigError, match=r"speculative method 'medusa' is not supported; use 'eagle3'"):
-        SpecConfig.from_vllm('{"method": "medusa", "num_speculative_tokens": 5}')
-
-
-def test_from_vllm_parallel_drafting_is_peagle():
-    text = '{"method":"eagle3","num_speculative_tokens":5,"parallel_drafting":true}'
-    assert SpecConfig.from_vllm(text) == SpecConfig("peagle", 5)
-
-
 def test_negative_temperature():
     with pytest.raises(ConfigError, match=r"temperature must be >= 0, got -0\.5"):
         SamplingParams(temperature=-0.5)

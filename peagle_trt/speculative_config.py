@@ -1,0 +1,222 @@
+"""vLLM's speculative config (`--speculative-config` JSON, or SageMaker's SM_VLLM_SPECULATIVE_CONFIG)
+-> SpecConfig: every key of vLLM's SpeculativeConfig is implemented, or named in a warning when it
+cannot change the output, or refused when it would (or when we lack what it asks for); a key vLLM
+does not have is refused too (a typo must not pass in silence).
+
+    {"method": "eagle3", "num_speculative_tokens": 7, "parallel_drafting": true,
+     "num_speculative_tokens_per_batch_size": [[1, 1, 7], [2, 4, 5], [5, 64, 3]],
+     "adaptive_num_speculative_tokens": true}
+
+Implemented: method (eagle / eagle3), num_speculative_tokens, parallel_drafting (P-EAGLE), model
+(the drafter directory, when --drafter is not given), num_speculative_tokens_per_batch_size (3-item
+entries), rejection_sample_method ("standard"; "synthetic" with synthetic_acceptance_rates or
+_length, for benchmarks), draft_sample_method ("greedy"). Ours: adaptive_num_speculative_tokens.
+The table of every key and what it does here: README.md, "Speculative config".
+`resolve(flag_text, purpose)` picks the flag, else the environment variable, and logs which.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+
+from peagle_trt.config import SpecConfig
+from peagle_trt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+ENV = "SM_VLLM_SPECULATIVE_CONFIG"  # what the AWS P-EAGLE launch documents for SageMaker
+# `serve` -> the Triton model (serving/triton_model.py): the run-time keys over the built config
+SERVE_ENV = "PEAGLE_SERVE_SPECULATIVE_CONFIG"
+
+# vLLM keys that cannot change our output, with their vLLM default: a different value is ignored
+# with a warning saying why.
+IGNORED = {
+    "enforce_eager": (None, "graphs are fixed at build"),
+    "draft_tensor_parallel_size": (None, "one device per model here"),
+    "quantization": (None, "the drafter's precision follows the build (--quantization)"),
+    "moe_backend": (None, "kernels are chosen at build"),
+    "attention_backend": (None, "attention is the PEagleKVAttention op"),
+    "kv_cache_dtype": (None, "the drafter's KV cache dtype follows the build (--kv-cache-fp8)"),
+    "max_model_len": (None, "the drafter shares the target's max_seq_len"),
+    "revision": (None, "checkpoints are local directories"),
+    "code_revision": (None, "checkpoints are local directories"),
+    "index_share_for_mtp_iteration": (None, "MTP only"),
+    "disable_padded_drafter_batch": (False, "drafter batches are padded"),
+    "disable_eagle_block_drop": (False, "the prefix cache keys drafter blocks with the next token"),
+    "use_local_argmax_reduction": (False, "no vocabulary parallelism here"),
+    "prompt_lookup_max": (None, "n-gram only"),
+    "prompt_lookup_min": (None, "n-gram only"),
+    "suffix_decoding_max_tree_depth": (24, "suffix decoding only"),
+    "suffix_decoding_max_cached_requests": (10000, "suffix decoding only"),
+    "suffix_decoding_max_spec_factor": (1.0, "suffix decoding only"),
+    "suffix_decoding_min_token_prob": (0.1, "suffix decoding only"),
+    "draft_load_config": (None, "checkpoints are local safetensors"),
+    "dspark_draft_topk": (None, "DSpark only"),
+}
+# vLLM keys we refuse whatever their value (besides the value checks below), and why.
+REFUSED = {
+    "tensor_parallel_size": "vLLM refuses it too: pass draft_tensor_parallel_size",
+    "target_model_config": "an internal vLLM field, not an option",
+    "target_parallel_config": "an internal vLLM field, not an option",
+    "draft_model_config": "an internal vLLM field, not an option",
+    "draft_parallel_config": "an internal vLLM field, not an option",
+}
+IMPLEMENTED = ("method", "num_speculative_tokens", "parallel_drafting", "model",
+               "num_speculative_tokens_per_batch_size",
+               "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
+               "draft_sample_method", "use_heterogeneous_vocab", "enable_adaptive_verification",
+               "adaptive_num_speculative_tokens")
+
+
+@dataclass(frozen=True)
+class ParsedSpec:
+    spec: SpecConfig
+    model: str | None = None  # the drafter directory named by "model", if any
+    source: str = "flag"  # "flag" | ENV
+
+
+def parse(text: str, source: str = "flag") -> ParsedSpec:
+    """The SpecConfig of a vLLM speculative-config JSON text; ConfigError names the bad key."""
+    where = "--speculative-config" if source == "flag" else ENV
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{where} must be a JSON object")
+    for key, value in obj.items():
+        if key in REFUSED:
+            raise ConfigError(f"{where}: {key!r} is refused ({REFUSED[key]})")
+        if key in IGNORED:
+            default, why = IGNORED[key]
+            if value != default:
+                log.warning("%s: %s=%r is ignored: %s (it cannot change the output)", where, key, value, why)
+        elif key not in IMPLEMENTED:
+            raise ConfigError(f"{where}: unknown key {key!r} (not one of vLLM's speculative-config keys); "
+                              "see README.md, 'Speculative config'")
+    method = obj.get("method", "eagle3")
+    if method not in ("eagle3", "eagle"):
+        raise ConfigError(f"{where}: speculative method {method!r} is not supported; use 'eagle3' "
+                          "(with parallel_drafting=true for P-EAGLE)")
+    k = obj.get("num_speculative_tokens", 7)
+    if not _int(k) or not 1 <= k <= 64:
+        raise ConfigError(f"{where}: num_speculative_tokens must be an integer in [1, 64], got {k!r}")
+    for key, allowed in (("draft_sample_method", ("greedy",)), ("rejection_sample_method", ("standard", "synthetic"))):
+        if obj.get(key, allowed[0]) not in allowed:
+            raise ConfigError(f"{where}: {key}={obj[key]!r} is not implemented (only {', '.join(allowed)}): "
+                              "it would change how outputs are sampled")
+    if obj.get("use_heterogeneous_vocab"):
+        raise ConfigError(f"{where}: use_heterogeneous_vocab needs a draft model of another vocabulary; "
+                          "EAGLE heads share the target's (their draft vocabulary maps through d2t)")
+    if obj.get("enable_adaptive_verification"):
+        raise ConfigError(f"{where}: enable_adaptive_verification is DSpark's (vLLM refuses it for EAGLE too); "
+                          "for per-request adaptive K use adaptive_num_speculative_tokens")
+    adaptive = obj.get("adaptive_num_speculative_tokens", False)
+    if not isinstance(adaptive, bool):
+        raise ConfigError(f"{where}: adaptive_num_speculative_tokens must be true or false, got {adaptive!r}")
+    model = obj.get("model")
+    if model is not None and not isinstance(model, str):
+        raise ConfigError(f"{where}: model must be a drafter directory path, got {model!r}")
+    spec = SpecConfig("peagle" if obj.get("parallel_drafting") else "eagle3", k,
+                      _schedule(obj.get("num_speculative_tokens_per_batch_size"), where), adaptive,
+                      _synthetic(obj, k, where))
+    return ParsedSpec(spec, model, source)
+
+
+def resolve(flag_text: str | None, purpose: str) -> ParsedSpec | None:
+    """The flag's config, else SM_VLLM_SPECULATIVE_CONFIG's, else None; logs which was used."""
+    env_text = os.environ.get(ENV)
+    if flag_text:
+        if env_text:
+            log.info("%s: --speculative-config given; %s is set and ignored", purpose, ENV)
+        return parse(flag_text)
+    if env_text:
+        log.info("%s: speculative config from %s: %s", purpose, ENV, env_text)
+        return parse(env_text, ENV)
+    return None
+
+
+def to_vllm(spec: SpecConfig) -> dict:
+    """The vLLM JSON of `spec` (what config.pbtxt and results record); parse(to_vllm(s)) == s."""
+    if spec.mode == "none":
+        return {}
+    out = {"method": "eagle3", "num_speculative_tokens": spec.num_spec_tokens}
+    if spec.mode == "peagle":
+        out["parallel_drafting"] = True
+    if spec.k_schedule:
+        out["num_speculative_tokens_per_batch_size"] = [list(e) for e in spec.k_schedule]
+    if spec.adaptive:
+        out["adaptive_num_speculative_tokens"] = True
+    if spec.synthetic_rates:
+        out.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=list(spec.synthetic_rates))
+    return out
+
+
+def synthetic_rates_for_length(length: float, k: int) -> tuple[float, ...]:
+    """Unconditional per-position rates giving mean acceptance length `length` with the least
+    variance (vLLM's rule): the first floor(length - 1) drafts always accepted, the next with the
+    fractional part, the rest never."""
+    if not 1 <= length <= k + 1:
+        raise ConfigError(f"synthetic_acceptance_length must be in [1, {k + 1}], got {length}")
+    full = int(length - 1)
+    return tuple([1.0] * full + [round(length - 1 - full, 12)] + [0.0] * k)[:k]
+
+
+def _int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _schedule(value, where: str) -> tuple[tuple[int, int, int], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        raise ConfigError(f"{where}: num_speculative_tokens_per_batch_size must be a non-empty list of "
+                          "[first batch size, last batch size, K]")
+    entries = []
+    for entry in value:
+        if isinstance(entry, list) and len(entry) == 5:
+            raise ConfigError(f"{where}: context-bucketed schedule entries (5 items) are not implemented; "
+                              "use [first batch size, last batch size, K]")
+        if not isinstance(entry, list) or len(entry) != 3 or not all(_int(x) for x in entry):
+            raise ConfigError(f"{where}: schedule entry {entry!r} must be [first batch size, last batch size, K]")
+        entries.append(tuple(entry))
+    return tuple(entries)
+
+
+def _synthetic(obj: dict, k: int, where: str) -> tuple[float, ...]:
+    rates, length = obj.get("synthetic_acceptance_rates"), obj.get("synthetic_acceptance_length")
+    if obj.get("rejection_sample_method", "standard") != "synthetic":
+        if rates is not None or length is not None:
+            raise ConfigError(f"{where}: synthetic_acceptance_rates / _length need "
+                              "rejection_sample_method='synthetic'")
+        return ()
+    if (rates is None) == (length is None):
+        raise ConfigError(f"{where}: rejection_sample_method='synthetic' needs exactly one of "
+                          "synthetic_acceptance_rates and synthetic_acceptance_length")
+    if length is not None:
+        if not isinstance(length, (int, float)) or isinstance(length, bool) or not math.isfinite(length):
+            raise ConfigError(f"{where}: synthetic_acceptance_length must be a number, got {length!r}")
+        return synthetic_rates_for_length(float(length), k)
+    if not isinstance(rates, list) or not all(isinstance(r, (int, float)) and not isinstance(r, bool) for r in rates):
+        raise ConfigError(f"{where}: synthetic_acceptance_rates must be a list of numbers, got {rates!r}")
+    return tuple(float(r) for r in rates)
+
+
+def for_built(built: SpecConfig, parsed: ParsedSpec) -> SpecConfig:
+    """`built` (a repository's) with the run-time keys of `parsed` (a serve-time config): the K
+    schedule, adaptive K, synthetic acceptance. Method and K are fixed by the build: they must
+    match (or K be left out); the drafter is the repository's."""
+    spec = parsed.spec
+    if spec.mode != built.mode:
+        raise ConfigError(f"the speculative config asks for {spec.mode} but the repository was built for "
+                          f"{built.mode}; rebuild, or leave method / parallel_drafting as built")
+    if spec.num_spec_tokens != built.num_spec_tokens:
+        raise ConfigError(f"num_speculative_tokens={spec.num_spec_tokens} differs from the {built.num_spec_tokens} "
+                          "the repository was built for; lower K with num_speculative_tokens_per_batch_size or "
+                          "adaptive_num_speculative_tokens, or rebuild")
+    if parsed.model is not None:
+        raise ConfigError("\"model\" cannot change at serve time: the drafter is the repository's")
+    return spec

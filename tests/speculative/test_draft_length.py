@@ -1,0 +1,108 @@
+"""K per step: the batch-size schedule (K = 0 steps included), adaptive K and synthetic acceptance
+run the real speculate-verify path; greedy outputs stay identical to target-only decoding while k
+changes between steps and differs between requests of one verify (padding rows)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.runtime.scheduler import Request, Scheduler, generate
+from peagle_trt.speculative.draft_length import DraftLengths, expected_tokens
+from peagle_trt.speculative.stats import SpecStats
+from tests.helpers import collect, make_decoder
+
+PROMPTS = [[5, 9, 13, 200, 7], [1, 2, 3], [42] * 12, [300, 301, 302, 303, 7, 7, 9], [11, 400]]
+LENGTHS = [60, 12, 35, 48, 20]  # requests finish at different times: the batch shrinks, K grows
+
+
+@pytest.fixture(scope="module")
+def references(tiny):
+    plain = make_decoder(tiny, "llama", None, "none", 1, max_len=256)
+    return [generate(plain, p, SamplingParams(max_tokens=n, ignore_eos=True)).output for p, n in zip(PROMPTS, LENGTHS)]
+
+
+def run_all(decoder, chosen: list | None = None) -> tuple[list, list]:
+    sched = Scheduler(decoder, prefill_chunk=8)
+    outputs: dict = {}
+    for i, (p, n) in enumerate(zip(PROMPTS, LENGTHS)):
+        sched.add(Request(str(i), p, SamplingParams(max_tokens=n, ignore_eos=True), collect(outputs)))
+    while sched.has_work:
+        sched.step()
+        if chosen is not None:
+            chosen.append(sorted({len(r.seq.drafts) for r in sched.running}))
+    assert sched.blocks.used_blocks == 0
+    done = [outputs[str(i)] for i in range(len(PROMPTS))]
+    return [o["ids"] for o in done], [o["stats"] for o in done]
+
+
+@pytest.mark.parametrize("mode", ["peagle", "eagle3"])
+def test_schedule_with_plain_steps_is_lossless(tiny, references, mode):
+    # batch >= 3: K = 0 (plain decoding, drafter rows deferred, a probe every 16 rows); 2: K = 1; 1: K = 3
+    spec = SpecConfig(mode, 3, ((1, 1, 3), (2, 2, 1), (3, 8, 0)))
+    decoder = make_decoder(tiny, "llama", "aws", mode, 3, max_len=256, slots=5, spec=spec)
+    chosen: list = []
+    outputs, stats = run_all(decoder, chosen)
+    assert outputs == references
+    seen = {k for ks in chosen for k in ks}
+    assert {0, 1, 3} <= seen  # all three regimes ran, and mixed k in one verify (padding) too
+    assert any(len(ks) > 1 for ks in chosen)
+    assert stats[0].steps < stats[0].target_forwards - 1  # request 0 decoded some steps plainly
+
+
+def test_adaptive_k_is_lossless(tiny, references):
+    spec = SpecConfig("peagle", 4, adaptive=True)
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 4, max_len=256, slots=5, spec=spec)
+    chosen: list = []
+    assert run_all(decoder, chosen)[0] == references
+    assert len({k for ks in chosen for k in ks}) > 1  # it explored / adapted
+
+
+def test_sampled_outputs_with_schedule_are_reproducible(tiny):
+    spec = SpecConfig("peagle", 3, ((1, 1, 3), (2, 8, 0)))
+    params = [SamplingParams(max_tokens=n, temperature=0.8, seed=i) for i, n in enumerate(LENGTHS)]
+    runs = []
+    for _ in range(2):
+        decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256, slots=5, spec=spec)
+        sched, outputs = Scheduler(decoder, prefill_chunk=8), {}
+        for i, (p, sp) in enumerate(zip(PROMPTS, params)):
+            sched.add(Request(str(i), p, sp, collect(outputs)))
+        sched.run_until_idle()
+        runs.append([outputs[str(i)]["ids"] for i in range(len(PROMPTS))])
+    assert runs[0] == runs[1] and all(len(o) == n for o, n in zip(runs[0], LENGTHS))
+
+
+def test_synthetic_acceptance_hits_its_mean_length(tiny):
+    spec = SpecConfig("peagle", 3, synthetic_rates=(1.0, 0.5, 0.25))  # AL = 1 + 1 + 0.5 + 0.25 = 2.75
+    decoder = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=1024, spec=spec)
+    seq = generate(decoder, [1, 2, 3], SamplingParams(max_tokens=900, ignore_eos=True))
+    assert len(seq.output) == 900
+    assert seq.stats.acceptance_length == pytest.approx(2.75, abs=0.12)
+    assert seq.stats.histogram.get(0, 0) == 0  # rate 1.0 at position 1: never zero accepted
+
+
+def test_adaptive_rule_prefers_free_rows_for_good_drafts_and_none_for_bad():
+    lengths = DraftLengths(SpecConfig("peagle", 4, adaptive=True))
+    for c in range(5):  # a memory-bound verify: rows nearly free; one drafter pass 20% of a step
+        lengths.verify_cost.record(c + 1, 1.0 + 0.02 * c)
+        if c:
+            lengths.draft_cost.record((1, c), 0.2)
+    good, bad = SpecStats(4), SpecStats(4)
+    for _ in range(50):
+        good.record_step(4, 4)
+        bad.record_step(4, 0)
+    assert lengths.choose([good], 1, 4) == 4
+    assert lengths.choose([bad], 1, 4) == 0
+    e = expected_tokens([good, bad], lengths.global_stats, 4)
+    assert e.shape == (2, 5) and np.all(np.diff(e, axis=1) >= 0) and e[0, 4] > 4.5 and e[1, 4] < 1.2
+
+
+def test_adaptive_rule_respects_the_schedule_cap_and_explores_unmeasured_k():
+    lengths = DraftLengths(SpecConfig("peagle", 4, ((1, 1, 4), (2, 8, 2)), adaptive=True))
+    stats = [SpecStats(4), SpecStats(4)]
+    assert lengths.choose(stats, 2, 4) == 2  # nothing measured: the largest k first (optimism)
+    lengths.verify_cost.record(2 * 3, 1.0)
+    lengths.draft_cost.record((2, 2), 0.1)
+    assert lengths.choose(stats, 2, 4) == 1  # then the unmeasured ones, largest first
+    assert lengths.choose(stats, 5, 4) <= 2
