@@ -88,7 +88,8 @@ def pooled(results: list[dict], k: int) -> dict:
     if not k or not steps:
         return {"acceptance_length": 1.0, "accept_rate_per_pos": [], "steps": steps}
     accepted = sum((r["acceptance_length"] - 1) * r["steps"] for r in results)
-    per_pos = [sum(r["accept_rate_per_pos"][i] * r["steps"] for r in results) / steps for i in range(k)]
+    per_pos = [sum((r["accept_rate_per_pos"] + [0.0] * k)[i] * r["steps"] for r in results) / steps
+               for i in range(k)]  # a request without spec steps (adaptive K = 0 throughout) has no rates
     return {"acceptance_length": round(1 + accepted / steps, 4),
             "accept_rate_per_pos": [round(p, 4) for p in per_pos], "steps": steps}
 

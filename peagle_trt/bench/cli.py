@@ -49,6 +49,8 @@ SUITES: dict[str, tuple[str, str]] = {
                "real model (SmolLM2-135M): decode and verify vs transformers and the roofline, batch 8 vs 1"),
     "paged": ("peagle_trt.bench.paged",
               "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
+    "speculation": ("peagle_trt.bench.speculation",
+                    "real model: speed vs synthetic acceptance length; adaptive K vs fixed K (b1, b8)"),
 }
 
 

@@ -1,0 +1,200 @@
+"""Suite `speculation` (docs/BENCHMARKS.md, "Speculation controls: adaptive K, synthetic acceptance"):
+a real target and a P-EAGLE head, in-process through the code that serves (TextGenerator:
+chat template, scheduler, onnxruntime), batch 1 and batch 8 (closed loops of 1 and 8 requests).
+
+  synthetic  K = --k drafts per step accepted with vLLM's synthetic rule at mean acceptance length
+             AL in --als (whatever the tokens: output is NOT the target's, and the rows say so),
+             vs none: the speed of the whole speculative path as a function of AL, without
+             needing a good head.
+  adaptive   none, fixed K in --fixed-ks, and adaptive K (cap --k) on three workloads: HumanEval,
+             held-out instructions, and a mix (code, prose and 2K-token long-context requests
+             interleaved). Every greedy output must equal none's (`mismatches` = 0).
+Timing: per (workload, batch) the configurations ALTERNATE within each of --rounds rounds (order
+reversed every other round), one generator per configuration kept alive; the figure is the median
+pass. tok/s = generated tokens / wall of the pass. Speed-up = tok/s / tok/s of none.
+
+    peagle-trt bench speculation --peagle HEAD --output-dir docs/img     # ~40 min on 2 idle cores
+    peagle-trt bench speculation --smoke                                 # seconds, the code pair
+Output: markdown tables, a plot (tok/s vs AL; adaptive vs fixed K), the JSON last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+from pathlib import Path
+
+from peagle_trt.bench.acceptance import pooled
+from peagle_trt.bench.common import cpu_model, progress, stdout_to_stderr
+from peagle_trt.bench.heads import prompt_sets, run_batch
+from peagle_trt.bench.report import emit, markdown_table, save_plot
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.errors import ConfigError
+from peagle_trt.speculative_config import synthetic_rates_for_length
+
+
+def generator(args, spec: SpecConfig, slots: int):
+    from peagle_trt.serving.generator import TextGenerator
+
+    return TextGenerator.from_checkpoints(args.target, None if spec.mode == "none" else args.peagle, spec,
+                                          max_seq_len=args.long_tokens + 256, max_batch=slots,
+                                          backend=args.backend, threads=args.threads)
+
+
+def name_of(spec: SpecConfig) -> str:
+    if spec.mode == "none":
+        return "none"
+    if spec.synthetic_rates:
+        return f"synthetic AL {1 + sum(spec.synthetic_rates):g}"
+    return f"adaptive (K<={spec.k})" if spec.adaptive else f"K={spec.k}"
+
+
+def measure(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batches: list[int]) -> list[dict]:
+    """Alternated passes of every configuration per (workload, batch): one row per cell."""
+    params = SamplingParams(max_tokens=args.max_tokens)
+    rows = []
+    for batch in batches:
+        gens = {name_of(s): generator(args, s, batch) for s in specs}
+        for gen in gens.values():  # warm-up: sessions, allocations
+            run_batch(gen, workloads[next(iter(workloads))][:1], SamplingParams(max_tokens=4), 1)
+        for wname, prompts in workloads.items():
+            walls: dict = {n: [] for n in gens}
+            results: dict = {}
+            order = list(gens)
+            for r in range(args.rounds):
+                for n in (order if r % 2 == 0 else order[::-1]):
+                    wall, res = run_batch(gens[n], prompts, params, batch)
+                    walls[n].append(wall)
+                    results[n] = res
+                progress(f"[speculation] b{batch} {wname}: round {r + 1}/{args.rounds}")
+            ref = [x["token_ids"] for x in results["none"]]
+            for spec in specs:
+                n = name_of(spec)
+                res, wall = results[n], statistics.median(walls[n])
+                tokens = sum(len(x["token_ids"]) for x in res)
+                k = spec.k
+                rows.append({"workload": wname, "batch": batch, "config": n, "K": k, "adaptive": spec.adaptive,
+                             "synthetic_acceptance": list(spec.synthetic_rates) or None,
+                             **(pooled(res, k) if k else {"acceptance_length": 1.0}),
+                             "tokens": tokens, "wall_s_passes": [round(w, 2) for w in walls[n]],
+                             "tokens_per_s": round(tokens / wall, 2),
+                             "mismatches": None if spec.synthetic_rates else
+                             sum(a != b for a, b in zip((x["token_ids"] for x in res), ref))})
+            base = next(r["tokens_per_s"] for r in rows if r["workload"] == wname and r["batch"] == batch
+                        and r["config"] == "none")
+            for r in rows:
+                if r["workload"] == wname and r["batch"] == batch:
+                    r["speedup"] = round(r["tokens_per_s"] / base, 3)
+        del gens
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["workload", "batch", "config", "acceptance_length", "tokens_per_s", "speedup", "mismatches"]
+    return markdown_table(cols, [[r.get(c) for c in cols] for r in rows])
+
+
+def verdicts(rows: list[dict]) -> list[dict]:
+    """Per (workload, batch): adaptive vs the best fixed K (none included), as a ratio."""
+    out = []
+    for w, b in sorted({(r["workload"], r["batch"]) for r in rows if r["adaptive"]}):
+        cell = [r for r in rows if (r["workload"], r["batch"]) == (w, b)]
+        fixed = max((r for r in cell if not r["adaptive"]), key=lambda r: r["tokens_per_s"])
+        adaptive = next(r for r in cell if r["adaptive"])
+        out.append({"workload": w, "batch": b, "best_fixed": fixed["config"],
+                    "adaptive_over_best_fixed": round(adaptive["tokens_per_s"] / fixed["tokens_per_s"], 3)})
+    return out
+
+
+def plot(synthetic: list[dict], adaptive: list[dict]):
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for b in sorted({r["batch"] for r in synthetic}):
+            pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
+            axes[0].plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
+        axes[0].axhline(1.0, color="grey", lw=0.8)
+        axes[0].set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none",
+                    title="speed vs acceptance length")
+        axes[0].legend()
+        cells = sorted({(r["workload"], r["batch"]) for r in adaptive})
+        configs = list(dict.fromkeys(r["config"] for r in adaptive))
+        width = 0.8 / len(configs)
+        for i, c in enumerate(configs):
+            ys = [next((r["speedup"] for r in adaptive if (r["workload"], r["batch"], r["config"]) == (w, b, c)), 0)
+                  for w, b in cells]
+            axes[1].bar([j + i * width for j in range(len(cells))], ys, width, label=c)
+        axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [f"{w}\nb{b}" for w, b in cells])
+        axes[1].axhline(1.0, color="grey", lw=0.8)
+        axes[1].set(ylabel="speed-up over none", title="adaptive K vs fixed K")
+        axes[1].legend(fontsize=7)
+        fig.tight_layout()
+        return fig
+    return draw
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
+    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head directory (required)")
+    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"])
+    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
+    p.add_argument("--k", type=int, default=7, help="K of the synthetic sweep and adaptive K's cap")
+    p.add_argument("--als", default="1,2,4,6,8", help="synthetic mean acceptance lengths")
+    p.add_argument("--fixed-ks", default="1,3,5,7", help="fixed K compared with adaptive K")
+    p.add_argument("--prompts", type=int, default=4, help="requests per workload at batch 1 (x2 at batch 8)")
+    p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--rounds", type=int, default=2, help="alternated rounds (median reported)")
+    p.add_argument("--parts", default="synthetic,adaptive", help="which parts to run")
+
+
+def run(args: argparse.Namespace) -> dict:
+    from peagle_trt.tokenizer import TextCodec
+
+    if args.smoke:
+        from peagle_trt.demo import code_pair
+
+        pair = code_pair()
+        args.target, args.peagle, args.backend = pair, pair / "drafter-peagle", "torch"
+        args.k, args.als, args.fixed_ks, args.prompts, args.long_tokens, args.max_tokens, args.rounds = \
+            3, "1,4", "1,3", 1, 200, 6, 1
+    if args.target is None:
+        from peagle_trt.convert.packaged import cached_target
+
+        args.target = cached_target("smollm2", progress=progress)
+    if args.peagle is None:
+        raise ConfigError("pass the P-EAGLE head: --peagle DIR (scripts/make_smollm2_heads.py trains one)")
+    n = args.prompts
+    sets = prompt_sets(argparse.Namespace(humaneval=2 * n, heldout=2 * n, long=max(1, n // 2),
+                                          long_tokens=args.long_tokens), TextCodec(args.target))
+    mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
+    t0 = time.perf_counter()
+    synthetic, adaptive = [], []
+    with stdout_to_stderr():
+        if "synthetic" in args.parts:
+            specs = [SpecConfig("none", 0)] + [
+                SpecConfig("peagle", args.k, synthetic_rates=synthetic_rates_for_length(float(al), args.k))
+                for al in args.als.split(",")]
+            synthetic = measure(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
+                measure(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
+        if "adaptive" in args.parts:
+            specs = [SpecConfig("none", 0)] + [SpecConfig("peagle", int(k)) for k in args.fixed_ks.split(",")] + \
+                [SpecConfig("peagle", args.k, adaptive=True)]
+            adaptive = measure(args, specs, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
+                                             "mixed": mixed[:n + 1]}, [1])
+            adaptive += measure(args, specs, {"humaneval": sets["humaneval"][:2 * n],
+                                              "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
+    plot_name = save_plot(args, "", plot(synthetic, adaptive)) if synthetic and adaptive else None
+    verdict = verdicts(adaptive) if adaptive else []
+    text = (f"## {Path(args.target).name}: speculation controls (in-process, {args.backend})\n\n"
+            + (f"### Synthetic acceptance, K = {args.k}\n\n{table(synthetic)}\n\n" if synthetic else "")
+            + (f"### Adaptive K vs fixed K\n\n{table(adaptive)}\n\n"
+               + markdown_table(["workload", "batch", "best_fixed", "adaptive_over_best_fixed"],
+                                [[v[c] for c in ("workload", "batch", "best_fixed", "adaptive_over_best_fixed")]
+                                 for v in verdict]) if adaptive else ""))
+    emit(args, text)
+    return {"suite": "speculation", "smoke": args.smoke, "target": str(args.target), "peagle": str(args.peagle),
+            "date": datetime.date.today().isoformat(), "cpu": cpu_model(),
+            "backend": args.backend, "synthetic": synthetic, "adaptive": adaptive,
+            "adaptive_vs_best_fixed": verdict, "plot": plot_name, "total_s": round(time.perf_counter() - t0, 1)}

@@ -1,0 +1,27 @@
+"""Suite `speculation` end to end at smoke size on the 1 M-parameter code pair (torch backend): the
+synthetic sweep reaches its configured acceptance lengths and marks its rows; adaptive K and every
+fixed K give outputs identical to none's; the verdict compares adaptive with the best fixed K."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from peagle_trt.bench.cli import run_suite
+
+
+def test_speculation_suite_smoke(tmp_path):
+    result = run_suite("speculation", ["--smoke", "--output-dir", str(tmp_path)])
+    assert json.loads((tmp_path / "bench_speculation.json").read_text())["smoke"] is True
+    synth = [r for r in result["synthetic"] if r["synthetic_acceptance"]]
+    assert {r["batch"] for r in synth} == {1, 8} and all(r["mismatches"] is None for r in synth)
+    full = [r for r in synth if r["config"] == "synthetic AL 4"]  # K = 3, every draft accepted
+    assert full and all(r["acceptance_length"] == pytest.approx(4.0, abs=0.01) for r in full)
+    assert all(r["acceptance_length"] == 1.0 for r in synth if r["config"] == "synthetic AL 1")
+    adaptive = result["adaptive"]
+    assert {r["config"] for r in adaptive} == {"none", "K=1", "K=3", "adaptive (K<=3)"}
+    assert all(r["mismatches"] == 0 for r in adaptive)  # identical to the target alone
+    assert {(v["workload"], v["batch"]) for v in result["adaptive_vs_best_fixed"]} == \
+        {(w, b) for w in ("humaneval", "heldout", "mixed") for b in (1, 8)}
+    assert (tmp_path / "bench_speculation.md").is_file()
