@@ -12,7 +12,10 @@ What: for K in --ks (0 = no speculation; else the P-EAGLE drafter; torch backend
   WORKDIR/runs/k{K}/{workload}/concurrency_{C}/profile_export_aiperf.json), and the acceptance length
   of each run from our Prometheus counters, sampled every second (WORKDIR/runs/k{K}/metrics.log):
   1 + (accepted drafts) / (verify steps) between the samples that bracket the run's profiling window
-  (counters peagle_accepted_drafts_total, peagle_draft_steps_total).
+  (counters peagle_accepted_drafts_total, peagle_draft_steps_total), pooled over steps; and the
+  acceptance length AIPerf itself read from each response's metrics.speculative_decoding (vLLM's
+  per-request shape, through AIPerf's own vLLM adapter: `spec_decode_acceptance_length`, the mean
+  over requests).
 Output: WORKDIR/runs/..., a markdown table, one PNG per metric (x: concurrency, one line per K; solid:
 fixed lengths, dashed: HumanEval) in --output-dir, and the rows as the JSON last line.
 AIPerf lives in its own venv (.venv-bench, gitignored; aiperf's pins conflict with ours), which
@@ -109,6 +112,10 @@ def collect(work: Path) -> list[dict]:
         for key, _, stat in METRICS:
             row[key] = round(run[key][stat], 3) if key in run else None
         row["ttft_p50"] = round(run["time_to_first_token"]["p50"], 3)
+        # AIPerf's own reading of our per-request metrics.speculative_decoding (its vLLM adapter):
+        # the mean over requests, where the Prometheus figure pools steps (long answers weigh more)
+        spec = run.get("spec_decode_acceptance_length")
+        row["aiperf_acceptance_length"] = round(spec["avg"], 4) if spec else None
         rows.append(row)
     return rows
 
@@ -142,13 +149,14 @@ def plot(rows: list[dict], key: str, label: str):
 def table(rows: list[dict]) -> str:
     head = ("| workload | K | conc | requests | errors | TTFT avg / p50 (ms) | ITL avg (ms) | tok/s/user p50 "
             "| tok/s total "
-            "| req/s | acceptance length |\n|---|---|---|---|---|---|---|---|---|---|---|")
+            "| req/s | AL pooled (Prometheus) | AL per request (AIPerf) |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])):
         lines.append(f"| {r['workload']} | {r['k']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
                      f"| {r['time_to_first_token']:.0f} / {r['ttft_p50']:.0f} | {r['inter_token_latency']:.2f} "
                      f"| {r['output_token_throughput_per_user']:.0f} | {r['output_token_throughput']:.0f} "
-                     f"| {r['request_throughput']:.2f} | {r['acceptance_length'] or 'n/a (no drafts)'} |")
+                     f"| {r['request_throughput']:.2f} | {r['acceptance_length'] or 'n/a (no drafts)'} "
+                     f"| {r.get('aiperf_acceptance_length') or 'n/a'} |")
     return "\n".join(lines)
 
 
