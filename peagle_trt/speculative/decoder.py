@@ -218,27 +218,30 @@ class SpecDecoder:
             batch = DraftBatch(seqs, pad_stack([ints(pending[i], dev) for i in ready], 0),
                                pad_stack([rows[i] for i in ready], 0.0), ints([len(pending[i]) for i in ready], dev),
                                cur, tables[:, ready])
-            self._draft(batch, max(k, 1))
+            self._draft(batch, max(k, 1), timed=True)
             return
         num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
         batch = DraftBatch(seqs, ints([e + [0] * (aux.shape[1] - len(e)) for e in emitted], dev), aux, num,
                            cur + num, tables)
-        self._draft(batch, k)
+        self._draft(batch, k, timed=True)
 
     def _synthetic_accepts(self, k: int) -> int:
         """Drafts accepted under the configured unconditional rates r (P(first i accepted) = r_i)."""
         u, rates = float(torch.rand((), generator=self.synthetic)), self.spec.synthetic_rates
         return sum(1 for r in rates[:k] if u < r)
 
-    def _draft(self, batch: DraftBatch, k: int | None = None) -> None:
-        """k drafts for every sequence of `batch` (None: the rule's choice for them)."""
+    def _draft(self, batch: DraftBatch, k: int | None = None, timed: bool = False) -> None:
+        """k drafts for every sequence of `batch` (None: the rule's choice for them); `timed`:
+        a decode step's pass, whose time feeds the adaptive rule (a prefill's pass also reads its
+        prompt rows: not the cost of drafting)."""
         if not batch.seqs:
             return
         if k is None:
             k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
         t0 = time.perf_counter()
         drafts = self.proposer.propose(batch, max(k, 1)).tolist()
-        self.lengths.draft_cost.record((len(batch.seqs), max(k, 1)), time.perf_counter() - t0)
+        if timed:
+            self.lengths.draft_cost.record((len(batch.seqs), max(k, 1)), time.perf_counter() - t0)
         for s, d in zip(batch.seqs, drafts):
             s.drafts = d[:k]
 
