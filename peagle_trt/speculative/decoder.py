@@ -76,6 +76,14 @@ class Sequence:
         return self.finish_reason is not None
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the last dim. On CPU through numpy: single-threaded, so it never waits on torch's
+    OpenMP threads while onnxruntime's spin (measured: 11 ms per verify on 2 cores, vs 0.03 alone)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
+    return logits.argmax(dim=-1)
+
+
 class SpecDecoder:
     def __init__(self, executor: Executor, spec: SpecConfig, eos_ids: tuple[int, ...] = (), proposer=None):
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
@@ -161,7 +169,7 @@ class SpecDecoder:
         t0 = time.perf_counter()
         logits, aux = ex.target(tokens, positions, tables)  # [B, k+1, V], [B, k+1, A]
         # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
-        target_ids = logits.argmax(dim=-1)  # [B, k+1]
+        target_ids = argmax(logits)  # [B, k+1]
         match = tokens[:, 1:] == target_ids[:, :k]
         if min(ks) < k:
             match &= j[1:] <= ints(ks, dev)[:, None]
