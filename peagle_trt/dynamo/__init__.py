@@ -1,0 +1,1 @@
+"""Dynamo workers: see worker.py."""

@@ -1,0 +1,142 @@
+"""The peagle-trt engine behind Dynamo's worker runtime: one built repository, its in-flight
+scheduler on a background thread, token streams in and out.
+
+Dynamo's frontend tokenizes (with the target tokenizer and chat template registered here), routes
+and detokenizes; this engine sees token ids only (`dynamo.common.backend.LLMEngine`):
+  start()     load the repository's generator (any backend: torch, onnxruntime, TensorRT), start
+              its stepping thread, return the registration (the target directory as the model
+              path, KV block size and count, batch size)
+  generate()  one request: its tokens as the scheduler reports them (one chunk per step), and a
+              final chunk with finish_reason, usage and our per-request speculation metrics in
+              vLLM's shape (`engine_data.metrics.speculative_decoding`)
+  abort()     the frontend's cancellation (client gone, stop string seen): the request leaves
+              the batch at the next step and frees its blocks
+  kv_event_sources()  the paged cache's prefix events, published as Dynamo KV events (events.py)
+A request that fails alone ends with finish_reason "error: ..." (the others go on); a scheduler
+that fails as a whole ends every request so and the worker reports itself unhealthy.
+Tested by tests/dynamo/ (a real frontend and workers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+from dataclasses import replace
+from typing import Any
+
+from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
+from dynamo.common.backend.publisher import PushSource
+
+from peagle_trt.config import SamplingParams
+from peagle_trt.dynamo.events import KvEventRelay
+from peagle_trt.dynamo.options import WorkerOptions
+from peagle_trt.errors import ConfigError, RequestError
+from peagle_trt.openai_frontend.app import spec_decode_metrics
+from peagle_trt.runtime.scheduler import Request, RequestOutput
+from peagle_trt.serving.generator import TextGenerator
+from peagle_trt.serving.options import read_options
+
+log = logging.getLogger(__name__)
+FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
+
+
+def sampling(request: dict, default_max_tokens: int) -> SamplingParams:
+    """Dynamo's `sampling_options` / `stop_conditions` -> our SamplingParams (stop strings are the
+    frontend's job: it detokenizes, and cancels the request when one appears)."""
+    so, sc = request.get("sampling_options") or {}, request.get("stop_conditions") or {}
+    temperature = so.get("temperature")
+    return SamplingParams(max_tokens=sc.get("max_tokens") or default_max_tokens,
+                          temperature=1.0 if temperature is None else float(temperature),
+                          top_p=float(so.get("top_p") or 1.0), top_k=max(int(so.get("top_k") or 0), 0),
+                          seed=so.get("seed"), ignore_eos=bool(sc.get("ignore_eos")),
+                          end_ids=tuple(sc.get("stop_token_ids_hidden") or ()))
+
+
+class PeagleEngine(LLMEngine):
+    def __init__(self, options: WorkerOptions):
+        self.options = options
+        self.generator: TextGenerator | None = None
+        self.relay: KvEventRelay | None = None
+        self._uids: dict[str, int] = {}
+
+    @classmethod
+    async def from_args(cls, argv=None):  # the worker is made by peagle_trt/dynamo/worker.py
+        raise NotImplementedError("start a peagle-trt worker with `peagle-trt dynamo worker`")
+
+    async def start(self, worker_id: int) -> EngineConfig:
+        model_dir, options, paths = read_options(self.options.repo, self.options.model)
+        generator = await asyncio.to_thread(TextGenerator.load, model_dir, options, paths)
+        self.generator = generator
+        blocks = generator.scheduler.blocks
+        self.relay = KvEventRelay(blocks.kv.block_size)
+        blocks.listeners.append(self.relay.push)
+        generator.start()
+        log.info("worker %s: model %s (%s backend) ready, %d KV blocks of %d", worker_id, self.options.served_name,
+                 options.backend, blocks.num_blocks, blocks.kv.block_size)
+        return EngineConfig(
+            model=str(model_dir / "1" / paths.target), served_model_name=self.options.served_name,
+            llm=LlmRegistration(context_length=options.max_seq_len, kv_cache_block_size=blocks.kv.block_size,
+                                total_kv_blocks=blocks.num_blocks, max_num_seqs=generator.scheduler.max_batch,
+                                max_num_batched_tokens=options.prefill_chunk * generator.scheduler.max_batch))
+
+    async def kv_event_sources(self):
+        return [PushSource(on_ready=self.relay.attach, dp_rank=0)] if self.options.kv_events else []
+
+    async def generate(self, request: dict, context) -> AsyncGenerator[dict, None]:
+        gen = self.generator
+        if gen is None or gen.step_error is not None:
+            raise RuntimeError(f"this peagle-trt worker cannot serve: its scheduler failed ({gen and gen.step_error})")
+        prompt = list(request["token_ids"])
+        room = gen.options.max_seq_len - len(prompt)
+        params = sampling(request, max(room, 1))
+        if params.end_ids:  # the frontend's hidden stop ids are the model's EOS: only when EOS counts
+            params = replace(params, end_ids=() if params.ignore_eos else params.end_ids)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def on_output(out: RequestOutput) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, out)
+
+        try:
+            uid = gen.scheduler.add(Request(context.id(), prompt, params, on_output, context.is_stopped))
+        except (RequestError, ConfigError) as exc:
+            raise ValueError(str(exc)) from exc
+        self._uids[context.id()] = uid
+        sent = 0
+        try:
+            while True:
+                out: RequestOutput = await queue.get()
+                sent += len(out.new_token_ids)
+                chunk: dict[str, Any] = {"token_ids": out.new_token_ids, "index": 0}
+                if out.finished:
+                    chunk.update(self._final(out, len(prompt), sent))
+                yield chunk
+                if out.finished:
+                    return
+        finally:
+            self._uids.pop(context.id(), None)
+            gen.cancel(uid)  # no-op when finished; frees the blocks at once when the caller left
+
+    def _final(self, out: RequestOutput, prompt_tokens: int, completion_tokens: int) -> dict:
+        reason = FINISH.get(out.finish_reason, "error")
+        if out.finish_reason == "error":
+            reason = f"error: {out.error}"
+        final: dict[str, Any] = {"finish_reason": reason, "completion_usage": {
+            "prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}}
+        if out.stats is not None:
+            final["engine_data"] = {"metrics": spec_decode_metrics(out.stats.to_dict())}
+        return final
+
+    async def abort(self, context) -> None:
+        uid = self._uids.get(context.id())
+        if uid is not None and self.generator is not None:
+            self.generator.cancel(uid)
+
+    async def cleanup(self) -> None:
+        if self.generator is not None:
+            self.generator.stop()
+            self.generator = None
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None

@@ -1,0 +1,148 @@
+"""A Dynamo deployment for the tests: Dynamo's frontend (KV router) and peagle-trt workers in a
+private network namespace (loopback only; workers on 127.0.0.2, 127.0.0.3, ... as separate hosts
+would be), file discovery in a temporary directory, HTTP reached through a Unix socket relay
+(tests/dynamo/relay.py). Processes are started with `nsenter -t <relay> -n`, so they are this
+process's children: a test can kill -9 one and check that nothing is left behind.
+The Dynamo venv is made on first use by scripts/dynamo_env.sh (`ensure_dynamo_venv`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+REQUIREMENTS = ROOT / "scripts" / "dynamo-requirements.txt"
+PORT = 8000  # the frontend's port inside the namespace
+GENERATE = "peagle%2Fbackend%2Fgenerate%2F"  # discovery file prefix of a worker's generate endpoint
+
+
+def progress(msg: str) -> None:
+    print(f"[dynamo] {msg}", file=sys.__stderr__, flush=True)
+
+
+def ensure_dynamo_venv() -> Path:
+    """.venv-dynamo's interpreter, made (about 80 MB, under a minute) when missing or stale;
+    fails the calling test with the script's log when it cannot be made."""
+    venv = ROOT / ".venv-dynamo"
+    python, stamp = venv / "bin" / "python", venv / "peagle-requirements.txt"
+    if python.exists() and stamp.is_file() and stamp.read_text() == REQUIREMENTS.read_text():
+        return python
+    progress("creating .venv-dynamo with scripts/dynamo_env.sh (once) ...")
+    proc = subprocess.run(["bash", str(ROOT / "scripts" / "dynamo_env.sh"), str(venv)],
+                          env={**os.environ, "PROJECT_PYTHON": sys.executable},
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 or not python.exists():
+        pytest.fail(f"could not create .venv-dynamo (scripts/dynamo_env.sh exit {proc.returncode}):\n"
+                    f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}", pytrace=False)
+    progress("ready: .venv-dynamo")
+    return python
+
+
+class Deployment:
+    def __init__(self, tmp: Path, python: Path, repo: Path, router_mode: str = "kv"):
+        self.tmp, self.python, self.repo, self.router_mode = tmp, python, repo, router_mode
+        self.discovery = tmp / "discovery"
+        self.socket = str(tmp / "frontend.sock")
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "DYN_LOG": "warn"}
+        self.relay = subprocess.Popen(["unshare", "-n", "--", sys.executable, str(ROOT / "tests/dynamo/relay.py"),
+                                       self.socket, str(PORT)], stdout=subprocess.PIPE, text=True)
+        assert self.relay.stdout.readline().strip() == "ready", "the namespace relay did not start"
+        self.frontend: subprocess.Popen | None = None
+        self.workers: dict[str, subprocess.Popen] = {}
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        cmd = ["nsenter", "-t", str(self.relay.pid), "-n", "--", str(self.python), "-m", "peagle_trt.cli",
+               "dynamo", *args, "--discovery-dir", str(self.discovery)]
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
+
+    def start_frontend(self) -> None:
+        self.frontend = self._spawn("frontend", ["frontend", "--host", "127.0.0.1", "--http-port", str(PORT),
+                                                 "--router-mode", self.router_mode])
+
+    def start_worker(self, host: str) -> subprocess.Popen:
+        proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host])
+        self.workers[host] = proc
+        return proc
+
+    def instances(self) -> set[int]:
+        """Worker ids registered in discovery (the ids the router reports in nvext.worker_id)."""
+        folder = self.discovery / "v1" / "instances"
+        names = os.listdir(folder) if folder.is_dir() else []
+        return {int(n[len(GENERATE):], 16) for n in names if n.startswith(GENERATE)}
+
+    def wait_ready(self, workers: int, timeout: float = 120.0) -> None:
+        """Until `workers` workers are registered and the frontend serves a request."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in [("frontend", self.frontend), *self.workers.items()]:
+                if proc is not None and proc.poll() is not None and (name == "frontend" or proc.returncode != -9):
+                    pytest.fail(f"{name} exited with {proc.returncode}: {self.log(name)[-3000:]}")
+            if len(self.instances()) >= workers:
+                try:
+                    with self.client() as c:
+                        if c.get("/v1/models").json().get("data"):
+                            return
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.5)
+        pytest.fail(f"the deployment was not ready in {timeout:.0f} s: {self.instances()} registered")
+
+    def log(self, name: str) -> str:
+        path = self.tmp / ("frontend.log" if name == "frontend" else f"worker-{name}.log")
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def client(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(transport=httpx.HTTPTransport(uds=self.socket), base_url="http://dynamo", timeout=timeout)
+
+    def async_client(self, timeout: float = 120.0) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.AsyncHTTPTransport(uds=self.socket), base_url="http://dynamo",
+                                 timeout=timeout)
+
+    def listeners(self) -> list[str]:
+        """Local addresses of every listening TCP socket in the namespace (ss inside it)."""
+        out = subprocess.run(["nsenter", "-t", str(self.relay.pid), "-n", "--", "ss", "-Hltn"],
+                             capture_output=True, text=True, check=True).stdout
+        return [line.split()[3] for line in out.splitlines() if line.strip()]
+
+    def stop(self, timeout: float = 30.0) -> dict[str, int]:
+        """SIGTERM every process, wait; returns the exit codes (a process still alive after
+        `timeout` is killed and reported as None)."""
+        procs = {"frontend": self.frontend, **{f"worker-{h}": p for h, p in self.workers.items()}}
+        for p in procs.values():
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        codes = {}
+        for name, p in procs.items():
+            if p is None:
+                continue
+            try:
+                codes[name] = p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+                codes[name] = None
+        self.relay.terminate()
+        self.relay.wait(10)
+        return codes
+
+
+def sse(lines) -> tuple[list[dict], list[str]]:
+    """(JSON events, error lines) of an SSE stream's lines."""
+    events, errors = [], []
+    for line in lines:
+        if line.startswith("data: ") and line[6:].strip() != "[DONE]":
+            obj = json.loads(line[6:])
+            (errors.append(json.dumps(obj)) if "error" in obj else events.append(obj))
+        elif line.startswith("event: error") or line.startswith(":") and "error" in line:
+            errors.append(line)
+    return events, errors
