@@ -72,8 +72,8 @@ class PeagleEngine(LLMEngine):
         self.relay = KvEventRelay(blocks.kv.block_size)
         blocks.listeners.append(self.relay.push)
         generator.start()
-        log.info("worker %s: model %s (%s backend) ready, %d KV blocks of %d", worker_id, self.options.served_name,
-                 options.backend, blocks.num_blocks, blocks.kv.block_size)
+        log.info("peagle-trt worker %d ready: model %s (%s backend), %d KV blocks of %d positions", worker_id,
+                 self.options.served_name, options.backend, blocks.num_blocks, blocks.kv.block_size)
         return EngineConfig(
             model=str(model_dir / "1" / paths.target), served_model_name=self.options.served_name,
             llm=LlmRegistration(context_length=options.max_seq_len, kv_cache_block_size=blocks.kv.block_size,

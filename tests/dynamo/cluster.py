@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -52,12 +53,14 @@ class Deployment:
         self.tmp, self.python, self.repo, self.router_mode = tmp, python, repo, router_mode
         self.discovery = tmp / "discovery"
         self.socket = str(tmp / "frontend.sock")
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "DYN_LOG": "warn"}
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
         self.relay = subprocess.Popen(["unshare", "-n", "--", sys.executable, str(ROOT / "tests/dynamo/relay.py"),
                                        self.socket, str(PORT)], stdout=subprocess.PIPE, text=True)
         assert self.relay.stdout.readline().strip() == "ready", "the namespace relay did not start"
         self.frontend: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
+        self.shm_before = set(os.listdir("/dev/shm"))
+        self.codes: dict | None = None
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
@@ -69,8 +72,9 @@ class Deployment:
         self.frontend = self._spawn("frontend", ["frontend", "--host", "127.0.0.1", "--http-port", str(PORT),
                                                  "--router-mode", self.router_mode])
 
-    def start_worker(self, host: str) -> subprocess.Popen:
-        proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host])
+    def start_worker(self, host: str, kv_events: bool = True) -> subprocess.Popen:
+        extra = [] if kv_events else ["--no-kv-events"]
+        proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host, *extra])
         self.workers[host] = proc
         return proc
 
@@ -97,6 +101,24 @@ class Deployment:
             time.sleep(0.5)
         pytest.fail(f"the deployment was not ready in {timeout:.0f} s: {self.instances()} registered")
 
+    def worker_id(self, host: str) -> int:
+        """The id the worker on `host` registered with (from its log: peagle_trt/dynamo/engine.py)."""
+        found = re.findall(r"peagle-trt worker (\d+) ready", self.log(host))
+        assert found, f"the worker on {host} has not logged its id: {self.log(host)[-2000:]}"
+        return int(found[-1])
+
+    def wait_worker_id(self, host: str, other_than: int, timeout: float = 120.0) -> int:
+        """The id of a worker restarted on `host` once it is ready (its log is appended to)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = re.findall(r"peagle-trt worker (\d+) ready", self.log(host))
+            if found and int(found[-1]) != other_than:
+                return int(found[-1])
+            if self.workers[host].poll() is not None:
+                pytest.fail(f"the worker on {host} exited: {self.log(host)[-3000:]}")
+            time.sleep(0.5)
+        pytest.fail(f"the worker restarted on {host} was not ready in {timeout:.0f} s")
+
     def log(self, name: str) -> str:
         path = self.tmp / ("frontend.log" if name == "frontend" else f"worker-{name}.log")
         return path.read_text(errors="replace") if path.exists() else ""
@@ -116,7 +138,9 @@ class Deployment:
 
     def stop(self, timeout: float = 30.0) -> dict[str, int]:
         """SIGTERM every process, wait; returns the exit codes (a process still alive after
-        `timeout` is killed and reported as None)."""
+        `timeout` is killed and reported as None). A second call returns the first's codes."""
+        if self.codes is not None:
+            return self.codes
         procs = {"frontend": self.frontend, **{f"worker-{h}": p for h, p in self.workers.items()}}
         for p in procs.values():
             if p is not None and p.poll() is None:
@@ -133,6 +157,7 @@ class Deployment:
                 codes[name] = None
         self.relay.terminate()
         self.relay.wait(10)
+        self.codes = codes
         return codes
 
 

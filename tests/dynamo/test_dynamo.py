@@ -33,7 +33,6 @@ EXTRA = {"nvext": {"extra_fields": ["worker_id", "timing", "engine_data", "compl
 
 @pytest.fixture(scope="module")
 def deployment(dynamo_python, dyn_repo, tmp_path_factory):
-    shm_before = set(os.listdir("/dev/shm"))
     dep = Deployment(tmp_path_factory.mktemp("dynamo"), dynamo_python, dyn_repo)
     dep.start_frontend()
     for host in WORKERS:
@@ -42,14 +41,14 @@ def deployment(dynamo_python, dyn_repo, tmp_path_factory):
         dep.wait_ready(len(WORKERS))
         yield dep
     finally:
-        codes = dep.stop()
-        dep.shm_left = set(os.listdir("/dev/shm")) - shm_before
-        dep.exit_codes = codes
+        dep.stop()
 
 
-def completion(dep: Deployment, prompt: list[int], max_tokens: int, stream: bool = False) -> dict:
+def completion(dep: Deployment, prompt: list[int], max_tokens: int, pin: int | None = None) -> dict:
+    """One request, non-streamed; `pin`: the worker id it must go to (nvext.backend_instance_id)."""
+    nvext = {**EXTRA["nvext"], **({"backend_instance_id": pin} if pin is not None else {})}
     body = {"model": "peagle", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            **EXTRA}
+            "nvext": nvext}
     with dep.client() as c:
         r = c.post("/v1/completions", json=body)
     assert r.status_code == 200, r.text
@@ -114,3 +113,78 @@ def test_every_plane_is_confined(deployment):
     out = json.loads(os.popen(f"nsenter -t {deployment.relay.pid} -n -- ip -j -4 addr").read())
     assert {a["local"] for i in out for a in i["addr_info"]} == {"127.0.0.1"}
     assert not any(addr.startswith("0.0.0.0:") for addr in listeners if addr.endswith(f":{8000}"))
+
+
+def test_kv_aware_routing_follows_our_block_events(deployment):
+    """Each first prompt is pinned to a worker, alternately; its follow-up shares 6 full blocks (192
+    tokens) with it and is routed freely: the router sends it to the worker that published those
+    blocks, which prefills only the rest (a faster first token)."""
+    block, ids = 32, sorted(deployment.instances())
+    cold, warm = [], []
+    for i, base in enumerate(prompts(6, 6 * block + 8, seed=100)):
+        first = completion(deployment, base, 4, pin=ids[i % 2])["nvext"]
+        assert first["worker_id"]["decode_worker_id"] == ids[i % 2]
+        time.sleep(0.5)  # the stored events travel over the event plane to the router
+        follow = base[:6 * block] + prompts(1, 8, seed=200 + i)[0]
+        again = completion(deployment, follow, 4)["nvext"]
+        holder, chosen = first["worker_id"]["decode_worker_id"], again["worker_id"]["decode_worker_id"]
+        assert chosen == holder, f"prefix {i}: routed to {chosen}, the blocks are on {holder}"
+        assert again["timing"]["kv_hit_rate"] > 0.8, again["timing"]
+        cold.append(first["timing"]["ttft_ms"])
+        warm.append(again["timing"]["ttft_ms"])
+    assert statistics.median(warm) < statistics.median(cold), f"TTFT ms with the prefix {warm}, without {cold}"
+    print(f"TTFT median: cold {statistics.median(cold):.1f} ms, prefix hit {statistics.median(warm):.1f} ms")
+
+
+def test_kill9_of_a_worker_costs_only_its_in_flight_requests_and_it_rejoins(deployment, reference):
+    victim_host, survivor_host = WORKERS
+    victim, survivor = deployment.worker_id(victim_host), deployment.worker_id(survivor_host)
+    proc = deployment.workers[victim_host]
+    batch = prompts(12, 24, seed=3)
+
+    async def run():
+        async with deployment.async_client() as client:
+            tasks = [asyncio.create_task(stream_completion(client, p, 400)) for p in batch]
+            await asyncio.sleep(1.0)
+            proc.kill()  # SIGKILL, mid-stream
+            return await asyncio.wait_for(asyncio.gather(*tasks), 90)  # nothing hangs
+
+    results = asyncio.run(run())
+    assert proc.wait(10) == -9
+    failed = [r for r in results if r["finish"] != "length"]
+    done = [r for r in results if r["finish"] == "length"]
+    assert failed, "no stream was in flight on the killed worker"
+    for r in failed:  # cut short, and the client is told
+        assert r["errors"] and len(r["ids"]) < 400, r
+    print(f"{len(failed)} streams on the killed worker ended with: {failed[0]['errors'][0][:300]}")
+    expected = reference([p for p, r in zip(batch, results) if r["finish"] == "length"], 400)
+    for r, ref in zip(done, expected):
+        assert r["ids"] == ref and r["nvext"]["worker_id"]["decode_worker_id"] in (victim, survivor)
+    # new requests go to the survivor, and succeed
+    t0 = time.monotonic()
+    for p in prompts(6, 24, seed=4):
+        assert completion(deployment, p, 8)["nvext"]["worker_id"]["decode_worker_id"] == survivor
+    assert time.monotonic() - t0 < 60
+    # a restarted worker on the same host rejoins and gets requests again
+    deployment.start_worker(victim_host)
+    rejoined = deployment.wait_worker_id(victim_host, other_than=victim)
+
+    async def spread():
+        async with deployment.async_client() as client:
+            return await asyncio.gather(*(stream_completion(client, p, 32) for p in prompts(16, 24, seed=5)))
+
+    seen: set = set()
+    for _ in range(5):
+        seen |= {r["nvext"]["worker_id"]["decode_worker_id"] for r in asyncio.run(spread()) if r["finish"] == "length"}
+        if rejoined in seen:
+            break
+        time.sleep(1.0)
+    assert {rejoined, survivor} <= seen, f"requests went to {seen}; the restarted worker is {rejoined}"
+
+
+def test_sigterm_ends_every_process_cleanly_and_nothing_is_left(deployment):
+    codes = deployment.stop()
+    assert codes and all(code == 0 for code in codes.values()), codes
+    assert not set(os.listdir("/dev/shm")) - deployment.shm_before
+    for proc in (deployment.frontend, *deployment.workers.values()):
+        assert not os.path.exists(f"/proc/{proc.pid}")
