@@ -56,7 +56,7 @@ def local_addresses() -> set[str]:
     return found
 
 
-def check_wildcard_reach(planes: "Planes") -> None:
+def check_wildcard_reach(planes: Planes) -> None:
     """Refuse a worker whose wildcard-bound publishers would be reachable on an address the user
     did not name (see the module docstring), unless --allow-all-interfaces."""
     if planes.allow_all_interfaces:
