@@ -32,7 +32,7 @@ def cmd_worker(args: argparse.Namespace) -> dict:
 
 
 def cmd_frontend(args: argparse.Namespace) -> dict:
-    options = FrontendOptions(_planes(args), args.http_port, args.router_mode)
+    options = FrontendOptions(_planes(args), args.http_port, args.router_mode, migration_limit=args.migration_limit)
     argv, env = frontend_command(options)
     os.execvpe(argv[0], argv, env)  # the frontend replaces this process (signals reach it directly)
     return {}
@@ -63,6 +63,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     f = verbs.add_parser("frontend", help="Dynamo's OpenAI frontend and router (replaces this process)")
     f.add_argument("--http-port", type=int, default=8000, help="OpenAI HTTP port (on --host)")
     f.add_argument("--router-mode", default="kv", choices=ROUTER_MODES, help="kv: KV-aware routing (default)")
+    f.add_argument("--migration-limit", type=int, default=0,
+                   help="0: a dead worker's streams end with an error; N: replay them on another worker (N times)")
     _common(f)
     f.set_defaults(func=cmd_frontend)
     return d

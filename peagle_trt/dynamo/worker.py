@@ -55,10 +55,15 @@ class FrontendOptions:
     http_port: int = 8000
     router_mode: str = "kv"
     http_host: str = ""  # default: planes.host
+    # 0: a worker's death ends its in-flight streams with an error (clients retry); N: the frontend
+    # replays them (and requests it routed to a worker found dead) on another worker, up to N times
+    migration_limit: int = 0
 
     def __post_init__(self):
         if self.router_mode not in ROUTER_MODES:
             raise ConfigError(f"--router-mode must be one of {ROUTER_MODES}, got {self.router_mode!r}")
+        if self.migration_limit < 0:
+            raise ConfigError(f"--migration-limit must be >= 0, got {self.migration_limit}")
         host = check_host(self.http_host or self.planes.host, self.planes.allow_all_interfaces, "--http-host")
         object.__setattr__(self, "http_host", host)
 
@@ -70,5 +75,5 @@ def frontend_command(options: FrontendOptions) -> tuple[list[str], dict[str, str
     argv = [sys.executable, "-m", "dynamo.frontend", "--http-host", options.http_host,
             "--http-port", str(options.http_port), "--discovery-backend", planes.discovery_backend,
             "--namespace", planes.namespace, "--router-mode", options.router_mode,
-            "--request-plane", "tcp", "--event-plane", "zmq"]
+            "--request-plane", "tcp", "--event-plane", "zmq", "--migration-limit", str(options.migration_limit)]
     return argv, {**os.environ, **planes.env(), "DYN_HTTP_HOST": options.http_host}

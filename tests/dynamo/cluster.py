@@ -49,34 +49,57 @@ def ensure_dynamo_venv() -> Path:
 
 
 class Deployment:
-    def __init__(self, tmp: Path, python: Path, repo: Path, router_mode: str = "kv"):
+    def __init__(self, tmp: Path, python: Path, repo: Path, router_mode: str = "kv", migration_limit: int = 0):
         self.tmp, self.python, self.repo, self.router_mode = tmp, python, repo, router_mode
+        self.migration_limit = migration_limit
         self.discovery = tmp / "discovery"
         self.socket = str(tmp / "frontend.sock")
         self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        self.relay = subprocess.Popen(["unshare", "-n", "--", sys.executable, str(ROOT / "tests/dynamo/relay.py"),
-                                       self.socket, str(PORT)], stdout=subprocess.PIPE, text=True)
+        # root: a network namespace alone; others: inside a user namespace of their own (joined with -U)
+        root = os.geteuid() == 0
+        self.join = ["nsenter", "-t"], ["-n"] if root else ["-U", "-n", "--preserve-credentials"]
+        relay = [sys.executable, str(ROOT / "tests/dynamo/relay.py"), self.socket, str(PORT)]
+        self.relay = subprocess.Popen(["unshare", "-n" if root else "-rn", "--", *relay], stdout=subprocess.PIPE,
+                                      text=True)
         assert self.relay.stdout.readline().strip() == "ready", "the namespace relay did not start"
         self.frontend: subprocess.Popen | None = None
         self.workers: dict[str, subprocess.Popen] = {}
-        self.shm_before = set(os.listdir("/dev/shm"))
+        self.shm_seen: set[str] = set()  # /dev/shm files our processes had open or mapped
         self.codes: dict | None = None
+
+    def enter(self) -> list[str]:
+        """The command prefix that runs a program inside the deployment's network namespace."""
+        return [*self.join[0], str(self.relay.pid), *self.join[1], "--"]
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
-        cmd = ["nsenter", "-t", str(self.relay.pid), "-n", "--", str(self.python), "-m", "peagle_trt.cli",
+        cmd = [*self.enter(), str(self.python), "-m", "peagle_trt.cli",
                "dynamo", *args, "--discovery-dir", str(self.discovery)]
         return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
 
     def start_frontend(self) -> None:
         self.frontend = self._spawn("frontend", ["frontend", "--host", "127.0.0.1", "--http-port", str(PORT),
-                                                 "--router-mode", self.router_mode])
+                                                 "--router-mode", self.router_mode,
+                                                 "--migration-limit", str(self.migration_limit)])
 
     def start_worker(self, host: str, kv_events: bool = True) -> subprocess.Popen:
         extra = [] if kv_events else ["--no-kv-events"]
         proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host, *extra])
         self.workers[host] = proc
         return proc
+
+    def scan_shm(self) -> set[str]:
+        """Record the /dev/shm files the deployment's live processes hold (fds and mappings)."""
+        for proc in [self.frontend, *self.workers.values()]:
+            if proc is None or proc.poll() is not None:
+                continue
+            try:
+                maps = Path(f"/proc/{proc.pid}/maps").read_text()
+                fds = [os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{proc.pid}/fd")]
+            except OSError:
+                continue
+            self.shm_seen |= {w for w in maps.split() + fds if w.startswith("/dev/shm/")}
+        return self.shm_seen
 
     def instances(self) -> set[int]:
         """Worker ids registered in discovery (the ids the router reports in nvext.worker_id)."""
@@ -95,6 +118,7 @@ class Deployment:
                 try:
                     with self.client() as c:
                         if c.get("/v1/models").json().get("data"):
+                            self.scan_shm()
                             return
                 except httpx.HTTPError:
                     pass
@@ -106,6 +130,15 @@ class Deployment:
         found = re.findall(r"peagle-trt worker (\d+) ready", self.log(host))
         assert found, f"the worker on {host} has not logged its id: {self.log(host)[-2000:]}"
         return int(found[-1])
+
+    def wait_gone(self, worker_id: int, timeout: float = 60.0) -> float:
+        """Seconds until `worker_id` left discovery (a killed worker's lease expires)."""
+        t0 = time.monotonic()
+        while worker_id in self.instances():
+            if time.monotonic() - t0 > timeout:
+                pytest.fail(f"the dead worker {worker_id} was still registered after {timeout:.0f} s")
+            time.sleep(0.25)
+        return time.monotonic() - t0
 
     def wait_worker_id(self, host: str, other_than: int, timeout: float = 120.0) -> int:
         """The id of a worker restarted on `host` once it is ready (its log is appended to)."""
@@ -132,7 +165,7 @@ class Deployment:
 
     def listeners(self) -> list[str]:
         """Local addresses of every listening TCP socket in the namespace (ss inside it)."""
-        out = subprocess.run(["nsenter", "-t", str(self.relay.pid), "-n", "--", "ss", "-Hltn"],
+        out = subprocess.run([*self.enter(), "ss", "-Hltn"],
                              capture_output=True, text=True, check=True).stdout
         return [line.split()[3] for line in out.splitlines() if line.strip()]
 
