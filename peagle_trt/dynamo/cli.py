@@ -24,7 +24,8 @@ def _planes(args: argparse.Namespace) -> Planes:
 
 
 def cmd_worker(args: argparse.Namespace) -> dict:
-    options = WorkerOptions(args.repo, _planes(args), args.model, args.served_model_name, not args.no_kv_events)
+    options = WorkerOptions(args.repo, _planes(args), args.model, args.served_model_name, not args.no_kv_events,
+                            args.drain_timeout)
     require_dynamo()
     check_wildcard_reach(options.planes)
     run_worker(options)
@@ -58,6 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     w.add_argument("--model", default="peagle", help="the model's directory in the repository")
     w.add_argument("--served-model-name", default="", help="the name clients use (default: --model)")
     w.add_argument("--no-kv-events", action="store_true", help="publish no KV block events (no KV-aware routing)")
+    w.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="on SIGTERM, seconds to let running requests finish (after Dynamo's 5 s grace)")
     _common(w)
     w.set_defaults(func=cmd_worker)
     f = verbs.add_parser("frontend", help="Dynamo's OpenAI frontend and router (replaces this process)")

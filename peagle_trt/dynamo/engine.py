@@ -11,9 +11,14 @@ and detokenizes; this engine sees token ids only (`dynamo.common.backend.LLMEngi
               vLLM's shape (`engine_data.metrics.speculative_decoding`)
   abort()     the frontend's cancellation (client gone, stop string seen): the request leaves
               the batch at the next step and frees its blocks
+  cleanup()   drain: on SIGTERM Dynamo unregisters the worker, waits its grace period (5 s), then
+              calls cleanup, which lets the requests still running finish (up to
+              `WorkerOptions.drain_timeout_s`) before it stops the stepping thread
   kv_event_sources()  the paged cache's prefix events, published as Dynamo KV events (events.py)
-A request that fails alone ends with finish_reason "error: ..." (the others go on); a scheduler
-that fails as a whole ends every request so and the worker reports itself unhealthy.
+A request that fails alone ends with finish_reason "error: ..." (the others go on). A scheduler
+that fails as a whole ends every request so, and the worker leaves at once: it signals itself
+SIGTERM (Dynamo unregisters it: the router stops sending) and `peagle-trt dynamo worker` then
+exits with code 2 and the reason; never registered-but-broken.
 Tested by tests/dynamo/ (a real frontend and workers).
 """
 
@@ -21,6 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
+import time
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from typing import Any
@@ -59,6 +67,7 @@ class PeagleEngine(LLMEngine):
         self.generator: TextGenerator | None = None
         self.relay: KvEventRelay | None = None
         self._uids: dict[str, int] = {}
+        self.failure: str | None = None  # why the scheduler failed (the worker then leaves)
 
     @classmethod
     async def from_args(cls, argv=None):  # the worker is made by peagle_trt/dynamo/worker.py
@@ -70,7 +79,9 @@ class PeagleEngine(LLMEngine):
         self.generator = generator
         blocks = generator.scheduler.blocks
         self.relay = KvEventRelay(blocks.kv.block_size)
-        blocks.listeners.append(self.relay.push)
+        if self.options.kv_events:
+            blocks.listeners.append(self.relay.push)
+        generator.on_step = self._check_scheduler
         generator.start()
         log.info("peagle-trt worker %d ready: model %s (%s backend), %d KV blocks of %d positions", worker_id,
                  self.options.served_name, options.backend, blocks.num_blocks, blocks.kv.block_size)
@@ -79,6 +90,14 @@ class PeagleEngine(LLMEngine):
             llm=LlmRegistration(context_length=options.max_seq_len, kv_cache_block_size=blocks.kv.block_size,
                                 total_kv_blocks=blocks.num_blocks, max_num_seqs=generator.scheduler.max_batch,
                                 max_num_batched_tokens=options.prefill_chunk * generator.scheduler.max_batch))
+
+    def _check_scheduler(self) -> None:
+        """After every step (the stepping thread): a failed scheduler takes the worker down."""
+        gen = self.generator
+        if gen is not None and gen.step_error is not None and self.failure is None:
+            self.failure = f"the scheduler failed: {type(gen.step_error).__name__}: {gen.step_error}"
+            log.error("%s; leaving (SIGTERM to this worker)", self.failure)
+            os.kill(os.getpid(), signal.SIGTERM)
 
     async def kv_event_sources(self):
         return [PushSource(on_ready=self.relay.attach, dp_rank=0)] if self.options.kv_events else []
@@ -134,6 +153,14 @@ class PeagleEngine(LLMEngine):
             self.generator.cancel(uid)
 
     async def cleanup(self) -> None:
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        if self._uids:
+            log.info("drain: waiting for %d running request(s)", len(self._uids))
+        while self._uids and self.failure is None and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)  # unregistered: no new request arrives; running ones finish
+        if self._uids:
+            log.warning("drain: %d request(s) still running after %.0f s; stopping them", len(self._uids),
+                        self.options.drain_timeout_s)
         if self.generator is not None:
             self.generator.stop()
             self.generator = None

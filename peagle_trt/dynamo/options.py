@@ -107,6 +107,7 @@ class WorkerOptions:
     model: str = "peagle"  # the model's directory inside the repository
     served_name: str = ""  # the name clients ask for; default: `model`
     kv_events: bool = True  # publish the prefix cache's events (KV-aware routing)
+    drain_timeout_s: float = 60.0  # SIGTERM: longest wait for running requests (after Dynamo's 5 s grace)
 
     def __post_init__(self):
         if not (Path(self.repo) / self.model / "config.pbtxt").is_file():
@@ -114,6 +115,8 @@ class WorkerOptions:
                               f"built by `peagle-trt build` and --model one of its models")
         object.__setattr__(self, "repo", Path(self.repo))
         object.__setattr__(self, "served_name", self.served_name or self.model)
+        if not self.drain_timeout_s >= 0:
+            raise ConfigError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout_s}")
 
     @property
     def target_dir(self) -> Path:

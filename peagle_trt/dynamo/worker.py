@@ -4,7 +4,8 @@
                                     built repository (engine.py) until SIGTERM / SIGINT; Dynamo's
                                     runtime then unregisters it (the router stops sending), lets
                                     in-flight requests finish within its grace period (drain),
-                                    and calls the engine's cleanup
+                                    and calls the engine's cleanup; a failed scheduler
+                                    ends it the same way, then ServeError (exit code 2)
     frontend_command(...)           the `python -m dynamo.frontend` command line and environment:
                                     OpenAI HTTP, the preprocessor (tokenizer, chat template) and
                                     the router (`kv`: KV-aware, from the workers' block events)
@@ -22,7 +23,7 @@ import sys
 from dataclasses import dataclass
 
 from peagle_trt.dynamo.options import Planes, WorkerOptions, check_host
-from peagle_trt.errors import ConfigError
+from peagle_trt.errors import ConfigError, ServeError
 
 ROUTER_MODES = ("kv", "round-robin", "random", "least-loaded")
 
@@ -46,7 +47,10 @@ def run_worker(options: WorkerOptions) -> None:
                           model_name=str(options.target_dir), served_model_name=options.served_name,
                           discovery_backend=options.planes.discovery_backend, request_plane="tcp",
                           event_plane="zmq", enable_kv_routing=options.kv_events)
-    uvloop.run(Worker(PeagleEngine(options), config).run())
+    engine = PeagleEngine(options)
+    uvloop.run(Worker(engine, config).run())
+    if engine.failure is not None:
+        raise ServeError(f"worker {options.served_name}: {engine.failure}; it unregistered and stopped: restart it")
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,8 @@ class Deployment:
         self.migration_limit = migration_limit
         self.discovery = tmp / "discovery"
         self.socket = str(tmp / "frontend.sock")
-        self.env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        # no grace period before a worker's cleanup: the drain tested is the engine's own (engine.py)
+        self.env = {**os.environ, "PYTHONPATH": str(ROOT), "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0"}
         # root: a network namespace alone; others: inside a user namespace of their own (joined with -U)
         root = os.geteuid() == 0
         self.join = ["nsenter", "-t"], ["-n"] if root else ["-U", "-n", "--preserve-credentials"]
@@ -71,20 +72,20 @@ class Deployment:
         """The command prefix that runs a program inside the deployment's network namespace."""
         return [*self.join[0], str(self.relay.pid), *self.join[1], "--"]
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
         cmd = [*self.enter(), str(self.python), "-m", "peagle_trt.cli",
                "dynamo", *args, "--discovery-dir", str(self.discovery)]
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=ROOT)
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**self.env, **(env or {})}, cwd=ROOT)
 
     def start_frontend(self) -> None:
         self.frontend = self._spawn("frontend", ["frontend", "--host", "127.0.0.1", "--http-port", str(PORT),
                                                  "--router-mode", self.router_mode,
                                                  "--migration-limit", str(self.migration_limit)])
 
-    def start_worker(self, host: str, kv_events: bool = True) -> subprocess.Popen:
+    def start_worker(self, host: str, kv_events: bool = True, env: dict | None = None) -> subprocess.Popen:
         extra = [] if kv_events else ["--no-kv-events"]
-        proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host, *extra])
+        proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host, *extra], env)
         self.workers[host] = proc
         return proc
 

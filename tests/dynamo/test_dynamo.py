@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import time
@@ -212,6 +213,7 @@ def test_with_migration_a_dead_workers_streams_finish_on_the_survivor(dynamo_pyt
         for i, (r, ref) in enumerate(zip(results, reference(batch, 200))):
             assert not r["errors"] and r["finish"] == "length", (i, r["errors"])
             assert r["ids"] == ref, f"stream {i} differs from in-process after migration"
+        assert "recreating stream" in dep.log("frontend"), "no stream was migrated: none was on the killed worker"
         for p in prompts(6, 24, seed=7):
             completion(dep, p, 8)  # asserts 200
     finally:
@@ -219,7 +221,71 @@ def test_with_migration_a_dead_workers_streams_finish_on_the_survivor(dynamo_pyt
     assert codes["frontend"] == 0 and codes[f"worker-{WORKERS[1]}"] == 0, codes
 
 
-def test_sigterm_ends_every_process_cleanly_and_nothing_is_left(deployment):
+FAIL_SCHEDULER = """
+import os
+from peagle_trt.runtime import scheduler
+
+_step = scheduler.Scheduler.step
+
+
+def step(self):
+    if os.path.exists(os.environ["PEAGLE_TEST_FAIL_FLAG"]):
+        raise RuntimeError("injected scheduler failure")
+    return _step(self)
+
+
+scheduler.Scheduler.step = step
+"""
+
+
+def test_a_worker_whose_scheduler_fails_leaves_at_once_never_ready_but_broken(deployment, tmp_path):
+    """Fault injection (a sitecustomize in the worker only): once its scheduler fails, the worker
+    ends its requests with an error, unregisters (the router stops sending to it) and exits 2."""
+    (tmp_path / "sitecustomize.py").write_text(FAIL_SCHEDULER)
+    flag = tmp_path / "fail-now"
+    host = "127.0.0.4"
+    proc = deployment.start_worker(host, env={"PYTHONPATH": f"{tmp_path}:{deployment.env['PYTHONPATH']}",
+                                              "PEAGLE_TEST_FAIL_FLAG": str(flag)})
+    broken = deployment.wait_worker_id(host, other_than=-1)
+    deadline = time.monotonic() + 30
+    while broken not in deployment.instances() and time.monotonic() < deadline:
+        time.sleep(0.25)
+    flag.touch()
+    body = {"model": "peagle", "prompt": prompts(1, 24, seed=8)[0], "max_tokens": 8, "temperature": 0,
+            "nvext": {"backend_instance_id": broken}}
+    with deployment.client() as c:
+        r = c.post("/v1/completions", json=body)
+    assert r.status_code != 200 or r.json()["choices"][0]["finish_reason"].startswith("error"), r.text
+    t0 = time.monotonic()
+    assert proc.wait(30) == 2, deployment.log(host)[-2000:]
+    assert "the scheduler failed" in deployment.log(host) and '"error_type": "ServeError"' in deployment.log(host)
+    deployment.wait_gone(broken, timeout=15)
+    print(f"the failed worker unregistered and exited {time.monotonic() - t0:.1f} s after the failure")
+    del deployment.workers[host]
+    for p in prompts(4, 24, seed=9):
+        assert completion(deployment, p, 4)["nvext"]["worker_id"]["decode_worker_id"] != broken
+
+
+def test_sigterm_drains_a_worker_then_ends_every_process_cleanly_and_nothing_is_left(deployment, reference):
+    """SIGTERM of a worker with streams in flight: it stops taking requests, its streams finish
+    exactly, it exits 0. Then SIGTERM ends the frontend and the other worker with exit 0."""
+    host = WORKERS[1]
+    proc = deployment.workers[host]
+    batch = prompts(8, 24, seed=10)
+
+    async def run():
+        async with deployment.async_client() as client:
+            tasks = [asyncio.create_task(stream_completion(client, p, 240)) for p in batch]
+            await asyncio.sleep(1.0)
+            proc.send_signal(signal.SIGTERM)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 120)
+
+    results = asyncio.run(run())
+    for i, (r, ref) in enumerate(zip(results, reference(batch, 240))):
+        assert not r["errors"] and r["ids"] == ref, (i, r["errors"])
+    assert proc.wait(60) == 0, deployment.log(host)[-2000:]
+    log = deployment.log(host)
+    assert "drain: waiting for" in log and "stopping them" not in log, log[-3000:]  # drained, not cut
     codes = deployment.stop()
     assert codes and all(code == 0 for code in codes.values()), codes
     assert not [f for f in deployment.shm_seen if os.path.exists(f)], "shared memory left in /dev/shm"
