@@ -60,4 +60,6 @@ def reference(dyn_repo):
             gen.scheduler.step()
         return [outs[i] for i in range(len(prompts))]
 
+    generate.chat = lambda text, max_tokens: gen.generate(  # the chat template applied by our codec
+        text, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))["token_ids"]
     return generate

@@ -106,6 +106,21 @@ def test_32_streams_are_token_identical_to_in_process_and_carry_our_metrics(depl
     assert used == deployment.instances(), "both workers should have served some of the 32 streams"
 
 
+def test_chat_uses_the_registered_tokenizer_and_chat_template(deployment, reference):
+    """/v1/chat/completions: Dynamo's frontend renders the target's chat template and tokenizes with
+    its tokenizer (both registered by the worker): the tokens equal in-process chat generation."""
+    for text in ("Hello there", "def fibonacci(n):"):
+        body = {"model": "peagle", "messages": [{"role": "user", "content": text}], "max_tokens": 12,
+                "temperature": 0, "ignore_eos": True, **EXTRA}
+        with deployment.client() as c:
+            r = c.post("/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        out = r.json()
+        assert out["nvext"]["completion_token_ids"] == reference.chat(text, 12), text
+        assert out["choices"][0]["message"]["content"]
+        assert out["nvext"]["engine_data"]["metrics"]["speculative_decoding"]["num_spec_tokens"] == 3
+
+
 def test_every_plane_is_confined(deployment):
     listeners = deployment.listeners()
     assert listeners
