@@ -30,7 +30,6 @@ import os
 import signal
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import replace
 from typing import Any
 
 from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
@@ -39,7 +38,7 @@ from dynamo.common.backend.publisher import PushSource
 from peagle_trt.config import SamplingParams
 from peagle_trt.dynamo.events import KvEventRelay
 from peagle_trt.dynamo.options import WorkerOptions
-from peagle_trt.errors import ConfigError, RequestError
+from peagle_trt.errors import ConfigError, RequestError, ServeError
 from peagle_trt.openai_frontend.app import spec_decode_metrics
 from peagle_trt.runtime.scheduler import Request, RequestOutput
 from peagle_trt.serving.generator import TextGenerator
@@ -58,7 +57,9 @@ def sampling(request: dict, default_max_tokens: int) -> SamplingParams:
                           temperature=1.0 if temperature is None else float(temperature),
                           top_p=float(so.get("top_p") or 1.0), top_k=max(int(so.get("top_k") or 0), 0),
                           seed=so.get("seed"), ignore_eos=bool(sc.get("ignore_eos")),
-                          end_ids=tuple(sc.get("stop_token_ids_hidden") or ()))
+                          # the frontend's hidden stop ids are the model's EOS ids: they end a request
+                          # only when EOS counts
+                          end_ids=() if sc.get("ignore_eos") else tuple(sc.get("stop_token_ids_hidden") or ()))
 
 
 class PeagleEngine(LLMEngine):
@@ -105,36 +106,35 @@ class PeagleEngine(LLMEngine):
     async def generate(self, request: dict, context) -> AsyncGenerator[dict, None]:
         gen = self.generator
         if gen is None or gen.step_error is not None:
-            raise RuntimeError(f"this peagle-trt worker cannot serve: its scheduler failed ({gen and gen.step_error})")
+            raise ServeError(f"this peagle-trt worker cannot serve: its scheduler failed ({gen and gen.step_error})")
         prompt = list(request["token_ids"])
-        room = gen.options.max_seq_len - len(prompt)
-        params = sampling(request, max(room, 1))
-        if params.end_ids:  # the frontend's hidden stop ids are the model's EOS: only when EOS counts
-            params = replace(params, end_ids=() if params.ignore_eos else params.end_ids)
+        try:
+            params = sampling(request, max(gen.options.max_seq_len - len(prompt), 1))
+        except ConfigError as exc:  # a bad sampling value: the client's mistake, said as such
+            raise RequestError(str(exc)) from exc
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def on_output(out: RequestOutput) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, out)
 
-        try:
-            uid = gen.scheduler.add(Request(context.id(), prompt, params, on_output, context.is_stopped))
-        except (RequestError, ConfigError) as exc:
-            raise ValueError(str(exc)) from exc
+        uid = gen.scheduler.add(Request(context.id(), prompt, params, on_output, context.is_stopped))  # RequestError
         self._uids[context.id()] = uid
-        sent = 0
+        sent, finished = 0, False
         try:
-            while True:
+            while not finished:
                 out: RequestOutput = await queue.get()
-                sent += len(out.new_token_ids)
+                sent, finished = sent + len(out.new_token_ids), out.finished
                 chunk: dict[str, Any] = {"token_ids": out.new_token_ids, "index": 0}
-                if out.finished:
+                if finished:
                     chunk.update(self._final(out, len(prompt), sent))
+                    if out.finish_reason == "abort":  # the frontend's cancellation reached the scheduler
+                        log.info("request %s cancelled after %d tokens", context.id(), sent)
                 yield chunk
-                if out.finished:
-                    return
         finally:
             self._uids.pop(context.id(), None)
-            gen.cancel(uid)  # no-op when finished; frees the blocks at once when the caller left
+            if not finished:  # the caller left (or the frontend stopped it): free its blocks now
+                gen.cancel(uid)
+                log.info("request %s cancelled after %d tokens", context.id(), sent)
 
     def _final(self, out: RequestOutput, prompt_tokens: int, completion_tokens: int) -> dict:
         reason = FINISH.get(out.finish_reason, "error")

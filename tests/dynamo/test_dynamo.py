@@ -121,6 +121,22 @@ def test_chat_uses_the_registered_tokenizer_and_chat_template(deployment, refere
         assert out["nvext"]["engine_data"]["metrics"]["speculative_decoding"]["num_spec_tokens"] == 3
 
 
+def test_a_client_that_leaves_cancels_its_request_on_the_worker(deployment):
+    """Closing a stream mid-way: the frontend cancels it, the worker's generate ends early and
+    frees the request's blocks (engine.py logs it), long before its 480 tokens were made."""
+    before = sum(deployment.log(h).count("cancelled after") for h in WORKERS)
+    body = {"model": "peagle", "prompt": prompts(1, 24, seed=11)[0], "max_tokens": 480, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    with deployment.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                break  # one chunk, then leave
+    deadline = time.monotonic() + 10
+    while sum(deployment.log(h).count("cancelled after") for h in WORKERS) == before:
+        assert time.monotonic() < deadline, "the worker did not see the cancellation"
+        time.sleep(0.1)
+
+
 def test_every_plane_is_confined(deployment):
     listeners = deployment.listeners()
     assert listeners
