@@ -20,6 +20,7 @@ reads and writes; a shared filesystem across machines) unless `--discovery-backe
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,6 +118,12 @@ class WorkerOptions:
         object.__setattr__(self, "served_name", self.served_name or self.model)
         if not self.drain_timeout_s >= 0:
             raise ConfigError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout_s}")
+
+    @property
+    def component(self) -> str:
+        """The Dynamo component the worker serves under: one per served model (Dynamo registers one
+        model per endpoint; workers of the same model share it, and the router picks among them)."""
+        return re.sub(r"[^A-Za-z0-9_-]", "-", self.served_name)
 
     @property
     def target_dir(self) -> Path:

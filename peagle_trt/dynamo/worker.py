@@ -43,7 +43,7 @@ def run_worker(options: WorkerOptions) -> None:
     from peagle_trt.dynamo.engine import PeagleEngine
 
     # the model path Dynamo registers: the target's directory (tokenizer, chat template, config)
-    config = WorkerConfig(namespace=options.planes.namespace, component="backend", endpoint="generate",
+    config = WorkerConfig(namespace=options.planes.namespace, component=options.component, endpoint="generate",
                           model_name=str(options.target_dir), served_model_name=options.served_name,
                           discovery_backend=options.planes.discovery_backend, request_plane="tcp",
                           event_plane="zmq", enable_kv_routing=options.kv_events)

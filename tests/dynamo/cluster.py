@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import unquote
 
 import httpx
 import pytest
@@ -23,7 +24,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "scripts" / "dynamo-requirements.txt"
 PORT = 8000  # the frontend's port inside the namespace
-GENERATE = "peagle%2Fbackend%2Fgenerate%2F"  # discovery file prefix of a worker's generate endpoint
 
 
 def progress(msg: str) -> None:
@@ -83,9 +83,11 @@ class Deployment:
                                                  "--router-mode", self.router_mode,
                                                  "--migration-limit", str(self.migration_limit)])
 
-    def start_worker(self, host: str, kv_events: bool = True, env: dict | None = None) -> subprocess.Popen:
+    def start_worker(self, host: str, kv_events: bool = True, env: dict | None = None,
+                     repo: Path | None = None, model: str = "peagle") -> subprocess.Popen:
         extra = [] if kv_events else ["--no-kv-events"]
-        proc = self._spawn(f"worker-{host}", ["worker", "--repo", str(self.repo), "--host", host, *extra], env)
+        args = ["worker", "--repo", str(repo or self.repo), "--model", model, "--host", host, *extra]
+        proc = self._spawn(f"worker-{host}", args, env)
         self.workers[host] = proc
         return proc
 
@@ -105,8 +107,8 @@ class Deployment:
     def instances(self) -> set[int]:
         """Worker ids registered in discovery (the ids the router reports in nvext.worker_id)."""
         folder = self.discovery / "v1" / "instances"
-        names = os.listdir(folder) if folder.is_dir() else []
-        return {int(n[len(GENERATE):], 16) for n in names if n.startswith(GENERATE)}
+        names = [unquote(n).split("/") for n in (os.listdir(folder) if folder.is_dir() else [])]
+        return {int(n[3], 16) for n in names if len(n) == 4 and n[0] == "peagle" and n[2] == "generate"}
 
     def wait_ready(self, workers: int, timeout: float = 120.0) -> None:
         """Until `workers` workers are registered and the frontend serves a request."""

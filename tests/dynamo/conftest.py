@@ -31,6 +31,16 @@ def dyn_repo(tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def ort_repo(tiny, tmp_path_factory):
+    """The same pair on the onnxruntime backend (ONNX graphs written at build), model `peagle_ort`."""
+    root = tmp_path_factory.mktemp("dynrepo_ort")
+    build_repository(tiny["llama"], tiny["aws"], root / "build",
+                     RepositoryOptions(SpecConfig("peagle", 3), model_name="peagle_ort", backend="onnxruntime",
+                                       max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64))
+    return root / "build"
+
+
+@pytest.fixture(scope="session")
 def reference(dyn_repo):
     """generate(prompt_ids, max_tokens) -> token ids, greedy, EOS ignored: one in-process engine
     built from the same repository (the code the worker runs, without Dynamo)."""
@@ -41,15 +51,21 @@ def reference(dyn_repo):
 
     gen = TextGenerator.load(*read_options(dyn_repo, "peagle"))
 
-    def generate(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-        import torch
+    def one_thread(fn):
+        def run(*args):
+            import torch
 
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # tiny ops: one thread is faster, and the workers share the cores
-        try:
-            return _generate(prompts, max_tokens)
-        finally:
-            torch.set_num_threads(threads)
+            threads = torch.get_num_threads()
+            torch.set_num_threads(1)  # tiny ops: one thread is faster, and the workers share the cores
+            try:
+                return fn(*args)
+            finally:
+                torch.set_num_threads(threads)
+        return run
+
+    @one_thread
+    def generate(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+        return _generate(prompts, max_tokens)
 
     def _generate(prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
         outs: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
@@ -60,6 +76,6 @@ def reference(dyn_repo):
             gen.scheduler.step()
         return [outs[i] for i in range(len(prompts))]
 
-    generate.chat = lambda text, max_tokens: gen.generate(  # the chat template applied by our codec
-        text, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))["token_ids"]
+    generate.chat = one_thread(lambda text, max_tokens: gen.generate(  # the chat template applied by our codec
+        text, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))["token_ids"])
     return generate

@@ -3,6 +3,8 @@ a private network namespace (loopback only), file discovery, workers on 127.0.0.
 
   - 32 concurrent streams through the frontend are token-identical to one in-process engine, and
     carry our per-request speculation metrics (nvext.engine_data, vLLM's shape);
+  - chat uses the registered tokenizer and template; a client that leaves cancels its request; an
+    onnxruntime-built worker serves its own model beside the torch ones;
   - every listening socket is on a named loopback address or (Dynamo's ZMQ publishers) on the
     wildcard of a namespace that holds loopback only;
   - KV-aware routing: a prompt sharing a long prefix with an earlier one goes to the worker that
@@ -135,6 +137,30 @@ def test_a_client_that_leaves_cancels_its_request_on_the_worker(deployment):
     while sum(deployment.log(h).count("cancelled after") for h in WORKERS) == before:
         assert time.monotonic() < deadline, "the worker did not see the cancellation"
         time.sleep(0.1)
+
+
+def test_an_onnxruntime_worker_serves_its_own_model_beside_them(deployment, ort_repo, reference):
+    """Any backend: a worker for a repository built for onnxruntime joins as model `peagle_ort`;
+    its greedy tokens equal the torch in-process engine's on this pair."""
+    proc = deployment.start_worker("127.0.0.5", repo=ort_repo, model="peagle_ort")
+    deployment.wait_worker_id("127.0.0.5", other_than=-1)
+    batch = prompts(4, 24, seed=12)
+    try:
+        for p, ref in zip(batch, reference(batch, 16)):
+            body = {"model": "peagle_ort", "prompt": p, "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+                    **EXTRA}
+            for _ in range(40):  # the frontend learns the new model from discovery
+                with deployment.client() as c:
+                    r = c.post("/v1/completions", json=body)
+                if r.status_code != 404:
+                    break
+                time.sleep(0.25)
+            assert r.status_code == 200, r.text
+            assert r.json()["nvext"]["completion_token_ids"] == ref
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
+        del deployment.workers["127.0.0.5"]
 
 
 def test_every_plane_is_confined(deployment):
