@@ -7,6 +7,7 @@
     peagle-trt make-tiny OUT_DIR        # small seeded checkpoints for demos and tests
     peagle-trt inspect [TARGET_DIR] DRAFTER_DIR   # what a checkpoint is; whether a pair fits
     peagle-trt bench SUITE [options]    # a benchmark suite (peagle-trt bench --help lists them)
+    peagle-trt dynamo worker|frontend   # serve behind NVIDIA Dynamo (many machines, KV-aware routing)
 
 This is the only module that catches broad exceptions: it prints them and exits non-zero.
 """
@@ -392,6 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     from peagle_trt.bench import cli as bench_cli
     from peagle_trt.checkpoint import cli as inspect_cli
     from peagle_trt.convert import cli as convert_cli
+    from peagle_trt.dynamo import cli as dynamo_cli
     from peagle_trt.engine import cli as engine_cli
     from peagle_trt.quantize import cli as quantize_cli
     from peagle_trt.train import cli as train_cli
@@ -402,7 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     for add_parser in (add_generate_parser, add_build_parser, convert_cli.add_parser, add_export_parser,
                        engine_cli.add_parser,
                        inspect_cli.add_parser, quantize_cli.add_parser, train_cli.add_parser, demo.add_parser,
-                       add_serve_parser, add_make_tiny_parser, bench_cli.add_parser):
+                       add_serve_parser, dynamo_cli.add_parser, add_make_tiny_parser, bench_cli.add_parser):
         add_parser(sub)
     return parser
 

@@ -14,8 +14,9 @@ holds positions j*bs .. j*bs + bs - 1; -1: none).
   commit(seq)       after a step: full blocks whose KV is final enter the prefix cache
   release(seq)      finish, cancel, failure, preemption: every block back (cached ones stay
                     reusable until evicted, least recently used first)
-  listeners         callables told ("stored" | "removed", key) as keys enter and leave the
-                    prefix cache: the block events a KV-aware router consumes
+  listeners         callables told a `BlockEvent` as keys enter ("stored": with the parent key
+                    and the block's tokens) and leave ("removed") the prefix cache: the block
+                    events a KV-aware router consumes (peagle_trt/dynamo/events.py)
 
 Rejected drafts need nothing: their rows sit in blocks the request keeps, and the next step
 overwrites them. Prefix reuse (group 0 only, so off for models with windowed layers): a full
@@ -44,6 +45,15 @@ log = logging.getLogger(__name__)
 _NOTHING = (0, b"")  # no block of a sequence in the prefix cache yet
 
 
+@dataclass(frozen=True)
+class BlockEvent:
+    """One change of the prefix cache (group 0), in the order it happened."""
+    kind: str  # "stored" | "removed"
+    key: bytes  # the block's chained prefix key
+    parent: bytes = b""  # "stored": the previous block's key (b"": the first block of a sequence)
+    tokens: tuple[int, ...] = ()  # "stored": the block's own block_size tokens
+
+
 @dataclass
 class BlockStats:
     """Cumulative counters of a `BlockManager` (metrics)."""
@@ -59,7 +69,7 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, on_event=None):
         self.num_blocks = num_blocks
-        self.on_event = on_event  # ("stored" | "removed", key): the prefix cache's changes
+        self.on_event = on_event  # (kind, key, content): the prefix cache's changes
         self.free = collections.deque(range(num_blocks))  # no content worth keeping
         self.refs = [0] * num_blocks
         self.by_hash: dict[bytes, int] = {}
@@ -84,7 +94,7 @@ class BlockPool:
             del self.by_hash[key]
             self.evictions += 1
             if self.on_event is not None:
-                self.on_event("removed", key)
+                self.on_event("removed", key, None)
         else:
             raise RuntimeInvariantError("KV block pool exhausted (the caller checks `available` first)")
         self.refs[block] = 1
@@ -106,13 +116,14 @@ class BlockPool:
             else:
                 self.free.append(block)
 
-    def remember(self, block: int, key: bytes) -> None:
-        """Block `block` (referenced) now holds the final KV of the prefix `key`."""
+    def remember(self, block: int, key: bytes, content=None) -> None:
+        """Block `block` (referenced) now holds the final KV of the prefix `key`; `content`
+        (parent key, tokens) only rides along to the event."""
         if key not in self.by_hash and block not in self.hash_of:
             self.by_hash[key] = block
             self.hash_of[block] = key
             if self.on_event is not None:
-                self.on_event("stored", key)
+                self.on_event("stored", key, content)
 
     def check(self, held: collections.Counter) -> None:
         """Invariants against `held` (block -> tables holding it); raises RuntimeInvariantError."""
@@ -147,7 +158,8 @@ class BlockManager:
                               "raise the block count (--kv-blocks) or lower the maximum sequence length")
         self.kv, self.windows, self.lookahead, self.drafter = kv, windows, lookahead, drafter
         # prefix-cache events of group 0 (a block's key entered or left the cache), in order: what a
-        # KV-aware router (Dynamo's BlockStored / BlockRemoved) consumes; add a callable to listen
+        # KV-aware router (Dynamo's BlockStored / BlockRemoved) consumes; add a callable to listen.
+        # They run on the stepping thread: keep them short (hand off to another thread).
         self.listeners: list = []
         self.pools = [BlockPool(n, self._event if g == 0 else None) for g, n in enumerate(kv.group_blocks(windows))]
         self.prefix_caching = prefix_caching and len(windows) == 1
@@ -157,9 +169,13 @@ class BlockManager:
         self.stats = BlockStats()
         self._committed: dict = {}  # seq -> (blocks entered into the prefix cache, the last one's key)
 
-    def _event(self, kind: str, key: bytes) -> None:
+    def _event(self, kind: str, key: bytes, content) -> None:
+        if not self.listeners:
+            return
+        parent, tokens = content if content is not None else (b"", ())
+        event = BlockEvent(kind, key, parent, tokens)
         for listener in self.listeners:
-            listener(kind, key)
+            listener(event)
 
     # -- sizes -------------------------------------------------------------------------------
     def _entries(self, upto: int) -> int:
@@ -261,9 +277,11 @@ class BlockManager:
         if full <= done:
             return
         full = min(full, len(seq.blocks[0]))
-        keys = self._keys(seq.prompt + seq.output, done, full, parent)
-        for block, key in zip(seq.blocks[0][done:full], keys):
-            self.pools[0].remember(block, key)
+        tokens, bs = seq.prompt + seq.output, self.kv.block_size
+        keys = self._keys(tokens, done, full, parent)
+        for i, (block, key) in enumerate(zip(seq.blocks[0][done:full], keys), start=done):
+            self.pools[0].remember(block, key, (parent, tuple(tokens[i * bs:(i + 1) * bs])))
+            parent = key
         self._committed[seq] = (full, keys[-1])
 
     def release(self, seq) -> None:

@@ -10,8 +10,10 @@ What a run guarantees (tests/faults/test_serve_faults.py proves each):
   listens on the three ports, then `/v2/health/ready`;
 - SIGTERM / Ctrl-C drain: tritonserver stops taking requests, lets running streams finish (up to
   `drain_timeout_s`, its exit timeout) and exits once its models have unloaded;
-- a model process (Python-backend stub) that dies while serving stops the whole server at once, so
-  in-flight clients get an error instead of hanging, and `serve` exits with that reason;
+- a model process (Python-backend stub) that dies, busy or idle, stops the whole server at once
+  (SIGTERM: readiness goes off and tritonserver unloads and exits cleanly, SIGKILL only if it has
+  not within `_DEAD_STUB_GRACE_S`), so in-flight clients get an error instead of hanging and no
+  one sees a ready-but-broken server; `serve` exits with that reason (code 2);
 - tritonserver dies with the process that started it (parent-death signal);
 - on every exit path the run's stub processes and `/dev/shm` regions (named by a prefix unique to
   the run, `shm_prefix`) are removed.
@@ -43,6 +45,7 @@ from peagle_trt.speculative_config import SERVE_ENV as SPEC_ENV
 _HARMLESS = ("CudaDriverHelper has not been initialized", "pinned memory", "CUDA driver")
 _STARTUP_GRACE_S = 5.0  # before it is ready nothing runs that could drain: SIGKILL after this
 _IDLE_GRACE_S = 3.0  # draining: models idle this long -> nothing left to finish
+_DEAD_STUB_GRACE_S = 5.0  # a model process died: tritonserver's time to unload and exit by itself
 _PORT_TAKEN = re.compile(r"Socket '([^']*):(\d+)' already in use")
 
 
@@ -316,9 +319,10 @@ def serve_forever(options: ServeOptions, on_ready=None) -> dict:
         while stop["signal"] is None:
             reason = server.health()
             if reason is not None:
-                server.kill()
-                raise ServeError(f"{reason}; stopped the server (in-flight requests failed) and removed its "
-                                 "processes and shared memory; start `peagle-trt serve` again")
+                code = server.stop(_DEAD_STUB_GRACE_S)  # nothing can drain; a clean exit when it can
+                how = "it exited cleanly" if code == 0 else f"it ended with code {code}"
+                raise ServeError(f"{reason}; stopped the server ({how}; in-flight requests failed) and removed "
+                                 "its processes and shared memory; start `peagle-trt serve` again")
             time.sleep(0.2)
         code = server.stop(abort=lambda: stop["count"] > 1)
         return {"exit_code": code, "drained": server.drained}

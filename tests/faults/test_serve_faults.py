@@ -274,6 +274,42 @@ def test_kill_9_of_the_model_process_fails_streams_promptly_and_serve_exits_clea
     assert_nothing_left(repo, regions)
 
 
+def test_kill_9_of_an_idle_model_process_turns_readiness_off_at_once(repo):
+    """The health contract a router relies on (issue 25): a bare tritonserver whose stub died
+    while idle keeps answering ready (health 200, model ready 200) and fails every request; under
+    `serve` the stub's death ends readiness within a second (the server is stopped) and `serve`
+    exits with code 2 and the reason, so a supervisor restarts it."""
+    import urllib.error
+    import urllib.request
+
+    serve = Serve(repo)
+    ready = serve.first_line()
+    assert ready and ready["ready"]
+    url = f"http://127.0.0.1:{serve.ports[0]}/v2/health/ready"
+
+    def is_ready() -> bool:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    regions = set(stubs_of(repo).values())
+    assert is_ready()
+    (triton,) = children(serve.proc.pid)
+    (stub,) = [pid for pid in children(triton) if pid in stubs_of(repo)]
+    os.kill(stub, signal.SIGKILL)
+    killed_at = time.monotonic()
+    while is_ready() and time.monotonic() - killed_at < 10:
+        time.sleep(0.05)
+    not_ready_after = time.monotonic() - killed_at
+    code, result = serve.last_line(timeout=30)
+    assert not_ready_after < 1.5, f"still ready {not_ready_after:.1f} s after the model process died"
+    assert code == 2 and result["error_type"] == "ServeError" and "model process" in result["error"], result
+    assert "it exited cleanly" in result["error"], result  # tritonserver exit 0 after SIGTERM, not SIGKILL
+    assert_nothing_left(repo, regions)
+
+
 def test_sigterm_during_8_streams_finishes_them_exactly_then_exits_promptly(repo):
     serve = Serve(repo)
     ready = serve.first_line()

@@ -84,16 +84,20 @@ def test_prefix_cache_events_mirror_the_cache(tiny):
     kv = KVLayout(num_blocks=14, max_len=96, max_batch=2, block_size=8, max_rows=16)
     sched = Scheduler(make_decoder(tiny, "llama", "aws", "peagle", 3, kv=kv), prefill_chunk=16)
     events: list = []
-    sched.blocks.listeners.append(lambda kind, key: events.append((kind, key)))
+    sched.blocks.listeners.append(events.append)
     outputs: dict = {}
     for i, (prompt, m) in enumerate(workload(8, 21, list(range(300, 330)))):
         sched.add(Request(str(i), prompt, SamplingParams(max_tokens=m, ignore_eos=True), collect(outputs)))
     sched.run_until_idle()
-    live: set = set()
-    for kind, key in events:
-        assert (key in live) == (kind == "removed")
-        (live.add if kind == "stored" else live.remove)(key)
-    assert live == set(sched.blocks.pools[0].by_hash) and any(k == "removed" for k, _ in events)
+    live: dict = {}
+    for e in events:
+        assert (e.key in live) == (e.kind == "removed")
+        if e.kind == "stored":  # the content a router hashes: the block's tokens, chained by parent keys
+            assert len(e.tokens) == 8 and (e.parent == b"" or e.parent in live)
+            live[e.key] = e.tokens
+        else:
+            del live[e.key]
+    assert set(live) == set(sched.blocks.pools[0].by_hash) and any(e.kind == "removed" for e in events)
 
 
 def test_fuzz_arrivals_and_cancels_keep_the_pool_exact(tiny):
