@@ -149,7 +149,7 @@ def plot(rows: list[dict], key: str, label: str):
 def table(rows: list[dict]) -> str:
     head = ("| workload | K | conc | requests | errors | TTFT avg / p50 (ms) | ITL avg (ms) | tok/s/user p50 "
             "| tok/s total "
-            "| req/s | AL pooled (Prometheus) | AL per request (AIPerf) |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+            "| req/s | AL pooled (Prometheus) | AL per request (AIPerf) |\n" + "|---" * 12 + "|")
     lines = [head]
     for r in sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])):
         lines.append(f"| {r['workload']} | {r['k']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
