@@ -14,7 +14,7 @@ namespace of its own (a container, a Kubernetes pod) holding just its address
 (`check_wildcard_reach`), or with --allow-all-interfaces (then firewall those ports).
 Discovery is Dynamo's file backend (`DYN_FILE_KV`: a directory every process of the deployment
 reads and writes; a shared filesystem across machines) unless `--discovery-backend etcd` /
-`kubernetes` is named, as in a cluster. Tested by tests/dynamo/test_options.py.
+`kubernetes` is named, as in a cluster. Tested by tests/dynamo/test_dynamo_options.py.
 """
 
 from __future__ import annotations
