@@ -13,14 +13,10 @@ On a GPU the same tests run the compiled kernels: PEAGLE_TRITON_DEVICE=cuda pyte
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
-DEVICE = os.environ.get("PEAGLE_TRITON_DEVICE", "cpu")
-if DEVICE == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported (the kernels below import it)
+from tests.ops.conftest import DEVICE  # sets TRITON_INTERPRET=1 on CPU, before the kernels are imported
 
 triton = pytest.importorskip("triton", reason="pip install -c constraints.txt 'peagle-trt[dev]' (triton==3.9.0)")
 
@@ -135,6 +131,7 @@ CASES = {  # rows per request (-1 = padding), heads, kv heads, head size, block 
     "verify-k3": ([[20, 21, 22, 23], [5, 6, -1, -1]], 4, 1, 24, 8),
     "draft-k16": ([list(range(30, 47))], 2, 2, 16, 16),
     "head-size-40": ([[11, 12], [3, -1]], 6, 3, 40, 4),
+    "verify-k16-two-tiles": ([list(range(40, 57))], 4, 1, 16, 8),  # 17 rows x 4 heads > one 64-row tile
 }
 
 

@@ -8,15 +8,15 @@ read-only layers (k = v = None), FP8 e4m3 caches with per-tensor scales (stored 
 
 Two kernels, launched in order on one stream:
   kv_write      one program per (request, row): scatters the new k/v rows into their blocks;
-  kv_attention  one program per (request, KV head): the S rows x G = H/KV query heads of the
-                request that share the KV head form one [BLOCK_M, d] tile; keys and values are
-                gathered through the block table BLOCK_N positions at a time (any block size)
-                and go through `tl.dot` (the tensor cores; the old CUDA kernel's `mma.sync`)
-                with an online softmax in fp32.
+  kv_attention  one program per (request, KV head, tile of BLOCK_M = 16 rows): the S rows x
+                G = H/KV query heads of the request that share the KV head form [BLOCK_M, d]
+                tiles; keys and values are gathered through the block table BLOCK_N positions
+                at a time (any block size) and go through `tl.dot` (the tensor cores; the old
+                CUDA kernel's `mma.sync`) with an online softmax in fp32.
 Splitting the write out keeps the attention race-free without a grid-wide barrier.
 Differences from the reference, outside the runtime's contract: padding rows return zeros (the
-reference returns some finite row); a table entry -1 inside a row's visible range is masked (the
-reference reads the trash block).
+reference returns some finite row); a table entry -1 (or past the cache) inside a row's visible
+range is masked (the reference reads the trash block).
 How to test: tests/ops/test_triton_kernels.py (interpreter), tests/plugins/test_kernels_gpu.py (GPU).
 """
 
@@ -61,14 +61,14 @@ def _round_to_e4m3(x):
 
 @triton.jit
 def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S, M, trash, bs,
-                    k_scale, v_scale, KVD: tl.constexpr, BLOCK: tl.constexpr, FP8_CACHE: tl.constexpr,
+                    k_scale, v_scale, KVD, BLOCK: tl.constexpr, FP8_CACHE: tl.constexpr,
                     ROUND_FP8: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     pos = tl.load(positions_ptr + b * S + s)
     entry = tl.maximum(pos, 0) // bs
     block = tl.load(tables_ptr + b * M + tl.minimum(entry, M - 1))
-    valid = (pos >= 0) & (entry < M) & (block >= 0)
+    valid = (pos >= 0) & (entry < M) & (block >= 0) & (block < trash)  # entries past the cache: as -1
     block = tl.where(valid, block, trash)
     offset = tl.where(valid, tl.maximum(pos, 0) % bs, 0)
     row = (block * bs + offset) * KVD
@@ -90,13 +90,14 @@ def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S
 
 @triton.jit
 def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_cache, sinks_ptr,
-                        S, M, bs, H, KV, qk_scale, k_scale, v_scale, window,
-                        D: tl.constexpr, G: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                        S, M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_N: tl.constexpr, HAS_SINKS: tl.constexpr, FP8_CACHE: tl.constexpr,
                         IEEE: tl.constexpr, UPCAST: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
-    rows = tl.arange(0, BLOCK_M)  # tile row m = (query row s = m // G, head kvh*G + m % G)
+    # tile row m = (query row s = m // G, head kvh*G + m % G); axis 2 tiles S*G rows past BLOCK_M
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
     s = rows // G
     head = kvh * G + rows % G
     row_ok = s < S
@@ -121,7 +122,7 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
         kp = start + keys  # [BLOCK_N] key positions
         entry = tl.minimum(kp // bs, M - 1)
         block = tl.load(tables_ptr + b * M + entry, mask=kp < end, other=-1)
-        key_ok = (kp < end) & (block >= 0)
+        key_ok = (kp < end) & (block >= 0) & (block < trash)  # -1 and entries past the cache: masked
         slot = tl.where(key_ok, block * bs + kp % bs, 0)
         kv_off = (slot * KV + kvh)[:, None] * D + d[None, :]
         kv_mask = key_ok[:, None] & d_ok[None, :]
@@ -203,11 +204,12 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                                 BLOCK=min(next_pow2(kvh * d, 16), 1024), FP8_CACHE=fp8,
                                 ROUND_FP8=fp8 and interpreted())
     group = h // kvh
+    block_m = 16  # 64-row tiles spill registers from d = 64 on (aot.py's check); more rows, more programs
     qk_scale = (scale if scale is not None else d ** -0.5) * LOG2E
-    kv_attention_kernel[(b, kvh)](
+    kv_attention_kernel[(b, kvh, -(-s * group // block_m))](
         q, out, positions, tables, k_cache, v_cache, q if sinks is None else sinks.contiguous(),
-        s, m, bs, h, kvh, float(qk_scale), float(k_scale), float(v_scale), int(sliding_window),
-        D=d, G=group, BLOCK_M=next_pow2(s * group, 16), BLOCK_D=next_pow2(d, 16), BLOCK_N=BLOCK_N,
-        HAS_SINKS=sinks is not None, FP8_CACHE=fp8, IEEE=q.dtype == torch.float32,
+        s, m, blocks - 1, bs, h, kvh, group, float(qk_scale), float(k_scale), float(v_scale), int(sliding_window),
+        D=d, BLOCK_M=block_m, BLOCK_D=next_pow2(d, 16), BLOCK_N=BLOCK_N,
+        HAS_SINKS=sinks is not None, FP8_CACHE=fp8, IEEE=q.dtype == torch.float32, num_warps=4 if d <= 128 else 8,
         UPCAST=q.dtype == torch.bfloat16 and interpreted())
     return out

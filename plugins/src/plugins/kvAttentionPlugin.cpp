@@ -82,7 +82,10 @@ bool KVAttentionPlugin::supportsFormatCombination(
     case kV: return t == inOut[kQ].desc.type;
     case kPositions:
     case kBlockTables: return t == nvinfer1::DataType::kINT64;
-    case kKCache: return t == inOut[kQ].desc.type || t == nvinfer1::DataType::kFP8;
+    // FP8 caches under 16-bit activations only: no fp32 + FP8 cubin is compiled (it spills registers)
+    case kKCache:
+        return t == inOut[kQ].desc.type
+            || (t == nvinfer1::DataType::kFP8 && inOut[kQ].desc.type != nvinfer1::DataType::kFLOAT);
     case kVCache: return t == inOut[kKCache].desc.type;
     case kNbInputs + kOut: return t == inOut[kQ].desc.type;
     case kNbInputs + kKCacheOut: return t == inOut[kKCache].desc.type;
