@@ -181,7 +181,7 @@ def require(device: torch.device) -> None:
 @contextlib.contextmanager
 def routed():
     """Within this block (this thread / context only), the ops called by the torch models run on the
-    CUDA kernels, with no fallback. Used by `TorchExecutor(kernels="cuda")` around its forwards."""
+    Triton kernels, with no fallback. Used by `TorchExecutor(kernels="cuda")` around its forwards."""
     install()
     token = _ROUTED.set(True)
     try:

@@ -45,6 +45,8 @@ def test_draft_sample(dtype, vocab):
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(3, 5, vocab, generator=gen).to(dtype)
     logits[0, 0, vocab - 1] = logits[0, 0, 2] = 50.0  # a tie across chunks: the lower index wins
+    logits[1, 1] = float("-inf")  # all -inf: index 0
+    logits[2, 3, [vocab - 1, 4]] = float("nan")  # NaN is the maximum (torch.argmax): the first NaN wins
     d2t = torch.randint(-3, 9, (vocab,), generator=gen)
     for table in (d2t, None):
         out = torch.full((3, 5), -77, dtype=torch.int64)

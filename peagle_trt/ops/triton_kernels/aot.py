@@ -69,8 +69,9 @@ def compile_variant(v: Variant, cap: int, out_dir: Path) -> dict:
     path.write_bytes(k.asm["cubin"])
     md = k.metadata
     entry = {"variant": v.name, "arch": cap, "file": path.name, "symbol": md.name,
-             "threads": 32 * md.num_warps, "shared": md.shared, "global_scratch": md.global_scratch_size,
-             "profile_scratch": md.profile_scratch_size, "args": [t for _, t in v.kernel_args],
+             "threads": 32 * md.num_warps, "shared": md.shared,
+             "global_scratch": getattr(md, "global_scratch_size", 0),  # older Tritons lack these fields
+             "profile_scratch": getattr(md, "profile_scratch_size", 0), "args": [t for _, t in v.kernel_args],
              "arg_names": [n for n, _ in v.kernel_args]}
     entry.update(resources(path))
     return entry

@@ -1,9 +1,9 @@
 """PEagleDraftSample in Triton: greedy argmax over the draft vocabulary, then d2t to target ids.
 
 Contract: `peagle_trt.ops.reference.draft_sample` (logits [..., V_d] -> ids [...], int64;
-target_id = draft_id + d2t[draft_id]; ties go to the lowest index, as torch.argmax).
-One program per row scans the vocabulary in chunks of BLOCK_V, keeping per lane the best value and
-its first index; the row's answer is the lowest index holding the maximum. No atomics, no split:
+target_id = draft_id + d2t[draft_id]; ties go to the lowest index and NaN counts as the maximum,
+as torch.argmax). One program per row scans the vocabulary in chunks of BLOCK_V, keeping per lane
+the best value and its first index; the row's answer is the lowest index holding the maximum. No atomics, no split:
 a draft vocabulary (~32k) is one pass of a few chunks per row.
 How to test: tests/ops/test_triton_kernels.py (interpreter), tests/plugins/test_kernels_gpu.py (GPU).
 """
@@ -25,15 +25,23 @@ def draft_sample_kernel(logits_ptr, d2t_ptr, ids_ptr, vocab,
     row = tl.program_id(0).to(tl.int64)
     lanes = tl.arange(0, BLOCK_V)
     best = tl.full([BLOCK_V], float("-inf"), tl.float32)
+    best_nan = tl.zeros([BLOCK_V], tl.int32)  # 1: this lane's best is a NaN (torch.argmax: NaN is the maximum)
     best_idx = tl.full([BLOCK_V], 2147483647, tl.int32)
     for start in range(0, vocab, BLOCK_V):
         idx = start + lanes
-        x = tl.load(logits_ptr + row * vocab + idx, mask=idx < vocab, other=float("-inf")).to(tl.float32)
-        take = (x > best) | ((best_idx == 2147483647) & (idx < vocab))  # strict: earlier chunks win ties
+        inside = idx < vocab
+        x = tl.load(logits_ptr + row * vocab + idx, mask=inside, other=float("-inf")).to(tl.float32)
+        nan = (x != x).to(tl.int32)
+        first = (best_idx == 2147483647) & inside
+        # strict comparisons: on a tie the earlier chunk (the lower index) keeps the lane
+        take = first | (nan > best_nan) | ((nan == 0) & (best_nan == 0) & (x > best))
         best = tl.where(take, x, best)
+        best_nan = tl.where(take, nan, best_nan)
         best_idx = tl.where(take, idx, best_idx)
-    top = tl.max(best, axis=0)
-    draft = tl.min(tl.where(best == top, best_idx, 2147483647), axis=0).to(tl.int64)
+    any_nan = tl.max(best_nan, axis=0)
+    top = tl.max(tl.where(best_nan == 1, float("-inf"), best), axis=0)
+    winner = tl.where(any_nan == 1, best_nan == 1, best == top)
+    draft = tl.min(tl.where(winner, best_idx, 2147483647), axis=0).to(tl.int64)
     if HAS_D2T:
         draft += tl.load(d2t_ptr + draft)
     tl.store(ids_ptr + row, draft)

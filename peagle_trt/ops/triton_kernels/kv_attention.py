@@ -179,7 +179,8 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                          f"{tuple(block_tables.shape)} must be [{b}, {s}] / [{b}, M]")
     if (k_cache.dim() != 4 or k_cache.shape[2:] != (kvh, d) or v_cache.shape != k_cache.shape
             or v_cache.dtype != k_cache.dtype or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
-        raise ValueError(f"kv_attention: caches must be contiguous [blocks + 1, block_size, {kvh}, {d}] of one "
+        raise ValueError(f"kv_attention: caches do not match: they must be contiguous [blocks + 1, block_size, "
+                         f"{kvh}, {d}] of one "
                          f"dtype, got {tuple(k_cache.shape)} {k_cache.dtype} / {tuple(v_cache.shape)} {v_cache.dtype}")
     if sinks is not None and sinks.shape != (h,):
         raise ValueError(f"kv_attention: sinks must be [{h}], got {tuple(sinks.shape)}")
