@@ -99,6 +99,12 @@ int32_t KVAttentionPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc con
 {
     if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
         return 1;
+    if (mHeadDim != 64 && mHeadDim != 128 && mHeadDim != 256)
+    {
+        // the compiled Triton variants (peagle_trt/ops/triton_kernels/variants.py, HEAD_DIMS)
+        logError("PEagleKVAttention: head_dim must be 64, 128 or 256 (the compiled kernel variants)");
+        return 1;
+    }
     nvinfer1::Dims const& cache = in[kKCache].desc.dims;
     nvinfer1::Dims const& vCache = in[kVCache].desc.dims;
     nvinfer1::Dims const& q = in[kQ].desc.dims;
