@@ -8,9 +8,9 @@ behave (creators, attributes, shapes, types, KV aliasing, serialization); and CM
 libpeagle_plugins.so when it finds TensorRT. Nothing here runs a kernel (see test_kernels_gpu.py).
 
 Missing TensorRT headers FAIL these tests (they are what proves the wrappers match TensorRT's API);
-missing nvcc / cmake / g++ skip the tests that need them.
+missing cmake / g++ / CUDA headers skip the tests that need them.
 
-Timing on the 2-core CI machine: ~3 min from scratch (compiling 52 cubins), ~10 s when Triton's
+Timing on the 2-core CI machine: ~35 s from scratch (~20 s of it compiling 52 cubins), ~10 s when Triton's
 cache (~/.triton/cache) or plugins/build already holds them.
 """
 

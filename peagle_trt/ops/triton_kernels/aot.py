@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import re
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from peagle_trt.errors import BuildError
@@ -77,6 +78,10 @@ def compile_variant(v: Variant, cap: int, out_dir: Path) -> dict:
     return entry
 
 
+def _compile_by_name(name: str, cap: int, out_dir: Path) -> dict:
+    return compile_variant(next(v for v in all_variants() if v.name == name), cap, out_dir)
+
+
 def check(entry: dict) -> list[str]:
     """The limits one compiled kernel breaks (empty: none)."""
     name = f"{entry['variant']} sm_{entry['arch']}a"
@@ -119,8 +124,10 @@ def build(out_dir: Path, archs=ARCHS, only: str = "", jobs: int = 2) -> list[dic
     todo = [(v, cap) for v in all_variants() if v.name.startswith(only) for cap in archs]
     if not todo:
         raise BuildError(f"no kernel variant starts with {only!r}")
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        entries = list(pool.map(lambda job: compile_variant(job[0], job[1], out_dir), todo))
+    # processes, not threads: a compilation holds the GIL most of the time; children get names (picklable)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+        entries = list(pool.map(_compile_by_name, [v.name for v, _ in todo], [cap for _, cap in todo],
+                                [out_dir] * len(todo)))
     bad = [msg for e in entries for msg in check(e)]
     (out_dir / "manifest.json").write_text(json.dumps({"cubins": entries, "violations": bad}, indent=1))
     if bad:
