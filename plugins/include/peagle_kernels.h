@@ -78,7 +78,7 @@ PEAGLE_KERNELS_API size_t peagle_kv_attention_workspace_size(
  *
  * Row j < n: (embed[pending_ids[j]], pending_hidden[j]); n <= j < n+K-1: (embed[mask_token_id],
  * h_mask); other rows zero with position -1. positions = cur - n + j; sample_rows = n-1 .. n+K-2.
- * mask_token_id must lie in [0, V); pending ids are not checked (the runtime writes valid ones).
+ * mask_token_id must lie in [0, V); pending ids are clamped to [0, V) before the gather.
  * ------------------------------------------------------------------------------------------- */
 PEAGLE_KERNELS_API cudaError_t peagle_draft_inputs(int64_t const* pending_ids, void const* pending_hidden,
     int64_t const* num_pending, int64_t const* cur, void const* embed_tokens, void const* h_mask, void* embeds,

@@ -189,3 +189,13 @@ def test_kv_attention_fp8_cache(dtype, window, with_sinks):
     want = reference.kv_attention(q.float(), None, None, positions, tables, kc_got.float() * k_scale,
                                   vc_got.float() * v_scale, h, kv, d, None, window, sinks)
     _check_attention(got, want.to(dtype), positions, dtype)
+
+
+def test_draft_inputs_clamps_bad_token_ids():
+    """A real row with an id outside the vocabulary reads the nearest table row, never past the table
+    (the reference raises; on a GPU an unchecked gather would read foreign memory)."""
+    embed = torch.randn(10, 16)
+    tokens = torch.tensor([[3, 10 + 5, -4]])
+    got = draft_inputs.draft_inputs(*(t.to(DEVICE) for t in (tokens, torch.randn(1, 3, 16), torch.tensor([3]),
+                                                              torch.tensor([3]), embed, torch.zeros(16))), 1, 0)
+    assert torch.equal(got[0].cpu()[0], embed[[3, 9, 0]])

@@ -6,7 +6,8 @@ Contract: `peagle_trt.ops.reference.draft_inputs`. With R = P + K - 1 rows per r
 real and mask rows; sample_rows = n-1 .. n+K-2. Example, K=3, n=2, cur=12, P=2 (R=4):
 rows (t0,h0,@10) (t1,h1,@11) (M,hm,@12) (M,hm,@13); sample_rows 1,2,3.
 One program per (request, row) copies BLOCK_H columns at a time. Every gather index is clamped
-into range before the load (the interpreter returns garbage, not a fault, on an out-of-bounds load).
+into range before the load (the interpreter returns garbage, not a fault, on an out-of-bounds load;
+on a GPU a bad token id must not read outside the embedding table: ids are clamped to [0, V)).
 How to test: tests/ops/test_triton_kernels.py (interpreter), tests/plugins/test_kernels_gpu.py (GPU).
 """
 
@@ -22,7 +23,7 @@ from peagle_trt.ops.triton_kernels.common import check_dtype, next_pow2, out_buf
 @triton.jit
 def draft_inputs_kernel(tokens_ptr, hidden_ptr, num_pending_ptr, cur_ptr, embed_ptr, h_mask_ptr,
                         embeds_out, hidden_out, positions_out, sample_rows_out,
-                        P, R, H, K, mask_token_id, BLOCK_H: tl.constexpr):
+                        P, R, H, K, V, mask_token_id, BLOCK_H: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1).to(tl.int64)
     n = tl.load(num_pending_ptr + b)
@@ -32,6 +33,7 @@ def draft_inputs_kernel(tokens_ptr, hidden_ptr, num_pending_ptr, cur_ptr, embed_
     live = real | mask_row
     src = tl.minimum(j, P - 1)
     token = tl.where(real, tl.load(tokens_ptr + b * P + src), mask_token_id)
+    token = tl.minimum(tl.maximum(token, 0), V - 1)  # a bad id never reads outside the table
     # column limits per source: a row's mask is `c < limit` (a scalar & vector mask fails in the interpreter)
     live_h = tl.where(live, H, 0)
     real_h = tl.where(real, H, 0)
@@ -83,5 +85,5 @@ def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num
         pending_tokens.to(torch.int64).contiguous(), pending_hidden.contiguous(),
         num_pending.to(torch.int64).contiguous(), cur.to(torch.int64).contiguous(), embed_tokens.contiguous(),
         h_mask.to(pending_hidden.dtype).contiguous(), embeds, hidden, positions, sample_rows,
-        p, r, hs, k, int(mask_token_id), BLOCK_H=min(next_pow2(hs, 16), 1024))
+        p, r, hs, k, vocab, int(mask_token_id), BLOCK_H=min(next_pow2(hs, 16), 1024))
     return embeds, hidden, positions, sample_rows

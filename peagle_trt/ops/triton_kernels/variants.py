@@ -62,7 +62,7 @@ def _draft_inputs(act: str) -> Variant:
     consts = {"BLOCK_H": 512}
     types = {n: "*i64" for n in ("tokens_ptr", "num_pending_ptr", "cur_ptr", "positions_out", "sample_rows_out")}
     types.update({n: PTR[act] for n in ("hidden_ptr", "embed_ptr", "h_mask_ptr", "embeds_out", "hidden_out")})
-    types.update({"P": "i32", "R": "i32", "H": "i32", "K": "i32", "mask_token_id": "i64"})
+    types.update({"P": "i32", "R": "i32", "H": "i32", "K": "i32", "V": "i64", "mask_token_id": "i64"})
     return Variant(f"draft_inputs.{act}", fn, _sig(fn, types, consts), consts)
 
 

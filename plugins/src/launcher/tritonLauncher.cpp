@@ -170,8 +170,8 @@ cudaError_t peagle_draft_inputs(int64_t const* pending_ids, void const* pending_
         return cudaSuccess;
     int32_t rows = pending + num_spec_tokens - 1;
     void* args[] = {&pending_ids, &pending_hidden, &num_pending, &cur, &embed_tokens, &h_mask, &embeds, &hidden,
-        &positions, &sample_rows, &pending, &rows, &hidden_size, &num_spec_tokens, &mask_token_id};
-    return launch(std::string("draft_inputs.") + dtypeName(dtype), dim3(batch, rows), args, 15, stream);
+        &positions, &sample_rows, &pending, &rows, &hidden_size, &num_spec_tokens, &vocab, &mask_token_id};
+    return launch(std::string("draft_inputs.") + dtypeName(dtype), dim3(batch, rows), args, 16, stream);
 }
 
 cudaError_t peagle_draft_sample(void const* logits, int64_t const* d2t, int64_t* draft_ids, int32_t rows,
