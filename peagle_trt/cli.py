@@ -314,8 +314,8 @@ def add_build_parser(sub) -> argparse.ArgumentParser:
     b.add_argument("--max-stop-bytes", type=int, default=None,
                    help="largest total size of a request's stop strings in bytes (default 1024)")
     b.add_argument("--kernels", default="reference", choices=["reference", "cuda"],
-                   help="torch backend: the custom ops in torch (reference) or on the CUDA kernels of "
-                        "plugins/ (cuda: needs --device cuda and scripts/build_plugins.sh)")
+                   help="torch backend: the custom ops in torch (reference) or on the Triton kernels "
+                        "(cuda: needs --device cuda and triton)")
     b.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: FP8 (E4M3) post-training quantization of the target with ModelOpt first")
     b.add_argument("--kv-cache-fp8", action="store_true", help="with --quantization fp8: also calibrate KV scales")

@@ -17,7 +17,7 @@ SPEC_MODES = ("none", "eagle3", "peagle")
 # itself rounds to 0 (5e-324, and 1e-45 after a float32 round trip), giving NaN.
 TEMPERATURE_FLOOR = 1e-5
 PREFILL_CHUNK = 256  # prompt tokens per prefill forward: the default of `build` and `generate`
-KERNELS = ("reference", "cuda")  # the custom ops: torch references | CUDA kernels (plugins/)
+KERNELS = ("reference", "cuda")  # the custom ops: torch references | Triton kernels on the GPU
 # Default input limits, in UTF-8 bytes: a token averages ~4 bytes of text, so 16 bytes per
 # position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
 PROMPT_BYTES_PER_TOKEN = 16

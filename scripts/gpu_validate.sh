@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# GPU validation in ONE command, for a bare H100/H200 with a CUDA build of torch (nvcc, cmake, pytest;
-# no network, no TensorRT, peagle-trt not installed: the checkout is put on PYTHONPATH):
+# GPU validation in ONE command, for a bare H100/H200 with a CUDA build of torch and triton (cmake or
+# g++, pytest; no network, no TensorRT, peagle-trt not installed: the checkout is put on PYTHONPATH):
 #
 #   scripts/gpu_validate.sh [OUT_DIR]        # default: $OUT if set, else ./gpu_results
 #
 # Stages, each under its own time limit inside a 9-minute budget (a failing or timed-out stage is
 # recorded and the next one still runs; results are rewritten after every stage):
 #   1 env     nvidia-smi, nvcc, torch / CUDA versions                          -> env.txt
-#   2 build   scripts/build_plugins.sh for this GPU's architecture only, warnings as errors
+#   2 build   scripts/build_plugins.sh: the Triton kernels compiled ahead of time for this GPU's
+#             architecture only (cubins, resource checks), the launcher, warnings as errors
 #             (retried with PEAGLE_WERROR=OFF if only -Werror stops it)          -> build.log
-#   3 tests   every GPU-marked test: the kernels against their CPU references and the torch executor
-#             (token identity, every spec mode and target family, bf16/fp32/FP8, both op backends)
-#                                                                                -> gpu_tests.log, gpu_tests.xml
-#   4 bench   peagle-trt bench gpu (python -m peagle_trt.cli)                      -> bench_gpu.{json,md,*.png}
+#   3 kernels the interpreter's kernel tests (tests/ops/test_triton_kernels.py) on the GPU: the same
+#             cases, compiled by Triton for this GPU (PEAGLE_TRITON_DEVICE=cuda)  -> kernel_tests.log
+#   4 tests   every GPU-marked test: the kernels against their CPU references at full sizes and the
+#             torch executor (token identity, every spec mode and target family, bf16/fp32/FP8,
+#             both op backends)                                                  -> gpu_tests.log, gpu_tests.xml
+#   5 timing  peagle-trt bench kernels: each kernel's time and bandwidth against the HBM roofline
+#                                                                                -> bench_kernels.log
+#   6 bench   peagle-trt bench gpu (python -m peagle_trt.cli)                      -> bench_gpu.{json,md,*.png}
 # Then gpu_validate.json + gpu_validate.md (stage status, seconds, test counts, benchmark targets),
 # and the LAST stdout line is the JSON summary; exit status 0 only when every stage and test passed.
 # Nothing is shipped prebuilt: the kernels are built here.
@@ -26,7 +31,6 @@ BUDGET="${GPU_VALIDATE_BUDGET_S:-540}"
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
 BUILD_DIR="$(mkdir -p "${PEAGLE_PLUGINS_BUILD_DIR:-plugins/build}" && cd "${PEAGLE_PLUGINS_BUILD_DIR:-plugins/build}" && pwd)"
 export PEAGLE_PLUGINS_BUILD_DIR="$BUILD_DIR"
-export PEAGLE_KERNELS_LIB="$BUILD_DIR/libpeagle_kernels.so"  # the tests and the benchmark use this build
 STATUS_FILE="$OUT_DIR/stages.tsv"
 : > "$STATUS_FILE"
 START=$SECONDS
@@ -60,7 +64,7 @@ run_stage() {
 env_report() {
     date -u +"%Y-%m-%d %H:%M UTC"; uptime
     nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1
-    nvcc --version 2>&1 | tail -2; cmake --version 2>&1 | head -1
+    cmake --version 2>&1 | head -1; "$PY" -c "import triton; print('triton', triton.__version__)" 2>&1
     "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', \
 torch.version.cuda, 'device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"
 }
@@ -69,23 +73,28 @@ run_stage env 60 "$OUT_DIR/env.txt" bash -c "$(declare -f env_report); PY='$PY' 
 # -- 2 build (this GPU's arch only: a third of the full build's time) --------------------------------------
 CAP="$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .')"
 case "$CAP" in
-    90) ARCH="90a-real" ;;
-    100) ARCH="100a-real" ;;
-    "") ARCH="90a-real" ;;
-    *) ARCH="${CAP}-real" ;;
+    90|100) ARCH="$CAP" ;;
+    *) ARCH="90" ;;  # no cubin runs elsewhere: build Hopper's to check the build itself
 esac
-run_stage build 240 "$OUT_DIR/build.log" env PEAGLE_CUDA_ARCHITECTURES="$ARCH" bash scripts/build_plugins.sh
+run_stage build 240 "$OUT_DIR/build.log" env PEAGLE_TRITON_ARCHS="$ARCH" PEAGLE_PYTHON="$PY" bash scripts/build_plugins.sh
 if ! grep -q $'^build\tok' "$STATUS_FILE"; then  # e.g. a warning of this machine's host compiler
     run_stage build_no_werror 180 "$OUT_DIR/build_no_werror.log" \
-        env PEAGLE_CUDA_ARCHITECTURES="$ARCH" PEAGLE_WERROR=OFF bash scripts/build_plugins.sh
+        env PEAGLE_TRITON_ARCHS="$ARCH" PEAGLE_PYTHON="$PY" PEAGLE_WERROR=OFF bash scripts/build_plugins.sh
 fi
 
-# -- 3 GPU tests ------------------------------------------------------------------------------------------
+# -- 3 the interpreter's kernel tests, on the GPU ---------------------------------------------------------
+run_stage kernels 120 "$OUT_DIR/kernel_tests.log" env PEAGLE_TRITON_DEVICE=cuda "$PY" -m pytest -m kernels -v -rfE \
+    -p no:cacheprovider tests/ops/test_triton_kernels.py
+
+# -- 4 GPU tests ------------------------------------------------------------------------------------------
 mapfile -t GPU_TESTS < <(grep -rl "pytest.mark.gpu" tests --include='test_*.py' | sort)
 run_stage tests 270 "$OUT_DIR/gpu_tests.log" "$PY" -m pytest -m gpu -v -rfE -p no:cacheprovider \
     --junitxml="$OUT_DIR/gpu_tests.xml" "${GPU_TESTS[@]}"
 
-# -- 4 benchmark ------------------------------------------------------------------------------------------
+# -- 5 kernel timing against the roofline ----------------------------------------------------------------
+run_stage timing 90 "$OUT_DIR/bench_kernels.log" "$PY" -m peagle_trt.cli bench kernels --smoke
+
+# -- 6 benchmark ------------------------------------------------------------------------------------------
 BENCH_BUDGET=$(( $(left) - 90 ))
 (( BENCH_BUDGET < 30 )) && BENCH_BUDGET=30
 run_stage bench 300 "$OUT_DIR/bench_gpu.log" "$PY" -m peagle_trt.cli bench gpu --output-dir "$OUT_DIR" \
@@ -101,12 +110,13 @@ stages = {}
 for line in (out / "stages.tsv").read_text().splitlines():
     name, state, rc, secs = line.split("\t")
     stages[name] = {"state": state, "rc": int(rc), "seconds": int(secs)}
-log = out / "gpu_tests.log"
-counts = {}
-if log.is_file():  # from the -v lines, so a timed-out run still counts what finished
-    for word in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
-        counts[word.lower()] = len(re.findall(rf"::\S+ {word}", log.read_text(errors="replace")))
-failed = re.findall(r"^(?:FAILED|ERROR) (\S+)", log.read_text(errors="replace"), re.M) if log.is_file() else []
+counts, failed = {}, []
+for log in (out / "kernel_tests.log", out / "gpu_tests.log"):
+    if log.is_file():  # from the -v lines, so a timed-out run still counts what finished
+        text = log.read_text(errors="replace")
+        for word in ("PASSED", "FAILED", "ERROR", "SKIPPED"):
+            counts[word.lower()] = counts.get(word.lower(), 0) + len(re.findall(rf"::\S+ {word}", text))
+        failed += re.findall(r"^(?:FAILED|ERROR) (\S+)", text, re.M)
 bench = {}
 if (out / "bench_gpu.log").is_file():
     lines = (out / "bench_gpu.log").read_text(errors="replace").strip().splitlines()
@@ -119,7 +129,7 @@ if (out / "bench_gpu.log").is_file():
 summary = {"gpu_validate": "done", "wall_s": wall, "arch": arch, "stages": stages, "tests": counts,
            "failed_tests": failed[:40], "bench": bench, "out": str(out)}
 (out / "gpu_validate.json").write_text(json.dumps(summary, indent=1))
-md = ["# GPU validation", "", f"wall {wall} s, kernels built for {arch}", "", "| stage | state | rc | s |",
+md = ["# GPU validation", "", f"wall {wall} s, Triton cubins built for sm_{arch}a", "", "| stage | state | rc | s |",
       "|---|---|---|---|"]
 md += [f"| {k} | {v['state']} | {v['rc']} | {v['seconds']} |" for k, v in stages.items()]
 md += ["", f"GPU tests: {counts}", *[f"- FAILED {t}" for t in failed[:40]], "",

@@ -32,7 +32,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "gpu": ("peagle_trt.bench.gpu",
             "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
     "kernels": ("peagle_trt.bench.kernels",
-                "GPU: the CUDA kernels alone (CUDA events), achieved KV bandwidth (needs the kernel library)"),
+                "GPU: the Triton kernels alone (CUDA events), achieved bandwidth vs the roofline (needs triton)"),
     "aiperf": ("peagle_trt.bench.aiperf",
                "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
     "families": ("peagle_trt.bench.families",

@@ -8,7 +8,7 @@ What (each figure the median of CUDA-event timings after warm-up, on the torch e
   target     Llama-3.1-8B-class dense target (32 layers, hidden 4096, 32/8 heads, vocab 128256): decode
              (1 row) and verify (K+1 rows, K = 3, 7, 11) at batch 1/16/64 over a --context KV cache,
              bf16 and FP8 weights (FP8Linear as shipped: peagle_trt/models/fp8.py), each with the
-             custom ops on the torch references and, when libpeagle_kernels.so loads, on the CUDA kernels;
+             custom ops on the torch references and, when triton imports, on the Triton kernels;
              MBU = (weight bytes + KV bytes read) / copy bandwidth / time
   iteration  one SpecDecoder.step (verify + accept + draft + bookkeeping) of B sequences with the
              Llama target and a Llama-shaped P-EAGLE head, minus its verify and draft forwards
@@ -110,7 +110,7 @@ def env_info(device: torch.device) -> dict:
             info["driver"] = out.splitlines()[0] if out else None
         except (OSError, subprocess.SubprocessError):
             info["driver"] = None
-    info["kernels_library"] = cuda_kernels.available()
+    info["triton_kernels"] = cuda_kernels.available()
     return info
 
 

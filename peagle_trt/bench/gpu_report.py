@@ -95,7 +95,7 @@ def write_report(res: dict, args: argparse.Namespace) -> dict:
           f"CUDA {env['cuda']}, torch {env['torch']}, python {env['python']}",
           f"- random weights, {res['dtype']}; target {res['target_shape']}, heads {res['heads']}, "
           f"context {res['context']} cached positions; custom ops: {res['kernel_modes']} "
-          f"(kernel library loaded: {env['kernels_library']})"]
+          f"(Triton kernels available: {env['triton_kernels']})"]
     md += [f"- assumed shapes: {h}: {a}" for h, a in res["assumed"].items() if a]
     if res.get("copy"):
         c = res["copy"][0]

@@ -1,10 +1,11 @@
-"""Suite `kernels` (docs/BENCHMARKS.md, "GPU: ... kernels alone"): the P-EAGLE CUDA kernels of plugins/
-timed on the GPU (CUDA events), with the achieved KV bandwidth.
+"""Suite `kernels` (docs/BENCHMARKS.md, "GPU: ... kernels alone"): the P-EAGLE Triton kernels
+(peagle_trt/ops/triton_kernels, JIT through peagle_trt.ops.kernels; the plugins launch the same code
+compiled ahead of time) timed on the GPU (CUDA events), with the achieved bandwidth and its fraction
+of the HBM roofline (datasheet peak of the GPU, when known).
 
     peagle-trt bench kernels [--dtype bfloat16] [--fp8] [--iters 50] [--smoke]
 
-Needs a CUDA GPU and the kernel library (scripts/build_plugins.sh -> plugins/build/libpeagle_kernels.so);
-without them it stops with a ConfigError naming what is missing.
+Needs a CUDA GPU and triton; without them it stops with a ConfigError naming what is missing.
 
 Shapes: a Llama-3-8B-like layer (H=32, KV=8, d=128); verify rows S = K+1 = 8 and drafter rows
 S = P+K-1; batch 1/8/32; every request at the same context length (512 .. 8192), its KV in blocks of
@@ -26,6 +27,15 @@ from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
+
+HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # bytes/s, vendor datasheet figures
+
+
+def roofline(gbps: float) -> float | None:
+    """Achieved / peak HBM bandwidth of this GPU (None when its peak is not in HBM_PEAK)."""
+    name = torch.cuda.get_device_name()
+    peak = next((v for k, v in HBM_PEAK.items() if k in name), None)
+    return None if peak is None else round(gbps * 1e9 / peak, 3)
 
 
 def bench(fn, iters: int) -> float:
@@ -58,15 +68,17 @@ def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE
     ms = bench(lambda: plugins.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, **extra), iters)
     kv_bytes = 2 * b * kv * (ctx + 1) * d * kc.element_size()
     return dict(op="kv_attention", batch=b, rows=s, context=ctx, heads=h, kv_heads=kv, head_dim=d,
-                dtype=str(dtype), fp8_cache=fp8, ms=round(ms, 4), kv_gbps=round(kv_bytes / ms / 1e6, 1))
+                dtype=str(dtype), fp8_cache=fp8, ms=round(ms, 4), kv_gbps=round(kv_bytes / ms / 1e6, 1),
+                roofline=roofline(kv_bytes / ms / 1e6))
 
 
 def sample_case(rows, vocab, iters):
     logits = torch.randn(rows, vocab, device="cuda")
     d2t = torch.zeros(vocab, dtype=torch.int64, device="cuda")
     ms = bench(lambda: plugins.draft_sample(logits, d2t), iters)
-    return dict(op="draft_sample", rows=rows, vocab=vocab, ms=round(ms, 4),
-                gbps=round(logits.numel() * 4 / ms / 1e6, 1))
+    gbps = logits.numel() * 4 / ms / 1e6
+    return dict(op="draft_sample", rows=rows, vocab=vocab, ms=round(ms, 4), gbps=round(gbps, 1),
+                roofline=roofline(gbps))
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -77,11 +89,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     if not torch.cuda.is_available():
-        raise ConfigError("no CUDA device: the kernel benchmark times the CUDA kernels on a GPU "
+        raise ConfigError("no CUDA device: the kernel benchmark times the kernels on a GPU "
                           "(torch.cuda.is_available() is False)")
     if not plugins.available():
-        raise ConfigError("the kernel library did not load: build it with scripts/build_plugins.sh "
-                          "(plugins/build/libpeagle_kernels.so, or set PEAGLE_KERNELS_LIB)")
+        raise ConfigError("the Triton kernels are unavailable: pip install -c constraints.txt -e '.[dev]' "
+                          "(triton==3.9.0)")
     dtype = getattr(torch, args.dtype)
     batches, contexts, samples = (1, 8, 32), (512, 2048, 8192), ((7, 32000), (56, 201088), (224, 151936))
     if args.smoke:
@@ -100,13 +112,13 @@ def run(args: argparse.Namespace) -> dict:
     device = torch.cuda.get_device_name()
     attn = [r for r in results if r["op"] == "kv_attention"]
     emit(args, "\n".join([
-        (f"## CUDA kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median of "
+        (f"## Triton kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median of "
          f"{args.iters} iterations"), "",
-        markdown_table(["op", "batch", "rows", "context", "ms", "KV GB/s"],
-                       [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}"]
-                        for r in attn]), "",
-        markdown_table(["op", "rows", "vocab", "ms", "GB/s"],
-                       [[r["op"], r["rows"], r["vocab"], f"{r['ms']:.4f}", f"{r['gbps']:.1f}"]
+        markdown_table(["op", "batch", "rows", "context", "ms", "KV GB/s", "of roofline"],
+                       [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}",
+                         r["roofline"]] for r in attn]), "",
+        markdown_table(["op", "rows", "vocab", "ms", "GB/s", "of roofline"],
+                       [[r["op"], r["rows"], r["vocab"], f"{r['ms']:.4f}", f"{r['gbps']:.1f}", r["roofline"]]
                         for r in results if r["op"] == "draft_sample"])]))
     return {"device": device, "dtype": args.dtype, "fp8_cache": args.fp8, "iters": args.iters,
             "smoke": args.smoke, "results": results}

@@ -3,8 +3,9 @@ peagle_trt/speculative/executor.py, on CPU or CUDA.
 
 KV caches live in the executor, paged (models/kv_cache.py, laid out by a `KVLayout`); which blocks
 a request holds is the runtime's business (runtime/blocks.py): every forward gets block tables.
-The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the CUDA kernels
-of plugins/ (peagle_trt.ops.kernels.routed()) instead of their torch references.
+The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the Triton kernels
+(peagle_trt/ops/triton_kernels, JIT-compiled on the GPU through peagle_trt.ops.kernels.routed()) instead
+of their torch references; the TensorRT plugins launch the same kernels compiled ahead of time.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from peagle_trt.ops.reference import draft_inputs, draft_sample
 def check_kernels(kernels: str) -> str:
     if kernels not in KERNELS:
         raise ConfigError(f"kernels={kernels!r} is not one of {KERNELS}: 'reference' runs the custom ops "
-                          "in torch (any device), 'cuda' on the CUDA kernels of plugins/ (GPU)")
+                          "in torch (any device), 'cuda' on the Triton kernels (GPU, triton installed)")
     return kernels
 
 
 class TorchExecutor:
     """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA) with caches laid out
     by `kv` (a KVLayout, or N: room for N requests of `max_len` positions). kernels="cuda": the
-    custom ops (KV attention, draft-input assembly, draft sampling) run on the CUDA kernels; raises
-    KernelsUnavailable (a ConfigError) without a CUDA device or libpeagle_kernels.so."""
+    custom ops (KV attention, draft-input assembly, draft sampling) run on the Triton kernels; raises
+    KernelsUnavailable (a ConfigError) without a CUDA device or triton."""
 
     def __init__(self, target, drafter=None, kv: KVLayout | int = 1, max_len: int = 2048, kernels: str = "reference"):
         self.target_model, self.drafter_model = target, drafter

@@ -17,7 +17,6 @@ from torch import nn
 
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import apply_rope
-from peagle_trt.ops import reference
 from peagle_trt.ops.reference import kv_attention
 
 
@@ -93,14 +92,9 @@ class Attention(nn.Module):
         table = tables[cache.groups[layer]]  # [B, M]
         # a window spanning every position a request can have (W >= max_len) cuts nothing
         window = self.window if self.window < cache.max_len else 0
-        if window or self.sinks is not None or self.kv_shared:
-            # windows, sinks, read-only: the torch reference (the CUDA kernels do not implement them yet)
-            out = reference.kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer],
-                                         self.num_heads, self.num_kv_heads, self.head_dim, scale=self.scale,
-                                         sliding_window=window, sinks=self.sinks)
-        else:
-            out = kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer],
-                               self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
+        # windows, sinks and read-only (KV-shared, k = v = None) layers included: the kernels take them all
+        out = kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer], self.num_heads,
+                           self.num_kv_heads, self.head_dim, self.scale, window, self.sinks)
         return self.o_proj(out)
 
     def write_onnx(self, w, x: str, layer: int, prefix: str, cos: str, sin: str, positions: str, table: str,

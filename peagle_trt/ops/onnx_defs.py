@@ -6,8 +6,8 @@ Each body is specialised for one model (head counts, K, mask token id, whether a
 sinks are constants inside it); the node also carries them as attributes for the TensorRT
 plugin. PEagleKVAttention's optional extensions are backward compatible: an optional 8th input
 `sinks` [H] and an attribute `sliding_window` (default 0 = full attention, read by the body
-through an attribute reference, so one body serves sliding and full layers). The CUDA kernels /
-TensorRT plugins in plugins/ do not implement those two yet (see docs/EXPORT.md). TensorRT must NOT see the
+through an attribute reference, so one body serves sliding and full layers). The Triton kernels
+implement them; the TensorRT plugins in plugins/ do not expose them yet (see docs/EXPORT.md). TensorRT must NOT see the
 functions (its parser would inline them instead of calling the plugin): `strip_functions`.
 """
 

@@ -43,7 +43,7 @@ class RepositoryOptions:
     dtype: str = "float32"
     gpu_arch: str = "sm_90"  # tensorrt backend: sm_90 (H100/H200) | sm_100 (B200)
     plugin_library: str | None = None  # tensorrt backend: libpeagle plugins (.so)
-    kernels: str = "reference"  # torch backend: custom ops in torch | on the CUDA kernels ("cuda")
+    kernels: str = "reference"  # torch backend: custom ops in torch | on the Triton kernels ("cuda")
     max_prompt_bytes: int | None = None  # None: 16 x max_seq_len (peagle_trt/config.py)
     max_stop_bytes: int | None = None  # None: 1024, all stop strings together
     threads: int | None = None  # onnxruntime: intra-op threads (None: its default, the physical cores)
@@ -57,7 +57,7 @@ class RepositoryOptions:
         if self.kernels not in KERNELS:
             raise BuildError(f"kernels {self.kernels!r} is not one of {KERNELS}")
         if self.kernels == "cuda" and (self.backend != "torch" or not self.device.startswith("cuda")):
-            raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the CUDA kernels: it "
+            raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the Triton kernels: it "
                              f"needs --backend torch --device cuda (got backend {self.backend!r}, device "
                              f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
         if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1 or self.block_size < 1:

@@ -1,13 +1,16 @@
 /*
- * peagle_kernels.h: C API of the P-EAGLE CUDA kernels (libpeagle_kernels.so).
+ * peagle_kernels.h: C API of the P-EAGLE kernels (libpeagle_kernels.so).
  *
  * One entry point per custom op of docs/EXPORT.md; the semantics are those of
- * peagle_trt/ops/reference.py. Every function takes device pointers, plain sizes and a stream,
- * enqueues its kernels asynchronously on that stream and returns the launch status
- * (cudaSuccess, cudaErrorInvalidValue for bad arguments, or the first launch error).
+ * peagle_trt/ops/reference.py. Behind it: the Triton kernels of peagle_trt/ops/triton_kernels,
+ * compiled ahead of time to sm_90a and sm_100a cubins, embedded in the library and launched by
+ * plugins/src/launcher/tritonLauncher.cpp (CUDA runtime library API). Every function takes device
+ * pointers, plain sizes and a stream, enqueues its kernels asynchronously on that stream and returns
+ * the launch status (cudaSuccess, cudaErrorInvalidValue for bad arguments,
+ * cudaErrorNoKernelImageForDevice on a GPU that is neither sm_90 nor sm_100, or the first launch error).
  * Nothing here allocates or synchronizes. Tensors are dense row-major (contiguous).
  *
- * Used by the TensorRT plugins (plugins/src/plugins) and by peagle_trt/ops/kernels.py (ctypes).
+ * Used by the TensorRT plugins (plugins/src/plugins).
  */
 #ifndef PEAGLE_KERNELS_H
 #define PEAGLE_KERNELS_H
@@ -31,14 +34,11 @@ typedef enum peagle_dtype
     PEAGLE_FP8_E4M3 = 3 /* KV cache only: stored = value / scale, read back as stored * scale */
 } peagle_dtype_t;
 
-/* peagle_kv_attention flags */
-#define PEAGLE_ATTN_FORCE_SIMPLE 1 /* use the simple (CUDA-core, one block per row) kernel */
-
 /* ---------------------------------------------------------------------------------------------
  * PEagleKVAttention over a paged KV cache
  *
  *   q        [B, S, H*d]    act_dtype      k, v [B, S, KV*d] act_dtype (RoPE applied)
- *   positions [B, S] int64  (-1 = padding row: writes the trash block, attends to key 0)
+ *   positions [B, S] int64  (-1 = padding row: writes the trash block, returns zeros)
  *   block_tables [B, M] int64  entry j = the block holding positions j*bs .. j*bs + bs - 1 of the
  *            request (-1 = no block)
  *   k_cache, v_cache [NB, bs, KV, d] cache_dtype (NB = cache_blocks; block NB - 1 is the trash
@@ -46,21 +46,18 @@ typedef enum peagle_dtype
  *   out      [B, S, H*d]    act_dtype
  *
  * First writes every row's k/v at (block_tables[b, p / bs], p % bs), p = positions[b, s]
- * (FP8: value / k_scale, saturating); rows with p < 0, p >= M * bs, or a table entry -1 write to
- * (trash, 0). Then row (b, s) of head h attends over the keys of request b at positions
+ * (FP8: value / k_scale); rows with p < 0, p >= M * bs, or a table entry -1 (or outside
+ * [0, NB - 1)) write to (trash, 0). Then row (b, s) of head h attends over the keys of request b at positions
  * 0..min(p, M*bs - 1), looked up through the table, of kv head h / (H / KV) (causal by absolute
  * position, GQA), softmax(q.k * scale) with fp32 accumulation; FP8 caches are read back as
- * stored * k_scale / v_scale. Keys whose entry is -1 are masked (the runtime never leaves one in
- * a row's range; a row that sees no key returns zeros); a padding row sees key 0.
+ * stored * k_scale / v_scale. Keys whose entry is -1 or outside [0, NB - 1) are masked (the runtime never leaves one in
+ * a row's range; a row that sees no key returns zeros); a padding row returns zeros.
  *
- * act_dtype: F16 or BF16 (fast tensor-core path), or F32 (simple path).
- * cache_dtype: act_dtype or FP8_E4M3. k_scale / v_scale are ignored unless cache_dtype is FP8.
- * head_dim 16, 32, 64, 128 take the fast path; any head_dim that is a multiple of 8 up to 512
- * takes the simple path. The fast path splits long contexts over several blocks (flash-decoding)
- * when `workspace` is large enough (see peagle_kv_attention_workspace_size with max_keys = M * bs);
- * with a smaller or NULL workspace it uses fewer (or no) splits, which is correct but slower.
- * Pointers must be 16-byte aligned; table entries outside [0, NB) count as -1, so nothing is
- * read or written out of bounds. M * bs must fit in int32.
+ * act_dtype: F32, F16 or BF16. cache_dtype: act_dtype, or FP8_E4M3 under F16 / BF16.
+ * k_scale / v_scale are ignored unless cache_dtype is FP8. head_dim: 64, 128 or 256 (the compiled
+ * variants). scale <= 0 means 1/sqrt(head_dim). No sliding window, no sinks here (the Triton
+ * kernels have them; the plugins do not expose them yet). workspace / workspace_size / flags are
+ * unused (kept for ABI stability). M * bs must fit in int32.
  * ------------------------------------------------------------------------------------------- */
 PEAGLE_KERNELS_API cudaError_t peagle_kv_attention(void const* q, void const* k, void const* v,
     int64_t const* positions, int64_t const* block_tables, void* k_cache, void* v_cache, void* out, int32_t batch,
@@ -68,8 +65,7 @@ PEAGLE_KERNELS_API cudaError_t peagle_kv_attention(void const* q, void const* k,
     int32_t block_size, int32_t max_blocks, float scale, float k_scale, float v_scale, peagle_dtype_t act_dtype,
     peagle_dtype_t cache_dtype, void* workspace, size_t workspace_size, int32_t flags, cudaStream_t stream);
 
-/* Workspace (bytes) that lets peagle_kv_attention use its full split-K parallelism for any
- * problem with batch <= max_batch, rows <= max_rows and M * bs <= max_keys (monotone in all three). */
+/* Workspace (bytes) peagle_kv_attention needs: 0 (kept for ABI stability). */
 PEAGLE_KERNELS_API size_t peagle_kv_attention_workspace_size(
     int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t max_keys);
 
@@ -82,7 +78,7 @@ PEAGLE_KERNELS_API size_t peagle_kv_attention_workspace_size(
  *
  * Row j < n: (embed[pending_ids[j]], pending_hidden[j]); n <= j < n+K-1: (embed[mask_token_id],
  * h_mask); other rows zero with position -1. positions = cur - n + j; sample_rows = n-1 .. n+K-2.
- * Token ids are clamped to [0, V) before the gather.
+ * mask_token_id must lie in [0, V); pending ids are clamped to [0, V) before the gather.
  * ------------------------------------------------------------------------------------------- */
 PEAGLE_KERNELS_API cudaError_t peagle_draft_inputs(int64_t const* pending_ids, void const* pending_hidden,
     int64_t const* num_pending, int64_t const* cur, void const* embed_tokens, void const* h_mask, void* embeds,
@@ -92,22 +88,23 @@ PEAGLE_KERNELS_API cudaError_t peagle_draft_inputs(int64_t const* pending_ids, v
 /* ---------------------------------------------------------------------------------------------
  * PEagleDraftSample
  *
- *   logits [rows, V] (F32, F16 or BF16), d2t [V] int64 (NULL = identity) -> draft_ids [rows] int64
+ *   logits [rows, V] (F32, F16 or BF16), d2t [V] int64 (required) -> draft_ids [rows] int64
  *
- * draft = argmax over V (ties -> lowest index; NaN counts as the maximum, as torch.argmax),
- * draft_ids = draft + d2t[draft]. Large V is split over several blocks when `workspace` holds
- * peagle_draft_sample_workspace_size(rows, V) bytes (else one block per row).
+ * draft = argmax over V (ties -> lowest index), draft_ids = draft + d2t[draft]. One program per
+ * row. NaN logits: unspecified (torch.argmax returns the NaN's index). workspace is unused.
  * ------------------------------------------------------------------------------------------- */
 PEAGLE_KERNELS_API cudaError_t peagle_draft_sample(void const* logits, int64_t const* d2t, int64_t* draft_ids,
     int32_t rows, int64_t vocab, peagle_dtype_t logits_dtype, void* workspace, size_t workspace_size,
     cudaStream_t stream);
 
+/* 0 (kept for ABI stability). */
 PEAGLE_KERNELS_API size_t peagle_draft_sample_workspace_size(int32_t max_rows, int64_t vocab);
 
 /* Human-readable name of a cudaError_t (cudaGetErrorString of the library's runtime). */
 PEAGLE_KERNELS_API char const* peagle_error_string(cudaError_t err);
 
-/* Library version (bumped when the C API changes; 2: paged KV cache, block tables). */
+/* Library version (bumped when the C API changes; 2: paged KV cache, block tables; 3: the Triton
+ * kernels, no workspace). */
 PEAGLE_KERNELS_API int32_t peagle_kernels_version(void);
 
 #ifdef __cplusplus

@@ -1,10 +1,12 @@
-"""Shared helpers of the plugin tests: locating nvcc / cmake / TensorRT's headers and building plugins/."""
+"""Shared helpers of the plugin tests: locating g++ / cmake / the CUDA headers / TensorRT's headers and
+building plugins/ (its kernels: the Triton kernels compiled ahead of time by this interpreter's triton)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -41,9 +43,9 @@ def cuda_root() -> Path | None:
 
 
 def build_tools_missing() -> str | None:
-    """Why the CUDA build cannot run here (None when it can)."""
-    if find_nvcc() is None:
-        return "nvcc not found"
+    """Why the plugins build cannot run here (None when it can)."""
+    if shutil.which("g++") is None:
+        return "g++ not found"
     if shutil.which("cmake") is None:
         return "cmake not found"
     if cuda_root() is None:
@@ -54,11 +56,13 @@ def build_tools_missing() -> str | None:
 def run_build(build_dir: Path = DEFAULT_BUILD_DIR, archs: str | None = None,
               tensorrt_root: Path | None = None, timeout: int = 900,
               cmake_args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    """scripts/build_plugins.sh into `build_dir` (extra `cmake_args` go to the configure step);
-    raises with the build log on failure."""
-    env = dict(os.environ, CUDACXX=find_nvcc() or "", PEAGLE_PLUGINS_BUILD_DIR=str(build_dir))
+    """scripts/build_plugins.sh into `build_dir` with this interpreter as the Triton compiler's Python
+    (`archs`: "90;100" style; extra `cmake_args` go to the configure step); raises with the build log
+    on failure."""
+    env = dict(os.environ, PEAGLE_PYTHON=sys.executable, PEAGLE_PLUGINS_BUILD_DIR=str(build_dir))
+    env.pop("TRITON_INTERPRET", None)  # set by tests/ops/test_triton_kernels.py; the build compiles for real
     if archs:
-        env["PEAGLE_CUDA_ARCHITECTURES"] = archs
+        env["PEAGLE_TRITON_ARCHS"] = archs
     if tensorrt_root is not None:
         env["TENSORRT_ROOT"] = str(tensorrt_root)
     else:

@@ -1,7 +1,7 @@
 """The torch executor on a GPU: greedy speculative output equals target-only output token for token
 (the hard gate, on the same backend), for every target family of tests/helpers.PAIRS (add a family
 there and it is covered here), every spec mode, bf16 and float32 weights, FP8 (E4M3) weights loaded
-from a ModelOpt-layout checkpoint, and the custom ops on the torch references and on the CUDA kernels
+from a ModelOpt-layout checkpoint, and the custom ops on the torch references and on the Triton kernels
 (`TorchExecutor(kernels="cuda")`). Also: the kernels really serve the `kernels="cuda"` executor, and
 `torch._scaled_mm` on the checkpoint's FP8 weights and scales reproduces `FP8Linear` (the numerics a
 _scaled_mm path would have; FP8Linear itself dequantizes the weight and runs a bf16 matmul).
@@ -44,13 +44,13 @@ def prompts(family: str) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def kernels_ready():
-    """The kernel library must load on this GPU (scripts/build_plugins.sh first)."""
+    """The Triton kernels must be available on this GPU (triton installed)."""
     from peagle_trt.ops import kernels
 
     try:
         kernels.load()
     except kernels.KernelsUnavailable as e:
-        pytest.fail(f"GPU present but libpeagle_kernels.so is unavailable: {e}")
+        pytest.fail(f"GPU present but the Triton kernels are unavailable: {e}")
     return kernels
 
 

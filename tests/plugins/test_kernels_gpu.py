@@ -1,31 +1,30 @@
-"""The CUDA kernels (libpeagle_kernels.so through peagle_trt.ops.kernels) against the CPU reference
-(peagle_trt.ops.reference), on a GPU.
+"""The Triton kernels on a GPU (JIT, through peagle_trt.ops.kernels) against the CPU reference
+(peagle_trt.ops.reference), at sizes the interpreter tests (tests/ops/test_triton_kernels.py) cannot reach.
 
 Fresh random inputs on every run (the seed is printed and kept in the test report; set
-PEAGLE_TEST_SEED to replay one). Every output buffer is poisoned first (NaN / sentinel) and the
-split-K scratch buffers are filled with NaN bytes, so an element a kernel forgets to write fails.
+PEAGLE_TEST_SEED to replay one). Every output buffer is poisoned first (NaN / sentinel), so an
+element a kernel forgets to write fails.
 
 Covered: ragged batches (per-request context lengths 0..8k, real rows + padding rows, rows in any
 order), rows S = K+1 for K in {1, 3, 7, 11, 15} and prefill chunks (S up to 300), GQA groups 1..8,
-head_dim 16/32/64/128, fp16 / bf16 activations and caches, an FP8 (E4M3) cache against the reference
+head_dim 8..128, fp32 / fp16 / bf16 activations and caches, an FP8 (E4M3) cache against the reference
 run on the dequantized cache, the paged cache (block sizes 16 / 32 and 1 / 24 / 64, each request's
 blocks a random draw from a shuffled pool, -1 past its end; rows past the table write the trash
 block), in-place KV writes (every cache element but the trash block compared, blocks of no table
-untouched), the split-K and the single-pass paths, the simple kernel (fp32 too); the draft-input layout for
-fp32/fp16/bf16 and odd hidden sizes; argmax ties (lowest index, across chunk boundaries), NaN and
--inf rows, d2t; and the torch executor routed through the kernels (`plugins.enable()`).
+untouched); the draft-input layout for fp32/fp16/bf16 and odd hidden sizes; argmax ties (lowest
+index, across chunk boundaries), NaN and -inf rows, d2t; and the torch executor routed through the
+kernels (`plugins.enable()`). Padding rows are not compared (the kernel returns zeros there, the
+reference some finite row).
 """
 
 from __future__ import annotations
 
 import os
-import warnings
 
 import pytest
 import torch
 
 from peagle_trt.ops import reference
-from tests.plugins.conftest import DEFAULT_BUILD_DIR, find_nvcc, run_build
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -39,28 +38,14 @@ CONTEXTS = [0, 1, 5, 63, 64, 65, 255, 256, 257, 1000, 4095, 8000]
 
 @pytest.fixture(scope="module")
 def pl():
-    """peagle_trt.ops.kernels with the library freshly (incrementally) built when nvcc is here."""
+    """peagle_trt.ops.kernels (the Triton kernels, JIT-compiled on this GPU)."""
     from peagle_trt.ops import kernels as plugins
 
-    if not os.environ.get(plugins.ENV_LIB) and find_nvcc() is not None:
-        try:
-            run_build(DEFAULT_BUILD_DIR)  # incremental; nvcc alone when cmake is missing
-        except AssertionError as e:
-            if not plugins.library_path().is_file():
-                pytest.fail(str(e))
-            warnings.warn(f"plugins rebuild failed, testing the existing library: {e}", stacklevel=2)
     try:
         plugins.load()
     except plugins.KernelsUnavailable as e:
-        pytest.fail(f"GPU present but the kernel library is unavailable: {e}")
+        pytest.fail(f"GPU present but the Triton kernels are unavailable: {e}")
     return plugins
-
-
-@pytest.fixture(autouse=True)
-def poisoned_workspace(monkeypatch):
-    from peagle_trt.ops import kernels as plugins
-
-    monkeypatch.setattr(plugins, "_POISON_WORKSPACE", True)
 
 
 @pytest.fixture
@@ -134,7 +119,8 @@ def check_attention(pl, gen, dtype, q, k, v, positions, tables, k_cache, v_cache
     msg = (f"seed={gen.initial_seed()} dtype={dtype} h={h} kv={kv} d={d} bs={kc.shape[1]} "
            f"positions={positions.tolist()}")
     assert torch.isfinite(got).all(), msg
-    torch.testing.assert_close(got, ref, **TOL[dtype], msg=lambda m: f"{m}\n{msg}")
+    live = positions >= 0
+    torch.testing.assert_close(got[live], ref[live], **TOL[dtype], msg=lambda m: f"{m}\n{msg}")
     # the trash block (last) takes the padding rows' writes in an unspecified order
     assert torch.equal(kc_gpu.float().cpu()[:-1], kc_ref[:-1]), "k cache " + msg
     assert torch.equal(vc_gpu.float().cpu()[:-1], vc_ref[:-1]), "v cache " + msg
@@ -165,29 +151,26 @@ def test_kv_attention_drafter_rows(pl, gen, dtype, k_spec):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("split", [True, False])
-def test_kv_attention_long_contexts(pl, gen, dtype, split):
-    """8k contexts: split-K over up to 33 chunks plus the reduction, or one pass per block."""
+def test_kv_attention_long_contexts(pl, gen, dtype):
+    """8k contexts: one program walks 8k keys through the table."""
     h, kv, d = 32, 8, 128
     contexts = [8000, rand_int(gen, 4000, 8100), rand_int(gen, 0, 300)]
     batch = make_batch(gen, 3, 8, h, kv, d, contexts, max_len=8200, block_size=32)  # M * bs = 8224 keys
-    check_attention(pl, gen, dtype, *batch, h, kv, d, split=split)
+    check_attention(pl, gen, dtype, *batch, h, kv, d)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("simple", [False, True])
 @pytest.mark.parametrize("block_size", [24, 1, 64])
-def test_kv_attention_other_block_sizes(pl, gen, dtype, simple, block_size):
-    """Blocks that do not divide the 64-key tile (24), one position per block, a block per tile."""
+def test_kv_attention_other_block_sizes(pl, gen, dtype, block_size):
+    """Blocks that do not divide the 16-key step (24), one position per block, several steps per block."""
     h, kv, d = 16, 4, 64
     contexts = [rand_int(gen, 0, 700), rand_int(gen, 0, 50), 300]
     batch = make_batch(gen, 3, 8, h, kv, d, contexts, block_size=block_size)
-    check_attention(pl, gen, dtype, *batch, h, kv, d, simple=simple)
+    check_attention(pl, gen, dtype, *batch, h, kv, d)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("simple", [False, True])
-def test_kv_attention_rows_past_the_table(pl, gen, dtype, simple):
+def test_kv_attention_rows_past_the_table(pl, gen, dtype):
     """The drafter's lookahead rows at the end of the context sit past the table (M * bs and beyond):
     they write the trash block and see every key the table addresses, as in the reference."""
     h, kv, d, bs, s = 8, 2, 64, 16, 12
@@ -195,7 +178,7 @@ def test_kv_attention_rows_past_the_table(pl, gen, dtype, simple):
     q, k, v, positions, tables, kc, vc = make_batch(gen, 2, s, h, kv, d, contexts, max_len=64, block_size=bs,
                                                     shuffle=False, full=True)
     assert tables.shape[1] * bs == 64 and int(positions.max()) >= 64  # rows 64 .. 71 of request 1
-    check_attention(pl, gen, dtype, q, k, v, positions, tables, kc, vc, h, kv, d, simple=simple)
+    check_attention(pl, gen, dtype, q, k, v, positions, tables, kc, vc, h, kv, d)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -209,11 +192,11 @@ def test_kv_attention_prefill_chunks(pl, gen, dtype, s, h, kv, d):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("h,kv,d", [(8, 2, 128), (4, 1, 64), (6, 3, 96), (2, 2, 8)])
-def test_kv_attention_simple_kernel(pl, gen, dtype, h, kv, d):
-    """The CUDA-core kernel: fp32 activations, head sizes the tensor-core path does not take."""
+def test_kv_attention_head_sizes_and_fp32(pl, gen, dtype, h, kv, d):
+    """fp32 activations (IEEE products, no TF32) and head sizes that are no power of two."""
     contexts = [rand_int(gen, 0, 600), 300, 0]
     batch = make_batch(gen, 3, 8, h, kv, d, contexts)
-    check_attention(pl, gen, dtype, *batch, h, kv, d, simple=True)
+    check_attention(pl, gen, dtype, *batch, h, kv, d)
 
 
 def test_kv_attention_explicit_scale(pl, gen):
@@ -223,14 +206,15 @@ def test_kv_attention_explicit_scale(pl, gen):
                           tables.cuda(), kc.to(dtype).cuda(), vc.to(dtype).cuda(), h, kv, d, 0.05)
     ref = reference.kv_attention(q.to(dtype).float(), k.to(dtype).float(), v.to(dtype).float(), positions,
                                  tables, kc.to(dtype).float(), vc.to(dtype).float(), h, kv, d, 0.05)
-    torch.testing.assert_close(out.float().cpu(), ref, **TOL[dtype])
+    live = positions >= 0
+    torch.testing.assert_close(out.float().cpu()[live], ref[live], **TOL[dtype])
 
 
 @pytest.mark.skipif(FP8 is None, reason="torch without float8_e4m3fn")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("h,kv,d", [(32, 8, 128), (16, 2, 64), (8, 1, 16)])
-@pytest.mark.parametrize("s,simple", [(4, False), (16, False), (8, True)])
-def test_kv_attention_fp8_cache(pl, gen, dtype, h, kv, d, s, simple):
+@pytest.mark.parametrize("s", [4, 16, 8])
+def test_kv_attention_fp8_cache(pl, gen, dtype, h, kv, d, s):
     """FP8 cache, per-tensor scales: the kernel stores fp8(value / scale) and attends over
     stored * scale; compared with the reference run on the dequantized cache."""
     contexts = [rand_int(gen, 0, 5000), rand_int(gen, 0, 300), 0]
@@ -242,7 +226,7 @@ def test_kv_attention_fp8_cache(pl, gen, dtype, h, kv, d, s, simple):
     kc_gpu, vc_gpu = kc8.to(CUDA), vc8.to(CUDA)
     out = torch.full(qd.shape, float("nan"), dtype=dtype, device=CUDA)
     pl.kv_attention(qd.cuda(), kd.cuda(), vd.cuda(), positions.cuda(), tables.cuda(), kc_gpu, vc_gpu, h, kv, d,
-                    k_scale=k_scale, v_scale=v_scale, out=out, simple=simple)
+                    k_scale=k_scale, v_scale=v_scale, out=out)
     torch.cuda.synchronize()
 
     # expected stored codes: the reference write, in the fp8 domain (same indexing as the reference)
@@ -251,7 +235,7 @@ def test_kv_attention_fp8_cache(pl, gen, dtype, h, kv, d, s, simple):
     exp_k, exp_v = kc8.clone(), vc8.clone()
     exp_k[block, offset] = kq.view(*positions.shape, kv, d)
     exp_v[block, offset] = vq.view(*positions.shape, kv, d)
-    msg = f"seed={gen.initial_seed()} dtype={dtype} h={h} kv={kv} d={d} s={s} simple={simple}"
+    msg = f"seed={gen.initial_seed()} dtype={dtype} h={h} kv={kv} d={d} s={s}"
     got_k, got_v = kc_gpu.cpu(), vc_gpu.cpu()
     assert torch.equal(got_k[:-1].float(), exp_k[:-1].float()), "k cache codes " + msg  # trash block aside
     assert torch.equal(got_v[:-1].float(), exp_v[:-1].float()), "v cache codes " + msg
@@ -261,7 +245,8 @@ def test_kv_attention_fp8_cache(pl, gen, dtype, h, kv, d, s, simple):
                                  kc8.float() * k_scale, vc8.float() * v_scale, h, kv, d)
     got = out.float().cpu()
     assert torch.isfinite(got).all(), msg
-    torch.testing.assert_close(got, ref, **TOL[dtype], msg=lambda m: f"{m}\n{msg}")
+    live = positions >= 0
+    torch.testing.assert_close(got[live], ref[live], **TOL[dtype], msg=lambda m: f"{m}\n{msg}")
 
 
 def test_kv_attention_leaves_other_blocks_alone(pl, gen):
@@ -334,8 +319,7 @@ def test_draft_inputs_worked_example(pl):
 # ---- PEagleDraftSample ---------------------------------------------------------------------------
 
 @pytest.mark.parametrize("vocab", [7, 1000, 4099, 32000, 151936, 201088])
-@pytest.mark.parametrize("split", [True, False])
-def test_draft_sample_argmax_ties_and_d2t(pl, gen, vocab, split):
+def test_draft_sample_argmax_ties_and_d2t(pl, gen, vocab):
     b, k = 3, 7
     logits = torch.randn(b, k, vocab, generator=gen)
     top = float(logits.max()) + 1.0
@@ -348,7 +332,7 @@ def test_draft_sample_argmax_ties_and_d2t(pl, gen, vocab, split):
         logits[1, 2, [vocab - 1, 3]] = float("nan")  # NaN is the maximum: first NaN wins
     d2t = torch.randint(0, 50, (vocab,), generator=gen)
     out = torch.full((b, k), -12345, dtype=torch.int64, device=CUDA)
-    got = pl.draft_sample(logits.cuda(), d2t.cuda(), out=out, split=split)
+    got = pl.draft_sample(logits.cuda(), d2t.cuda(), out=out)
     assert got is out
     ref = reference.draft_sample(logits, d2t)
     assert torch.equal(got.cpu(), ref), f"seed={gen.initial_seed()} got={got.tolist()} ref={ref.tolist()}"

@@ -82,7 +82,10 @@ bool KVAttentionPlugin::supportsFormatCombination(
     case kV: return t == inOut[kQ].desc.type;
     case kPositions:
     case kBlockTables: return t == nvinfer1::DataType::kINT64;
-    case kKCache: return t == inOut[kQ].desc.type || t == nvinfer1::DataType::kFP8;
+    // FP8 caches under 16-bit activations only: no fp32 + FP8 cubin is compiled (it spills registers)
+    case kKCache:
+        return t == inOut[kQ].desc.type
+            || (t == nvinfer1::DataType::kFP8 && inOut[kQ].desc.type != nvinfer1::DataType::kFLOAT);
     case kVCache: return t == inOut[kKCache].desc.type;
     case kNbInputs + kOut: return t == inOut[kQ].desc.type;
     case kNbInputs + kKCacheOut: return t == inOut[kKCache].desc.type;
@@ -96,6 +99,12 @@ int32_t KVAttentionPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc con
 {
     if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
         return 1;
+    if (mHeadDim != 64 && mHeadDim != 128 && mHeadDim != 256)
+    {
+        // the compiled Triton variants (peagle_trt/ops/triton_kernels/variants.py, HEAD_DIMS)
+        logError("PEagleKVAttention: head_dim must be 64, 128 or 256 (the compiled kernel variants)");
+        return 1;
+    }
     nvinfer1::Dims const& cache = in[kKCache].desc.dims;
     nvinfer1::Dims const& vCache = in[kVCache].desc.dims;
     nvinfer1::Dims const& q = in[kQ].desc.dims;

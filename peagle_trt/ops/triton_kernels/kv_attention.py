@@ -1,0 +1,216 @@
+"""PEagleKVAttention in Triton: a few new rows per request attending over a paged KV cache.
+
+Contract: `peagle_trt.ops.reference.kv_attention`. Caches [N+1, bs, KV, d] (block N is the trash
+block), block tables [B, M] int64 (-1 = no block), positions [B, S] (-1 = padding row). Features:
+GQA, any head size d (per-layer head sizes: one compiled variant per d), sliding windows
+(keys at positions > p - W), attention sinks (one logit per head in the denominator, no value),
+read-only layers (k = v = None), FP8 e4m3 caches with per-tensor scales (stored = value / scale).
+
+Two kernels, launched in order on one stream:
+  kv_write      one program per (request, row): scatters the new k/v rows into their blocks;
+  kv_attention  one program per (request, KV head, tile of BLOCK_M = 16 rows): the S rows x
+                G = H/KV query heads of the request that share the KV head form [BLOCK_M, d]
+                tiles; keys and values are gathered through the block table BLOCK_N positions
+                at a time (any block size) and go through `tl.dot` (the tensor cores; the old
+                CUDA kernel's `mma.sync`) with an online softmax in fp32.
+Splitting the write out keeps the attention race-free without a grid-wide barrier.
+Differences from the reference, outside the runtime's contract: padding rows return zeros (the
+reference returns some finite row); a table entry -1 (or past the cache) inside a row's visible
+range is masked (the reference reads the trash block).
+How to test: tests/ops/test_triton_kernels.py (interpreter), tests/plugins/test_kernels_gpu.py (GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from peagle_trt.ops.triton_kernels.common import FP8, check_dtype, interpreted, next_pow2, out_buffer, same_device
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 16  # key positions per step (the tl.dot minimum; a decode row reads few keys)
+
+
+@triton.jit
+def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """a @ b with fp32 accumulation. UPCAST: the operands go through fp32 (the interpreter's tl.dot
+    multiplies bf16 operands as raw bits; bf16 values are exact in fp32, so only the speed differs).
+    IEEE: full fp32 products for fp32 operands (no TF32), as the reference computes."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    elif IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _round_to_e4m3(x):
+    """x (fp32) rounded to the nearest float8 e4m3 value (ties to even), still in fp32. Used under
+    the interpreter only, whose own fp32->fp8 conversion drops the carry into the exponent when the
+    mantissa rounds up (7.8 -> 4.0); values already on the fp8 grid convert exactly there."""
+    bits = x.to(tl.int32, bitcast=True)
+    exponent = ((bits >> 23) & 0xFF) - 127
+    step_exp = tl.maximum(exponent, -6) - 3  # 3 mantissa bits; subnormals below 2^-6
+    step = ((step_exp + 127) << 23).to(tl.float32, bitcast=True)
+    y = x / step  # exact: a power-of-two divisor
+    y = (y + 12582912.0) - 12582912.0  # round to the nearest integer, ties to even (1.5 * 2^23)
+    return y * step
+
+
+@triton.jit
+def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S, M, trash, bs,
+                    k_scale, v_scale, KVD, BLOCK: tl.constexpr, FP8_CACHE: tl.constexpr,
+                    ROUND_FP8: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1).to(tl.int64)
+    pos = tl.load(positions_ptr + b * S + s)
+    entry = tl.maximum(pos, 0) // bs
+    block = tl.load(tables_ptr + b * M + tl.minimum(entry, M - 1))
+    valid = (pos >= 0) & (entry < M) & (block >= 0) & (block < trash)  # entries past the cache: as -1
+    block = tl.where(valid, block, trash)
+    offset = tl.where(valid, tl.maximum(pos, 0) % bs, 0)
+    row = (block * bs + offset) * KVD
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, KVD, BLOCK):
+        c = start + cols
+        inside = c < KVD
+        kk = tl.load(k_ptr + (b * S + s) * KVD + c, mask=inside, other=0.0).to(tl.float32)
+        vv = tl.load(v_ptr + (b * S + s) * KVD + c, mask=inside, other=0.0).to(tl.float32)
+        if FP8_CACHE:
+            kk = kk / k_scale
+            vv = vv / v_scale
+            if ROUND_FP8:
+                kk = _round_to_e4m3(kk)
+                vv = _round_to_e4m3(vv)
+        tl.store(k_cache + row + c, kk.to(k_cache.dtype.element_ty), mask=inside)
+        tl.store(v_cache + row + c, vv.to(v_cache.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_cache, sinks_ptr,
+                        S, M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window,
+                        D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                        BLOCK_N: tl.constexpr, HAS_SINKS: tl.constexpr, FP8_CACHE: tl.constexpr,
+                        IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1).to(tl.int64)
+    # tile row m = (query row s = m // G, head kvh*G + m % G); axis 2 tiles S*G rows past BLOCK_M
+    rows = tl.program_id(2) * BLOCK_M + tl.arange(0, BLOCK_M)
+    s = rows // G
+    head = kvh * G + rows % G
+    row_ok = s < S
+    pos = tl.load(positions_ptr + b * S + tl.minimum(s, S - 1))
+    pos = tl.where(row_ok, pos, -1)  # tile rows past S behave as padding rows
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < D
+    q_off = ((b * S + s) * H + head)[:, None] * D + d[None, :]
+    q = tl.load(q_ptr + tl.where(row_ok[:, None] & d_ok[None, :], q_off, 0),
+                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    dtype = q.dtype
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    top = tl.max(pos, axis=0)
+    end = tl.minimum(top + 1, M * bs)
+    # with a window: the first key any row of the tile can see, rounded down to a step
+    first = tl.maximum(tl.min(tl.where(pos >= 0, pos - window + 1, 2147483647), axis=0), 0)
+    lo = tl.where(window > 0, first // BLOCK_N * BLOCK_N, 0)
+    keys = tl.arange(0, BLOCK_N)
+    for start in range(lo, end, BLOCK_N):
+        kp = start + keys  # [BLOCK_N] key positions
+        entry = tl.minimum(kp // bs, M - 1)
+        block = tl.load(tables_ptr + b * M + entry, mask=kp < end, other=-1)
+        key_ok = (kp < end) & (block >= 0) & (block < trash)  # -1 and entries past the cache: masked
+        slot = tl.where(key_ok, block * bs + kp % bs, 0)
+        kv_off = (slot * KV + kvh)[:, None] * D + d[None, :]
+        kv_mask = key_ok[:, None] & d_ok[None, :]
+        kt = tl.load(k_cache + tl.where(kv_mask, kv_off, 0), mask=kv_mask, other=0.0)
+        vt = tl.load(v_cache + tl.where(kv_mask, kv_off, 0), mask=kv_mask, other=0.0)
+        if FP8_CACHE:
+            kt = (kt.to(tl.float32) * k_scale).to(dtype)
+            vt = (vt.to(tl.float32) * v_scale).to(dtype)
+        scores = _dot(q, tl.trans(kt), IEEE, UPCAST) * qk_scale  # log2 domain
+        visible = (kp[None, :] <= pos[:, None]) & key_ok[None, :]
+        if window > 0:
+            visible = visible & (kp[None, :] > pos[:, None] - window)
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(scores - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + _dot(p.to(dtype), vt, IEEE, UPCAST)
+        m_i = m_new
+    if HAS_SINKS:  # one extra logit per head in the denominator, carrying no value
+        sink = tl.load(sinks_ptr + tl.where(row_ok, head, 0)).to(tl.float32) * 1.4426950408889634
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
+    live = (pos >= 0) & (l_i > 0)
+    out = acc / tl.where(live, l_i, 1.0)[:, None]
+    out = tl.where(live[:, None], out, 0.0)
+    out_mask = row_ok[:, None] & d_ok[None, :]
+    tl.store(out_ptr + tl.where(out_mask, q_off, 0), out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, positions: torch.Tensor,
+                 block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
+                 num_kv_heads: int, head_dim: int, scale: float | None = None, sliding_window: int = 0,
+                 sinks: torch.Tensor | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0,
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """See `reference.kv_attention`; writes k/v into the caches in place (k = v = None: read only).
+
+    q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
+    block_tables [B, M]; k_cache/v_cache [N+1, bs, KV, d] contiguous, q's dtype or float8_e4m3fn
+    (then k_scale/v_scale dequantize: stored = value / scale). Returns out [B, S, H*d]."""
+    device = same_device(q, k, v, positions, block_tables, k_cache, v_cache, sinks)
+    b, s, _ = q.shape
+    h, kvh, d = int(num_heads), int(num_kv_heads), int(head_dim)
+    if h % kvh or q.shape[-1] != h * d:
+        raise ValueError(f"kv_attention: q {tuple(q.shape)} does not match num_heads={h}, head_dim={d}, "
+                         f"or num_heads is not a multiple of num_kv_heads={kvh}")
+    if (k is None) != (v is None) or (k is not None and (k.shape != (b, s, kvh * d) or v.shape != k.shape)):
+        raise ValueError(f"kv_attention: k / v must both be [{b}, {s}, {kvh * d}] or both None")
+    if positions.shape != (b, s) or block_tables.dim() != 2 or block_tables.shape[0] != b:
+        raise ValueError(f"kv_attention: positions {tuple(positions.shape)} / block_tables "
+                         f"{tuple(block_tables.shape)} must be [{b}, {s}] / [{b}, M]")
+    if (k_cache.dim() != 4 or k_cache.shape[2:] != (kvh, d) or v_cache.shape != k_cache.shape
+            or v_cache.dtype != k_cache.dtype or not (k_cache.is_contiguous() and v_cache.is_contiguous())):
+        raise ValueError(f"kv_attention: caches do not match: they must be contiguous [blocks + 1, block_size, "
+                         f"{kvh}, {d}] of one "
+                         f"dtype, got {tuple(k_cache.shape)} {k_cache.dtype} / {tuple(v_cache.shape)} {v_cache.dtype}")
+    if sinks is not None and sinks.shape != (h,):
+        raise ValueError(f"kv_attention: sinks must be [{h}], got {tuple(sinks.shape)}")
+    check_dtype(q, "kv_attention q")
+    if k is not None and (k.dtype != q.dtype or v.dtype != q.dtype):
+        raise TypeError(f"kv_attention: q, k and v must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
+    fp8 = FP8 is not None and k_cache.dtype == FP8
+    if k_cache.dtype != q.dtype and not fp8:
+        raise TypeError(f"kv_attention: cache dtype {k_cache.dtype} must be q's ({q.dtype}) or float8_e4m3fn")
+    if fp8 and not (k_scale > 0 and v_scale > 0):
+        raise ValueError(f"kv_attention: FP8 caches need positive scales, got k_scale={k_scale}, v_scale={v_scale}")
+    blocks, bs = k_cache.shape[0], k_cache.shape[1]
+    m = block_tables.shape[1]
+    out = out_buffer(out, q.shape, q.dtype, device, "kv_attention")
+    if b * s == 0:
+        return out
+    positions, tables = positions.to(torch.int64).contiguous(), block_tables.to(torch.int64).contiguous()
+    q = q.contiguous()
+    if k is not None:
+        kv_write_kernel[(b, s)](k.contiguous(), v.contiguous(), positions, tables, k_cache, v_cache, s, m,
+                                blocks - 1, bs, float(k_scale), float(v_scale), KVD=kvh * d,
+                                BLOCK=min(next_pow2(kvh * d, 16), 1024), FP8_CACHE=fp8,
+                                ROUND_FP8=fp8 and interpreted())
+    group = h // kvh
+    block_m = 16  # 64-row tiles spill registers from d = 64 on (aot.py's check); more rows, more programs
+    qk_scale = (scale if scale is not None else d ** -0.5) * LOG2E
+    kv_attention_kernel[(b, kvh, -(-s * group // block_m))](
+        q, out, positions, tables, k_cache, v_cache, q if sinks is None else sinks.contiguous(),
+        s, m, blocks - 1, bs, h, kvh, group, float(qk_scale), float(k_scale), float(v_scale), int(sliding_window),
+        D=d, BLOCK_M=block_m, BLOCK_D=next_pow2(d, 16), BLOCK_N=BLOCK_N,
+        HAS_SINKS=sinks is not None, FP8_CACHE=fp8, IEEE=q.dtype == torch.float32, num_warps=4 if d <= 128 else 8,
+        UPCAST=q.dtype == torch.bfloat16 and interpreted())
+    return out

@@ -1,0 +1,99 @@
+"""The compiled variants of the Triton kernels: what the TensorRT plugins can launch.
+
+Each `Variant` fixes a kernel's pointer dtypes and constexprs (tile sizes, features); the runtime
+arguments stay runtime (sizes, window, scales). The ahead-of-time build (`aot.py`) compiles every
+variant for every architecture, and the C launcher (plugins/src/launcher/tritonLauncher.cpp)
+picks one by name: `kv_attention.<act>.<cache>.d<D>.m<BLOCK_M>.<sinks|nosinks>` and the like below.
+`kernel_args` lists the runtime arguments in the order the compiled kernel takes them (constexprs
+removed; two trailing scratch pointers follow, see aot.py).
+How to test: tests/ops/test_triton_aot.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, kv_attention
+
+PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8": "*fp8e4nv"}
+ACTS = ("f32", "f16", "bf16")
+HEAD_DIMS = (64, 128, 256)  # 512 (Gemma-4 global layers) spills with a 16-row tile: JIT path only
+BLOCK_M = 16  # query rows (S x G) per program; more rows take more programs (grid axis 2)
+NUM_WARPS = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One compiled form of one kernel."""
+    name: str  # the launcher's key
+    kernel: object  # the @triton.jit function
+    signature: dict  # argument -> Triton type ("*bf16", "i32", "fp32", "constexpr")
+    constexprs: dict  # constexpr argument -> value
+    num_warps: int = NUM_WARPS
+
+    @property
+    def kernel_args(self) -> list[tuple[str, str]]:
+        """(name, type) of the runtime arguments, in order."""
+        return [(a, t) for a, t in self.signature.items() if t != "constexpr"]
+
+
+def _sig(fn, types: dict, constexprs: dict) -> dict:
+    """Signature of `fn` in argument order: pointer / scalar types from `types`, constexprs marked."""
+    out = {}
+    for name in fn.arg_names:
+        if name in constexprs:
+            out[name] = "constexpr"
+        elif name in types:
+            out[name] = types[name]
+        else:
+            raise KeyError(f"{fn.__name__}: no type given for argument {name!r}")
+    return out
+
+
+def _draft_sample(act: str) -> Variant:
+    fn = draft_sample.draft_sample_kernel
+    consts = {"HAS_D2T": True, "BLOCK_V": draft_sample.BLOCK_V}
+    types = {"logits_ptr": PTR[act], "d2t_ptr": "*i64", "ids_ptr": "*i64", "vocab": "i32"}
+    return Variant(f"draft_sample.{act}", fn, _sig(fn, types, consts), consts)
+
+
+def _draft_inputs(act: str) -> Variant:
+    fn = draft_inputs.draft_inputs_kernel
+    consts = {"BLOCK_H": 512}
+    types = {n: "*i64" for n in ("tokens_ptr", "num_pending_ptr", "cur_ptr", "positions_out", "sample_rows_out")}
+    types.update({n: PTR[act] for n in ("hidden_ptr", "embed_ptr", "h_mask_ptr", "embeds_out", "hidden_out")})
+    types.update({"P": "i32", "R": "i32", "H": "i32", "K": "i32", "V": "i64", "mask_token_id": "i64"})
+    return Variant(f"draft_inputs.{act}", fn, _sig(fn, types, consts), consts)
+
+
+def _kv_write(act: str, cache: str) -> Variant:
+    fn = kv_attention.kv_write_kernel
+    consts = {"BLOCK": 256, "FP8_CACHE": cache == "fp8", "ROUND_FP8": False}
+    types = {"k_ptr": PTR[act], "v_ptr": PTR[act], "positions_ptr": "*i64", "tables_ptr": "*i64",
+             "k_cache": PTR[cache], "v_cache": PTR[cache], "S": "i32", "M": "i32", "trash": "i32", "bs": "i32",
+             "k_scale": "fp32", "v_scale": "fp32", "KVD": "i32"}
+    return Variant(f"kv_write.{act}.{cache}", fn, _sig(fn, types, consts), consts)
+
+
+def _kv_attention(act: str, cache: str, d: int, block_m: int, sinks: bool) -> Variant:
+    fn = kv_attention.kv_attention_kernel
+    consts = {"D": d, "BLOCK_M": block_m, "BLOCK_D": d, "BLOCK_N": kv_attention.BLOCK_N, "HAS_SINKS": sinks,
+              "FP8_CACHE": cache == "fp8", "IEEE": act == "f32", "UPCAST": False}
+    types = {"q_ptr": PTR[act], "out_ptr": PTR[act], "positions_ptr": "*i64", "tables_ptr": "*i64",
+             "k_cache": PTR[cache], "v_cache": PTR[cache], "sinks_ptr": "*fp32"}
+    types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window")})
+    types.update({n: "fp32" for n in ("qk_scale", "k_scale", "v_scale")})
+    name = f"kv_attention.{act}.{cache}.d{d}.m{block_m}.{'sinks' if sinks else 'nosinks'}"
+    # 4 warps hold a [16, 128] tile's accumulator and operands in registers; bigger tiles take 8
+    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=4 if block_m * d <= 16 * 128 else 8)
+
+
+def all_variants() -> list[Variant]:
+    """Every variant the plugins can launch: the three activation dtypes, caches of the activation
+    dtype or FP8 (16-bit activations), head sizes 64, 128, 256, 16-row tiles. No sinks: the
+    plugins take no sinks input yet (the JIT path of the torch executor has them)."""
+    out = [_draft_sample(a) for a in ACTS] + [_draft_inputs(a) for a in ACTS]
+    for act, cache in (("f32", "f32"), ("f16", "f16"), ("f16", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")):
+        out.append(_kv_write(act, cache))
+        out += [_kv_attention(act, cache, d, BLOCK_M, False) for d in HEAD_DIMS]
+    return out
