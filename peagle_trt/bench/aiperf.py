@@ -151,11 +151,15 @@ def table(rows: list[dict]) -> str:
             "| tok/s total "
             "| req/s | AL pooled (Prometheus) | AL per request (AIPerf) |\n" + "|---" * 12 + "|")
     lines = [head]
+
+    def f(x, digits: int) -> str:  # AIPerf leaves a metric out (None) when it has no samples
+        return "n/a" if x is None else f"{x:.{digits}f}"
+
     for r in sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])):
         lines.append(f"| {r['workload']} | {r['k']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
-                     f"| {r['time_to_first_token']:.0f} / {r['ttft_p50']:.0f} | {r['inter_token_latency']:.2f} "
-                     f"| {r['output_token_throughput_per_user']:.0f} | {r['output_token_throughput']:.0f} "
-                     f"| {r['request_throughput']:.2f} | {r['acceptance_length'] or 'n/a (no drafts)'} "
+                     f"| {f(r['time_to_first_token'], 0)} / {f(r['ttft_p50'], 0)} | {f(r['inter_token_latency'], 2)} "
+                     f"| {f(r['output_token_throughput_per_user'], 0)} | {f(r['output_token_throughput'], 0)} "
+                     f"| {f(r['request_throughput'], 2)} | {r['acceptance_length'] or 'n/a (no drafts)'} "
                      f"| {r.get('aiperf_acceptance_length') or 'n/a'} |")
     return "\n".join(lines)
 

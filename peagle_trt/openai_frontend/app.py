@@ -76,9 +76,11 @@ def spec_decode_metrics(final: dict, level: str = "summary") -> dict | None:
 
 def stats_fields(level: str):
     """The statistics of a final response as top-level fields: ours (`speculative`) and vLLM's
-    (`metrics`, unless the level is "none")."""
-    def fields(final: dict) -> dict:
-        metrics = spec_decode_metrics(final, level)
+    (`metrics`, unless the level is "none" or `metrics` is False). A stream carries `metrics` on
+    ONE chunk, as vLLM: the usage chunk, or the finish chunk when usage was not asked for (AIPerf
+    drops a request whose stream carries it twice, reading it as n > 1)."""
+    def fields(final: dict, metrics: bool = True) -> dict:
+        metrics = spec_decode_metrics(final, level) if metrics else None
         return {"speculative": speculative(final), **({"metrics": metrics} if metrics is not None else {})}
     return fields
 
@@ -225,7 +227,8 @@ async def _chat_events(req: ChatRequest, rid: str, created: int, first: Chunk, c
 
     yield event({"role": "assistant", "content": ""})
     async for piece in _stream_body(req, head, first, chunks, content,
-                                    lambda finish, final: event({}, finish, **fields(final)), fields):
+                                    lambda finish, final: event({}, finish, **fields(final, not req.include_usage)),
+                                    fields):
         yield piece
 
 
@@ -238,7 +241,8 @@ async def _completion_events(req: CompletionRequest, rid: str, created: int, fir
                                           **({"token_ids": ids} if ids else {})}], **extra})
 
     async for piece in _stream_body(req, head, first, chunks, lambda text, ids: event(text, None, ids),
-                                    lambda finish, final: event("", finish, **fields(final)), fields):
+                                    lambda finish, final: event("", finish, **fields(final, not req.include_usage)),
+                                    fields):
         yield piece
 
 
