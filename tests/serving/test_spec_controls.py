@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 import urllib.request
 
 import pytest
@@ -61,7 +62,12 @@ def test_served_k_schedule_is_lossless_and_reported_per_step(tiny, served):
     assert [r.choices[0].model_extra["token_ids"] for r in together] == refs
     ours = [r.model_extra["speculative"] for r in together]  # verify forwards: spec steps + plain (k = 0) steps
     assert any(s["target_forwards"] - 1 > s["draft_steps"] for s in ours)
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.options.metrics_port}/metrics", timeout=10).read().decode()
-    zero = [line for line in text.splitlines() if line.startswith("peagle_num_spec_tokens_per_step_bucket")
-            and 'le="0"' in line]
+    url = f"http://127.0.0.1:{server.options.metrics_port}/metrics"
+    for _ in range(20):  # Triton's metrics endpoint itself refreshes on its own interval
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        zero = [line for line in text.splitlines() if line.startswith("peagle_num_spec_tokens_per_step_bucket")
+                and 'le="0"' in line]
+        if zero and float(zero[0].rsplit(" ", 1)[1]) > 0:
+            break
+        time.sleep(0.5)
     assert zero and float(zero[0].rsplit(" ", 1)[1]) > 0  # plain steps were counted under k = 0
