@@ -104,6 +104,13 @@ def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torc
                     mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
     """Run the rows of one segment. Returns (elements of the rows, draft logits [R, V_d],
     charged [R] bool: the rows this segment owns)."""
+    sub, x, charged = segment_rows_forward(head, seq, el, owned, mask_token_id)
+    return sub, head.model.logits(x), charged
+
+
+def segment_rows_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
+                         mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
+    """As segment_forward, with the pre-norm outputs x [R, H] in place of the logits."""
     model = head.model
     rows, charged = segment_rows(el, owned)
     sub = el.select(rows)
@@ -137,8 +144,7 @@ def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torc
             order.append(idx)
             prev_anchor, prev_x = d.anchor, x
     perm = torch.cat(order)
-    x = torch.cat(outs)
-    return sub.select(perm), model.logits(x), charged[perm]
+    return sub.select(perm), torch.cat(outs), charged[perm]
 
 
 def _cat(a: Elements, b: Elements) -> Elements:
@@ -154,16 +160,19 @@ def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
                  mask_token_id: int | None, normaliser: float, stats: dict | None = None) -> torch.Tensor:
-    """Summed KL over the segment's owned supervised elements / normaliser. `stats` (optional)
-    accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}."""
-    sub, logits, charged = segment_forward(head, seq, el, owned, mask_token_id)
+    """Summed KL over the segment's owned supervised elements / normaliser. Only those rows go
+    through the lm_head (prompt rows and rows of other segments are context: on distilled data
+    most rows; the lm_head is about half of a row's cost). `stats` (optional) accumulates
+    per-depth counts and top-1 agreement: {depth: [count, correct]}."""
+    sub, x, charged = segment_rows_forward(head, seq, el, owned, mask_token_id)
     pos = sub.position
     sup = charged & seq.loss_mask[pos]
+    logits = head.model.logits(x[sup])
     probs = seq.probs[pos[sup]]
-    loss = kl_terms(logits[sup], probs).sum() / normaliser
+    loss = kl_terms(logits, probs).sum() / normaliser
     if stats is not None:
         with torch.no_grad():
-            hit = logits[sup].argmax(-1) == probs.argmax(-1)
+            hit = logits.argmax(-1) == probs.argmax(-1)
             for depth, ok in zip(sub.depth[sup].tolist(), hit.tolist()):
                 entry = stats.setdefault(depth, [0, 0])
                 entry[0] += 1
