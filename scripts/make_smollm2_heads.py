@@ -17,6 +17,12 @@ target's table): ~20 MB each. The P-EAGLE head in the AWS layout, the EAGLE-3 he
 
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 3600     # all stages
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle       # one stage
+    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --device cuda --epochs 40
+
+On 2 CPU cores a step of 4 answers takes ~0.85 s once the target's pass is cached, so an hour
+is ~8 epochs of the committed answers: not enough for a useful head (docs/BENCHMARKS.md,
+"SmolLM2-135M: trained heads"); --device is passed to `peagle-trt train` (cuda: never run here,
+no GPU has been lent to this project).
 
 Then measure them: `peagle-trt bench heads --peagle WORK_DIR/drafter-peagle --eagle3
 WORK_DIR/drafter-eagle3 --served`. Last stdout line: JSON.
@@ -57,6 +63,7 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
     ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
     ap.add_argument("--epochs", type=float, default=2.0, help="training: passes over the answers")
+    ap.add_argument("--device", default="cpu", help="training: torch device (cpu, cuda)")
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
     from peagle_trt.train.distill import distill
@@ -79,7 +86,7 @@ def main() -> None:
         cmd = [sys.executable, "-m", "peagle_trt.cli", "train", "--target", str(target), "--data", str(answers),
                "--method", method, "--layout", layout, "--output", str(args.work / f"drafter-{method}"),
                "--steps", str(steps), "--checkpoint-dir", str(args.work / f"ckpt-{method}"),
-               "--feature-cache", str(args.work / "features.pt"), "--force", *COMMON]
+               "--feature-cache", str(args.work / "features.pt"), "--device", args.device, "--force", *COMMON]
         if method == "peagle":
             cmd += ["--mask-token-id", str(MASK_TOKEN_ID)]
         report[method] = run(cmd)
