@@ -51,6 +51,26 @@ def test_schedule_with_plain_steps_is_lossless(tiny, references, mode):
     assert stats[0].steps < stats[0].target_forwards - 1  # request 0 decoded some steps plainly
 
 
+@pytest.mark.parametrize("mode", ["peagle", "eagle3"])
+def test_one_verify_of_drafts_of_different_lengths_is_lossless(tiny, references, mode):
+    # every step drops the last drafts of one request: the verify pads its rows (position -1)
+    # next to full-length ones; accepted tokens must not change
+    decoder = make_decoder(tiny, "llama", "aws", mode, 3, max_len=256, slots=5)
+    original, mixed = decoder.step, []
+
+    def step(seqs):
+        live = [s for s in seqs if not s.finished and s.drafts]
+        if len(live) > 1:
+            victim = live[len(mixed) % len(live)]
+            victim.drafts = victim.drafts[:len(mixed) % 3]
+            mixed.append({len(s.drafts) for s in live})
+        original(seqs)
+
+    decoder.step = step
+    assert run_all(decoder)[0] == references
+    assert any(len(ks) > 1 for ks in mixed)
+
+
 def test_adaptive_k_is_lossless(tiny, references):
     spec = SpecConfig("peagle", 4, adaptive=True)
     decoder = make_decoder(tiny, "llama", "aws", "peagle", 4, max_len=256, slots=5, spec=spec)
