@@ -102,15 +102,8 @@ def _extend(banks: list | None, kv: list) -> list:
 
 def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
                     mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
-    """Run the rows of one segment. Returns (elements of the rows, draft logits [R, V_d],
-    charged [R] bool: the rows this segment owns)."""
-    sub, x, charged = segment_rows_forward(head, seq, el, owned, mask_token_id)
-    return sub, head.model.logits(x), charged
-
-
-def segment_rows_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
-                         mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
-    """As segment_forward, with the pre-norm outputs x [R, H] in place of the logits."""
+    """Run the rows of one segment. Returns (elements of the rows, pre-norm outputs x [R, H]
+    (`head.model.logits(x)` gives their draft logits), charged [R] bool: the rows this segment owns)."""
     model = head.model
     rows, charged = segment_rows(el, owned)
     sub = el.select(rows)
@@ -161,10 +154,9 @@ def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
                  mask_token_id: int | None, normaliser: float, stats: dict | None = None) -> torch.Tensor:
     """Summed KL over the segment's owned supervised elements / normaliser. Only those rows go
-    through the lm_head (prompt rows and rows of other segments are context: on distilled data
-    most rows; the lm_head is about half of a row's cost). `stats` (optional) accumulates
-    per-depth counts and top-1 agreement: {depth: [count, correct]}."""
-    sub, x, charged = segment_rows_forward(head, seq, el, owned, mask_token_id)
+    through the lm_head: prompt rows and rows of other segments are context only. `stats`
+    (optional) accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}."""
+    sub, x, charged = segment_forward(head, seq, el, owned, mask_token_id)
     pos = sub.position
     sup = charged & seq.loss_mask[pos]
     logits = head.model.logits(x[sup])

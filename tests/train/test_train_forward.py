@@ -49,7 +49,8 @@ def test_training_forward_equals_inference(setup, method):
     model = head.model
     el = cod_sample(f.loss_mask, 4, 0.7, 0.2, torch.Generator().manual_seed(3))
     with torch.no_grad():
-        sub, logits, _ = segment_forward(head, f, el, torch.arange(len(el)), 3)
+        sub, x, _ = segment_forward(head, f, el, torch.arange(len(el)), 3)
+        logits = model.logits(x)
     chains = [a for a, d in zip(sub.anchor.tolist(), sub.depth.tolist()) if d == 3][:3]
     assert chains, "COD sampled no depth-3 chain"
     for a in chains:
