@@ -7,6 +7,11 @@ allocated once and bound through IO binding as both `past_*` and `present_*`: th
 ScatterND writes the new rows into that very buffer (no per-step cache copy) and attention
 gathers only the blocks of the batch's requests, through the block tables. Other outputs (logits, taps) are allocated by
 onnxruntime per run and handed over without a copy.
+
+Threads: every session of the process runs on ONE intra-op thread pool (`_thread_pool`). With a
+pool per session, the pool of the graph that just ran keeps spinning and takes the cores from the
+next graph: on 2 cores a target verify right after a drafter pass took 24-28 ms instead of 16-18
+(docs/BENCHMARKS.md, "One thread pool for the target and the drafter").
 """
 
 from __future__ import annotations
@@ -21,18 +26,35 @@ from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
 
+_POOL: dict = {}  # the process's onnxruntime thread pool, once made: {"threads": int | None}
+
+
+def _thread_pool(threads: int | None) -> None:
+    """Make the process-wide intra-op pool on first use (`threads`; None: onnxruntime's default,
+    the physical cores). It cannot be resized: a later, different explicit count is refused."""
+    import onnxruntime as ort
+
+    if not _POOL:
+        ort.set_global_thread_pool_sizes(threads or 0, 1)
+        _POOL["threads"] = threads
+    elif threads is not None and threads != _POOL["threads"]:
+        made = _POOL["threads"] or "onnxruntime's default number of"
+        raise ConfigError(f"this process's onnxruntime thread pool has {made} threads, shared by every "
+                          f"session; asked for {threads}: pass the same thread count to every executor of "
+                          "a process (or none), or run the other one in its own process")
+
 
 def _session(path: Path | bytes, threads: int | None, weights: dict | None = None):
     import onnxruntime as ort
 
+    _thread_pool(threads)
     options = ort.SessionOptions()
+    options.use_per_session_threads = False  # the shared pool (module docstring)
     if weights:  # in-memory model: its large initializers as OrtValues over these arrays (no copy)
         options.add_external_initializers(list(weights),
                                           [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
     # onnxruntime's integer QDQ fusion does not know FP8: keep Q/DQ -> MatMul as written.
     options.add_session_config_entry("session.disable_quant_qdq", "1")
-    if threads:
-        options.intra_op_num_threads = threads
     source = path if isinstance(path, bytes) else str(path)  # bytes: a serialized in-memory model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

@@ -23,7 +23,7 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.speculative.draft_length import PROBE_ROWS, DraftLengths
+from peagle_trt.speculative.draft_length import DraftLengths
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.sampling import make_generator
@@ -47,7 +47,8 @@ class Sequence:
     stop_ids: frozenset = frozenset()  # EOS / end ids that finish this sequence
     # per KV group, the blocks holding positions j*bs .. j*bs + bs - 1 (-1: none); the runtime's
     blocks: list[list[int]] = field(default_factory=list)
-    # rows the drafter has not seen after k = 0 steps: (tokens, their target taps [n, A]); replaced, never mutated
+    # rows the drafter has not seen after k = 0 steps: (tokens, their target taps as [n_i, A]
+    # chunks); replaced, never mutated
     undrafted: tuple = ()
 
     @property
@@ -92,6 +93,7 @@ class SpecDecoder:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
         self.lengths = DraftLengths(spec)
+        self._time_verify = True  # the next verify's time feeds the adaptive rule (see _draft_after_verify)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
         self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
         # headroom: a verify writes K+1 positions past the last committed one
@@ -155,6 +157,7 @@ class SpecDecoder:
         seqs = [s for s in seqs if not s.finished]
         if not seqs:
             return
+        t0 = time.perf_counter()  # the verify's cost for the adaptive rule: this step up to its drafting
         ex, dev = self.ex, self.ex.device
         ks = [len(s.drafts) for s in seqs]
         k = max(ks)
@@ -166,7 +169,6 @@ class SpecDecoder:
         if min(ks) < k:  # shorter drafts: padding rows
             positions = torch.where(j <= ints(ks, dev)[:, None], positions, -1)
         tables = self.tables(seqs)  # [G, B, M]
-        t0 = time.perf_counter()
         logits, aux = ex.target(tokens, positions, tables)  # [B, k+1, V], [B, k+1, A]
         # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
         target_ids = argmax(logits)  # [B, k+1]
@@ -174,7 +176,6 @@ class SpecDecoder:
         if min(ks) < k:
             match &= j[1:] <= ints(ks, dev)[:, None]
         accepted = match.cumprod(dim=1).sum(dim=1).tolist()  # [B]
-        self.lengths.verify_cost.record(len(seqs) * (k + 1), time.perf_counter() - t0)
         self.lengths.steps_at_k[k] += 1
         rows = target_ids.tolist()
         emitted = []
@@ -193,6 +194,9 @@ class SpecDecoder:
                 self.lengths.record(s.stats, ks[i], len(e) - 1)
             self._commit(s, e)
             emitted.append(e)
+        if self._time_verify:
+            self.lengths.verify_cost.record(len(seqs) * (k + 1), time.perf_counter() - t0)
+        self._time_verify = True
         # 3. draft the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
@@ -204,54 +208,55 @@ class SpecDecoder:
 
     def _draft_after_verify(self, seqs: list[Sequence], emitted: list[list[int]], aux: torch.Tensor,
                             cur: torch.Tensor, tables: torch.Tensor) -> None:
-        """Draft for `seqs` (aux [B, k+1, A] of their verify, cur [B] its first position); at k = 0
-        a sequence keeps its rows for later, and drafts one token once PROBE_ROWS piled up."""
+        """Draft for `seqs` (aux [B, k+1, A] of their verify, cur [B] its first position). At k = 0
+        the rows wait in `Sequence.undrafted` until one request holds `probe_rows` of them; then
+        every request drafts its rows and one token (draft_length.py: the probe)."""
         if not seqs:
             return
-        dev = self.ex.device
+        t0, dev = time.perf_counter(), self.ex.device
         k = self.lengths.choose([s.stats for s in seqs], self.batch, self.k)
         if k == 0 or any(s.undrafted for s in seqs):
-            pending = [(list(s.undrafted[0]) if s.undrafted else []) + e for s, e in zip(seqs, emitted)]
-            rows = [torch.cat([s.undrafted[1], aux[i, :len(e)]]) if s.undrafted else aux[i, :len(e)]
-                    for i, (s, e) in enumerate(zip(seqs, emitted))]
-            ready = [i for i, p in enumerate(pending) if k or len(p) >= PROBE_ROWS]
-            for i, s in enumerate(seqs):
-                s.undrafted = () if i in ready else (pending[i], rows[i])
-                if i not in ready:
-                    s.drafts = []
-            if not ready:
-                return
-            seqs = [seqs[i] for i in ready]
-            cur = ints([s.cur for s in seqs], dev)
-            batch = DraftBatch(seqs, pad_stack([ints(pending[i], dev) for i in ready], 0),
-                               pad_stack([rows[i] for i in ready], 0.0), ints([len(pending[i]) for i in ready], dev),
-                               cur, tables[:, ready])
-            self._draft(batch, max(k, 1), timed=True)
+            for i, (s, e) in enumerate(zip(seqs, emitted)):
+                tokens, rows = s.undrafted or ((), ())
+                s.undrafted, s.drafts = (tokens + tuple(e), rows + (aux[i, :len(e)],)), []
+            if k == 0:
+                if max(len(s.undrafted[0]) for s in seqs) < self.lengths.probe_rows:
+                    return
+                self.lengths.probed()
+            pending = [list(s.undrafted[0]) for s in seqs]
+            batch = DraftBatch(seqs, pad_stack([ints(p, dev) for p in pending], 0),
+                               pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0),
+                               ints([len(p) for p in pending], dev), ints([s.cur for s in seqs], dev), tables)
+            for s in seqs:
+                s.undrafted = ()
+            # neither this pass (its deferred rows) nor the next verify (measured slower after
+            # such a pass) is the cost of a k: not timed
+            self._draft(batch, max(k, 1))
+            self._time_verify = False
             return
         num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
         batch = DraftBatch(seqs, ints([e + [0] * (aux.shape[1] - len(e)) for e in emitted], dev), aux, num,
                            cur + num, tables)
-        self._draft(batch, k, timed=True)
+        self._draft(batch, k, since=t0)
 
     def _synthetic_accepts(self, k: int) -> int:
         """Drafts accepted under the configured unconditional rates r (P(first i accepted) = r_i)."""
         u, rates = float(torch.rand((), generator=self.synthetic)), self.spec.synthetic_rates
         return sum(1 for r in rates[:k] if u < r)
 
-    def _draft(self, batch: DraftBatch, k: int | None = None, timed: bool = False) -> None:
-        """k drafts for every sequence of `batch` (None: the rule's choice for them); `timed`:
-        a decode step's pass, whose time feeds the adaptive rule (a prefill's pass also reads its
-        prompt rows: not the cost of drafting)."""
+    def _draft(self, batch: DraftBatch, k: int | None = None, since: float | None = None) -> None:
+        """k drafts for every sequence of `batch` (None: the rule's choice for them). `since`: when
+        a decode step's drafting began; the time from then, this pass included, feeds the adaptive
+        rule (a prefill's pass also reads its prompt rows: not the cost of drafting)."""
         if not batch.seqs:
             return
         if k is None:
             k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
-        t0 = time.perf_counter()
         drafts = self.proposer.propose(batch, max(k, 1)).tolist()
-        if timed:
-            self.lengths.draft_cost.record((len(batch.seqs), max(k, 1)), time.perf_counter() - t0)
         for s, d in zip(batch.seqs, drafts):
             s.drafts = d[:k]
+        if since is not None:
+            self.lengths.draft_cost.record((len(batch.seqs), max(k, 1)), time.perf_counter() - since)
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
         """Append emitted tokens, stopping at an end id, max_tokens or the maximum length."""

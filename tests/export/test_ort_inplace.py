@@ -2,15 +2,18 @@
 runs on CPU): logits near the torch reference, and the KV cache written in place: the new rows
 land in the very buffers bound as past_* / present_* (IO binding), in the blocks the block
 table names at their offsets only, with no other cache entry touched; spec == target-only
-within it."""
+within it; every session on the process's one thread pool."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.errors import ConfigError
+from peagle_trt.executors import onnxruntime as ort_executor
 from peagle_trt.executors.onnxruntime import OrtExecutor
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.runtime.scheduler import generate
@@ -46,3 +49,17 @@ def test_in_memory_spec_equals_target_only(tiny):
     none = SpecConfig("none", 3)
     plain = generate(SpecDecoder(OrtExecutor.from_models(target, None, None, 1, 64), none), prompt, params)
     assert spec_out.output == plain.output and len(plain.output) == 12
+
+
+def test_target_and_drafter_sessions_share_one_thread_pool(tiny):
+    """Per-session pools spin after their run and slow the next graph down (the module docstring):
+    every session uses the process's pool, which cannot be resized afterwards."""
+    spec = SpecConfig("peagle", 3)
+    target, drafter = load_pair(tiny["llama"], tiny["aws"], spec).build()
+    ex = OrtExecutor.from_models(target, drafter, spec, 1, 64)
+    graphs = [ex.g_target, ex.g_drafter, ex.g_step, ex.g_fc]
+    assert all(not g.session.get_session_options().use_per_session_threads for g in graphs)
+    made = ort_executor._POOL["threads"]
+    OrtExecutor.from_models(target, None, None, 1, 64, threads=made)  # the same count (or none): fine
+    with pytest.raises(ConfigError, match="thread pool"):
+        OrtExecutor.from_models(target, None, None, 1, 64, threads=(made or 0) + 1)
