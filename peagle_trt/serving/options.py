@@ -46,7 +46,7 @@ class RepositoryOptions:
     kernels: str = "reference"  # torch backend: custom ops in torch | on the Triton kernels ("cuda")
     max_prompt_bytes: int | None = None  # None: 16 x max_seq_len (peagle_trt/config.py)
     max_stop_bytes: int | None = None  # None: 1024, all stop strings together
-    threads: int | None = None  # onnxruntime: intra-op threads (None: its default, the physical cores)
+    threads: int | None = None  # onnxruntime: threads of the process-wide pool (None: its default, the physical cores)
     kv_blocks: int = 0  # KV blocks (full-attention layers and drafter); 0: max_batch full-length requests
     block_size: int = BLOCK_SIZE  # positions per KV block
     prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (runtime/blocks.py)
