@@ -31,14 +31,10 @@ def child(args) -> dict:
     if args.child == "per-session":
         import onnxruntime as ort
 
-        def session(path, threads, weights=None):
-            options = ort.SessionOptions()
-            if weights:
-                options.add_external_initializers(list(weights),
-                                                  [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
-            options.add_session_config_entry("session.disable_quant_qdq", "1")
+        def session(path, threads, weights=None):  # the executor's options, a pool of the session's own
             source = path if isinstance(path, bytes) else str(path)
-            return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(source, ort_executor.session_options(weights),
+                                        providers=["CPUExecutionProvider"])
 
         ort_executor._session = session
     from peagle_trt.bench.heads import HUMANEVAL_REQUEST, run_batch

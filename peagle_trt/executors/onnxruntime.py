@@ -44,17 +44,26 @@ def _thread_pool(threads: int | None) -> None:
                           "a process (or none), or run the other one in its own process")
 
 
-def _session(path: Path | bytes, threads: int | None, weights: dict | None = None):
+def session_options(weights: dict | None = None):
+    """Every session's options but its threads: `weights` {name: array} are the large initializers
+    of an in-memory model, as OrtValues over these arrays (no copy)."""
     import onnxruntime as ort
 
-    _thread_pool(threads)
     options = ort.SessionOptions()
-    options.use_per_session_threads = False  # the shared pool (module docstring)
-    if weights:  # in-memory model: its large initializers as OrtValues over these arrays (no copy)
+    if weights:
         options.add_external_initializers(list(weights),
                                           [ort.OrtValue.ortvalue_from_numpy(a) for a in weights.values()])
     # onnxruntime's integer QDQ fusion does not know FP8: keep Q/DQ -> MatMul as written.
     options.add_session_config_entry("session.disable_quant_qdq", "1")
+    return options
+
+
+def _session(path: Path | bytes, threads: int | None, weights: dict | None = None):
+    import onnxruntime as ort
+
+    _thread_pool(threads)
+    options = session_options(weights)
+    options.use_per_session_threads = False  # the shared pool (module docstring)
     source = path if isinstance(path, bytes) else str(path)  # bytes: a serialized in-memory model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

@@ -93,7 +93,7 @@ class SpecDecoder:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
         self.lengths = DraftLengths(spec)
-        self._time_verify = True  # the next verify's time feeds the adaptive rule (see _draft_after_verify)
+        self._time_verify = spec.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
         self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
         # headroom: a verify writes K+1 positions past the last committed one
@@ -196,7 +196,7 @@ class SpecDecoder:
             emitted.append(e)
         if self._time_verify:
             self.lengths.verify_cost.record(len(seqs) * (k + 1), time.perf_counter() - t0)
-        self._time_verify = True
+        self._time_verify = self.spec.adaptive
         # 3. draft the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
@@ -223,7 +223,7 @@ class SpecDecoder:
                 if max(len(s.undrafted[0]) for s in seqs) < self.lengths.probe_rows:
                     return
                 self.lengths.probed()
-            pending = [list(s.undrafted[0]) for s in seqs]
+            pending = [s.undrafted[0] for s in seqs]
             batch = DraftBatch(seqs, pad_stack([ints(p, dev) for p in pending], 0),
                                pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0),
                                ints([len(p) for p in pending], dev), ints([s.cur for s in seqs], dev), tables)
@@ -237,7 +237,7 @@ class SpecDecoder:
         num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
         batch = DraftBatch(seqs, ints([e + [0] * (aux.shape[1] - len(e)) for e in emitted], dev), aux, num,
                            cur + num, tables)
-        self._draft(batch, k, since=t0)
+        self._draft(batch, k, since=t0 if self.spec.adaptive else None)
 
     def _synthetic_accepts(self, k: int) -> int:
         """Drafts accepted under the configured unconditional rates r (P(first i accepted) = r_i)."""
