@@ -3,10 +3,11 @@
     peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens 7]
     peagle-trt demo --target DIR --drafter HEAD         # any pair, e.g. SmolLM2 and a head for it
 
-Default pair: the code pair shipped in peagle_trt/assets/code-pair/ (made by
+Default pair: the code pair of the source tree, tests/data/code-pair/ (made by
 scripts/make_code_pair.py: a small Llama trained on the Python standard library and its P-EAGLE
-head), served with the torch executor; any other target is served with onnxruntime (the faster
-CPU executor at SmolLM2's size) and sent a coding request through its chat template.
+head; a 3.8 MB test fixture with its card, not in the wheel), served with the torch executor;
+any other target is served with onnxruntime (the faster CPU executor at SmolLM2's size) and sent
+a coding request through its chat template.
 Builds one Triton model repository holding `peagle` (target + head, one drafter pass per step)
 and `target` (the same target, no drafter), serves it with a real `tritonserver` (loopback),
 streams the P-EAGLE answer, runs the same greedy request on `target`, and reports the acceptance
@@ -23,7 +24,6 @@ import shutil
 import socket
 import sys
 import time
-from importlib import resources
 from pathlib import Path
 
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -33,20 +33,21 @@ CHAT_PROMPT = "Write a Python function that checks whether a string is a palindr
 CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
 
 
-def asset(name: str) -> Path:
-    """A folder of peagle_trt/assets/ as installed with the package."""
-    return Path(str(resources.files("peagle_trt.assets") / name))
-
-
 def code_pair() -> Path:
-    """The 1 M-parameter code pair (target + drafter-peagle/ + drafter-eagle3/): the fast fixture."""
-    return asset("code-pair")
+    """The 1 M-parameter code pair (target + drafter-peagle/ + drafter-eagle3/): the fast fixture,
+    tests/data/code-pair/ of the source tree (the README installs the package from it, editable)."""
+    pair = Path(__file__).resolve().parents[1] / "tests" / "data" / "code-pair"
+    if not (pair / "config.json").is_file():
+        raise ConfigError(f"the code pair is not at {pair}: it is a test fixture of the source tree, not "
+                          "shipped in the wheel; install from a checkout (`pip install -e .`), pass "
+                          "--target DIR --drafter HEAD, or make it with scripts/make_code_pair.py")
+    return pair
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job on CPU: a trained pair served by tritonserver")
     d.add_argument("--target", type=Path, default=None,
-                   help="target directory (default: the code pair shipped in the package)")
+                   help="target directory (default: the code pair of the source tree, tests/data/code-pair/)")
     d.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=None,
@@ -84,7 +85,7 @@ def build_demo_repo(target: Path, drafter: Path, repo: Path, spec: SpecConfig, b
 
 
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(target, drafter) of the demo: the flags, else the shipped code pair."""
+    """(target, drafter) of the demo: the flags, else the code pair (`code_pair`)."""
     target = args.target or code_pair()
     drafter = args.drafter or target / "drafter-peagle"
     if not (target / "config.json").is_file():

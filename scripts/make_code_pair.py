@@ -8,9 +8,9 @@ library (`sysconfig.get_paths()["stdlib"]`, tests and site-packages excluded; ne
 own responses to stdlib prompts (a function's `def` line and docstring; the target writes the body).
 Why: the random tiny models never accept a draft; this pair shows real acceptance and speed-up.
 How: everything is seeded; weights are stored in bfloat16 (the loaders upcast) so the pair stays
-small enough to ship in the package as peagle_trt/assets/code-pair/ (3.8 MB).
+small enough to keep in the source tree as tests/data/code-pair/ (3.8 MB).
 
-    .venv/bin/python scripts/make_code_pair.py peagle_trt/assets/code-pair       # all stages
+    .venv/bin/python scripts/make_code_pair.py tests/data/code-pair             # all stages
     .venv/bin/python scripts/make_code_pair.py OUT --stage drafters              # reuse the target
 
 Time and machine: see docs/BENCHMARKS.md ("Trained code pair"). The last stdout line is JSON.

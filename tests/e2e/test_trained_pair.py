@@ -1,4 +1,4 @@
-"""The project's trained code pair (peagle_trt/assets/code-pair, made by scripts/make_code_pair.py):
+"""The project's trained code pair (tests/data/code-pair, made by scripts/make_code_pair.py):
 its heads accept real drafts on code prompts while the output stays the target's own, it loads
 from bf16 storage, it stays small, and `peagle-trt demo` serves it through a real tritonserver.
 The prompts are written here (not from HumanEval, which is the benchmark set)."""
@@ -18,7 +18,7 @@ from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.tokenizer import TextCodec
 
-PAIR = code_pair()  # the package's asset, as `peagle-trt demo` reads it
+PAIR = code_pair()  # as `peagle-trt demo` finds it
 PROMPTS = ['def read_lines(path):\n    """Return the lines of the file at path."""',
            "class Stack:\n\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):"]
 # Measured on this pair on these prompts (2026-11-23: P-EAGLE K=7 3.67, EAGLE-3 K=3 3.41; see

@@ -1,1 +1,0 @@
-"""Product assets shipped in the wheel: code-pair/, the trained demo pair (see its README.md)."""
