@@ -50,7 +50,8 @@ AXES = {
     "target": {"input_ids": ("batch", "rows"), "positions": ("batch", "rows"),
                "block_tables": (None, "batch", "blocks"), "logit_rows": ("batch", "logit_rows")},
     "drafter": {"pending_ids": ("batch", "pending"), "pending_aux": ("batch", "pending", None),
-                "num_pending": ("batch",), "cur": ("batch",), "block_tables": ("batch", "blocks")},
+                "num_pending": ("batch",), "cur": ("batch",), "draft_slots": ("drafts",),
+                "block_tables": ("batch", "blocks")},
     "drafter_step": {"input_ids": ("batch", "rows"), "hidden": ("batch", "rows", None),
                      "positions": ("batch", "rows"), "block_tables": ("batch", "blocks")},
     "drafter_fc": {"aux": ("batch", "rows", None)},
@@ -132,7 +133,8 @@ def _ranges(graph: str, spec: EngineOptions) -> dict[str, dict[str, tuple[int, i
                             "blocks": blocks},
                 "decode": {"batch": (1, n, n), "rows": (1, k1, k1), "logit_rows": (1, k1, k1), "blocks": blocks}}
     if graph == "drafter":
-        return {"draft": {"batch": (1, n, n), "pending": (1, min(k1, rows), rows), "blocks": blocks}}
+        return {"draft": {"batch": (1, n, n), "pending": (1, min(k1, rows), rows),
+                          "drafts": (1, k1 - 1, k1 - 1), "blocks": blocks}}
     # drafter_step: K-1 of the K sequential passes have one row; drafter_fc projects pending rows
     return {"rows": {"batch": (1, n, n), "rows": (1, 1 if graph == "drafter_step" else min(k1, rows), rows),
                      "blocks": blocks}}
@@ -164,7 +166,7 @@ def profiles_for(graph: str, spec: EngineOptions, shapes: dict[str, list]) -> di
 
     `shapes` maps every network input to its dims (int = static; -1, None or a name = dynamic).
     target: prefill (batch 1..N, rows 1..prefill_chunk, logit_rows 1) and decode / verify (batch 1..N,
-    rows and logit_rows 1..K+1); drafter: pending 1..max(prefill_chunk, K+1), batch 1..N (N =
+    rows and logit_rows 1..K+1); drafter: pending 1..max(prefill_chunk, K+1), drafts 1..K, batch 1..N (N =
     max_batch). Block tables ([G, batch, M] target, [batch, M] drafters) have M = ceil(max_len /
     block_size) entries in every profile; KV inputs are fixed [blocks + 1, block_size, KV, d].
     """

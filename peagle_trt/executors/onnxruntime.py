@@ -179,14 +179,13 @@ class OrtExecutor:
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         if self.g_drafter is None:
             raise ConfigError("this export has no drafter.onnx (parallel drafting); re-export in peagle mode")
-        # The graph drafts the K fixed at export; a smaller k (the k=1 pass of a partial prefill
-        # chunk) keeps the first k: the extra mask rows only write KV positions the next pass overwrites.
-        if k > self.k:
-            raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for K={k}; re-export")
+        # k <= K (the K of the export): the length of `draft_slots` makes the graph run k mask rows
+        if not 1 <= k <= self.k:
+            raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for {k} drafts; re-export")
         out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
                                   "num_pending": num_pending.numpy(), "cur": cur.numpy(),
-                                  "block_tables": tables[0].numpy()})
-        return torch.from_numpy(out["draft_ids"][:, :k])
+                                  "draft_slots": np.zeros(k, np.int64), "block_tables": tables[0].numpy()})
+        return torch.from_numpy(out["draft_ids"])
 
     def drafter(self, tokens, hidden, positions, tables):
         out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),

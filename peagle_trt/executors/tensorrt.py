@@ -231,14 +231,14 @@ class TensorRTExecutor:
 
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         # tokens [B, P], aux [B, P, 3 * H_t], num_pending, cur [B], tables [G, B, M] -> draft ids [B, k]
-        # The plan drafts the K fixed at export; a smaller k (the k=1 pass of a partial prefill chunk)
-        # keeps the first k: the extra mask rows only write KV positions the next pass overwrites.
-        if k > self.num_spec_tokens:
+        # k <= K (the K of the plan): the length of `draft_slots` makes the plan run k mask rows
+        if not 1 <= k <= self.num_spec_tokens:
             raise RuntimeInvariantError(f"asked for {k} drafts; the drafter plan was built for "
                                         f"K = {self.num_spec_tokens}")
-        out = self._runner("drafter").run({"pending_ids": tokens, "pending_aux": aux,
-                                           "num_pending": num_pending, "cur": cur, TABLES: tables[0]})
-        return out["draft_ids"][:, :k].long()
+        slots = torch.zeros(k, dtype=torch.int64, device=tokens.device)
+        out = self._runner("drafter").run({"pending_ids": tokens, "pending_aux": aux, "num_pending": num_pending,
+                                           "cur": cur, "draft_slots": slots, TABLES: tables[0]})
+        return out["draft_ids"].long()
 
     def drafter(self, tokens, hidden, positions, tables):
         # tokens, positions [B, S]; hidden [B, S, H]; tables [G, B, M] (the drafter reads group 0)

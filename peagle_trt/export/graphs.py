@@ -201,12 +201,13 @@ def _project(w: ModelWriter, model, aux: str) -> str:
 
 
 def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.ModelProto:
-    """drafter.onnx: ONE parallel P-EAGLE pass -> K draft ids."""
+    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`)."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
     aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])
     n = w.input("num_pending", TensorProto.INT64, ["batch"])
     cur = w.input("cur", TensorProto.INT64, ["batch"])
+    slots = w.input("draft_slots", TensorProto.INT64, ["drafts"])  # only its length k (1..K) counts
     table, past, present = _drafter_kv(w, model, kv)
     w.functions[DRAFT_INPUTS] = draft_inputs_function(k, c.mask_token_id)
     w.functions[DRAFT_SAMPLE] = draft_sample_function()
@@ -215,16 +216,22 @@ def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.
         w.param("embed_tokens.weight", model.embed_tokens.weight), w.param("h_mask", model.h_mask),
         domain=DOMAIN, outputs=4, name=DRAFT_INPUTS,
         **plugin_attrs(num_spec_tokens=k, mask_token_id=c.mask_token_id))
+    # k < K drafts: the layers run the first P + k - 1 of the R = P + K - 1 rows, which hold every
+    # request's sample rows n-1 .. n+k-2 (n <= P); mask rows past them only cost time.
+    drafts = w.op("Shape", slots)  # [1] = k
+    keep = w.op("Add", w.op("Shape", ids, start=1, end=2), w.op("Sub", drafts, w.ints(1)))  # [1] = P + k - 1
+    embeds, hidden, positions = (w.op("Slice", t, w.ints(0), keep, w.ints(1)) for t in (embeds, hidden, positions))
+    rows = w.op("Slice", rows, w.ints(0), drafts, w.ints(1))  # [B, k]
     x = _drafter_layers(w, model, embeds, hidden, positions, table, past, present, kv.max_len)
     gather = w.op("Expand", w.op("Unsqueeze", rows, w.ints(2)),
                   w.op("Concat", w.op("Shape", rows), w.ints(c.hidden_size), axis=0))
-    xs = w.op("GatherElements", x, gather, axis=1)  # [B, K, H]
+    xs = w.op("GatherElements", x, gather, axis=1)  # [B, k, H]
     logits = w.op("Cast", w.linear(model.norm.write_onnx(w, xs, "norm"), model.lm_head, "lm_head"),
                   to=TensorProto.FLOAT)
     d2t = w.weight("d2t", model.d2t.cpu().numpy().astype(np.int64))
     w.op(DRAFT_SAMPLE, logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name=DRAFT_SAMPLE,
          **plugin_attrs())
-    w.output("draft_ids", TensorProto.INT64, ["batch", k])
+    w.output("draft_ids", TensorProto.INT64, ["batch", "drafts"])
     return w.model("peagle_drafter")
 
 

@@ -284,9 +284,10 @@ def make_export(root, k=3):
           [_value("pending_ids", i64, ["batch", "pending"]),
            _value("pending_aux", TensorProto.FLOAT, ["batch", "pending", H3]),
            _value("num_pending", i64, ["batch"]), _value("cur", i64, ["batch"]),
+           _value("draft_slots", i64, ["drafts"]),
            _value("block_tables", i64, ["batch", M]),  # [B, M] (group 0), M static here
            *_kv("past")],
-          [_value("draft_ids", i64, ["batch", k]), *_kv("present")])
+          [_value("draft_ids", i64, ["batch", "drafts"]), *_kv("present")])
     write_manifest(root, {"stage": "export", "num_spec_tokens": k})
     return root
 
@@ -342,8 +343,10 @@ def test_profiles_follow_docs_export_md():
     for p in (pre, dec):
         assert p["past_key_0"] == p["past_value_0"] == {"min": fixed, "opt": fixed, "max": fixed}
     drafter = profiles_for("drafter", spec, {"pending_ids": [-1, -1], "pending_aux": [-1, -1, 3 * 512],
-                                             "num_pending": [-1], "cur": [-1], "block_tables": [-1, m], **kv})
+                                             "num_pending": [-1], "cur": [-1], "draft_slots": [-1],
+                                             "block_tables": [-1, m], **kv})
     d = drafter["draft"]
+    assert d["draft_slots"] == {"min": [1], "opt": [7], "max": [7]}  # k = 1..K drafts per pass
     assert d["pending_ids"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 256]}  # max(prefill_chunk, K+1)
     assert d["pending_aux"] == {"min": [1, 1, 1536], "opt": [8, 8, 1536], "max": [8, 256, 1536]}
     assert d["block_tables"] == {"min": [1, m], "opt": [8, m], "max": [8, m]}

@@ -12,6 +12,7 @@ import torch
 
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.errors import ConfigError
 from peagle_trt.executors.onnxruntime import OrtExecutor
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
@@ -99,11 +100,16 @@ def test_ort_parallel_drafts_equal_torch(exported):
     pending = torch.randint(0, 500, (2, 6))
     aux = torch.randn(2, 6, 192)
     n, cur, slots = torch.tensor([6, 2]), torch.tensor([30, 11]), static_tables(ort_ex, [1, 2])
-    for _ in range(2):  # twice: the second pass reads the KV written by the first
-        a = torch_ex.draft_parallel(pending, aux, n, cur, slots, K)
-        b = ort_ex.draft_parallel(pending, aux, n, cur, slots, K)
-        assert a.tolist() == b.tolist()
+    for k in (K, K, 1, K - 1):  # a pass after another reads its KV; k < K runs fewer mask rows
+        a = torch_ex.draft_parallel(pending, aux, n, cur, slots, k)
+        b = ort_ex.draft_parallel(pending, aux, n, cur, slots, k)
+        assert b.shape == (2, k) and a.tolist() == b.tolist()
         cur = cur + 2
+    first = ort_ex.draft_parallel(pending, aux, n, cur, slots, K)[:, :1]  # causal rows: k = 1 is K's first
+    assert ort_ex.draft_parallel(pending, aux, n, cur, slots, 1).tolist() == first.tolist()
+    for k in (0, K + 1):
+        with pytest.raises(ConfigError, match="exported for K=3"):
+            ort_ex.draft_parallel(pending, aux, n, cur, slots, k)
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
