@@ -195,7 +195,7 @@ class SpecDecoder:
             self._commit(s, e)
             emitted.append(e)
         if self._time_verify:
-            self.lengths.verify_cost.record(len(seqs) * (k + 1), time.perf_counter() - t0)
+            self.lengths.verify_cost.record(len(seqs), k, time.perf_counter() - t0)
         self._time_verify = self.spec.adaptive
         # 3. draft the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
@@ -229,9 +229,11 @@ class SpecDecoder:
                                ints([len(p) for p in pending], dev), ints([s.cur for s in seqs], dev), tables)
             for s in seqs:
                 s.undrafted = ()
-            # neither this pass (its deferred rows) nor the next verify (measured slower after
-            # such a pass) is the cost of a k: not timed
-            self._draft(batch, max(k, 1))
+            # at k = 0 adaptive K drafts one token (a probe: acceptance measured again), a
+            # schedule's K = 0 none (its steps decode plainly; the pass only fills the drafter's
+            # cache). Neither this pass (its deferred rows) nor the next verify (measured slower
+            # after such a pass) is the cost of a k: not timed
+            self._draft(batch, k or int(self.spec.adaptive))
             self._time_verify = False
             return
         num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
@@ -256,7 +258,7 @@ class SpecDecoder:
         for s, d in zip(batch.seqs, drafts):
             s.drafts = d[:k]
         if since is not None:
-            self.lengths.draft_cost.record((len(batch.seqs), max(k, 1)), time.perf_counter() - since)
+            self.lengths.draft_cost.record(len(batch.seqs), max(k, 1), time.perf_counter() - since)
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
         """Append emitted tokens, stopping at an end id, max_tokens or the maximum length."""

@@ -6,20 +6,29 @@ picks one k per drafting call (per step), from every request's own acceptance.
 
     cap   = SpecConfig.k_for_batch(B)                      (B: running requests; K without schedule)
     fixed : k = cap
-    adaptive: k = argmax_{c in 0..cap}  sum_i E_i(c) / (T_verify(B * (c + 1)) + T_draft(B, c))
+    adaptive: k = argmax_{c in 0..cap}  sum_i E_i(c) / (T_verify(B, c) + T_draft(B, c))
         E_i(c)   = 1 + sum_{j=1..c} prod_{l<=j} alpha_il       expected tokens of request i
         alpha_il = (hits_il + M * g_l) / (tries_il + M)        its acceptance at position l, given
                    the drafts before l were accepted, shrunk towards the server's g_l (M = 16)
+        g_l      = (hits_l + M * g_{l-1}) / (tries_l + M)      the server's, g_0 = 1/2: a position
+                   seldom reached is assumed no better than the one before it
         T_*      = measured wall times of a decode step's two halves, host work included: its
-                   verify (from the step's start through acceptance and commit) and its drafting
-                   (this rule, the drafter's inputs, the pass); per shape, the median of the last
-                   15 readings (`CostTable`). A shape not yet measured is estimated optimistically:
-                   a verify as the largest measured one of no more rows, a drafter pass as the
-                   cheapest measured for this batch (0 when none), so a k is tried only when it
-                   could win. A verify is also held under any measured one of more rows (costs
-                   grow with rows). The first step (no verify of <= B rows measured) is plain.
+                   verify of B requests with c drafts each (from the step's start through
+                   acceptance and commit) and its drafting (this rule, the drafter's inputs, the
+                   pass; 0 at c = 0). Per B, each is the median per c of B's last 32 readings,
+                   made non-decreasing in c (`CostTable`); between the c read linear, below them
+                   the first segment's slope, above them half the last segment's slope (flat
+                   after one c): an untried c looks cheaper than the trend says (optimism), and c
+                   goes up to one more than the most read, so untried k are explored upwards, one
+                   at a time, while they could pay. A drafter pass with no reading costs 0; a
+                   batch size with no verify reading takes a plain step.
     Every REFRESH-th choice takes the runner-up k: costs move and are noisy (a shared machine), and
     a k left aside after one bad reading gets measured again.
+Why per B and over recent readings, not per verify row count over all time: a verify's cost is
+mostly per request (each reads its own context's KV), so B requests x (c + 1) rows cost far more
+than one request with as many rows (measured 26.6 ms for 4 x 1 rows, 20.3 ms for 1 x 4); and a
+shape chosen rarely keeps old readings, from shorter contexts or a quieter machine, that a table
+of all-time medians would compare with fresh ones (docs/BENCHMARKS.md, "Speculation controls").
 A request left at k = 0 keeps its target rows for the drafter (decoder.py, `Sequence.undrafted`).
 Once one of them holds `probe_rows` rows, the whole batch drafts its rows and one token each: the
 drafter's caches stay filled and every request's acceptance is measured again, in one 2-row
@@ -38,40 +47,59 @@ from peagle_trt.speculative.stats import SpecStats
 
 PRIOR_WEIGHT = 16.0  # M: pseudo-steps of the server's acceptance in each request's estimate
 PROBE_ROWS, MAX_PROBE_ROWS = 16, 64  # rows a k = 0 batch defers before it drafts one token
-READINGS = 15  # the last timings of a shape whose median is its cost
+READINGS = 32  # the last readings of a batch size that its costs are fit to
 REFRESH = 32  # every REFRESH-th choice takes the runner-up k, so that its cost and acceptance stay measured
 
 
 class CostTable:
-    """Measured seconds by a shape key (verify rows, or (batch, k) of a drafter pass): the median of
-    its last `READINGS` readings, robust to the spikes of a shared machine."""
+    """Seconds of a step half by shape (requests b, drafts k). Per b, the medians per k of b's last
+    `READINGS` readings, made non-decreasing in k (pooled where noise inverts them), so that shapes
+    are compared as measured at one time (a verify gets dearer as the contexts grow, and with the
+    machine's load) and a spike moves no median far. Between the k read: linear; below them: the
+    first segment's slope; above them: half the last segment's slope (optimism), flat when only
+    one k was read."""
 
     def __init__(self):
-        self.readings: dict = {}
-        self.seconds: dict = {}  # key -> the median of its readings
+        self.readings: dict[int, collections.deque] = {}  # b -> (k, seconds), newest last
 
-    def record(self, key, seconds: float) -> None:
-        last = self.readings.setdefault(key, collections.deque(maxlen=READINGS))
-        last.append(seconds)
-        self.seconds[key] = statistics.median(last)
+    def record(self, b: int, k: int, seconds: float) -> None:
+        self.readings.setdefault(b, collections.deque(maxlen=READINGS)).append((k, seconds))
 
-    def verify(self, rows: int) -> float | None:
-        """A verify of `rows` rows (None: nothing of <= rows measured). Its cost grows with rows, so
-        it is at least the largest measured shape below and at most any measured shape above: an
-        unmeasured shape takes the first bound (optimism), and a noisy high reading is capped by
-        the second (a shape left aside after one bad reading is not left aside for ever)."""
-        below = [r for r in self.seconds if r <= rows]
-        if not below:
+    def curve(self, b: int) -> list[tuple[int, float]] | None:
+        """[(k, seconds)] by rising k for batch size b, non-decreasing; None before a reading."""
+        if not self.readings.get(b):
             return None
-        above = [v for r, v in self.seconds.items() if r > rows]
-        return min([self.seconds[max(below)], *above])
+        by_k: dict[int, list] = collections.defaultdict(list)
+        for k, sec in self.readings[b]:
+            by_k[k].append(sec)
+        blocks: list[list] = []  # [ks, value, weight]: pool adjacent violators (weights = readings)
+        for k in sorted(by_k):
+            blocks.append([[k], statistics.median(by_k[k]), len(by_k[k])])
+            while len(blocks) > 1 and blocks[-2][1] > blocks[-1][1]:
+                (ks1, v1, w1), (ks2, v2, w2) = blocks.pop(-2), blocks.pop()
+                blocks.append([ks1 + ks2, (v1 * w1 + v2 * w2) / (w1 + w2), w1 + w2])
+        return [(k, v) for ks, v, _ in blocks for k in ks]
 
-    def cheapest_pass(self, batch: int, k: int) -> float:
-        """A drafter pass of `batch` requests drafting k: as measured, else the cheapest pass measured
-        for that batch (one pass whatever k), else 0."""
-        if (batch, k) in self.seconds:
-            return self.seconds[(batch, k)]
-        return min((v for (b, _), v in self.seconds.items() if b == batch), default=0.0)
+    def frontier(self, b: int) -> int:
+        """One draft more than the most among b's readings (1 when it has none)."""
+        return 1 + max((k for k, _ in self.readings.get(b, ())), default=0)
+
+
+def _at(curve: list[tuple[int, float]] | None, k: int) -> float:
+    """A cost curve's seconds for k drafts (0 without a curve: nothing measured yet, optimism)."""
+    if not curve:
+        return 0.0
+    (k0, c0), (k_last, c_last) = curve[0], curve[-1]
+    if len(curve) == 1:  # one point: flat both ways
+        return c_last
+    if k >= k_last:  # half the last segment's slope: optimistic (a step's marginal rows cost less and less)
+        (kp, cp) = curve[-2]
+        return c_last + 0.5 * (c_last - cp) / (k_last - kp) * (k - k_last)
+    if k <= k0:
+        slope = (curve[1][1] - c0) / (curve[1][0] - k0)
+        return max(0.0, c0 - slope * (k0 - k))
+    (ka, ca), (kb, cb) = next((p, q) for p, q in zip(curve, curve[1:]) if p[0] <= k <= q[0])
+    return ca + (cb - ca) * (k - ka) / (kb - ka)
 
 
 class DraftLengths:
@@ -90,11 +118,12 @@ class DraftLengths:
         if not self.spec.adaptive or cap == 0:
             return cap
         b = len(stats)
-        if self.verify_cost.verify(b) is None:  # a batch size never verified: one plain step first
-            return 0
-        gain = expected_tokens(stats, self.global_stats, cap).sum(axis=0)  # [cap + 1]
-        cost = np.array([self.verify_cost.verify(b * (c + 1)) + (self.draft_cost.cheapest_pass(b, c) if c else 0.0)
-                         for c in range(cap + 1)])
+        verify, draft = self.verify_cost.curve(b), self.draft_cost.curve(b)
+        if verify is None:
+            return 0  # a batch size never verified: one plain step first
+        top = min(cap, self.verify_cost.frontier(b))  # untried k are tried upwards, one at a time
+        gain = expected_tokens(stats, self.global_stats, top).sum(axis=0)  # [top + 1]
+        cost = np.array([_at(verify, c) + (_at(draft, c) if c else 0.0) for c in range(top + 1)])
         order = np.argsort(-(gain / cost), kind="stable")  # best first
         if order[0]:
             self.probe_rows = PROBE_ROWS
@@ -114,7 +143,9 @@ def expected_tokens(stats: list[SpecStats], server: SpecStats, cap: int) -> np.n
     def first(values: list) -> list:  # the first `cap` counts, zero-padded
         return (list(values) + [0] * cap)[:cap]
 
-    g = (np.array(first(server.hits)) + PRIOR_WEIGHT * 0.5) / (np.array(first(server.tries)) + PRIOR_WEIGHT)
+    g, prior = np.empty(cap), 0.5  # the server's rate per position, shrunk towards the one before
+    for pos, (h, t) in enumerate(zip(first(server.hits), first(server.tries))):
+        g[pos] = prior = (h + PRIOR_WEIGHT * prior) / (t + PRIOR_WEIGHT)
     hits = np.array([first(s.hits) for s in stats], dtype=np.float64)  # [B, cap]
     tries = np.array([first(s.tries) for s in stats], dtype=np.float64)
     alpha = (hits + PRIOR_WEIGHT * g) / (tries + PRIOR_WEIGHT)  # [B, cap]

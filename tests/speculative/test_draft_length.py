@@ -9,7 +9,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
-from peagle_trt.speculative.draft_length import REFRESH, DraftLengths, expected_tokens
+from peagle_trt.speculative.draft_length import READINGS, REFRESH, CostTable, DraftLengths, _at, expected_tokens
 from peagle_trt.speculative.stats import SpecStats
 from tests.helpers import collect, make_decoder
 
@@ -104,9 +104,9 @@ def test_synthetic_acceptance_hits_its_mean_length(tiny):
 def test_adaptive_rule_prefers_free_rows_for_good_drafts_and_none_for_bad():
     lengths = DraftLengths(SpecConfig("peagle", 4, adaptive=True))
     for c in range(5):  # a memory-bound verify: rows nearly free; one drafter pass 20% of a step
-        lengths.verify_cost.record(c + 1, 1.0 + 0.02 * c)
+        lengths.verify_cost.record(1, c, 1.0 + 0.02 * c)
         if c:
-            lengths.draft_cost.record((1, c), 0.2)
+            lengths.draft_cost.record(1, c, 0.2)
     good, bad = SpecStats(4), SpecStats(4)
     for _ in range(200):  # enough steps to outweigh the prior (M = 16 pseudo-steps at g = 0.5)
         good.record_step(4, 4)
@@ -117,20 +117,55 @@ def test_adaptive_rule_prefers_free_rows_for_good_drafts_and_none_for_bad():
     assert e.shape == (2, 5) and np.all(np.diff(e, axis=1) >= 0) and e[0, 4] > 4.5 and e[1, 4] < 1.2
 
 
-def test_adaptive_rule_respects_the_schedule_cap_and_explores_only_what_could_win():
+def test_a_position_seldom_reached_is_assumed_no_better_than_the_one_before():
+    server = SpecStats(3)
+    for _ in range(84):
+        server.record_step(1, 0)
+    for _ in range(16):
+        server.record_step(1, 1)  # position 1: 16 / 100 accepted; positions 2, 3: never tried
+    g1 = (16 + 16 * 0.5) / (100 + 16)
+    e = expected_tokens([SpecStats(3)], server, 3)[0]  # a new request: the server's rates
+    assert e == pytest.approx([1, 1 + g1, 1 + g1 + g1 ** 2, 1 + g1 + g1 ** 2 + g1 ** 3])
+
+
+def test_adaptive_rule_respects_the_schedule_cap_and_explores_upwards_while_it_pays():
     lengths = DraftLengths(SpecConfig("peagle", 4, ((1, 1, 4), (2, 8, 2)), adaptive=True))
-    stats = [SpecStats(4), SpecStats(4)]
+    stats = [SpecStats(4), SpecStats(4)]  # no steps: alpha = g = 0.5, E = 1, 1.5, 1.75 tokens
     assert lengths.choose(stats, 2, 4) == 0  # nothing measured: one plain step
-    lengths.verify_cost.record(2, 1.0)
-    assert lengths.choose(stats, 2, 4) == 2  # more rows assumed as cheap as measured: the cap is tried
-    lengths.verify_cost.record(2 * 3, 3.0)  # ... and found expensive
-    lengths.draft_cost.record((2, 2), 0.2)
-    assert lengths.choose(stats, 2, 4) == 1  # k = 1 still could win (its verify assumed at 1.0)
-    lengths.verify_cost.record(2 * 2, 2.5)
+    lengths.verify_cost.record(2, 0, 1.0)
+    assert lengths.choose(stats, 2, 4) == 1  # one draft more than measured, assumed as cheap: tried
+    lengths.verify_cost.record(2, 1, 1.05)
+    lengths.draft_cost.record(2, 1, 0.05)
+    assert lengths.choose(stats, 2, 4) == 2  # it paid (1.5 / 1.1 > 1 / 1.0): one more, the schedule's cap
+    lengths.verify_cost.record(2, 2, 3.0)  # ... found expensive
+    lengths.draft_cost.record(2, 2, 0.2)
+    assert lengths.choose(stats, 2, 4) == 1
+    for _ in range(2):
+        lengths.verify_cost.record(2, 1, 2.5)  # k = 1 dearer than it first looked (median 2.5)
     assert lengths.choose(stats, 2, 4) == 0  # measured: nothing beats plain steps
-    assert lengths.choose(stats, 5, 4) <= 2
-    lengths.verify_cost.record(2 * 2, 9.0)  # a reading 3x too high (a noisy machine) ...
-    assert lengths.verify_cost.verify(2 * 2) == pytest.approx(3.0)  # ... is capped by the larger shape
+    assert lengths.choose(stats * 3, 6, 4) == 0  # 6 requests, never verified: a plain step first
+    for _ in range(3):
+        lengths.verify_cost.record(2, 1, 9.0)  # readings 3x too high (a noisy machine) ...
+    assert lengths.choose(stats, 2, 4) == 0  # ... change no choice
+
+
+def test_costs_are_a_monotone_curve_of_recent_readings_per_batch_size():
+    table = CostTable()
+    assert table.curve(1) is None and _at(None, 3) == 0.0 and table.frontier(1) == 1
+    table.record(1, 0, 1.0)
+    table.record(1, 2, 2.0)
+    table.record(4, 0, 5.0)  # four requests: their own curve, never mixed with one request's
+    c = table.curve(1)
+    assert [_at(c, k) for k in (0, 1, 2, 4)] == pytest.approx([1.0, 1.5, 2.0, 2.5])  # linear; above: half the slope
+    assert table.frontier(1) == 3 and table.frontier(4) == 1
+    assert _at(table.curve(4), 7) == _at(table.curve(4), 0) == 5.0  # one k read: flat both ways
+    table.record(1, 1, 3.0)  # noise inverts k = 1 and k = 2: pooled, the curve never falls
+    assert [_at(table.curve(1), k) for k in (0, 1, 2)] == pytest.approx([1.0, 2.5, 2.5])
+    for _ in range(READINGS):  # only the last READINGS readings count
+        table.record(1, 3, 2.0)
+        table.record(1, 4, 2.5)
+    c = table.curve(1)
+    assert [k for k, _ in c] == [3, 4] and _at(c, 1) == pytest.approx(1.0)  # below: the first slope
 
 
 def test_probes_back_off_while_the_rule_stays_at_zero():
@@ -140,9 +175,9 @@ def test_probes_back_off_while_the_rule_stays_at_zero():
         lengths.probed()
         intervals.append(lengths.probe_rows)
     assert intervals == [16, 32, 64, 64, 64, 64, 64]
-    lengths.verify_cost.record(1, 1.0)
-    lengths.verify_cost.record(2, 1.0)
-    lengths.draft_cost.record((1, 1), 0.01)
+    lengths.verify_cost.record(1, 0, 1.0)
+    lengths.verify_cost.record(1, 1, 1.0)
+    lengths.draft_cost.record(1, 1, 0.01)
     good = SpecStats(4)
     for _ in range(20):
         good.record_step(4, 4)
@@ -151,10 +186,10 @@ def test_probes_back_off_while_the_rule_stays_at_zero():
 
 def test_every_refresh_th_choice_measures_the_runner_up_again():
     lengths = DraftLengths(SpecConfig("peagle", 2, adaptive=True))
-    for rows, seconds in ((1, 1.0), (2, 1.05), (3, 2.0)):
-        lengths.verify_cost.record(rows, seconds)
+    for c, seconds in ((0, 1.0), (1, 1.05), (2, 2.0)):
+        lengths.verify_cost.record(1, c, seconds)
     for c in (1, 2):
-        lengths.draft_cost.record((1, c), 0.05)
+        lengths.draft_cost.record(1, c, 0.05)
     stats = [SpecStats(2)]  # no steps: alpha = g = 0.5, E = 1, 1.5, 1.75 tokens
     picks = [lengths.choose(stats, 1, 2) for _ in range(2 * REFRESH)]
     # tokens per second: k = 0: 1.0, k = 1: 1.5 / 1.1 = 1.36 (best), k = 2: 1.75 / 2.05 = 0.85
