@@ -115,26 +115,33 @@ def verdicts(rows: list[dict]) -> list[dict]:
 
 
 def plot(synthetic: list[dict], adaptive: list[dict]):
+    """One panel per part run: speed-up vs synthetic AL; adaptive and fixed K per workload."""
     def draw(plt):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for b in sorted({r["batch"] for r in synthetic}):
-            pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
-            axes[0].plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
-        axes[0].axhline(1.0, color="grey", lw=0.8)
-        axes[0].set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none",
-                    title="speed vs acceptance length")
-        axes[0].legend()
-        cells = sorted({(r["workload"], r["batch"]) for r in adaptive})
-        configs = list(dict.fromkeys(r["config"] for r in adaptive))
-        width = 0.8 / len(configs)
-        for i, c in enumerate(configs):
-            ys = [next((r["speedup"] for r in adaptive if (r["workload"], r["batch"], r["config"]) == (w, b, c)), 0)
-                  for w, b in cells]
-            axes[1].bar([j + i * width for j in range(len(cells))], ys, width, label=c)
-        axes[1].set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [f"{w}\nb{b}" for w, b in cells])
-        axes[1].axhline(1.0, color="grey", lw=0.8)
-        axes[1].set(ylabel="speed-up over none", title="adaptive K vs fixed K")
-        axes[1].legend(fontsize=7)
+        parts = [p for p in (synthetic, adaptive) if p]
+        fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 4), squeeze=False)
+        axes = list(axes[0])
+        if synthetic:
+            ax = axes.pop(0)
+            for b in sorted({r["batch"] for r in synthetic}):
+                pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
+                ax.plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none",
+                   title="speed vs acceptance length")
+            ax.legend()
+        if adaptive:
+            ax = axes.pop(0)
+            cells = sorted({(r["workload"], r["batch"]) for r in adaptive})
+            configs = list(dict.fromkeys(r["config"] for r in adaptive))
+            width = 0.8 / len(configs)
+            for i, c in enumerate(configs):
+                ys = [next((r["speedup"] for r in adaptive if (r["workload"], r["batch"], r["config"]) == (w, b, c)),
+                           0) for w, b in cells]
+                ax.bar([j + i * width for j in range(len(cells))], ys, width, label=c)
+            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [f"{w}\nb{b}" for w, b in cells])
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set(ylabel="speed-up over none", title="adaptive K vs fixed K")
+            ax.legend(fontsize=7)
         fig.tight_layout()
         return fig
     return draw
@@ -192,7 +199,7 @@ def run(args: argparse.Namespace) -> dict:
                                              "mixed": mixed[:n + 1]}, [1])
             adaptive += measure(args, specs, {"humaneval": sets["humaneval"][:2 * n],
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
-    plot_name = save_plot(args, "", plot(synthetic, adaptive)) if synthetic and adaptive else None
+    plot_name = save_plot(args, "", plot(synthetic, adaptive)) if synthetic or adaptive else None
     verdict = verdicts(adaptive) if adaptive else []
     text = (f"## {Path(args.target).name}: speculation controls (in-process, {args.backend})\n\n"
             + (f"### Synthetic acceptance, K = {args.k}\n\n{table(synthetic)}\n\n" if synthetic else "")

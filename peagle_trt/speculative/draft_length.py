@@ -22,6 +22,8 @@ picks one k per drafting call (per step), from every request's own acceptance.
                    goes up to one more than the most read, so untried k are explored upwards, one
                    at a time, while they could pay. A drafter pass with no reading costs 0; a
                    batch size with no verify reading takes a plain step.
+    A batch size keeps its last k while that is within 3% of the best (HOLD: near ties flip with
+    the noise, and leaving k = 0 costs a pass over every deferred row, which T does not see).
     Every REFRESH-th choice takes the runner-up k: costs move and are noisy (a shared machine), and
     a k left aside after one bad reading gets measured again.
 Why per B and over recent readings, not per verify row count over all time: a verify's cost is
@@ -30,9 +32,10 @@ than one request with as many rows (measured 26.6 ms for 4 x 1 rows, 20.3 ms for
 shape chosen rarely keeps old readings, from shorter contexts or a quieter machine, that a table
 of all-time medians would compare with fresh ones (docs/BENCHMARKS.md, "Speculation controls").
 A request left at k = 0 keeps its target rows for the drafter (decoder.py, `Sequence.undrafted`).
-Once one of them holds `probe_rows` rows, the whole batch drafts its rows and one token each: the
-drafter's caches stay filled and every request's acceptance is measured again, in one 2-row
-verify. The interval doubles with each probe (16 .. 64 rows) until the rule picks k > 0.
+Once one of them holds `probe_rows` rows, the whole batch drafts its rows, so that the drafter's
+caches stay filled; under adaptive K also one token each (a probe: every request's acceptance
+measured again, in one 2-row verify). The interval doubles with each such pass (16 .. 64 rows)
+until the rule picks k > 0.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ PRIOR_WEIGHT = 16.0  # M: pseudo-steps of the server's acceptance in each reques
 PROBE_ROWS, MAX_PROBE_ROWS = 16, 64  # rows a k = 0 batch defers before it drafts one token
 READINGS = 32  # the last readings of a batch size that its costs are fit to
 REFRESH = 32  # every REFRESH-th choice takes the runner-up k, so that its cost and acceptance stay measured
+HOLD = 0.03  # a k within this fraction of the best expected tokens per second is kept
 
 
 class CostTable:
@@ -110,6 +114,7 @@ class DraftLengths:
         self.steps_at_k: collections.Counter = collections.Counter()  # verify steps by their k (metrics)
         self.probe_rows = PROBE_ROWS  # deferred rows that trigger the next probe at k = 0
         self.choices = 0  # adaptive choices made (every REFRESH-th takes the runner-up)
+        self.last: dict[int, int] = {}  # batch size -> the k chosen last for it
 
     def choose(self, stats: list[SpecStats], batch: int, k_max: int) -> int:
         """k <= k_max (the decoder's K) for the next verify of requests with these stats, `batch`
@@ -124,11 +129,17 @@ class DraftLengths:
         top = min(cap, self.verify_cost.frontier(b))  # untried k are tried upwards, one at a time
         gain = expected_tokens(stats, self.global_stats, top).sum(axis=0)  # [top + 1]
         cost = np.array([_at(verify, c) + (_at(draft, c) if c else 0.0) for c in range(top + 1)])
-        order = np.argsort(-(gain / cost), kind="stable")  # best first
+        rate = gain / cost  # expected tokens per second of each c
+        order = [int(c) for c in np.argsort(-rate, kind="stable")]  # best first
+        last = self.last.get(b)
+        if last is not None and last <= top and rate[last] >= (1 - HOLD) * rate[order[0]]:
+            order.remove(last)  # a near tie keeps this batch size's last k: switching has costs the
+            order.insert(0, last)  # rule does not see (leaving k = 0 drafts every deferred row)
         if order[0]:
             self.probe_rows = PROBE_ROWS
         self.choices += 1
-        return int(order[1] if self.choices % REFRESH == 0 else order[0])
+        self.last[b] = order[1] if self.choices % REFRESH == 0 else order[0]
+        return self.last[b]
 
     def probed(self) -> None:
         """A probe was drafted at k = 0: wait twice as long for the next one."""

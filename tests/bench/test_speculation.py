@@ -22,6 +22,8 @@ def test_speculation_suite_smoke(tmp_path):
     adaptive = result["adaptive"]
     assert {r["config"] for r in adaptive} == {"none", "K=1", "K=3", "adaptive (K<=3)"}
     assert all(r["mismatches"] == 0 for r in adaptive)  # identical to the target alone
-    assert {(v["workload"], v["batch"]) for v in result["adaptive_vs_best_fixed"]} == \
-        {(w, b) for w in ("humaneval", "heldout", "mixed") for b in (1, 8)}
-    assert (tmp_path / "bench_speculation.md").is_file()
+    verdicts = result["adaptive_vs_best_fixed"]
+    assert {(v["workload"], v["batch"]) for v in verdicts} == {(w, b) for w in ("humaneval", "heldout", "mixed")
+                                                              for b in (1, 8)}
+    assert all(len(v["per_round"]) == 1 and v["adaptive_over_best_fixed"] == v["per_round"][0] for v in verdicts)
+    assert (tmp_path / "bench_speculation.md").is_file() and (tmp_path / result["plot"]).is_file()

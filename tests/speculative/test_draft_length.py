@@ -184,6 +184,19 @@ def test_probes_back_off_while_the_rule_stays_at_zero():
     assert lengths.choose([good], 1, 4) > 0 and lengths.probe_rows == 16  # speculating again: reset
 
 
+def test_a_near_tie_keeps_the_last_k_of_its_batch_size():
+    def rule(draft_seconds: float, last: int) -> int:
+        lengths = DraftLengths(SpecConfig("peagle", 1, adaptive=True))
+        lengths.verify_cost.record(1, 0, 1.0)
+        lengths.verify_cost.record(1, 1, 1.0)
+        lengths.draft_cost.record(1, 1, draft_seconds)
+        lengths.last[1] = last
+        return lengths.choose([SpecStats(1)], 1, 1)  # E = 1 and 1.5 tokens: k = 1 at 1.5 / (1 + draft)
+
+    assert rule(0.485, last=0) == 0 and rule(0.485, last=1) == 1  # within 1%: kept either way
+    assert rule(0.40, last=0) == 1 and rule(0.60, last=1) == 0  # 7% better / 6% worse: switched
+
+
 def test_every_refresh_th_choice_measures_the_runner_up_again():
     lengths = DraftLengths(SpecConfig("peagle", 2, adaptive=True))
     for c, seconds in ((0, 1.0), (1, 1.05), (2, 2.0)):
