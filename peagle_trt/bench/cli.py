@@ -51,6 +51,8 @@ SUITES: dict[str, tuple[str, str]] = {
               "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
     "speculation": ("peagle_trt.bench.speculation",
                     "real model: speed vs synthetic acceptance length; adaptive K vs fixed K (b1, b8)"),
+    "draft-length": ("peagle_trt.bench.draft_length",
+                     "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
 }
 
 

@@ -17,11 +17,12 @@ picks one k per drafting call (per step), from every request's own acceptance.
                    acceptance and commit) and its drafting (this rule, the drafter's inputs, the
                    pass; 0 at c = 0). Per B, each is the median per c of B's last 32 readings,
                    made non-decreasing in c (`CostTable`); between the c read linear, below them
-                   the first segment's slope, above them half the last segment's slope (flat
-                   after one c): an untried c looks cheaper than the trend says (optimism), and c
-                   goes up to one more than the most read, so untried k are explored upwards, one
-                   at a time, while they could pay. A drafter pass with no reading costs 0; a
-                   batch size with no verify reading takes a plain step.
+                   the first segment's slope (down to half the lowest read), above them half the
+                   last segment's slope (flat after one c): an untried c looks cheaper than the
+                   trend says (optimism), and c goes up to one more than the most read, so
+                   untried k are explored upwards, one at a time, while they could pay. A drafter
+                   pass with no reading costs 0; a batch size with no verify reading takes a plain
+                   step.
     A batch size keeps its last k while that is within 3% of the best (HOLD: near ties flip with
     the noise, and leaving k = 0 costs a pass over every deferred row, which T does not see).
     Every REFRESH-th choice takes the runner-up k: costs move and are noisy (a shared machine), and
@@ -60,8 +61,8 @@ class CostTable:
     `READINGS` readings, made non-decreasing in k (pooled where noise inverts them), so that shapes
     are compared as measured at one time (a verify gets dearer as the contexts grow, and with the
     machine's load) and a spike moves no median far. Between the k read: linear; below them: the
-    first segment's slope; above them: half the last segment's slope (optimism), flat when only
-    one k was read."""
+    first segment's slope, down to half the lowest k's cost (never free); above them: half the last
+    segment's slope (optimism), flat when only one k was read."""
 
     def __init__(self):
         self.readings: dict[int, collections.deque] = {}  # b -> (k, seconds), newest last
@@ -101,7 +102,7 @@ def _at(curve: list[tuple[int, float]] | None, k: int) -> float:
         return c_last + 0.5 * (c_last - cp) / (k_last - kp) * (k - k_last)
     if k <= k0:
         slope = (curve[1][1] - c0) / (curve[1][0] - k0)
-        return max(0.0, c0 - slope * (k0 - k))
+        return max(0.5 * c0, c0 - slope * (k0 - k))  # optimistic, never free
     (ka, ca), (kb, cb) = next((p, q) for p, q in zip(curve, curve[1:]) if p[0] <= k <= q[0])
     return ca + (cb - ca) * (k - ka) / (kb - ka)
 

@@ -166,6 +166,7 @@ def test_costs_are_a_monotone_curve_of_recent_readings_per_batch_size():
         table.record(1, 4, 2.5)
     c = table.curve(1)
     assert [k for k, _ in c] == [3, 4] and _at(c, 1) == pytest.approx(1.0)  # below: the first slope
+    assert _at(c, 0) == pytest.approx(1.0)  # ... down to half the lowest k's cost: never free (no 1 / 0 rate)
 
 
 def test_probes_back_off_while_the_rule_stays_at_zero():

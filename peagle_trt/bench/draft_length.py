@@ -1,0 +1,141 @@
+"""Suite `draft-length` (docs/BENCHMARKS.md, "Adaptive K on a simulated server"): the adaptive rule's
+own loss against every fixed K, with the machine's noise and load under control. No model runs:
+each step's cost comes from a model fit to measured SmolLM2-135M shapes on this CPU, each draft is
+accepted by its request kind's rates, and the rule (peagle_trt/speculative/draft_length.py,
+`DraftLengths`) sees only what it sees in the decoder.
+
+    peagle-trt bench draft-length [--noise 0.08] [--drift 0.1] [--seeds 3] --output-dir OUT   # ~20 s
+
+Why: on the real model the configurations differ by a few percent and this shared VM moves the same
+pass by as much between rounds (docs/BENCHMARKS.md, "Speculation controls"), so a rule change cannot
+be judged there. Here every configuration meets the same requests, the same acceptance draws and the
+same load curve (a function of simulated time), so the ratios are the rule's doing.
+
+The model of a step (ms; b requests, k drafts each, n context tokens of all b together):
+    verify(b, k, n) = 8 + b (3.3 + 1.4 k) + 0.01 n (1 + 0.25 k)   scripts/verify_shapes.py's table
+    drafter pass    = 1.2 + 0.08 b + 0.3 k (+ 0.05 per deferred row)   the `draft_slots` figures
+    x load(t) = 1 + drift sin(t / 7 s), x exp(N(0, noise)) per reading
+It mirrors the decoder's (peagle_trt/speculative/decoder.py) handling of k = 0: the rows are
+deferred and drafted in one pass (with a probe token) once a request holds `probe_rows` of them.
+Heads: `weak` has the per-position acceptance of the SmolLM2 head we have (AL ~1.3-1.45), `good`
+that of a trained head (code accepts far more than prose, long-context requests least).
+Workloads: 30 requests of 96 tokens at batch 1, 90 at batch 8 (closed loop); `mixed` cycles code,
+prose and long-context (2,000 tokens) requests. Output: the table, the JSON last line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+from dataclasses import dataclass, field
+
+from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.config import SpecConfig
+from peagle_trt.speculative.draft_length import DraftLengths
+from peagle_trt.speculative.stats import SpecStats
+
+K_MAX, TOKENS = 7, 96
+FIXED_KS = (0, 1, 2, 3, 5, 7)
+HEADS = {  # acceptance at each position given the drafts before it were accepted, by request kind
+    "weak": {"code": (0.30, 0.09, 0.02), "prose": (0.42, 0.10, 0.02), "long": (0.30, 0.08)},
+    "good": {"code": (0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.55), "prose": (0.5, 0.4, 0.3, 0.25, 0.2, 0.2, 0.2),
+             "long": (0.35, 0.2, 0.1, 0.1, 0.1, 0.1, 0.1)},
+}
+CONTEXT = {"code": 150, "prose": 100, "long": 2000}  # prompt tokens by kind
+WORKLOADS = {"code": ("code",), "prose": ("prose",), "mixed": ("code", "prose", "long")}
+
+
+def verify_ms(b: int, k: int, context: int) -> float:
+    return 8.0 + b * (3.3 + 1.4 * k) + 0.01 * context * (1 + 0.25 * k)
+
+
+def draft_ms(b: int, k: int, deferred_rows: int = 0) -> float:
+    return 1.2 + 0.08 * b + 0.3 * k + 0.05 * deferred_rows
+
+
+@dataclass
+class Request:
+    kind: str
+    context: int
+    left: int = TOKENS
+    deferred: int = 0  # rows waiting for the drafter (steps at k = 0)
+    stats: SpecStats = field(default_factory=lambda: SpecStats(K_MAX))
+
+
+def simulate(policy: int | None, kinds: list[str], head: str, batch: int, seed: int,
+             noise: float, drift: float) -> float:
+    """Tokens per simulated second serving `kinds` in a closed loop of `batch`: fixed K = `policy`,
+    or the adaptive rule (policy None)."""
+    accept_rng, noise_rng = random.Random(seed), random.Random(seed + 1)
+    lengths = DraftLengths(SpecConfig("peagle", K_MAX, adaptive=True)) if policy is None else None
+    queue, active, clock, tokens = list(kinds), [], 0.0, 0
+    while queue or active:
+        while queue and len(active) < batch:
+            kind = queue.pop(0)
+            active.append(Request(kind, CONTEXT[kind]))
+        b, context = len(active), sum(r.context for r in active)
+        k = policy if lengths is None else lengths.choose([r.stats for r in active], b, K_MAX)
+        load = 1 + drift * math.sin(clock / 7.0)
+
+        def seconds(ms: float) -> float:
+            return ms * load * math.exp(noise_rng.gauss(0.0, noise)) / 1e3
+
+        t_verify, t_draft = seconds(verify_ms(b, k, context)), 0.0
+        for r in active:
+            accepted = 0
+            for rate in HEADS[head][r.kind][:k]:
+                if accept_rng.random() >= rate:
+                    break
+                accepted += 1
+            if k:
+                r.stats.record_step(k, accepted)
+                if lengths is not None:
+                    lengths.record(r.stats, k, accepted)
+            emitted = min(accepted + 1, r.left)
+            r.left, r.context, tokens = r.left - emitted, r.context + emitted, tokens + emitted
+            r.deferred += emitted if k == 0 else 0
+        deferred = sum(r.deferred for r in active)
+        if k:  # the drafter reads this step's rows (and any deferred ones)
+            t_draft = seconds(draft_ms(b, k, deferred))
+        elif lengths is not None and max(r.deferred for r in active) >= lengths.probe_rows:
+            t_draft = seconds(draft_ms(b, 1, deferred))  # the deferred rows and a probe token
+            lengths.probed()
+        if k or t_draft:
+            for r in active:
+                r.deferred = 0
+        if lengths is not None:
+            lengths.verify_cost.record(b, k, t_verify)
+            if k:
+                lengths.draft_cost.record(b, k, t_draft)
+        clock += t_verify + t_draft
+        active = [r for r in active if r.left > 0]
+    return tokens / clock
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--noise", type=float, default=0.08, help="sigma of each reading's log-normal noise")
+    p.add_argument("--drift", type=float, default=0.1, help="amplitude of the load curve (0.1: +-10%%)")
+    p.add_argument("--seeds", type=int, default=3, help="acceptance and noise draws per cell (mean taken)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    seeds, n1 = (1, 3) if args.smoke else (args.seeds, 30)
+    rows = []
+    for head in HEADS:
+        for batch, n in ((1, n1), (8, 3 * n1)):
+            for workload, cycle in WORKLOADS.items():
+                kinds = [cycle[i % len(cycle)] for i in range(n)]
+                rate = {p: statistics.fmean(simulate(p, kinds, head, batch, s, args.noise, args.drift)
+                                            for s in range(seeds)) for p in (*FIXED_KS, None)}
+                best = max(FIXED_KS, key=rate.get)
+                rows.append({"head": head, "batch": batch, "workload": workload, "best_fixed": f"K={best}",
+                             "best_fixed_tokens_per_s": round(rate[best], 1),
+                             "adaptive_over_best_fixed": round(rate[None] / rate[best], 3),
+                             **{f"K={p}": round(rate[p] / rate[best], 3) for p in FIXED_KS}})
+    cols = ["head", "batch", "workload", "best_fixed", "adaptive_over_best_fixed", *(f"K={p}" for p in FIXED_KS)]
+    emit(args, "## Adaptive K on a simulated server (ratios to the best fixed K)\n\n"
+         + markdown_table(cols, [[r[c] for c in cols] for r in rows]))
+    return {"suite": "draft-length", "smoke": args.smoke, "noise": args.noise, "drift": args.drift,
+            "seeds": seeds, "rows": rows}
