@@ -4,7 +4,7 @@ each step's cost comes from a model fit to measured SmolLM2-135M shapes on this 
 accepted by its request kind's rates, and the rule (peagle_trt/speculative/draft_length.py,
 `DraftLengths`) sees only what it sees in the decoder.
 
-    peagle-trt bench draft-length [--noise 0.08] [--drift 0.1] [--seeds 3] --output-dir OUT   # ~20 s
+    peagle-trt bench draft-length [--noise 0.08] [--drift 0.1] [--seeds 3] --output-dir OUT   # ~5 s
 
 Why: on the real model the configurations differ by a few percent and this shared VM moves the same
 pass by as much between rounds (docs/BENCHMARKS.md, "Speculation controls"), so a rule change cannot
@@ -89,20 +89,20 @@ def simulate(policy: int | None, kinds: list[str], head: str, batch: int, seed: 
                 if accept_rng.random() >= rate:
                     break
                 accepted += 1
-            if k:
+            if k and lengths is not None:  # what the decoder records for the rule
                 r.stats.record_step(k, accepted)
-                if lengths is not None:
-                    lengths.record(r.stats, k, accepted)
+                lengths.record(r.stats, k, accepted)
             emitted = min(accepted + 1, r.left)
             r.left, r.context, tokens = r.left - emitted, r.context + emitted, tokens + emitted
-            r.deferred += emitted if k == 0 else 0
+            if k == 0:
+                r.deferred += emitted
         deferred = sum(r.deferred for r in active)
         if k:  # the drafter reads this step's rows (and any deferred ones)
             t_draft = seconds(draft_ms(b, k, deferred))
         elif lengths is not None and max(r.deferred for r in active) >= lengths.probe_rows:
             t_draft = seconds(draft_ms(b, 1, deferred))  # the deferred rows and a probe token
             lengths.probed()
-        if k or t_draft:
+        if t_draft:  # every deferred row drafted
             for r in active:
                 r.deferred = 0
         if lengths is not None:
