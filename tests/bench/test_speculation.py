@@ -27,3 +27,20 @@ def test_speculation_suite_smoke(tmp_path):
                                                               for b in (1, 8)}
     assert all(len(v["per_round"]) == 1 and v["adaptive_over_best_fixed"] == v["per_round"][0] for v in verdicts)
     assert (tmp_path / "bench_speculation.md").is_file() and (tmp_path / result["plot"]).is_file()
+
+
+def test_verdict_held_out_pick_is_not_the_round_it_judges():
+    """In-sample, K=1 wins on one lucky round and adaptive reads 0.95 of it; held out, each round
+    is judged against the configuration the other rounds pick (none, K=1, K=1)."""
+    from peagle_trt.bench.speculation import verdicts
+
+    def row(config, walls, adaptive=False):
+        return {"workload": "mixed", "batch": 1, "config": config, "adaptive": adaptive, "tokens": 100,
+                "wall_s_passes": walls, "tokens_per_s": 100 / sorted(walls)[len(walls) // 2]}
+
+    (v,) = verdicts([row("none", [1.0, 1.0, 1.0]), row("K=1", [0.8, 1.25, 0.95]),
+                     row("adaptive (K<=3)", [1.0, 1.0, 1.0], adaptive=True)])
+    assert v["best_fixed"] == "K=1" and v["adaptive_over_best_fixed"] == 0.95
+    assert v["per_round"] == [0.8, 1.25, 0.95]
+    assert v["best_fixed_held_out"] == ["none", "K=1", "K=1"]
+    assert v["per_round_held_out"] == [1.0, 1.25, 0.95] and v["adaptive_over_best_fixed_held_out"] == 1.0
