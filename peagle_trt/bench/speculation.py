@@ -9,6 +9,10 @@ chat template, scheduler, onnxruntime), batch 1 and batch 8 (closed loops of 1 a
   adaptive   none, fixed K in --fixed-ks, and adaptive K (cap --k) on three workloads: HumanEval,
              held-out instructions, and a mix (code, prose and 2K-token long-context requests
              interleaved). Every greedy output must equal none's (`mismatches` = 0).
+  per-request  the same configurations on each request alone (batch 1; --per-request of each kind:
+             code, prose, long): per-kind speed-ups, and the per-request oracle (each request with
+             its fastest fixed K in hindsight), the most any rule choosing k per request could gain
+             over the best fixed K on the mix (`oracle`).
 Timing: per (workload, batch) the configurations ALTERNATE within each of --rounds rounds (order
 reversed every other round), one generator per configuration kept alive; the figure is the median
 pass. tok/s = generated tokens / wall of the pass. Speed-up = tok/s / tok/s of none. Adaptive vs
@@ -133,6 +137,54 @@ def verdicts(rows: list[dict]) -> list[dict]:
     return out
 
 
+def per_request(args, specs: list[SpecConfig], sets: dict[str, list[str]]) -> list[dict]:
+    """Each request alone (batch 1), every configuration alternated on it within each round (order
+    reversed every other round): one row per request, the median wall of each configuration."""
+    params = SamplingParams(max_tokens=args.max_tokens)
+    gens = {name_of(s): generator(args, s, 1) for s in specs}
+    for gen in gens.values():  # warm-up: sessions, allocations
+        run_batch(gen, sets["humaneval"][:1], SamplingParams(max_tokens=4), 1)
+    rows, order = [], list(gens)
+    for kind, prompts in sets.items():
+        for i, prompt in enumerate(prompts):
+            walls: dict = {n: [] for n in gens}
+            results: dict = {}
+            for r in range(args.rounds):
+                for n in (order if r % 2 == 0 else order[::-1]):
+                    wall, (results[n],) = run_batch(gens[n], [prompt], params, 1)
+                    walls[n].append(wall)
+            ref = results["none"]["token_ids"]
+            rows.append({"kind": kind, "request": i, "tokens": len(ref),
+                         "wall_s": {n: round(statistics.median(w), 4) for n, w in walls.items()},
+                         "acceptance_length": {n: x["acceptance_length"] for n, x in results.items()},
+                         "mismatches": sum(x["token_ids"] != ref for x in results.values())})
+            progress(f"[speculation] per-request {kind} {i + 1}/{len(prompts)}")
+    return rows
+
+
+def oracle(rows: list[dict], fixed: list[str]) -> list[dict]:
+    """Per kind and over every request (`mixed`): each configuration's speed-up over none (none's
+    total median wall over its own: every configuration emits the same tokens), the best fixed K,
+    and the per-request oracle: every request run with the fixed configuration (none included)
+    that was fastest on it. The oracle bounds what a rule holding one k per request could gain over
+    the best fixed K (a rule moving k within a request could add where acceptance comes in
+    stretches); it picks on the same noisy walls it is judged on, so it reads high. `fixed`: the
+    configurations that are not adaptive."""
+    out = []
+    for kind in [*dict.fromkeys(r["kind"] for r in rows), "mixed"]:
+        cell = [r for r in rows if kind in ("mixed", r["kind"])]
+        configs = list(cell[0]["wall_s"])
+        total = {c: sum(r["wall_s"][c] for r in cell) for c in configs}
+        best = min(fixed, key=total.get)
+        oracle_wall = sum(min(r["wall_s"][c] for c in fixed) for r in cell)
+        out.append({"kind": kind, "requests": len(cell), "best_fixed": best,
+                    "speedup": {c: round(total["none"] / total[c], 3) for c in configs},
+                    "oracle_over_best_fixed": round(total[best] / oracle_wall, 3),
+                    "adaptive_over_best_fixed": {c: round(total[best] / total[c], 3) for c in configs
+                                                 if c not in fixed}})
+    return out
+
+
 VERDICT_COLUMNS = ("workload", "batch", "best_fixed", "adaptive_over_best_fixed", "per_round",
                    "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out")
 
@@ -170,6 +222,21 @@ def plot(synthetic: list[dict], adaptive: list[dict]):
     return draw
 
 
+def report(args, synthetic: list[dict], adaptive: list[dict], verdict: list[dict], by_kind: list[dict]) -> str:
+    """The suite's markdown: one section per part run."""
+    text = f"## {Path(args.target).name}: speculation controls (in-process, {args.backend})\n\n"
+    if synthetic:
+        text += f"### Synthetic acceptance, K = {args.k}\n\n{table(synthetic)}\n\n"
+    if adaptive:
+        text += (f"### Adaptive K vs fixed K\n\n{table(adaptive)}\n\n"
+                 + markdown_table(VERDICT_COLUMNS, [[v.get(c) for c in VERDICT_COLUMNS] for v in verdict]) + "\n\n")
+    if by_kind:
+        cols = ("kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed", "adaptive_over_best_fixed")
+        text += ("### Per request (batch 1): speed-ups by kind, the per-request oracle\n\n"
+                 + markdown_table(list(cols), [[v[c] for c in cols] for v in by_kind]) + "\n")
+    return text
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
     p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head directory (required)")
@@ -182,7 +249,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--rounds", type=int, default=2, help="alternated rounds (median reported)")
-    p.add_argument("--parts", default="synthetic,adaptive", help="which parts to run")
+    p.add_argument("--per-request", type=int, default=3, help="requests of each kind in the per-request part")
+    p.add_argument("--parts", default="synthetic,adaptive,per-request", help="which parts to run")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -195,6 +263,7 @@ def run(args: argparse.Namespace) -> dict:
         args.target, args.peagle, args.backend = pair, pair / "drafter-peagle", "torch"
         args.k, args.als, args.fixed_ks, args.prompts, args.long_tokens, args.max_tokens, args.rounds = \
             3, "1,4", "1,3", 1, 200, 6, 1
+        args.per_request = 1
     if args.target is None:
         from peagle_trt.convert.packaged import cached_target
 
@@ -206,7 +275,10 @@ def run(args: argparse.Namespace) -> dict:
                                           long_tokens=args.long_tokens), TextCodec(args.target))
     mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
     t0 = time.perf_counter()
-    synthetic, adaptive = [], []
+    synthetic, adaptive, requests = [], [], []
+    # none, adaptive, then the fixed K: adaptive's passes sit right after none's in each round
+    compared = [SpecConfig("none", 0), SpecConfig("peagle", args.k, adaptive=True)] + \
+        [SpecConfig("peagle", int(k)) for k in args.fixed_ks.split(",")]
     with stdout_to_stderr():
         if "synthetic" in args.parts:
             specs = [SpecConfig("none", 0)] + [
@@ -215,22 +287,21 @@ def run(args: argparse.Namespace) -> dict:
             synthetic = measure(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
                 measure(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
         if "adaptive" in args.parts:
-            # adaptive right after none, the fixed K after it: the passes compared sit close in each round
-            specs = [SpecConfig("none", 0), SpecConfig("peagle", args.k, adaptive=True)] + \
-                [SpecConfig("peagle", int(k)) for k in args.fixed_ks.split(",")]
-            adaptive = measure(args, specs, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
+            adaptive = measure(args, compared, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
                                              "mixed": mixed[:n + 1]}, [1])
-            adaptive += measure(args, specs, {"humaneval": sets["humaneval"][:2 * n],
+            adaptive += measure(args, compared, {"humaneval": sets["humaneval"][:2 * n],
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
+        if "per-request" in args.parts:
+            m = args.per_request
+            requests = per_request(args, compared, prompt_sets(argparse.Namespace(
+                humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens), TextCodec(args.target)))
+    by_kind = oracle(requests, [name_of(s) for s in compared if not s.adaptive]) if requests else []
     plot_name = save_plot(args, "", plot(synthetic, adaptive)) if synthetic or adaptive else None
     verdict = verdicts(adaptive) if adaptive else []
-    text = (f"## {Path(args.target).name}: speculation controls (in-process, {args.backend})\n\n"
-            + (f"### Synthetic acceptance, K = {args.k}\n\n{table(synthetic)}\n\n" if synthetic else "")
-            + (f"### Adaptive K vs fixed K\n\n{table(adaptive)}\n\n"
-               + markdown_table(VERDICT_COLUMNS, [[v.get(c) for c in VERDICT_COLUMNS] for v in verdict])
-               if adaptive else ""))
+    text = report(args, synthetic, adaptive, verdict, by_kind)
     emit(args, text)
     return {"suite": "speculation", "smoke": args.smoke, "target": str(args.target), "peagle": str(args.peagle),
             "date": datetime.date.today().isoformat(), "cpu": cpu_model(),
             "backend": args.backend, "synthetic": synthetic, "adaptive": adaptive,
-            "adaptive_vs_best_fixed": verdict, "plot": plot_name, "total_s": round(time.perf_counter() - t0, 1)}
+            "adaptive_vs_best_fixed": verdict, "per_request": requests, "per_kind": by_kind, "plot": plot_name,
+            "total_s": round(time.perf_counter() - t0, 1)}

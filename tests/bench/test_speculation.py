@@ -1,6 +1,7 @@
 """Suite `speculation` end to end at smoke size on the 1 M-parameter code pair (torch backend): the
 synthetic sweep reaches its configured acceptance lengths and marks its rows; adaptive K and every
-fixed K give outputs identical to none's; the verdict compares adaptive with the best fixed K."""
+fixed K give outputs identical to none's; the verdict compares adaptive with the best fixed K;
+the per-request oracle is computed as its docstring says."""
 
 from __future__ import annotations
 
@@ -27,6 +28,12 @@ def test_speculation_suite_smoke(tmp_path):
                                                               for b in (1, 8)}
     assert all(len(v["per_round"]) == 1 and v["adaptive_over_best_fixed"] == v["per_round"][0] for v in verdicts)
     assert (tmp_path / "bench_speculation.md").is_file() and (tmp_path / result["plot"]).is_file()
+    requests = result["per_request"]
+    assert [r["kind"] for r in requests] == ["humaneval", "heldout", "long"]
+    assert all(r["mismatches"] == 0 and set(r["wall_s"]) == {"none", "K=1", "K=3", "adaptive (K<=3)"}
+               for r in requests)
+    assert [v["kind"] for v in result["per_kind"]] == ["humaneval", "heldout", "long", "mixed"]
+    assert all(v["oracle_over_best_fixed"] >= 1.0 for v in result["per_kind"])
 
 
 def test_verdict_held_out_pick_is_not_the_round_it_judges():
@@ -44,3 +51,22 @@ def test_verdict_held_out_pick_is_not_the_round_it_judges():
     assert v["per_round"] == [0.8, 1.25, 0.95]
     assert v["best_fixed_held_out"] == ["none", "K=1", "K=1"]
     assert v["per_round_held_out"] == [1.0, 1.25, 0.95] and v["adaptive_over_best_fixed_held_out"] == 1.0
+
+
+def test_oracle_takes_each_requests_fastest_fixed_k():
+    """Code gains with K=1, long loses: the best fixed K of the mix is none (10 s against 10.4 s),
+    and each request with its own fastest (1.5 + 1.9 + 6 = 9.4 s) is 10 / 9.4 = 1.064 of it."""
+    from peagle_trt.bench.speculation import oracle
+
+    def row(kind, none, k1, adaptive):
+        return {"kind": kind, "wall_s": {"none": none, "adaptive (K<=3)": adaptive, "K=1": k1}}
+
+    by_kind = {v["kind"]: v for v in oracle([row("code", 2.0, 1.5, 1.6), row("code", 2.0, 1.9, 2.0),
+                                             row("long", 6.0, 7.0, 6.2)], ["none", "K=1"])}
+    assert by_kind["code"]["best_fixed"] == "K=1" and by_kind["long"]["best_fixed"] == "none"
+    assert by_kind["code"]["oracle_over_best_fixed"] == 1.0 and by_kind["long"]["oracle_over_best_fixed"] == 1.0
+    mixed = by_kind["mixed"]
+    assert mixed["requests"] == 3 and mixed["best_fixed"] == "none"
+    assert mixed["speedup"] == {"none": 1.0, "adaptive (K<=3)": round(10 / 9.8, 3), "K=1": round(10 / 10.4, 3)}
+    assert mixed["oracle_over_best_fixed"] == round(10 / 9.4, 3)
+    assert mixed["adaptive_over_best_fixed"] == {"adaptive (K<=3)": round(10 / 9.8, 3)}

@@ -209,3 +209,14 @@ def test_every_refresh_th_choice_measures_the_runner_up_again():
     # tokens per second: k = 0: 1.0, k = 1: 1.5 / 1.1 = 1.36 (best), k = 2: 1.75 / 2.05 = 0.85
     assert [i for i, k in enumerate(picks) if k != 1] == [REFRESH - 1, 2 * REFRESH - 1]
     assert picks[REFRESH - 1] == 0  # the runner-up
+
+
+def test_a_refresh_is_one_step_and_the_hold_stays_with_the_best():
+    """The runner-up within the hold (k = 0, 2% worse) is measured for one step, then k = 1 again:
+    were the refresh held, k = 0 would run until the next refresh."""
+    lengths = DraftLengths(SpecConfig("peagle", 1, adaptive=True))
+    lengths.verify_cost.record(1, 0, 1.0)
+    lengths.verify_cost.record(1, 1, 1.0)
+    lengths.draft_cost.record(1, 1, 0.47)  # k = 1: 1.5 / 1.47 = 1.02 tokens per second, k = 0: 1.0
+    picks = [lengths.choose([SpecStats(1)], 1, 1) for _ in range(2 * REFRESH)]
+    assert [i for i, k in enumerate(picks) if k != 1] == [REFRESH - 1, 2 * REFRESH - 1]
