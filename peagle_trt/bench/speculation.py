@@ -19,7 +19,7 @@ pass. tok/s = generated tokens / wall of the pass. Speed-up = tok/s / tok/s of n
 the best fixed K: the median over rounds of their ratio within a round, the best fixed K picked
 from all rounds and, unbiased, from the other rounds (`verdicts`).
 
-    peagle-trt bench speculation --peagle HEAD --output-dir docs/img     # ~40 min on 2 idle cores
+    peagle-trt bench speculation --peagle HEAD --output-dir docs/img     # ~50 min on 2 idle cores
     peagle-trt bench speculation --smoke                                 # seconds, the code pair
 Output: markdown tables, a plot (tok/s vs AL; adaptive vs fixed K), the JSON last line.
 """
