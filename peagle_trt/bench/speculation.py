@@ -9,10 +9,10 @@ chat template, scheduler, onnxruntime), batch 1 and batch 8 (closed loops of 1 a
   adaptive   none, fixed K in --fixed-ks, and adaptive K (cap --k) on three workloads: HumanEval,
              held-out instructions, and a mix (code, prose and 2K-token long-context requests
              interleaved). Every greedy output must equal none's (`mismatches` = 0).
-  per-request  the same configurations on each request alone (batch 1; --per-request of each kind:
-             code, prose, long): per-kind speed-ups, and the per-request oracle (each request with
-             its fastest fixed K in hindsight), the most any rule choosing k per request could gain
-             over the best fixed K on the mix (`oracle`).
+  per-request  the same configurations on each request alone (a workload of one request, batch 1;
+             --per-request of each kind: code, prose, long): per-kind speed-ups, and the
+             per-request oracle (each request with its fastest fixed K in hindsight), the most any
+             rule choosing k per request could gain over the best fixed K on the mix (`oracle`).
 Timing: per (workload, batch) the configurations ALTERNATE within each of --rounds rounds (order
 reversed every other round), one generator per configuration kept alive; the figure is the median
 pass. tok/s = generated tokens / wall of the pass. Speed-up = tok/s / tok/s of none. Adaptive vs
@@ -137,46 +137,25 @@ def verdicts(rows: list[dict]) -> list[dict]:
     return out
 
 
-def per_request(args, specs: list[SpecConfig], sets: dict[str, list[str]]) -> list[dict]:
-    """Each request alone (batch 1), every configuration alternated on it within each round (order
-    reversed every other round): one row per request, the median wall of each configuration."""
-    params = SamplingParams(max_tokens=args.max_tokens)
-    gens = {name_of(s): generator(args, s, 1) for s in specs}
-    for gen in gens.values():  # warm-up: sessions, allocations
-        run_batch(gen, sets["humaneval"][:1], SamplingParams(max_tokens=4), 1)
-    rows, order = [], list(gens)
-    for kind, prompts in sets.items():
-        for i, prompt in enumerate(prompts):
-            walls: dict = {n: [] for n in gens}
-            results: dict = {}
-            for r in range(args.rounds):
-                for n in (order if r % 2 == 0 else order[::-1]):
-                    wall, (results[n],) = run_batch(gens[n], [prompt], params, 1)
-                    walls[n].append(wall)
-            ref = results["none"]["token_ids"]
-            rows.append({"kind": kind, "request": i, "tokens": len(ref),
-                         "wall_s": {n: round(statistics.median(w), 4) for n, w in walls.items()},
-                         "acceptance_length": {n: x["acceptance_length"] for n, x in results.items()},
-                         "mismatches": sum(x["token_ids"] != ref for x in results.values())})
-            progress(f"[speculation] per-request {kind} {i + 1}/{len(prompts)}")
-    return rows
-
-
-def oracle(rows: list[dict], fixed: list[str]) -> list[dict]:
-    """Per kind and over every request (`mixed`): each configuration's speed-up over none (none's
-    total median wall over its own: every configuration emits the same tokens), the best fixed K,
-    and the per-request oracle: every request run with the fixed configuration (none included)
-    that was fastest on it. The oracle bounds what a rule holding one k per request could gain over
-    the best fixed K (a rule moving k within a request could add where acceptance comes in
-    stretches); it picks on the same noisy walls it is judged on, so it reads high. `fixed`: the
-    configurations that are not adaptive."""
+def oracle(rows: list[dict]) -> list[dict]:
+    """From `measure`'s rows of one-request workloads named KIND/I: per kind and over every request
+    (`mixed`), each configuration's speed-up over none (none's total median wall over its own: every
+    configuration emits the same tokens), the best fixed K, and the per-request oracle: every
+    request run with the fixed configuration (none included) that was fastest on it. The oracle
+    bounds what a rule holding one k per request could gain over the best fixed K (a rule moving k
+    within a request could add where acceptance comes in stretches); it picks on the same noisy
+    walls it is judged on, so it reads high."""
+    walls: dict = {}  # request -> config -> median wall
+    for r in rows:
+        walls.setdefault(r["workload"], {})[r["config"]] = statistics.median(r["wall_s_passes"])
+    fixed = list(dict.fromkeys(r["config"] for r in rows if not r["adaptive"]))
+    configs = list(dict.fromkeys(r["config"] for r in rows))
     out = []
-    for kind in [*dict.fromkeys(r["kind"] for r in rows), "mixed"]:
-        cell = [r for r in rows if kind in ("mixed", r["kind"])]
-        configs = list(cell[0]["wall_s"])
-        total = {c: sum(r["wall_s"][c] for r in cell) for c in configs}
+    for kind in [*dict.fromkeys(w.split("/")[0] for w in walls), "mixed"]:
+        cell = [v for w, v in walls.items() if kind in ("mixed", w.split("/")[0])]
+        total = {c: sum(v[c] for v in cell) for c in configs}
         best = min(fixed, key=total.get)
-        oracle_wall = sum(min(r["wall_s"][c] for c in fixed) for r in cell)
+        oracle_wall = sum(min(v[c] for c in fixed) for v in cell)
         out.append({"kind": kind, "requests": len(cell), "best_fixed": best,
                     "speedup": {c: round(total["none"] / total[c], 3) for c in configs},
                     "oracle_over_best_fixed": round(total[best] / oracle_wall, 3),
@@ -293,9 +272,11 @@ def run(args: argparse.Namespace) -> dict:
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
         if "per-request" in args.parts:
             m = args.per_request
-            requests = per_request(args, compared, prompt_sets(argparse.Namespace(
-                humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens), TextCodec(args.target)))
-    by_kind = oracle(requests, [name_of(s) for s in compared if not s.adaptive]) if requests else []
+            alone = prompt_sets(argparse.Namespace(humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens),
+                                TextCodec(args.target))
+            requests = measure(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
+                                                for i, p in enumerate(ps)}, [1])
+    by_kind = oracle(requests) if requests else []
     plot_name = save_plot(args, "", plot(synthetic, adaptive)) if synthetic or adaptive else None
     verdict = verdicts(adaptive) if adaptive else []
     text = report(args, synthetic, adaptive, verdict, by_kind)

@@ -29,9 +29,8 @@ def test_speculation_suite_smoke(tmp_path):
     assert all(len(v["per_round"]) == 1 and v["adaptive_over_best_fixed"] == v["per_round"][0] for v in verdicts)
     assert (tmp_path / "bench_speculation.md").is_file() and (tmp_path / result["plot"]).is_file()
     requests = result["per_request"]
-    assert [r["kind"] for r in requests] == ["humaneval", "heldout", "long"]
-    assert all(r["mismatches"] == 0 and set(r["wall_s"]) == {"none", "K=1", "K=3", "adaptive (K<=3)"}
-               for r in requests)
+    assert [r["workload"] for r in requests if r["config"] == "none"] == ["humaneval/0", "heldout/0", "long/0"]
+    assert all(r["mismatches"] == 0 for r in requests) and len(requests) == 3 * 4
     assert [v["kind"] for v in result["per_kind"]] == ["humaneval", "heldout", "long", "mixed"]
     assert all(v["oracle_over_best_fixed"] >= 1.0 for v in result["per_kind"])
 
@@ -58,11 +57,12 @@ def test_oracle_takes_each_requests_fastest_fixed_k():
     and each request with its own fastest (1.5 + 1.9 + 6 = 9.4 s) is 10 / 9.4 = 1.064 of it."""
     from peagle_trt.bench.speculation import oracle
 
-    def row(kind, none, k1, adaptive):
-        return {"kind": kind, "wall_s": {"none": none, "adaptive (K<=3)": adaptive, "K=1": k1}}
+    def rows(workload, none, k1, adaptive):  # `measure`'s rows, one pass each
+        return [{"workload": workload, "config": c, "adaptive": c.startswith("adaptive"), "wall_s_passes": [w]}
+                for c, w in (("none", none), ("adaptive (K<=3)", adaptive), ("K=1", k1))]
 
-    by_kind = {v["kind"]: v for v in oracle([row("code", 2.0, 1.5, 1.6), row("code", 2.0, 1.9, 2.0),
-                                             row("long", 6.0, 7.0, 6.2)], ["none", "K=1"])}
+    by_kind = {v["kind"]: v for v in oracle(rows("code/0", 2.0, 1.5, 1.6) + rows("code/1", 2.0, 1.9, 2.0)
+                                            + rows("long/0", 6.0, 7.0, 6.2))}
     assert by_kind["code"]["best_fixed"] == "K=1" and by_kind["long"]["best_fixed"] == "none"
     assert by_kind["code"]["oracle_over_best_fixed"] == 1.0 and by_kind["long"]["oracle_over_best_fixed"] == 1.0
     mixed = by_kind["mixed"]
