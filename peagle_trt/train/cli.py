@@ -57,6 +57,16 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--device", default="cpu", help="torch device (cpu or cuda)")
     t.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    t.add_argument("--held-out-every", type=int, default=50,
+                   help="--data: hold out every Nth sequence (never trained on) for the learning curve (0: none)")
+    t.add_argument("--eval-every", type=int, default=50,
+                   help="held-out per-depth top-1 every N steps (curve.jsonl and curve.png beside the head; 0: never)")
+    t.add_argument("--eval-len", type=int, default=512, help="held-out sequences cut to their first N tokens")
+    t.add_argument("--curriculum", type=int, default=0, help="train depth 0 only for the first N steps")
+    t.add_argument("--cpu-budget-s", type=float, default=None,
+                   help="stop after this much training CPU time (process time); the cosine schedule spans it")
+    t.add_argument("--init-from", type=Path, default=None,
+                   help="warm start from a trained head (same shapes and draft vocabulary), e.g. a shipped one")
     t.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="resumable training state; a run finds and continues the one there")
     t.add_argument("--save-every", type=int, default=50, help="checkpoint interval in steps")
@@ -94,5 +104,7 @@ def cmd_train(args: argparse.Namespace) -> dict:
                       seed=args.seed, regen_max_tokens=args.regen_max_tokens,
                       regen_temperature=args.regen_temperature, chat_template=not args.no_chat_template,
                       device=args.device, save_dtype=args.save_dtype, checkpoint_dir=args.checkpoint_dir,
-                      save_every=args.save_every, log_every=args.log_every, force=args.force)
+                      save_every=args.save_every, log_every=args.log_every, force=args.force,
+                      held_out_every=args.held_out_every, eval_every=args.eval_every, eval_len=args.eval_len,
+                      curriculum=args.curriculum, cpu_budget_s=args.cpu_budget_s, init_from=args.init_from)
     return train(cfg)

@@ -57,6 +57,12 @@ class TrainConfig:
     chat_template: bool = True
     device: str = "cpu"
     save_dtype: str = "float32"
+    held_out_every: int | None = 50  # --data: sequence i is held out iff i % N == N - 1 (never trained on)
+    eval_every: int = 50  # held-out per-depth top-1 every N steps (0: never): the learning curve
+    eval_len: int = 512  # held-out sequences cut to their first N tokens
+    curriculum: int = 0  # the first N steps train depth 0 only, then every depth
+    cpu_budget_s: float | None = None  # stop after this much training CPU time; the cosine spans it
+    init_from: Path | None = None  # warm start from a trained head (same shapes, same draft vocabulary)
     checkpoint_dir: Path | None = None
     save_every: int = 50
     log_every: int = 10
@@ -77,5 +83,9 @@ class TrainConfig:
         if (self.segment_tokens is not None and self.segment_tokens < 2) or (
                 self.max_context is not None and self.max_context < 1):
             raise ConfigError("--segment-tokens must be >= 2 and --max-context >= 1")
+        if self.eval_every < 0 or self.curriculum < 0 or (self.held_out_every is not None and self.held_out_every < 0):
+            raise ConfigError("--eval-every, --curriculum and --held-out-every must be >= 0")
+        if self.cpu_budget_s is not None and self.cpu_budget_s <= 0:
+            raise ConfigError(f"--cpu-budget-s {self.cpu_budget_s}: expected a positive number of seconds")
         if self.seq_len < 3:
             raise ConfigError(f"--seq-len {self.seq_len} is too short; use at least 3 tokens")

@@ -242,6 +242,20 @@ class FeatureCache:
         normed, aux = self.kept[key]
         return features(self.target, ids, supervised, normed, aux, self.draft_ids)
 
+    def fill(self, corpus: Corpus, seq_len: int, progress, save_every: int = 400) -> None:
+        """Make every sequence's pass now (saved every `save_every` sequences, so an interrupted
+        fill resumes), so training steps and concurrent runs sharing the file only read it."""
+        if corpus.windowed:
+            return
+        todo = [i for i in range(len(corpus.sequences)) if i not in self.kept]
+        for n, i in enumerate(todo, start=1):
+            normed, aux = target_pass(self.target, corpus.sequences[i][:seq_len])
+            self.kept[i] = (normed.half(), aux.half())
+            progress(f"target features: {len(self.kept)}/{len(corpus.sequences)} sequences", final=n == len(todo))
+            if n % save_every == 0:
+                self.save()
+        self.save()
+
     def save(self) -> None:
         if self.path is None or len(self.kept) == self.loaded:
             return
@@ -249,6 +263,7 @@ class FeatureCache:
         tmp = self.path.with_name(self.path.name + ".tmp")
         torch.save({"fingerprint": self.fingerprint, "kept": self.kept}, tmp)
         tmp.replace(self.path)  # atomic: a reader sees the old file or the new one
+        self.loaded = len(self.kept)
 
 
 def corpus_fingerprint(corpus: Corpus, target_dir: Path, seq_len: int) -> str:

@@ -18,11 +18,12 @@ from dataclasses import asdict
 import torch
 
 from peagle_trt.architecture import DrafterConfig
-from peagle_trt.checkpoint import load_target
+from peagle_trt.checkpoint import load_drafter, load_target
 from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.target import TargetModel
 from peagle_trt.tokenizer import TextCodec
+from peagle_trt.train import curve as C
 from peagle_trt.train import data as D
 from peagle_trt.train.cod import cod_sample, partition
 from peagle_trt.train.config import TrainConfig
@@ -70,16 +71,17 @@ def _identity(cfg) -> dict:
     """The config fields a checkpoint must agree with to be resumed."""
     keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
             "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments", "segment_tokens",
-            "max_context", "freeze_embeddings", "fc_norm")
+            "max_context", "freeze_embeddings", "fc_norm", "held_out_every", "curriculum")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
 
 
-def _lr(cfg, step: int) -> float:
+def _lr(cfg, step: int, cpu_s: float) -> float:
+    """Warm-up, then cosine decay to 0.1 lr over the run: over its steps, or over its CPU budget."""
     warmup = cfg.warmup if cfg.warmup is not None else max(1, cfg.steps // 20)
     if step < warmup:
         return cfg.lr * (step + 1) / warmup
-    frac = (step - warmup) / max(1, cfg.steps - warmup)
-    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    frac = cpu_s / cfg.cpu_budget_s if cfg.cpu_budget_s else (step - warmup) / max(1, cfg.steps - warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
 
 def run(cfg, progress) -> dict:
@@ -97,20 +99,33 @@ def run(cfg, progress) -> dict:
     if cfg.text:
         eos = codec.eos_ids[0] if codec.eos_ids else 0
         corpus = D.text_corpus(codec.tok, list(cfg.text), eos)
+        held_corpus = None
     else:
         corpus = D.prompt_corpus(target, codec, cfg.data, cfg.regen_max_tokens, cfg.regen_temperature,
                                  cfg.seed, cfg.chat_template, progress, cfg.max_context)
+        train_idx, held_idx = C.split(len(corpus.sequences), cfg.held_out_every)
+        corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
     draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
     head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
+    if cfg.init_from is not None:
+        warm_start(head, cfg.init_from, draft_ids)
+        progress(f"warm start from the head in {cfg.init_from}", final=True)
     cache = D.FeatureCache(target, draft_ids, cfg.feature_cache,
                            D.corpus_fingerprint(corpus, cfg.target, cfg.seq_len) if cfg.feature_cache else "")
     if cache.loaded:
         progress(f"target features of {cache.loaded} sequences read from {cfg.feature_cache}", final=True)
+    if cfg.feature_cache:
+        cache.fill(corpus, cfg.seq_len, progress)
+    held = None
+    if cfg.eval_every and held_corpus is not None and held_corpus.sequences:
+        held = C.held_out_features(target, held_corpus, draft_ids, cfg.eval_len)
+        progress(f"held out: {len(held.seqs)} sequences, {held.supervised} supervised positions "
+                 f"(every {cfg.held_out_every}th of the data)", final=True)
     head.to(dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
-    start = 0
+    start, cpu_s, curve = 0, 0.0, []
     ckpt_file = cfg.checkpoint_dir / "state.pt" if cfg.checkpoint_dir else None
     if ckpt_file is not None and ckpt_file.is_file():
         state = torch.load(ckpt_file, map_location=dev, weights_only=True)
@@ -120,40 +135,94 @@ def run(cfg, progress) -> dict:
         head.load_state_dict(state["head"])
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
-        start = state["step"]
+        start, cpu_s, curve = state["step"], state.get("train_cpu_s", 0.0), state.get("curve", [])
         progress(f"resumed from {ckpt_file} at step {start}", final=True)
-    history = []
+
+    def record(step: int, loss: float) -> None:
+        top1 = C.evaluate(head, held, mask_id, cfg.depths)
+        curve.append({"step": step, "train_cpu_s": round(cpu_s, 1), "wall_s": round(time.perf_counter() - t_start, 1),
+                      "supervised_seen": tokens_seen, "loss": round(loss, 4), "top1": top1,
+                      "chain_accepted_k7": C.chain_acceptance(top1, 7)})
+        progress(f"held-out top-1 at step {step} ({cpu_s / 60:.1f} CPU min): "
+                 + " ".join(f"{a:.3f}" for a in top1), final=True)
+
+    history, acc, tokens_seen = [], [], (curve[-1]["supervised_seen"] if curve else 0)
+    if held is not None and not curve:
+        record(start, float("nan"))
+    step = start
     t_loop = time.perf_counter()
-    for step in range(start, cfg.steps):
+    while step < cfg.steps and not (cfg.cpu_budget_s and cpu_s >= cfg.cpu_budget_s):
         for group in opt.param_groups:
-            group["lr"] = _lr(cfg, step)
-        loss, stats, tokens = train_step(head, cache, corpus, cfg, gen, mask_id)
+            group["lr"] = _lr(cfg, step, cpu_s)
+        c0 = time.process_time()
+        depths = 1 if step < cfg.curriculum else cfg.depths
+        loss, stats, tokens, supervised = train_step(head, cache, corpus, cfg, gen, mask_id, depths)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
+        cpu_s += time.process_time() - c0
+        tokens_seen += supervised
+        step += 1
         history.append(loss)
         acc = [stats[d][1] / stats[d][0] if d in stats else 0.0 for d in range(cfg.depths)]
-        rate = (step + 1 - start) * tokens / (time.perf_counter() - t_loop)
-        line = (f"step {step + 1}/{cfg.steps} loss {loss:.4f} acc " + " ".join(f"{a:.2f}" for a in acc)
+        rate = (step - start) * tokens / (time.perf_counter() - t_loop)
+        line = (f"step {step}/{cfg.steps} loss {loss:.4f} acc " + " ".join(f"{a:.2f}" for a in acc)
                 + f" | {rate:.0f} tok/s")
-        progress(line, final=(step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps)
-        if ckpt_file is not None and ((step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps):
-            _save(ckpt_file, cfg, head, opt, gen, step + 1)
+        progress(line, final=step % cfg.log_every == 0 or step == cfg.steps)
+        if held is not None and step % cfg.eval_every == 0:
+            record(step, sum(history[-cfg.eval_every:]) / len(history[-cfg.eval_every:]))
+        if ckpt_file is not None and (step % cfg.save_every == 0 or step == cfg.steps):
+            _save(ckpt_file, cfg, head, opt, gen, step, cpu_s, curve)
+    if held is not None and (not curve or curve[-1]["step"] != step):
+        record(step, sum(history[-10:]) / max(1, len(history[-10:])) if history else float("nan"))
+    if ckpt_file is not None:
+        _save(ckpt_file, cfg, head, opt, gen, step, cpu_s, curve)
     cache.save()
-    write_head(cfg.output, head, config, draft_ids, cfg)
-    return {"output": str(cfg.output), "method": cfg.method, "layout": cfg.layout, "steps": cfg.steps,
+    title = (f"{cfg.method} head, depth {cfg.depths}, lr {cfg.lr}, batch {cfg.batch}"
+             + (f", depth 0 only for {cfg.curriculum} steps" if cfg.curriculum else ""))
+    write_head(cfg.output, head, config, draft_ids, cfg, curve=(curve, title) if held is not None else None)
+    return {"output": str(cfg.output), "method": cfg.method, "layout": cfg.layout, "steps": step,
             "resumed_at": start, "final_loss": round(history[-1], 5) if history else None,
             "mean_loss_last10": round(sum(history[-10:]) / max(1, len(history[-10:])), 5) if history else None,
             "accuracy_per_depth": [round(a, 4) for a in acc] if history else None,
+            "held_out_top1": curve[-1]["top1"] if curve else None,
+            "held_out_chain_accepted_k7": curve[-1]["chain_accepted_k7"] if curve else None,
             "draft_vocab": len(draft_ids), "taps": list(taps), "mask_token_id": mask_id,
-            "params_trained": sum(p.numel() for p in params), "train_s": round(time.perf_counter() - t_start, 1)}
+            "params_trained": sum(p.numel() for p in params), "train_cpu_s": round(cpu_s, 1),
+            "train_s": round(time.perf_counter() - t_start, 1)}
 
 
-def train_step(head, cache, corpus, cfg, gen, mask_id) -> tuple[float, dict, int]:
-    """Forward+backward over one batch (gradients accumulated in the head). -> (loss, stats, tokens)."""
+def warm_start(head: TrainHead, path, draft_ids: torch.Tensor) -> None:
+    """Load a trained head's weights (any layout `load_drafter` reads) into `head` (same shapes and
+    draft vocabulary): a later run continues from a shipped head without its optimiser state."""
+    ckpt = load_drafter(path)
+    tensors, state = ckpt.tensors, head.model.state_dict()
+    if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), draft_ids - torch.arange(len(draft_ids))):
+        raise CheckpointError(f"--init-from {path}: its draft vocabulary differs from this run's "
+                              "(train on the same data with the same --draft-vocab)")
+    new = {}
+    for name, value in state.items():
+        if name in tensors and name != "d2t":
+            if tensors[name].shape != value.shape:
+                raise CheckpointError(f"--init-from {path}: {name} has shape {tuple(tensors[name].shape)}, "
+                                      f"this run's head {tuple(value.shape)}")
+            new[name] = tensors[name].to(value.dtype)
+        else:
+            new[name] = value  # the target's embeddings (frozen-embedding heads ship none), d2t
+    head.model.load_state_dict(new)
+    if head.parallel:
+        if "mask_hidden" not in tensors:
+            raise CheckpointError(f"--init-from {path}: no mask_hidden; not a P-EAGLE head")
+        with torch.no_grad():
+            head.mask_hidden.copy_(tensors["mask_hidden"].float().reshape(head.mask_hidden.shape))
+
+
+def train_step(head, cache, corpus, cfg, gen, mask_id, depths: int) -> tuple[float, dict, int, int]:
+    """Forward+backward over one batch (gradients accumulated in the head), chains up to `depths`.
+    -> (loss, stats, tokens, supervised elements)."""
     batch = D.sample_batch(corpus, cfg.batch, cfg.seq_len, gen)
     feats = [cache.get(key, ids, sup) for key, ids, sup in batch]
-    elements = [cod_sample(f.loss_mask.cpu(), cfg.depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min, gen)
+    elements = [cod_sample(f.loss_mask.cpu(), depths, cfg.down_sample_ratio, cfg.down_sample_ratio_min, gen)
                 for f in feats]
     normaliser = sum(int(f.loss_mask.cpu()[el.position].sum()) for f, el in zip(feats, elements))
     if normaliser == 0:
@@ -169,14 +238,14 @@ def train_step(head, cache, corpus, cfg, gen, mask_id) -> tuple[float, dict, int
                                 normaliser, stats)
             loss.backward()
             total += float(loss.detach())
-    return total, stats, sum(len(ids) for _, ids, _ in batch)
+    return total, stats, sum(len(ids) for _, ids, _ in batch), normaliser
 
 
-def _save(path, cfg, head, opt, gen, step: int) -> None:
+def _save(path, cfg, head, opt, gen, step: int, cpu_s: float, curve: list) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     torch.save({"identity": _identity(cfg), "head": head.state_dict(), "optimizer": opt.state_dict(),
-                "generator": gen.get_state(), "step": step}, tmp)
+                "generator": gen.get_state(), "step": step, "train_cpu_s": cpu_s, "curve": curve}, tmp)
     tmp.replace(path)
 
 

@@ -20,6 +20,7 @@ import torch
 
 from peagle_trt.atomic import staged_dir
 from peagle_trt.errors import ConfigError
+from peagle_trt.train.curve import write_curve
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -56,7 +57,8 @@ def layer_config(c) -> dict:
             "vocab_size": c.vocab_size, "attention_bias": False, **_rope_fields(c.rope)}
 
 
-def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg) -> None:
+def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg, curve: tuple | None = None) -> None:
+    """The head in `cfg.layout`; with `curve` = (rows, title), its learning curve beside it (train/curve.py)."""
     from safetensors.torch import save_file
 
     if cfg.save_dtype not in DTYPES:
@@ -93,3 +95,5 @@ def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg) -> None
     with staged_dir(output, "the drafter head") as tmp:
         save_file(tensors, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+        if curve is not None:
+            write_curve(tmp, *curve)
