@@ -67,6 +67,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="stop after this much training CPU time (process time); the cosine schedule spans it")
     t.add_argument("--init-from", type=Path, default=None,
                    help="warm start from a trained head (same shapes and draft vocabulary), e.g. a shipped one")
+    t.add_argument("--init-layer", default="random", choices=["random", "target"],
+                   help="target: the drafter layer starts as the target's last layer (on its hidden half)")
     t.add_argument("--checkpoint-dir", type=Path, default=None,
                    help="resumable training state; a run finds and continues the one there")
     t.add_argument("--save-every", type=int, default=50, help="checkpoint interval in steps")
@@ -106,5 +108,6 @@ def cmd_train(args: argparse.Namespace) -> dict:
                       device=args.device, save_dtype=args.save_dtype, checkpoint_dir=args.checkpoint_dir,
                       save_every=args.save_every, log_every=args.log_every, force=args.force,
                       held_out_every=args.held_out_every, eval_every=args.eval_every, eval_len=args.eval_len,
-                      curriculum=args.curriculum, cpu_budget_s=args.cpu_budget_s, init_from=args.init_from)
+                      curriculum=args.curriculum, cpu_budget_s=args.cpu_budget_s, init_from=args.init_from,
+                      init_layer=args.init_layer)
     return train(cfg)

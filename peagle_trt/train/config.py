@@ -63,6 +63,7 @@ class TrainConfig:
     curriculum: int = 0  # the first N steps train depth 0 only, then every depth
     cpu_budget_s: float | None = None  # stop after this much training CPU time; the cosine spans it
     init_from: Path | None = None  # warm start from a trained head (same shapes, same draft vocabulary)
+    init_layer: str = "random"  # random | target: layer 0 from the target's last layer (hidden half)
     checkpoint_dir: Path | None = None
     save_every: int = 50
     log_every: int = 10
@@ -85,6 +86,8 @@ class TrainConfig:
             raise ConfigError("--segment-tokens must be >= 2 and --max-context >= 1")
         if self.eval_every < 0 or self.curriculum < 0 or (self.held_out_every is not None and self.held_out_every < 0):
             raise ConfigError("--eval-every, --curriculum and --held-out-every must be >= 0")
+        if self.init_layer not in ("random", "target"):
+            raise ConfigError(f"--init-layer {self.init_layer!r}: expected 'random' or 'target'")
         if self.cpu_budget_s is not None and self.cpu_budget_s <= 0:
             raise ConfigError(f"--cpu-budget-s {self.cpu_budget_s}: expected a positive number of seconds")
         if self.seq_len < 3:

@@ -61,17 +61,43 @@ def build_head(cfg, target_ckpt, taps, mask_id, draft_ids) -> tuple[TrainHead, D
         model.embed_tokens.weight.copy_(target_ckpt.tensors["embed_tokens.weight"].float())
         model.lm_head.weight.copy_(target_ckpt.tensors["lm_head.weight"].float()[draft_ids])
         model.d2t.copy_(draft_ids - torch.arange(len(draft_ids)))
+    if cfg.init_layer == "target":
+        _layer_from_target(model, target_ckpt)
     model.lm_head.weight.requires_grad_(False)  # frozen, as in speculators
     # P-EAGLE trains its embeddings unless frozen (then the head ships none and uses the target's)
     model.embed_tokens.weight.requires_grad_(cfg.method == "peagle" and not cfg.freeze_embeddings)
     return TrainHead(model, cfg.method == "peagle"), config
 
 
+@torch.no_grad()
+def _layer_from_target(model: DrafterModel, target_ckpt) -> None:
+    """--init-layer target: the drafter's layer 0 starts as the target's last layer on its hidden half
+    (q/k/v columns of the fused hidden input, o_proj, MLP, norms); the embedding half keeps its
+    random init. Needs the target's MLP width and head shapes."""
+    last = target_ckpt.config.num_layers - 1
+    fusion, h = model.layers[0], model.config.hidden_size
+
+    def src(name: str) -> torch.Tensor:
+        return target_ckpt.tensors[f"layers.{last}.{name}"].float()
+
+    pairs = [(fusion.self_attn.o_proj.weight, "self_attn.o_proj.weight"),
+             (fusion.hidden_norm.weight, "input_layernorm.weight"),
+             (fusion.post_attention_layernorm.weight, "post_attention_layernorm.weight"),
+             *[(getattr(fusion.mlp, n).weight, f"mlp.{n}.weight") for n in ("gate_proj", "up_proj", "down_proj")]]
+    pairs += [(getattr(fusion.self_attn, n).weight[:, h:], f"self_attn.{n}.weight")
+              for n in ("q_proj", "k_proj", "v_proj")]
+    for dst, name in pairs:
+        if dst.shape != src(name).shape:
+            raise ConfigError(f"--init-layer target: the drafter's {name} is {tuple(dst.shape)}, the target's "
+                              f"{tuple(src(name).shape)} (keep the target's --intermediate-size)")
+        dst.copy_(src(name))
+
+
 def _identity(cfg) -> dict:
     """The config fields a checkpoint must agree with to be resumed."""
     keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
             "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments", "segment_tokens",
-            "max_context", "freeze_embeddings", "fc_norm", "held_out_every", "curriculum")
+            "max_context", "freeze_embeddings", "fc_norm", "held_out_every", "curriculum", "init_layer")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
 
 

@@ -92,3 +92,13 @@ def test_cpu_budget_ends_the_run_and_warm_start_continues(tiny, answers, tmp_pat
     with pytest.raises(CheckpointError, match="draft vocabulary"):
         train(_cfg(tiny, answers, tmp_path / "d", steps=1, draft_vocab=150, init_from=tmp_path / "a"),
               lambda *a, **k: None)
+
+
+def test_init_layer_from_target_copies_the_last_layer(tiny):
+    ckpt = load_target(tiny["llama"])
+    cfg = TrainConfig(target=ckpt.path, output=ckpt.path, text=("x",), init_layer="target")
+    head, _ = build_head(cfg, ckpt, (1, 3, 5), 3, torch.arange(0, ckpt.config.vocab_size, 2))
+    last, fusion, h = ckpt.config.num_layers - 1, head.model.layers[0], ckpt.config.hidden_size
+    torch.testing.assert_close(fusion.mlp.down_proj.weight, ckpt.tensors[f"layers.{last}.mlp.down_proj.weight"].float())
+    torch.testing.assert_close(fusion.self_attn.q_proj.weight[:, h:],
+                               ckpt.tensors[f"layers.{last}.self_attn.q_proj.weight"].float())
