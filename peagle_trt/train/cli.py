@@ -59,6 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--save-dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     t.add_argument("--held-out-every", type=int, default=50,
                    help="--data: hold out every Nth sequence (never trained on) for the learning curve (0: none)")
+    t.add_argument("--train-sequences", type=int, default=None,
+                   help="--data: train on the first N sequences that are not held out (a data-size study)")
     t.add_argument("--eval-every", type=int, default=50,
                    help="held-out per-depth top-1 every N steps (curve.jsonl and curve.png beside the head; 0: never)")
     t.add_argument("--eval-len", type=int, default=512, help="held-out sequences cut to their first N tokens")
@@ -109,5 +111,5 @@ def cmd_train(args: argparse.Namespace) -> dict:
                       save_every=args.save_every, log_every=args.log_every, force=args.force,
                       held_out_every=args.held_out_every, eval_every=args.eval_every, eval_len=args.eval_len,
                       curriculum=args.curriculum, cpu_budget_s=args.cpu_budget_s, init_from=args.init_from,
-                      init_layer=args.init_layer)
+                      init_layer=args.init_layer, train_sequences=args.train_sequences)
     return train(cfg)

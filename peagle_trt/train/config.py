@@ -58,6 +58,7 @@ class TrainConfig:
     device: str = "cpu"
     save_dtype: str = "float32"
     held_out_every: int | None = 50  # --data: sequence i is held out iff i % N == N - 1 (never trained on)
+    train_sequences: int | None = None  # --data: train on the first N non-held-out sequences only
     eval_every: int = 50  # held-out per-depth top-1 every N steps (0: never): the learning curve
     eval_len: int = 512  # held-out sequences cut to their first N tokens
     curriculum: int = 0  # the first N steps train depth 0 only, then every depth
@@ -86,6 +87,8 @@ class TrainConfig:
             raise ConfigError("--segment-tokens must be >= 2 and --max-context >= 1")
         if self.eval_every < 0 or self.curriculum < 0 or (self.held_out_every is not None and self.held_out_every < 0):
             raise ConfigError("--eval-every, --curriculum and --held-out-every must be >= 0")
+        if self.train_sequences is not None and self.train_sequences < 1:
+            raise ConfigError(f"--train-sequences {self.train_sequences}: expected at least 1")
         if self.init_layer not in ("random", "target"):
             raise ConfigError(f"--init-layer {self.init_layer!r}: expected 'random' or 'target'")
         if self.cpu_budget_s is not None and self.cpu_budget_s <= 0:

@@ -97,7 +97,8 @@ def _identity(cfg) -> dict:
     """The config fields a checkpoint must agree with to be resumed."""
     keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
             "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments", "segment_tokens",
-            "max_context", "freeze_embeddings", "fc_norm", "held_out_every", "curriculum", "init_layer")
+            "max_context", "freeze_embeddings", "fc_norm", "held_out_every", "curriculum", "init_layer",
+            "train_sequences")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
 
 
@@ -130,6 +131,7 @@ def run(cfg, progress) -> dict:
         corpus = D.prompt_corpus(target, codec, cfg.data, cfg.regen_max_tokens, cfg.regen_temperature,
                                  cfg.seed, cfg.chat_template, progress, cfg.max_context)
         train_idx, held_idx = C.split(len(corpus.sequences), cfg.held_out_every)
+        train_idx = train_idx[:cfg.train_sequences]  # None: all
         corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
     draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
     head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
@@ -214,6 +216,7 @@ def run(cfg, progress) -> dict:
             "held_out_top1": curve[-1]["top1"] if curve else None,
             "held_out_chain_accepted_k7": curve[-1]["chain_accepted_k7"] if curve else None,
             "draft_vocab": len(draft_ids), "taps": list(taps), "mask_token_id": mask_id,
+            "train_sequences": len(corpus.sequences), "held_out_sequences": len(held.seqs) if held else 0,
             "params_trained": sum(p.numel() for p in params), "train_cpu_s": round(cpu_s, 1),
             "train_s": round(time.perf_counter() - t_start, 1)}
 

@@ -78,6 +78,10 @@ def test_run_writes_its_curve_beside_the_head(tiny, answers, tmp_path):
     assert rows[0]["train_cpu_s"] == 0 and rows[-1]["train_cpu_s"] > 0
     assert rows[-1]["supervised_seen"] > rows[1]["supervised_seen"] > 0
     assert (tmp_path / "head" / "curve.png").stat().st_size > 1000
+    assert result["train_sequences"] == 6 and result["held_out_sequences"] == 2  # 8 answers, every 4th held out
+    small = train(_cfg(tiny, answers, tmp_path / "small", steps=1, eval_every=0, train_sequences=3),
+                  lambda *a, **k: None)
+    assert small["train_sequences"] == 3 and small["held_out_sequences"] == 0
 
 
 def test_cpu_budget_ends_the_run_and_warm_start_continues(tiny, answers, tmp_path):
