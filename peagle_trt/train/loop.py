@@ -166,17 +166,17 @@ def run(cfg, progress) -> dict:
         start, cpu_s, curve = state["step"], state.get("train_cpu_s", 0.0), state.get("curve", [])
         progress(f"resumed from {ckpt_file} at step {start}", final=True)
 
-    def record(step: int, loss: float) -> None:
+    def record(step: int, loss: float | None) -> None:
         top1 = C.evaluate(head, held, mask_id, cfg.depths)
         curve.append({"step": step, "train_cpu_s": round(cpu_s, 1), "wall_s": round(time.perf_counter() - t_start, 1),
-                      "supervised_seen": tokens_seen, "loss": round(loss, 4), "top1": top1,
+                      "supervised_seen": tokens_seen, "loss": None if loss is None else round(loss, 4), "top1": top1,
                       "chain_accepted_k7": C.chain_acceptance(top1, 7)})
         progress(f"held-out top-1 at step {step} ({cpu_s / 60:.1f} CPU min): "
                  + " ".join(f"{a:.3f}" for a in top1), final=True)
 
     history, acc, tokens_seen = [], [], (curve[-1]["supervised_seen"] if curve else 0)
     if held is not None and not curve:
-        record(start, float("nan"))
+        record(start, None)  # before training: no loss yet
     step = start
     t_loop = time.perf_counter()
     while step < cfg.steps and not (cfg.cpu_budget_s and cpu_s >= cfg.cpu_budget_s):
@@ -202,7 +202,7 @@ def run(cfg, progress) -> dict:
         if ckpt_file is not None and (step % cfg.save_every == 0 or step == cfg.steps):
             _save(ckpt_file, cfg, head, opt, gen, step, cpu_s, curve)
     if held is not None and (not curve or curve[-1]["step"] != step):
-        record(step, sum(history[-10:]) / max(1, len(history[-10:])) if history else float("nan"))
+        record(step, sum(history[-10:]) / max(1, len(history[-10:])) if history else None)
     if ckpt_file is not None:
         _save(ckpt_file, cfg, head, opt, gen, step, cpu_s, curve)
     cache.save()
