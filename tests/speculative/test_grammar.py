@@ -148,6 +148,27 @@ def test_batch_mix_of_constrained_and_free_requests_under_preemption(tiny, gramm
     assert sched.blocks.stats.preemptions > 0
 
 
+def test_a_failed_batch_step_rolls_the_matchers_back(tiny, grammars, oracle):
+    """A fault in drafting, after the verify committed tokens and advanced the matchers: the
+    scheduler undoes the step and retries each request alone; the constrained ones end exact."""
+    from tests.faults.test_requests import FaultyExecutor
+
+    d = decoder(tiny, "peagle", 3, slots=3)
+    sched = Scheduler(d, prefill_chunk=16, grammars=grammars)
+    outputs: dict = {}
+    victim = Request("victim", [7, 8, 9, 10], SamplingParams(max_tokens=20, ignore_eos=True), collect(outputs))
+    faulty = FaultyExecutor(d.ex, "draft_parallel", 3,
+                            lambda: victim.seq.blocks[0][0] if victim in sched.running else None)
+    d.ex = d.proposer.ex = faulty
+    for name in ("tool_get_weather", "regex"):
+        sched.add(Request(name, PROMPT, constrained(name), collect(outputs)))
+    sched.add(victim)
+    sched.run_until_idle()
+    assert outputs["victim"]["reason"] == "error" and faulty.calls >= 3
+    for name in ("tool_get_weather", "regex"):
+        assert outputs[name]["ids"] == oracle(name), name
+
+
 def test_onnxruntime_backend_constrained_speculation_equals_target_only(tiny, grammars):
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.executors.onnxruntime import OrtExecutor
