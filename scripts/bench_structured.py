@@ -1,9 +1,9 @@
 """Structured output with speculation, measured: one prompt at batch 1 through the scheduler
 (`generate`), free vs constrained by a JSON schema (or a regex), speculation vs none, contenders
 alternated round by round in one process. Prints one JSON line per run and a summary: tokens/s,
-acceptance length, the grammar's share of a decode step (fill the bitmasks + apply them), and the
-compile time of the schema (cold: the tokenizer's tables included; cached). One warm-up run per
-contender first.
+acceptance length, the grammar's share of a decode step (fill the bitmasks + apply them), the
+masks of one step at batch 8 x (K + 1) rows, and the compile time of the schema (cold: the
+tokenizer's tables included; cached). One warm-up run per contender first.
 
     python scripts/bench_structured.py --target DIR --drafter DIR [--schema FILE | --regex R]
         [--prompt TEXT] [--raw] [--k 3] [--max-tokens 64] [--rounds 2]
@@ -43,6 +43,31 @@ class Timed:
             self.total += time.perf_counter() - t0
 
 
+def batch_masks(compiled, codec, k: int, batch: int = 8, repeats: int = 20) -> dict:
+    """Median time of one verify step's masks at `batch` constrained requests x (k + 1) rows, from
+    the grammar's start (each request's drafts: the first k tokens of '{"'... as far as valid)."""
+    import torch
+
+    from peagle_trt.speculative.grammar import GrammarState, _xgr
+
+    vocab = compiled.tokenizer_info.vocab_size
+    states = [GrammarState(compiled, frozenset(codec.eos_ids)) for _ in range(batch)]
+    drafts = codec.tok.encode('{"city": "Paris", "unit": "celsius"}', add_special_tokens=False)[:k]
+    logits = torch.randn(batch, k + 1, vocab)
+    fill, apply = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        bitmask = _xgr().allocate_token_bitmask(batch * (k + 1), vocab)
+        for i, state in enumerate(states):
+            state.fill(drafts, bitmask, i * (k + 1))
+        t1 = time.perf_counter()
+        decoder_mod.apply_masks(logits, bitmask.view(batch, k + 1, -1))
+        fill.append(t1 - t0)
+        apply.append(time.perf_counter() - t1)
+    return {"batch": batch, "rows": batch * (k + 1), "fill_ms": round(1e3 * statistics.median(fill), 3),
+            "apply_ms": round(1e3 * statistics.median(apply), 3)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--target", type=Path, required=True)
@@ -72,6 +97,7 @@ def main() -> None:
     warm = time.perf_counter() - t0
     print(json.dumps({"compile_cold_s": round(cold, 4), "compile_cached_s": round(cached, 6),
                       "compile_second_schema_s": round(warm, 4)}))
+    print(json.dumps(batch_masks(grammars.compile(structured).result(), codec, args.k)))
     decoders = {}
     for mode in ("none", args.mode):
         spec = SpecConfig(mode, args.k)

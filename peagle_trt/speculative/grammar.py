@@ -28,6 +28,7 @@ import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
+import numpy as np
 import torch
 
 from peagle_trt.config import GRAMMAR_TIMEOUT_S, MAX_GRAMMAR_BYTES, StructuredOutput
@@ -170,15 +171,24 @@ def verify_masks(seqs: list) -> torch.Tensor | None:
 
 
 def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """logits [B, S, V] (S <= the rows R of bitmask [B, R, W]): disallowed tokens -> -inf, in place."""
+    """logits [B, S, V] (S <= the rows R of bitmask [B, R, W]): disallowed tokens -> -inf, in place.
+    On CPU the bits are unpacked by numpy and applied by one masked_fill (xgrammar's CPU kernel
+    writes token by token: measured ~10x slower when most of a 49K vocabulary is masked, as in
+    JSON); elsewhere xgrammar's kernel. tests/speculative/test_grammar.py holds them equal."""
     b, s, v = logits.shape
     if not logits.is_contiguous():
         raise RuntimeInvariantError("the logits are not contiguous: masks would not reach them")
-    mask = bitmask[:, :s].reshape(b * s, -1)
-    rows = (mask != -1).any(dim=-1).nonzero().flatten().tolist()  # constrained rows only
-    if rows:
-        _xgr().apply_token_bitmask_inplace(logits.view(b * s, v), mask.to(logits.device), vocab_size=v,
-                                           indices=rows)
+    mask = bitmask[:, :s].reshape(b * s, -1)  # [B*S, W]
+    constrained = (mask != -1).any(dim=-1)  # [B*S]
+    if not bool(constrained.any()):
+        return
+    if logits.device.type == "cpu":  # bit j of int32 word w is token 32 w + j (little-endian bytes)
+        bits = np.unpackbits(mask.numpy().view(np.uint8), axis=-1, bitorder="little")[:, :v]  # [B*S, V] 0/1
+        with torch.inference_mode():  # the executors' logits may be inference tensors
+            logits.view(b * s, v).masked_fill_(torch.from_numpy(bits.view(np.bool_)).logical_not_(), float("-inf"))
+        return
+    rows = constrained.nonzero().flatten().tolist()
+    _xgr().apply_token_bitmask_inplace(logits.view(b * s, v), mask.to(logits.device), vocab_size=v, indices=rows)
 
 
 def first_token_mask(s, logits: torch.Tensor) -> None:

@@ -324,3 +324,22 @@ def test_rejection_sampling_keeps_the_constrained_distribution(k):
     constrained, unmasked, df = constrained_chi_square(k, runs=1200)
     limit = df + 4 * (2 * df) ** 0.5  # ~4 sigma above the chi-square mean
     assert constrained < limit < unmasked, (constrained, unmasked, df)
+
+
+def test_cpu_mask_application_equals_xgrammars_kernel():
+    """apply_masks unpacks the bitmask itself on CPU: the same -inf entries as xgrammar's kernel,
+    for random masks (rows all allowed included), a vocabulary not a multiple of 32, and rows
+    past S left alone."""
+    from peagle_trt.speculative.grammar import apply_masks
+
+    gen = torch.Generator().manual_seed(0)
+    v = 1000
+    bitmask = xgr.allocate_token_bitmask(6 * 4, v).view(6, 4, -1)  # [B, R, W]
+    bitmask[:, :3] = torch.randint(-2 ** 31, 2 ** 31 - 1, bitmask[:, :3].shape, generator=gen, dtype=torch.int32)
+    bitmask[1] = -1  # a free request
+    logits = torch.randn(6, 3, v, generator=gen)  # S = 3 < R
+    want = logits.clone().view(18, v)
+    xgr.apply_token_bitmask_inplace(want, bitmask[:, :3].reshape(18, -1).contiguous(), vocab_size=v)
+    apply_masks(logits, bitmask)
+    assert torch.equal(logits.view(18, v), want)
+    assert torch.isinf(logits).any() and not torch.isinf(logits[1]).any()
