@@ -5,7 +5,7 @@ model, one full forward per token, the grammar's mask applied to the last row, a
 fed to the matcher. Speculative constrained output must equal it token for token: P-EAGLE and
 EAGLE-3 heads (the P-EAGLE head drafts in a reduced vocabulary, mapped back through d2t), a
 scripted drafter that is right 70% of the time (so drafts are accepted, rejected, invalid under
-the grammar and past its end), K in {1, 3, 7}, plain decoding (K = 0), batches that mix
+the grammar and past its end), K in {1, 3, 7}, adaptive K, plain decoding (K = 0), batches that mix
 constrained and free requests, KV preemption; outputs that end by the grammar validate against
 their schema (jsonschema). Bad grammars fail alone with the library's reason. With T > 0 the
 rejection sampler keeps the constrained distribution (a chi-square check over a Markov target).
@@ -126,6 +126,14 @@ def test_accepted_rejected_and_invalid_drafts_stay_exact(tiny, grammars, oracle,
         check_valid(name, seq.output, tok)
         if len(seq.output) > 4:
             assert seq.stats.accepted > 0, name  # drafts were accepted under the masks
+
+
+def test_adaptive_k_and_a_k_schedule_stay_exact(tiny, grammars, oracle):
+    """K chosen per step (adaptive: K = 0 plain steps and probes included; a schedule by batch)."""
+    for spec in (SpecConfig("peagle", 3, (), True), SpecConfig("peagle", 3, ((1, 1, 2), (2, 8, 0)))):
+        d = decoder(tiny, "peagle", 3, spec=spec)
+        for name in ("tool_get_weather", "regex", "lark"):
+            assert generate(d, PROMPT, constrained(name), grammars=grammars).output == oracle(name), (spec, name)
 
 
 def test_batch_mix_of_constrained_and_free_requests_under_preemption(tiny, grammars, oracle):
