@@ -23,7 +23,7 @@ import time
 import traceback
 from pathlib import Path
 
-from peagle_trt.config import BLOCK_SIZE, SPEC_MODES, SamplingParams, SpecConfig
+from peagle_trt.config import BLOCK_SIZE, GRAMMAR_TIMEOUT_S, MAX_GRAMMAR_BYTES, SPEC_MODES, SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError, PeagleError
 
 
@@ -70,7 +70,26 @@ def resolve_spec(args: argparse.Namespace, purpose: str = "generate") -> SpecCon
 def _sampling(args: argparse.Namespace) -> SamplingParams:
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, ignore_eos=args.ignore_eos,
-                          stop=tuple(args.stop or ()))
+                          stop=tuple(args.stop or ()), structured=_structured(args))
+
+
+def _structured(args: argparse.Namespace):
+    """`generate --json-schema FILE | --regex R | --choice A B .. | --grammar FILE` (one of them)."""
+    from peagle_trt.config import StructuredOutput
+
+    given = {k: v for k, v in (("json", args.json_schema), ("regex", args.regex), ("choice", args.choice),
+                               ("grammar", args.grammar)) if v is not None}
+    if len(given) > 1:
+        raise ConfigError(f"pass at most one of --json-schema, --regex, --choice, --grammar (got {len(given)})")
+    if not given:
+        return None
+    (kind, value), = given.items()
+    if kind in ("json", "grammar"):
+        try:
+            value = Path(value).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read --{'json-schema' if kind == 'json' else 'grammar'} {value}: {exc}") from exc
+    return StructuredOutput.from_dict({kind: value})
 
 
 def _print_piece(piece: str) -> None:
@@ -175,7 +194,8 @@ def cmd_build(args: argparse.Namespace) -> dict:
                     args.prefill_chunk, args.device, args.dtype, args.gpu_arch,
                     str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels,
                     max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes,
-                    kv_blocks=args.kv_blocks, block_size=args.block_size, prefix_caching=not args.no_prefix_caching)
+                    kv_blocks=args.kv_blocks, block_size=args.block_size, prefix_caching=not args.no_prefix_caching,
+                    max_grammar_bytes=args.max_grammar_bytes, grammar_timeout_s=args.grammar_timeout)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantizeOptions
@@ -279,6 +299,10 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-sequence tokens")
     g.add_argument("--no-chat-template", action="store_true", help="send the prompt as raw text")
+    g.add_argument("--json-schema", type=Path, help="structured output: a JSON schema file the output follows")
+    g.add_argument("--regex", help="structured output: a regular expression the output matches")
+    g.add_argument("--choice", nargs="+", help="structured output: the output is exactly one of these strings")
+    g.add_argument("--grammar", type=Path, help="structured output: an EBNF (root ::= ...) or Lark grammar file")
     g.add_argument("--device", default="cpu", help="torch device (default cpu)")
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                    help="weight dtype (default float32)")
@@ -313,6 +337,12 @@ def add_build_parser(sub) -> argparse.ArgumentParser:
                         "(default 16 x --max-seq-len)")
     b.add_argument("--max-stop-bytes", type=int, default=None,
                    help="largest total size of a request's stop strings in bytes (default 1024)")
+    b.add_argument("--max-grammar-bytes", type=int, default=MAX_GRAMMAR_BYTES,
+                   help=f"structured output: largest grammar (JSON schema, regex, EBNF) a request may send, in "
+                        f"bytes (default {MAX_GRAMMAR_BYTES})")
+    b.add_argument("--grammar-timeout", type=float, default=GRAMMAR_TIMEOUT_S,
+                   help=f"structured output: seconds a grammar may take to compile before its request is "
+                        f"refused (default {GRAMMAR_TIMEOUT_S:g})")
     b.add_argument("--kernels", default="reference", choices=["reference", "cuda"],
                    help="torch backend: the custom ops in torch (reference) or on the Triton kernels "
                         "(cuda: needs --device cuda and triton)")

@@ -1,14 +1,16 @@
 """Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`), how to sample
-one request (`SamplingParams`), how the KV cache is paged (`KVLayout`). Each validates itself on
+one request (`SamplingParams`, with its `StructuredOutput`), how the KV cache is paged
+(`KVLayout`). Each validates itself on
 construction. Also the run-time constants several floors share: the custom-op implementations
 (`KERNELS`), the KV block size and the default input byte limits of a served model."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
-from peagle_trt.errors import ConfigError
+from peagle_trt.errors import ConfigError, RequestError
 
 SPEC_MODES = ("none", "eagle3", "peagle")
 # Temperatures below this sample greedily (as vLLM's 1e-5 sampling epsilon). At T = 1e-5 a
@@ -22,6 +24,10 @@ KERNELS = ("reference", "cuda")  # the custom ops: torch references | Triton ker
 # position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
 PROMPT_BYTES_PER_TOKEN = 16
 MAX_STOP_BYTES = 1024
+# Structured output (speculative/grammar.py): the largest grammar a request may send (schema, regex
+# or EBNF text, UTF-8 bytes) and the longest its compile may take before the request is refused.
+MAX_GRAMMAR_BYTES = 65536
+GRAMMAR_TIMEOUT_S = 10.0
 # Positions per KV block. 32, as TensorRT-LLM's tokens_per_block: a verify of K + 1 <= 16 rows and
 # the drafter's K - 1 lookahead rows fit in one or two blocks, a request wastes at most 31
 # positions (0.7% of a 4K context), attention gathers 32-row tiles (the kernels' key tile) and a
@@ -129,6 +135,92 @@ class SpecConfig:
         return k
 
 
+STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Output that must follow a grammar: vLLM's `structured_outputs`, exactly one kind.
+      json         a JSON schema (`spec`: its JSON text; key order kept, properties come out in it)
+      regex        a regular expression the whole output matches
+      choice       exactly one of the strings of `spec` (a tuple)
+      grammar      an EBNF grammar (xgrammar's dialect, `root ::= ...`), or a Lark grammar
+                   (`start: ...`; told apart by `::=`)
+      json_object  any JSON object (`spec` empty)
+    Compiled and enforced by speculative/grammar.py."""
+    kind: str
+    spec: str | tuple[str, ...] = ""
+
+    def __post_init__(self):
+        if self.kind not in STRUCTURED_KINDS:
+            raise RequestError(f"structured output kind {self.kind!r} is not one of {STRUCTURED_KINDS}")
+        if self.kind == "choice":
+            if not isinstance(self.spec, tuple) or not self.spec or \
+                    not all(isinstance(c, str) and c for c in self.spec):
+                raise RequestError(f"structured output `choice` must be a non-empty list of non-empty strings, "
+                                   f"got {list(self.spec) if isinstance(self.spec, tuple) else self.spec!r}")
+        elif self.kind == "json_object":
+            if self.spec:
+                raise RequestError("structured output `json_object` takes no value but true")
+        elif not isinstance(self.spec, str) or not self.spec.strip():
+            raise RequestError(f"structured output `{self.kind}` must be a non-empty string")
+
+    @classmethod
+    def from_dict(cls, value: dict) -> StructuredOutput:
+        """vLLM's `structured_outputs` object ({"json": schema} | {"regex": str} | {"choice": [str]}
+        | {"grammar": str} | {"json_object": true}); RequestError names what is wrong."""
+        if not isinstance(value, dict):
+            raise RequestError(f"structured outputs must be an object with one of {STRUCTURED_KINDS}, "
+                               f"got {type(value).__name__}")
+        given = {k: v for k, v in value.items() if v is not None and v is not False}
+        unknown = sorted(set(given) - set(STRUCTURED_KINDS))
+        if unknown:
+            raise RequestError(f"structured outputs: {unknown} not supported; send exactly one of {STRUCTURED_KINDS}")
+        if len(given) != 1:
+            raise RequestError(f"structured outputs: send exactly one of {STRUCTURED_KINDS}, got {sorted(given)}")
+        (kind, spec), = given.items()
+        if kind == "json":
+            if isinstance(spec, str):
+                try:
+                    spec = json.loads(spec)
+                except ValueError as exc:
+                    raise RequestError(f"structured outputs: the JSON schema is not valid JSON ({exc})") from None
+            if not isinstance(spec, (dict, bool)):
+                raise RequestError(f"structured outputs: a JSON schema must be an object, got {type(spec).__name__}")
+            spec = json.dumps(spec, ensure_ascii=False, separators=(",", ":"))
+        elif kind == "choice":
+            spec = tuple(spec) if isinstance(spec, (list, tuple)) else spec
+        elif kind == "json_object":
+            if spec is not True:
+                raise RequestError(f"structured outputs: json_object must be true, got {spec!r}")
+            spec = ""
+        return cls(kind, spec)
+
+    @classmethod
+    def from_json(cls, text: str) -> StructuredOutput:
+        """The wire form (`to_json`), e.g. the Triton input `structured_output`."""
+        try:
+            value = json.loads(text)
+        except ValueError as exc:
+            raise RequestError(f"structured_output is not valid JSON ({exc})") from None
+        return cls.from_dict(value)
+
+    def to_dict(self) -> dict:
+        if self.kind == "json":
+            return {"json": json.loads(self.spec)}
+        if self.kind == "choice":
+            return {"choice": list(self.spec)}
+        return {self.kind: self.spec if self.kind != "json_object" else True}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), ensure_ascii=False, separators=(",", ":"))
+
+    @property
+    def size(self) -> int:
+        """UTF-8 bytes of the grammar as sent (the compile limit's measure)."""
+        return sum(len(s.encode()) for s in (self.spec if isinstance(self.spec, tuple) else (self.spec,)))
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How to sample one request. `temperature` 0 (or any value below TEMPERATURE_FLOOR, 1e-5)
@@ -141,6 +233,7 @@ class SamplingParams:
     ignore_eos: bool = False
     stop: tuple[str, ...] = ()
     end_ids: tuple[int, ...] = ()  # extra end ids besides the tokenizer's EOS
+    structured: StructuredOutput | None = None  # the output must follow this grammar
 
     def __post_init__(self):
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens <= 0:
@@ -154,6 +247,9 @@ class SamplingParams:
             raise ConfigError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ConfigError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.structured is not None and self.ignore_eos:
+            raise ConfigError("ignore_eos cannot be combined with structured output: the grammar ends the output "
+                              "with an end token; leave ignore_eos out")
 
     @property
     def greedy(self) -> bool:

@@ -35,7 +35,7 @@ from typing import Any
 from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
 from dynamo.common.backend.publisher import PushSource
 
-from peagle_trt.config import SamplingParams
+from peagle_trt.config import SamplingParams, StructuredOutput
 from peagle_trt.dynamo.events import KvEventRelay
 from peagle_trt.dynamo.options import WorkerOptions
 from peagle_trt.errors import ConfigError, RequestError, ServeError
@@ -50,16 +50,37 @@ FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
 
 def sampling(request: dict, default_max_tokens: int) -> SamplingParams:
     """Dynamo's `sampling_options` / `stop_conditions` -> our SamplingParams (stop strings are the
-    frontend's job: it detokenizes, and cancels the request when one appears)."""
+    frontend's job: it detokenizes, and cancels the request when one appears; its
+    `guided_decoding`, from response_format / structured outputs, is our StructuredOutput)."""
     so, sc = request.get("sampling_options") or {}, request.get("stop_conditions") or {}
     temperature = so.get("temperature")
+    guided = {k: v for k, v in (so.get("guided_decoding") or {}).items() if v is not None}
+    extra = sorted(set(guided) - {"json", "regex", "choice", "grammar"})
+    if extra:
+        raise RequestError(f"guided decoding {extra} is not supported by peagle-trt; send one of json, regex, "
+                           "choice, grammar")
     return SamplingParams(max_tokens=sc.get("max_tokens") or default_max_tokens,
                           temperature=1.0 if temperature is None else float(temperature),
                           top_p=float(so.get("top_p") or 1.0), top_k=max(int(so.get("top_k") or 0), 0),
                           seed=so.get("seed"), ignore_eos=bool(sc.get("ignore_eos")),
                           # the frontend's hidden stop ids are the model's EOS ids: they end a request
                           # only when EOS counts
-                          end_ids=() if sc.get("ignore_eos") else tuple(sc.get("stop_token_ids_hidden") or ()))
+                          end_ids=() if sc.get("ignore_eos") else tuple(sc.get("stop_token_ids_hidden") or ()),
+                          structured=StructuredOutput.from_dict(guided) if guided else None)
+
+
+def _compiled(grammars, structured: StructuredOutput) -> None:
+    """Wait for the grammar's compile (cached: the scheduler then finds it done); RequestError when
+    it does not compile, or not within the limit."""
+    from concurrent.futures import TimeoutError as CompileTimeout
+
+    if grammars is None:
+        raise RequestError("this worker has no grammar compiler; send the request without structured output")
+    try:
+        grammars.compile(structured).result(grammars.timeout_s)
+    except CompileTimeout:
+        raise RequestError(f"the grammar did not compile within {grammars.timeout_s:g} s (the server's "
+                           "grammar_timeout_s); simplify it") from None
 
 
 class PeagleEngine(LLMEngine):
@@ -112,6 +133,8 @@ class PeagleEngine(LLMEngine):
             params = sampling(request, max(gen.options.max_seq_len - len(prompt), 1))
         except ConfigError as exc:  # a bad sampling value: the client's mistake, said as such
             raise RequestError(str(exc)) from exc
+        if params.structured is not None:  # a bad grammar is refused before the stream starts
+            await asyncio.to_thread(_compiled, gen.scheduler.grammars, params.structured)
         loop, queue = asyncio.get_running_loop(), asyncio.Queue()
 
         def on_output(out: RequestOutput) -> None:

@@ -23,6 +23,7 @@ from peagle_trt.openai_frontend.protocol import (
     error_body,
     new_id,
     now,
+    refuse_removed_keys,
     validation_message,
 )
 from peagle_trt.serving.client import Chunk
@@ -141,6 +142,7 @@ def create_app(backend: TritonBackend, spec_metrics: str = "summary") -> FastAPI
             return _error(400, f"the request body must be a JSON object, got {type(body).__name__}",
                           "invalid_request_error")
         try:
+            refuse_removed_keys(body)
             req = kind.model_validate(body)
             req.check_unsupported()
         except ValidationError as exc:

@@ -1,10 +1,13 @@
 """OpenAI request bodies (pydantic, unknown fields refused) and the response / error objects.
 
 Supported: `model`, `messages` | `prompt`, `max_tokens` / `max_completion_tokens`, `temperature`,
-`top_p`, `seed`, `stop`, `n` (1 only), `stream`, `stream_options.include_usage`, and the vLLM-style
-extensions `top_k`, `ignore_eos`, `return_token_ids`. OpenAI fields that this server does not
-implement are accepted only at their neutral value (e.g. `presence_penalty=0`, `logprobs=false`)
-and refused otherwise, so a client never gets silently different behaviour. Tested in tests/serving/test_openai.py.
+`top_p`, `seed`, `stop`, `n` (1 only), `stream`, `stream_options.include_usage`,
+`response_format` (text, json_object, json_schema), and the vLLM-style extensions `top_k`,
+`ignore_eos`, `return_token_ids`, `structured_outputs` (exactly one of json, regex, choice,
+grammar, json_object: config.py `StructuredOutput`). vLLM's removed `guided_*` keys are refused
+with their replacement. OpenAI fields that this server does not implement are accepted only at their
+neutral value (e.g. `presence_penalty=0`, `logprobs=false`) and refused otherwise, so a client never
+gets silently different behaviour. Tested in tests/serving/test_openai.py.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from peagle_trt.config import SamplingParams
+from peagle_trt.config import SamplingParams, StructuredOutput
 from peagle_trt.errors import RequestError
 
 __all__ = ["ChatRequest", "CompletionRequest", "ValidationError", "error_body", "new_id"]
@@ -44,6 +47,45 @@ class Message(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
+# vLLM's request keys for structured output before 0.12 (since removed there): refused, not ignored
+REMOVED = {"guided_json": 'structured_outputs: {"json": SCHEMA} or response_format json_schema',
+           "guided_regex": 'structured_outputs: {"regex": PATTERN}',
+           "guided_choice": 'structured_outputs: {"choice": [STRINGS]}',
+           "guided_grammar": 'structured_outputs: {"grammar": EBNF}',
+           "guided_decoding_backend": "nothing: this server compiles grammars with xgrammar; leave it out",
+           "guided_whitespace_pattern": "nothing: JSON comes without free whitespace; leave it out"}
+
+
+def refuse_removed_keys(body: dict) -> None:
+    """RequestError naming the replacement of a removed key, before anything else reads the body."""
+    for key, instead in REMOVED.items():
+        if key in body:
+            raise RequestError(f"{key} was removed (as in vLLM 0.12); send {instead}")
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # the schema is always enforced
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    def structured(self) -> StructuredOutput | None:
+        if self.type == "text":
+            return None
+        if self.type == "json_object":
+            return StructuredOutput("json_object")
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise RequestError("response_format json_schema needs json_schema: {name, schema}")
+        return StructuredOutput.from_dict({"json": self.json_schema.schema_})
+
+
 class _Common(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: str
@@ -58,6 +100,8 @@ class _Common(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False  # extension (vLLM): generate exactly max_tokens
     return_token_ids: bool = False  # extension (vLLM): the generated ids in each choice / chunk
+    response_format: ResponseFormat | None = None
+    structured_outputs: dict | None = None  # extension (vLLM): one of json, regex, choice, grammar, json_object
     user: str | None = None  # accepted, not used
     # OpenAI fields accepted only at their neutral value:
     presence_penalty: float = 0.0
@@ -92,10 +136,17 @@ class _Common(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def structured(self) -> StructuredOutput | None:
+        """The grammar the output must follow: response_format or structured_outputs (not both)."""
+        fmt = self.response_format.structured() if self.response_format is not None else None
+        if fmt is not None and self.structured_outputs is not None:
+            raise RequestError("send response_format or structured_outputs, not both")
+        return StructuredOutput.from_dict(self.structured_outputs) if self.structured_outputs is not None else fmt
+
     def sampling(self, max_tokens: int) -> SamplingParams:
         return SamplingParams(max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p,
                               top_k=max(self.top_k, 0), seed=self.seed, ignore_eos=self.ignore_eos,
-                              stop=self.stop_list)
+                              stop=self.stop_list, structured=self.structured())
 
 
 class ChatRequest(_Common):
@@ -104,7 +155,6 @@ class ChatRequest(_Common):
     top_logprobs: int | None = None
     tools: list | None = None
     tool_choice: Any = None
-    response_format: dict | None = None
 
     def check_unsupported(self) -> None:
         super().check_unsupported()
@@ -112,8 +162,6 @@ class ChatRequest(_Common):
             raise RequestError("top_logprobs is not supported; leave it out")
         if self.tools or self.tool_choice not in (None, "none"):
             raise RequestError("tools / tool_choice are not supported by this server")
-        if self.response_format and self.response_format.get("type") != "text":
-            raise RequestError(f"response_format {self.response_format.get('type')!r} is not supported; only 'text'")
         if self.max_tokens is not None and self.max_completion_tokens is not None \
                 and self.max_tokens != self.max_completion_tokens:
             raise RequestError(f"max_tokens={self.max_tokens} and max_completion_tokens="

@@ -5,7 +5,10 @@ One `step()`:
   1. drop cancelled requests (waiting or running), freeing their KV blocks;
   2. admit waiting requests in order (FIFO; a preempted request first) while the batch has room
      and the head of the queue fits: its cached prefix is reused, and free blocks must hold the
-     rest of its prompt plus one step's lookahead (runtime/blocks.py);
+     rest of its prompt plus one step's lookahead (runtime/blocks.py). A request with structured
+     output waits, out of the queue's order, until its grammar has compiled on the grammar thread
+     (speculative/grammar.py `Grammars`; the others run meanwhile), and is refused with the
+     library's reason when it does not compile, or not within the limit;
   3. reserve, oldest request first, the blocks this step writes; when the pool runs dry the
      NEWEST running request is preempted: its blocks go back, it returns to the head of the
      queue and later recomputes its KV from its tokens (prefix reuse usually finds most of it);
@@ -42,12 +45,14 @@ import operator
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError, RequestError, RuntimeInvariantError
 from peagle_trt.runtime.blocks import BlockManager
 from peagle_trt.speculative.decoder import Sequence, SpecDecoder
+from peagle_trt.speculative.grammar import Grammars
 from peagle_trt.speculative.stats import SpecStats
 
 log = logging.getLogger(__name__)
@@ -77,6 +82,7 @@ class Request:
     seq: Sequence | None = None
     sent: int = 0  # output tokens already reported
     uid: int = -1  # assigned by Scheduler.add, unique per scheduler
+    grammar: Future | None = None  # structured output: the compiled grammar, when done (Scheduler.add)
 
 
 _STAT_COUNTERS = ("steps", "drafted", "target_forwards", "drafter_forwards", "tokens")
@@ -95,6 +101,8 @@ def _save(seq: Sequence) -> tuple:
 def _restore(seq: Sequence, saved: tuple) -> None:
     n, seq.drafts, seq.undrafted, counters, seq.finish_reason, seq.num_computed, seq.cur, rng = saved
     del seq.output[n:]
+    if seq.grammar is not None:
+        seq.grammar.sync(seq.output)
     for name, value in zip(_STAT_COUNTERS, counters):
         setattr(seq.stats, name, value)
     seq.stats.histogram, seq.stats.tries = counters[5], counters[6]
@@ -105,8 +113,8 @@ def _restore(seq: Sequence, saved: tuple) -> None:
 
 class Scheduler:
     def __init__(self, decoder: SpecDecoder, max_batch: int | None = None, prefill_chunk: int = 256,
-                 max_queue: int = 1024, prefix_caching: bool = True):
-        self.decoder = decoder
+                 max_queue: int = 1024, prefix_caching: bool = True, grammars: Grammars | None = None):
+        self.decoder, self.grammars = decoder, grammars  # grammars: structured output (None: refused)
         kv = decoder.ex.kv
         self.max_batch = max_batch or kv.max_batch
         if self.max_batch > kv.max_batch:
@@ -141,6 +149,13 @@ class Scheduler:
                               f"({request.params.max_tokens}) exceeds the maximum sequence length "
                               f"{limit}; shorten the prompt, lower max_tokens or raise the maximum "
                               "(--max-seq-len of generate or build)")
+        structured = request.params.structured
+        if structured is not None:
+            if self.grammars is None:
+                raise RequestError("this server has no grammar compiler (structured output needs the model's "
+                                   "tokenizer); send the request without structured output")
+            request.grammar = self.grammars.compile(structured)  # RequestError: over the size limit
+            request.grammar.add_done_callback(self._wake)
         with self._lock:
             if len(self.waiting) >= self.max_queue:
                 raise RequestError(f"the request queue is full ({self.max_queue}); retry later")
@@ -148,6 +163,10 @@ class Scheduler:
             self.waiting.append(request)
             self.wakeup.notify()
         return request.uid
+
+    def _wake(self, _=None) -> None:
+        with self._lock:
+            self.wakeup.notify()
 
     def cancel(self, uid: int) -> None:
         """Cancel the request `add` returned `uid` for (and no other)."""
@@ -175,6 +194,11 @@ class Scheduler:
     def step(self) -> None:
         self._drop_cancelled()
         self._admit()
+        if not self.running:  # nothing to step: the waiting requests' grammars are compiling
+            with self.wakeup:
+                if self.waiting:
+                    self.wakeup.wait(0.005)  # woken when a compile ends
+            return
         self._reserve()
         self.decoder.batch = len(self.running)  # the K schedule's batch size
         prefilling, decoding = [], []
@@ -245,22 +269,41 @@ class Scheduler:
                 self._finish(r, "error", error=_describe(exc))
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_batch:
-            request = self.waiting[0]
+        while len(self.running) < self.max_batch:
+            request = self._next_waiting()
+            if request is None:
+                return
             try:
-                if request.seq is None:
-                    request.seq = self.decoder.new_sequence(request.prompt, request.params)
+                if request.seq is None:  # its grammar (if any) has compiled: result() does not wait
+                    compiled = request.grammar.result() if request.grammar is not None else None
+                    request.seq = self.decoder.new_sequence(request.prompt, request.params, compiled)
                 admitted = self.blocks.admit(request.seq)
             except Exception as exc:  # only this request cannot start
                 with self._lock:
-                    self.waiting.popleft()
+                    self.waiting.remove(request)
                 self._finish(request, "error", error=_describe(exc))
                 continue
             if not admitted:
                 return  # the head of the queue waits for blocks (FIFO: no overtaking)
             with self._lock:
-                self.waiting.popleft()
+                self.waiting.remove(request)
             self.running.append(request)
+
+    def _next_waiting(self) -> Request | None:
+        """The first waiting request that can start: its grammar compiled (or none). One whose
+        grammar is still compiling past the limit is refused (its compile goes on, cached)."""
+        with self._lock:
+            queued = list(self.waiting)
+        for r in queued:
+            if r.grammar is None or r.grammar.done() or r.seq is not None:
+                return r
+            limit = self.grammars.timeout_s
+            if time.monotonic() - r.arrival > limit:
+                with self._lock:
+                    self.waiting.remove(r)
+                self._finish(r, "error", error=f"RequestError: the grammar did not compile within {limit:g} s "
+                                               "(the server's grammar_timeout_s); simplify it")
+        return None
 
     def _drop_cancelled(self) -> None:
         with self._lock:
@@ -334,7 +377,8 @@ def _asks_to_cancel(r: Request) -> bool:
 
 
 def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
-             on_tokens: Callable[[list[int]], bool | None] | None = None, prefill_chunk: int = 256) -> Sequence:
+             on_tokens: Callable[[list[int]], bool | None] | None = None, prefill_chunk: int = 256,
+             grammars: Grammars | None = None) -> Sequence:
     """One request through the in-flight scheduler, stepped to completion on the calling thread.
     `on_tokens` gets each step's new ids and returns True to end the request there (a stop
     string was seen). Raises RequestError when the request can never fit (nothing runs) and
@@ -347,7 +391,7 @@ def generate(decoder: SpecDecoder, prompt: list[int], params: SamplingParams,
         return bool(on_tokens(out.new_token_ids)) if on_tokens and out.new_token_ids else False
 
     request = Request("local", list(prompt), params, on_output)
-    scheduler = Scheduler(decoder, max_batch=1, prefill_chunk=prefill_chunk)
+    scheduler = Scheduler(decoder, max_batch=1, prefill_chunk=prefill_chunk, grammars=grammars)
     scheduler.add(request)
     scheduler.run_until_idle()
     if errors:

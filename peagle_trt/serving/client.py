@@ -43,6 +43,8 @@ def build_inputs(prompt: str, params: SamplingParams, stream: bool = True, chat_
         inputs.append(tensor("seed", [params.seed], np.int64, "INT64"))
     if params.stop:
         inputs.append(tensor("stop", [s.encode() for s in params.stop], np.object_, "BYTES"))
+    if params.structured is not None:
+        inputs.append(tensor("structured_output", [params.structured.to_json().encode()], np.object_, "BYTES"))
     return inputs
 
 

@@ -11,7 +11,9 @@ strings per request. Every generate path runs it, so they all run the code that 
 config.pbtxt carries (`RepositoryOptions` + `ArtifactPaths` of peagle_trt/serving/options.py,
 torch backend), so both constructors are one (`from_options`).
 Requests are refused before any tokenization when their prompt or stop strings exceed the byte
-limits (`InputLimits`); text work per streamed piece is bounded (`TextStream`). `submit` returns
+limits (`InputLimits`); structured output (`SamplingParams.structured`) compiles on the grammar
+thread of the scheduler's `Grammars` (the model's tokenizer and vocabulary, the repository's
+max_grammar_bytes / grammar_timeout_s); text work per streamed piece is bounded (`TextStream`). `submit` returns
 the scheduler's uid of the request: the only handle `cancel` accepts (client ids may collide).
 A request whose step fails gets a final event with finish_reason "error"; the others continue.
 Tested by tests/serving/ (through tritonserver), tests/e2e/test_cli.py (in-process) and
@@ -39,6 +41,7 @@ from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
 from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions
 from peagle_trt.serving.protocol import InputLimits, generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.grammar import Grammars
 from peagle_trt.tokenizer import TextCodec
 
 log = logging.getLogger(__name__)
@@ -137,9 +140,12 @@ class TextGenerator:
         executor = make_executor(options, paths, version)
         target_dir = version / paths.target
         codec = TextCodec(target_dir)
-        eos = tuple(sorted(set(codec.eos_ids) | set(load_target_config(target_dir).eos_token_ids)))
+        config = load_target_config(target_dir)
+        eos = tuple(sorted(set(codec.eos_ids) | set(config.eos_token_ids)))
         decoder = SpecDecoder(executor, spec, eos)
-        scheduler = Scheduler(decoder, options.max_batch, options.prefill_chunk, prefix_caching=options.prefix_caching)
+        grammars = Grammars(codec.tok, config.vocab_size, options.max_grammar_bytes, options.grammar_timeout_s)
+        scheduler = Scheduler(decoder, options.max_batch, options.prefill_chunk, prefix_caching=options.prefix_caching,
+                              grammars=grammars)
         return cls(codec, scheduler, options)
 
     # -- requests ------------------------------------------------------------------------------

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from peagle_trt.config import (
     BLOCK_SIZE,
+    GRAMMAR_TIMEOUT_S,
     KERNELS,
+    MAX_GRAMMAR_BYTES,
     MAX_STOP_BYTES,
     PREFILL_CHUNK,
     PROMPT_BYTES_PER_TOKEN,
@@ -50,6 +52,8 @@ class RepositoryOptions:
     kv_blocks: int = 0  # KV blocks (full-attention layers and drafter); 0: max_batch full-length requests
     block_size: int = BLOCK_SIZE  # positions per KV block
     prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (runtime/blocks.py)
+    max_grammar_bytes: int = MAX_GRAMMAR_BYTES  # structured output: largest grammar a request may send
+    grammar_timeout_s: float = GRAMMAR_TIMEOUT_S  # structured output: longest compile before a refusal
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -69,6 +73,9 @@ class RepositoryOptions:
                 (self.max_stop_bytes is not None and self.max_stop_bytes < 0):
             raise BuildError(f"max_prompt_bytes must be >= 1 and max_stop_bytes >= 0, got "
                              f"{self.max_prompt_bytes}, {self.max_stop_bytes}")
+        if self.max_grammar_bytes < 1 or not self.grammar_timeout_s > 0:
+            raise BuildError(f"max_grammar_bytes and grammar_timeout_s must be positive, got "
+                             f"{self.max_grammar_bytes}, {self.grammar_timeout_s}")
 
     def input_limits(self) -> dict[str, int]:
         """The byte limits the served model enforces (config.pbtxt parameters)."""
@@ -145,8 +152,14 @@ def from_parameters(params: Mapping[str, str],
             continue  # an older repository without the key: the option's default
         if f.name in _OPTIONAL_INTS:
             values[f.name] = integer(f.name) if params[f.name] else None
-        elif f.name in ("max_batch", "max_seq_len", "prefill_chunk", "kv_blocks", "block_size"):
+        elif f.name in ("max_batch", "max_seq_len", "prefill_chunk", "kv_blocks", "block_size", "max_grammar_bytes"):
             values[f.name] = integer(f.name)
+        elif f.name == "grammar_timeout_s":
+            try:
+                values[f.name] = float(params[f.name])
+            except ValueError:
+                raise ConfigError(f"config.pbtxt parameter {f.name!r} must be a number, got "
+                                  f"{params[f.name]!r}") from None
         elif f.name == "prefix_caching":
             values[f.name] = params[f.name] == "True"
         else:

@@ -1,7 +1,10 @@
 """The wire contract of the `peagle` Triton model, shared by the model, the clients and the CLI:
-its inputs and their size limits, the statistics its final response carries, and the one JSON
-shape of a generated request (`generate --target`, `--repo` and `--url` print the same keys in
-the same order). Light on purpose: clients import it without torch."""
+its inputs and their size limits (`structured_output`: one JSON string, vLLM's
+`structured_outputs` object, e.g. {"json": SCHEMA}, {"regex": "..."}, {"choice": [...]},
+{"grammar": "..."} or {"json_object": true}; config.py `StructuredOutput`), the statistics its
+final response carries, and the one JSON shape of a generated request (`generate --target`, `--repo`
+and `--url` print the same keys in the same order). Light on purpose: clients import it without
+torch."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ from peagle_trt.config import MAX_STOP_BYTES, PROMPT_BYTES_PER_TOKEN
 from peagle_trt.errors import ConfigError, RequestError
 
 INPUTS = ("text_input", "max_tokens", "stream", "temperature", "top_p", "top_k", "seed", "stop", "end_id",
-          "ignore_eos", "exclude_input_in_output", "apply_chat_template")
+          "ignore_eos", "exclude_input_in_output", "apply_chat_template", "structured_output")
 
 # the final response's statistics: output name -> (key of the generator's final stats, numpy dtype)
 FINAL_OUTPUTS = {"prompt_tokens": ("prompt_tokens", np.int32), "spec_mode": ("spec_mode", np.object_),

@@ -4,10 +4,10 @@ request's response sender. Its settings come typed from config.pbtxt (serving/op
 
 Inputs follow the TensorRT-LLM / vLLM Triton backends (`text_input`, `max_tokens`, `stream`,
 `temperature`, `top_p`, `top_k`, `seed`, `stop`, `end_id`, `ignore_eos`, `exclude_input_in_output`,
-plus `apply_chat_template`). Each response's `text_output` / `output_ids` hold only the NEW text
-and tokens, so concatenating the responses gives the whole output; the final response also
-carries `finish_reason`, `prompt_tokens` and the request's acceptance statistics
-(serving/protocol.py FINAL_OUTPUTS).
+plus `apply_chat_template` and `structured_output`: serving/protocol.py). Each response's
+`text_output` / `output_ids` hold only the NEW text and tokens, so concatenating the responses gives
+the whole output; the final response also carries `finish_reason`, `prompt_tokens` and the request's
+acceptance statistics (serving/protocol.py FINAL_OUTPUTS).
 Bad requests get an error response of their own; other streams are not disturbed: oversized
 prompts and stop strings are refused from their byte counts before decoding or tokenizing, a
 request whose step fails ends with an error response, and a client cancels only its own request
@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from peagle_trt.config import SamplingParams
+from peagle_trt.config import SamplingParams, StructuredOutput
 from peagle_trt.errors import PeagleError, RequestError
 from peagle_trt.serving.generator import Event, TextGenerator
 from peagle_trt.serving.options import from_parameters
@@ -77,6 +77,7 @@ def parse_request(pb_utils, request, limits: InputLimits) -> tuple[str, Sampling
     limits.check_stop(raw_stop)
     stop = tuple(_text(s, "stop") for s in raw_stop)
     end_id = _scalar(pb_utils, request, "end_id", None)
+    structured = _scalar(pb_utils, request, "structured_output", None)
     params = SamplingParams(
         max_tokens=int(_scalar(pb_utils, request, "max_tokens", 64)),
         temperature=float(_scalar(pb_utils, request, "temperature", 0.0)),
@@ -84,7 +85,8 @@ def parse_request(pb_utils, request, limits: InputLimits) -> tuple[str, Sampling
         top_k=int(_scalar(pb_utils, request, "top_k", 0)),
         seed=_scalar(pb_utils, request, "seed", None),
         ignore_eos=bool(_scalar(pb_utils, request, "ignore_eos", False)),
-        stop=stop, end_ids=(int(end_id),) if end_id is not None else ())
+        stop=stop, end_ids=(int(end_id),) if end_id is not None else (),
+        structured=StructuredOutput.from_json(_text(structured, "structured_output")) if structured else None)
     options = {"stream": bool(_scalar(pb_utils, request, "stream", False)),
                "echo_prompt": not bool(_scalar(pb_utils, request, "exclude_input_in_output", True)),
                "chat_template": bool(_scalar(pb_utils, request, "apply_chat_template", False))}
@@ -177,7 +179,9 @@ class TritonPythonModel:
     def _respond(self, sender, options: dict, state: dict, event: Event) -> None:
         pb = self.pb
         if event.error is not None:  # this request's step failed: an error response ends it
-            response = pb.InferenceResponse(error=pb.TritonError(f"the request failed: {event.error}"))
+            bad_input = event.error.removeprefix("RequestError: ")  # e.g. a grammar that does not compile
+            message = bad_input if bad_input != event.error else f"the request failed: {event.error}"
+            response = pb.InferenceResponse(error=pb.TritonError(message))
             self._outbox.put((sender, response, pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL, event))
             return
         if not options["stream"]:  # one response at the end (HTTP /generate)

@@ -9,6 +9,9 @@ sequences with fewer drafts are padding (position -1). With k = 0 the step is pl
 target row, one token; the drafter then gets that step's rows later (`Sequence.undrafted`).
 Greedy output equals the target's own greedy output token for token; sampled output has the
 target's distribution (speculative/verify.py). Requests may join (prefill) and leave between steps.
+A constrained request (structured output) carries a grammar matcher: its verify rows are masked
+with the grammar state after its committed tokens plus the drafts before each row, drafts that
+could never be accepted are not verified (speculative/grammar.py).
 The hot path keeps the batch in tensors: verification is one argmax/compare over [B, K+1] and the
 drafter gets the verify outputs as they are (`DraftBatch`), with no per-sequence tensor work.
 """
@@ -26,6 +29,7 @@ from peagle_trt.errors import ConfigError
 from peagle_trt.speculative.draft_length import DraftLengths
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
+from peagle_trt.speculative.grammar import GrammarState, apply_masks, first_token_mask, verify_masks
 from peagle_trt.speculative.sampling import make_generator
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.verify import verify
@@ -50,6 +54,7 @@ class Sequence:
     # rows the drafter has not seen after k = 0 steps: (tokens, their target taps as [n_i, A]
     # chunks); replaced, never mutated
     undrafted: tuple = ()
+    grammar: GrammarState | None = None  # structured output: the matcher at `output`
 
     @property
     def prefill_len(self) -> int:
@@ -99,7 +104,8 @@ class SpecDecoder:
         # headroom: a verify writes K+1 positions past the last committed one
         self.max_seq_len = executor.kv.max_len - (self.k + 1)
 
-    def new_sequence(self, prompt: list[int], params: SamplingParams) -> Sequence:
+    def new_sequence(self, prompt: list[int], params: SamplingParams, compiled=None) -> Sequence:
+        """`compiled`: the request's compiled grammar (speculative/grammar.py Grammars), None when free."""
         if not prompt:
             raise ConfigError("the prompt is empty; send at least one token")
         if len(prompt) >= self.max_seq_len:
@@ -108,7 +114,8 @@ class SpecDecoder:
                               "(--max-seq-len of generate or build)")
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
         stop_ids = frozenset() if params.ignore_eos else frozenset(self.eos_ids) | frozenset(params.end_ids)
-        return Sequence(list(prompt), params, generator, stats=SpecStats(self.k), stop_ids=stop_ids)
+        state = None if compiled is None else GrammarState(compiled, stop_ids)
+        return Sequence(list(prompt), params, generator, stats=SpecStats(self.k), stop_ids=stop_ids, grammar=state)
 
     def tables(self, seqs: list[Sequence]) -> torch.Tensor:
         """Block tables [G, B, M] int64 of `seqs` (-1: no block)."""
@@ -141,6 +148,8 @@ class SpecDecoder:
             if b < s.prefill_len or s.output:  # more to prefill, or resuming: the next token is known
                 pending.append(s.prefill_ids(a + 1, b + 1))
                 continue
+            if s.grammar is not None:
+                first_token_mask(s, logits[i])
             first = verify([], logits[i], s.params, s.generator)  # one sampled token, no drafts
             pending.append(s.prompt[a + 1:] + first)
             self._commit(s, first)
@@ -159,6 +168,8 @@ class SpecDecoder:
             return
         t0 = time.perf_counter()  # the verify's cost for the adaptive rule: this step up to its drafting
         ex, dev = self.ex, self.ex.device
+        allowed = verify_masks(seqs)  # [B, k+1, W] token bitmasks of constrained requests (their drafts
+        # past an invalid one or the grammar's end dropped); None: no request constrained
         ks = [len(s.drafts) for s in seqs]
         k = max(ks)
         # 1. verify: rows [last generated, d_1..d_k] at positions cur..cur+k, one target forward
@@ -170,6 +181,8 @@ class SpecDecoder:
             positions = torch.where(j <= ints(ks, dev)[:, None], positions, -1)
         tables = self.tables(seqs)  # [G, B, M]
         logits, aux = ex.target(tokens, positions, tables)  # [B, k+1, V], [B, k+1, A]
+        if allowed is not None:
+            apply_masks(logits, allowed)  # disallowed tokens -> -inf (greedy and sampled alike)
         # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
         target_ids = argmax(logits)  # [B, k+1]
         match = tokens[:, 1:] == target_ids[:, :k]
@@ -268,6 +281,10 @@ class SpecDecoder:
             emitted, s.finish_reason = emitted[:stop_at + 1], "stop"
         elif len(emitted) >= room:
             emitted, s.finish_reason = emitted[:room], "length"
+        if s.grammar is not None:  # committed tokens advance the matcher; its end token ends the request
+            end = s.grammar.advance(emitted)
+            if end is not None:
+                emitted, s.finish_reason = emitted[:end], "stop"
         s.output += emitted
         s.stats.tokens += len(emitted)
         s.cur = s.num_computed = len(s.prompt) + len(s.output) - 1

@@ -116,3 +116,23 @@ def test_missing_checkpoint_directory_is_a_clear_error(tmp_path, capsys):
     code, _, result = run_cli(capsys, "generate", "--target", str(tmp_path / "nope"), "--drafter",
                               str(tmp_path / "nope2"), "--prompt", "x")
     assert code == 2 and result["error_type"] == "CheckpointError" and "no such checkpoint directory" in result["error"]
+
+
+def test_generate_structured_output_flags(tiny, capsys, tmp_path):
+    """--json-schema / --regex / --choice: P-EAGLE equals target-only, and the output follows."""
+    import re
+
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+                                  "additionalProperties": False}))
+    base = ["generate", "--target", str(tiny["llama"]), "--drafter", str(tiny["aws"]), "--prompt", "Answer",
+            "--max-tokens", "16", "--backend", "torch"]
+    for flags, check in [(["--json-schema", str(schema)], lambda t: json.loads(t)["ok"] in (True, False)),
+                         (["--regex", "[0-9]{2}-[a-z]{2}"], lambda t: re.fullmatch("[0-9]{2}-[a-z]{2}", t)),
+                         (["--choice", "yes", "no way"], lambda t: t in ("yes", "no way"))]:
+        _, _, spec = run_cli(capsys, *base, *flags, "--spec-mode", "peagle", "--num-spec-tokens", "3")
+        _, _, plain = run_cli(capsys, *base, *flags, "--spec-mode", "none")
+        assert spec["token_ids"] == plain["token_ids"] and spec["finish_reason"] == "stop", flags
+        assert check(spec["text"]), (flags, spec["text"])
+    assert main([*base, "--regex", "a", "--choice", "a"]) != 0
+    assert "at most one of --json-schema" in capsys.readouterr().err

@@ -159,6 +159,52 @@ def test_openai_client_raises_its_typed_errors(client):
         client.completions.create(model="missing", prompt="x")
 
 
+WEATHER = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}, "days": {"enum": [1, 2, 3]}},
+           "required": ["unit", "days"], "additionalProperties": False}
+
+
+def test_response_format_json_schema_equals_constrained_target_only(server, client):
+    """Structured output through the OpenAI SDK (P-EAGLE) equals the constrained target alone
+    (`peagle_none`, the same target) and the gRPC path's `structured_output`, and validates."""
+    import jsonschema
+
+    from peagle_trt.config import StructuredOutput
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER, "strict": True}}
+    messages = [{"role": "user", "content": "The weather in Paris, as JSON"}]
+    out = {model: client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=0,
+                                                 response_format=fmt, extra_body={"return_token_ids": True})
+           for model in ("peagle", "peagle_none")}
+    spec, plain = (out[m].choices[0] for m in ("peagle", "peagle_none"))
+    assert spec.model_extra["token_ids"] == plain.model_extra["token_ids"]
+    assert spec.finish_reason == "stop"  # ended by the grammar
+    jsonschema.validate(json.loads(spec.message.content), WEATHER)
+    ref = grpc(server, messages[0]["content"], chat=True, max_tokens=40, ignore_eos=False,
+               structured=StructuredOutput.from_dict({"json": WEATHER}))
+    assert ref["token_ids"] == spec.model_extra["token_ids"]
+    choice = client.completions.create(model="peagle", prompt="Pick one:", max_tokens=10, temperature=0,
+                                       extra_body={"structured_outputs": {"choice": ["red", "green", "blue"]}})
+    assert choice.choices[0].text in ("red", "green", "blue")
+
+
+def test_structured_output_bad_input_is_a_400_with_the_reason(frontend, client):
+    chat = {"model": "peagle", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+    bad = {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "objekt"}}}}
+    with pytest.raises(openai.BadRequestError, match="invalid JSON schema: Unsupported type"):
+        client.chat.completions.create(**chat, extra_body=bad)
+    with httpx.Client(base_url=frontend.url, timeout=60) as http:
+        for extra, what in [({"guided_json": WEATHER}, "guided_json was removed"),
+                            ({"structured_outputs": {"choice": ["", ""]}}, "non-empty strings"),
+                            ({"structured_outputs": {"regex": "[a-"}}, "invalid regex: Regex parsing error"),
+                            ({"structured_outputs": {"json": {"$ref": "#"}}}, "no finite JSON value"),
+                            ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos")]:
+            r = http.post("/chat/completions", json={**chat, **extra})
+            assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+            assert what in r.json()["error"]["message"], r.text
+    good = client.chat.completions.create(**chat, temperature=0, response_format={"type": "json_object"})
+    assert good.choices[0].finish_reason in ("stop", "length")  # the server goes on
+
+
 def test_disconnect_mid_stream_cancels_the_triton_request(server, frontend):
     def settle(name: str) -> float:
         deadline = time.time() + 20
