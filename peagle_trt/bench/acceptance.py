@@ -79,21 +79,24 @@ def model_name(method: str, k: int) -> str:
     return f"{method}_k{k}"
 
 
-def build_all(args, pair: Path, configs: list[tuple[str, int]], root: Path) -> None:
-    """One repository holding one model per configuration."""
-    if root.exists():
-        shutil.rmtree(root)
+def build_all(root: Path, target: Path, drafters: dict, configs: list[tuple[str, int]], **options) -> None:
+    """One repository at `root` holding one model per configuration (METHOD_kK; drafters: method ->
+    head directory), each built with RepositoryOptions(spec, **options)."""
+    shutil.rmtree(root, ignore_errors=True)
     root.mkdir(parents=True)
     for method, k in configs:
-        drafter = {"none": None, "peagle": pair / "drafter-peagle", "eagle3": pair / "drafter-eagle3"}[method]
         spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
         side = root.parent / f".{root.name}-{model_name(method, k)}"
         with contextlib.redirect_stdout(sys.stderr):
-            options = RepositoryOptions(spec, model_name=model_name(method, k), backend=args.backend,
-                                        max_batch=8, max_seq_len=args.prompt_tokens + args.max_tokens + 16)
-            build_repository(pair, drafter, side, options, force=True)
+            build_repository(target, drafters.get(method), side,
+                             RepositoryOptions(spec, model_name=model_name(method, k), **options), force=True)
         shutil.move(str(side / model_name(method, k)), str(root / model_name(method, k)))
         shutil.rmtree(side)
+
+
+def build_pair(args, configs: list[tuple[str, int]], root: Path) -> None:
+    build_all(root, args.pair, {m: args.pair / f"drafter-{m}" for m in ("peagle", "eagle3")}, configs,
+              backend=args.backend, max_batch=8, max_seq_len=args.prompt_tokens + args.max_tokens + 16)
 
 
 def batch1_row(results: list[dict], walls: list[float], k: int) -> dict:
@@ -135,7 +138,7 @@ def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts
     """Batch-1 timing with every configuration in ONE server, the passes alternated (--timing-repeats
     rounds), so a load spike hits all alike; the median pass per configuration."""
     root = args.workdir / "repo-interleaved"
-    build_all(args, pair, configs, root)
+    build_pair(args, configs, root)
     serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
                          log_path=args.workdir / "tritonserver-interleaved.log")
     sub, greedy, results = prompts[:args.timing_prompts], SamplingParams(max_tokens=args.max_tokens), {}
@@ -167,7 +170,7 @@ def served_rows(args, configs: list[tuple[str, int]], prompts: list[str]) -> lis
     rows = []
     for method, k in configs:
         root = args.workdir / f"repo-{model_name(method, k)}"
-        build_all(args, args.pair, [(method, k)], root)
+        build_pair(args, [(method, k)], root)
         serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
                           log_path=args.workdir / f"tritonserver-{model_name(method, k)}.log")
         progress(f"[bench] {method} K={k} ...")
@@ -203,10 +206,6 @@ def draw(rows: list[dict]):
         ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length",
                 title=f"HumanEval ({rows[0]['greedy'].get('prompts', 164)} prompts)")
         ax2.set(xlabel="K (draft tokens per step)", ylabel="output tokens/s (CPU, served)", title="Wall-clock")
-        for ax in (ax1, ax2):
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
         return fig
 
     return drawing

@@ -122,9 +122,6 @@ def drawing(rows: list[dict], key: str, label: str):
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)
         ax.set_title(f"{label} vs concurrency (AIPerf, OpenAI endpoint)", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
         return fig
 
     return draw

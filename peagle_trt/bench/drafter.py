@@ -3,129 +3,37 @@ P-EAGLE's one parallel forward (ParallelDrafter -> TorchExecutor.draft_parallel:
 rows + K-1 mask rows, lm_head on the K sampled rows) against EAGLE-3's K sequential forwards
 (SequentialDrafter), both through the real drafting classes on an executor holding only the drafter,
 after a --context prefill, alternated per K. Heads: `tiny` and `gpt-oss-20b-peagle` (random weights
-of the GPT-OSS-20B P-EAGLE shape; intermediate size and rope ASSUMED, see HEADS). Also the head's
+of the GPT-OSS-20B P-EAGLE shape; intermediate size and rope ASSUMED: bench/gpu.py, HEADS). Also the head's
 lm_head matmul alone by row count (the CPU BLAS kernel changes with M). ~1.5 min, ~6.5 GB RSS.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-from dataclasses import asdict
-from types import SimpleNamespace
 
 import torch
 
+from peagle_trt.bench.gpu import ASSUMED, HEADS, DrafterOnlyExecutor, build_head, draft_batch
 from peagle_trt.bench.harness import CpuShare, Figure, alternate, finish, progress, summary, table
-from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.executors.torch import TorchExecutor
-from peagle_trt.models.drafter import DrafterModel
-from peagle_trt.models.rope import RopeConfig, inv_freq
-from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter
+from peagle_trt.speculative.drafting import ParallelDrafter, SequentialDrafter
 
 PENDING = 3  # a = 2 accepted drafts + the bonus token
-
-HEADS = {
-    "tiny": dict(
-        config=dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
-                    intermediate_size=128, vocab_size=512, draft_vocab_size=384, target_hidden_size=64,
-                    rope=RopeConfig()),
-        repeats=300, warmup=10, assumed=[]),
-    "gpt-oss-20b-peagle": dict(
-        config=dict(hidden_size=2880, num_layers=4, num_heads=64, num_kv_heads=8, head_dim=64,
-                    intermediate_size=2880, vocab_size=201088, draft_vocab_size=201088,
-                    target_hidden_size=2880,
-                    rope=RopeConfig(theta=150000.0, rope_type="llama3",
-                                    params={"factor": 32.0, "low_freq_factor": 1.0,
-                                            "high_freq_factor": 4.0,
-                                            "original_max_position_embeddings": 4096},
-                                    max_position_embeddings=131072)),
-        repeats=7, warmup=2,
-        assumed=["intermediate_size=2880",
-                 "rope llama3 theta=150000 factor=32 low_freq_factor=1 high_freq_factor=4 "
-                 "original_max_position_embeddings=4096",
-                 "num_layers=4 (random weights, not the trained head)"]),
-}
-
-
-def build_head(name: str, seed: int = 0) -> DrafterModel:
-    """A P-EAGLE head with random fp32 weights: built on meta, then materialized in place."""
-    spec = HEADS[name]["config"]
-    config = DrafterConfig(layout="aws", rms_norm_eps=1e-5, has_mask_hidden=True,
-                           mask_token_id=spec["vocab_size"] - 1, **spec)
-    with torch.device("meta"):
-        model = DrafterModel(config)
-    model = model.to_empty(device="cpu")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 1:  # RMSNorm weights
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02, generator=gen)
-        model.d2t = torch.zeros(config.draft_vocab_size, dtype=torch.long)
-        model.mask_hidden = torch.empty(1, 1, config.num_aux * config.target_hidden_size).normal_(
-            0.0, 1.0, generator=gen)
-        model.inv_freq = inv_freq(config.rope, config.head_dim)[0]
-        model.h_mask = model.project(model.mask_hidden).reshape(-1)
-    return model.eval()
-
-
-def prefill(model: DrafterModel, cache, context: int, gen: torch.Generator) -> None:
-    """Write `context` positions of K/V into slot 0 with one forward (rows of random input)."""
-    c = model.config
-    tokens = torch.randint(0, c.vocab_size - 1, (1, context), generator=gen)
-    hidden = torch.randn(1, context, c.hidden_size, generator=gen)
-    positions = torch.arange(context)[None]
-    model(tokens, hidden, positions, torch.zeros(1, dtype=torch.long), cache)
-
-
-class DrafterOnlyExecutor:
-    """TorchExecutor's drafting methods over a drafter and its cache, without a target model."""
-
-    draft_parallel = TorchExecutor.draft_parallel
-    drafter = TorchExecutor.drafter
-    project = TorchExecutor.project
-    to_target_ids = TorchExecutor.to_target_ids
-
-    def __init__(self, model: DrafterModel, cache):
-        self.drafter_model, self.drafter_cache = model, cache
-        self.mask_token_id = model.config.mask_token_id
-        self.device = model.fc.weight.device
-        self._ops = contextlib.nullcontext  # the custom ops on their torch references
-
-
-def make_steps(model: DrafterModel, cache, context: int, gen: torch.Generator):
-    """Closures running one drafting step of K tokens in each mode; both return [1, K] target ids."""
-    c = model.config
-    ex = DrafterOnlyExecutor(model, cache)
-    seq = SimpleNamespace(stats=SimpleNamespace(drafter_forwards=0))
-    batch = DraftBatch(
-        seqs=[seq],
-        tokens=torch.randint(0, c.vocab_size - 1, (1, PENDING), generator=gen),
-        aux=torch.randn(1, PENDING, c.num_aux * c.target_hidden_size, generator=gen),
-        num_pending=torch.tensor([PENDING]),
-        cur=torch.tensor([context]),  # pending rows at cur-n .. cur-1
-        tables=torch.zeros(1, dtype=torch.long))  # a static cache: sequence 0
-    parallel, sequential = ParallelDrafter(ex), SequentialDrafter(ex)
-    return (lambda k: parallel.propose(batch, k)), (lambda k: sequential.propose(batch, k))
+DRAFTER_HEADS = {"tiny": (300, 10), "gpt-oss-20b-peagle": (7, 2)}  # head -> default repeats, warm-up
 
 
 def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warmup: int | None) -> list[dict]:
-    spec = HEADS[name]
-    repeats = repeats or spec["repeats"]
-    warmup = spec["warmup"] if warmup is None else warmup
-    model = build_head(name)
+    repeats = repeats or DRAFTER_HEADS[name][0]
+    warmup = DRAFTER_HEADS[name][1] if warmup is None else warmup
+    model = build_head(name, torch.device("cpu"), torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
-    progress(f"[{name}] built: {n_params / 1e6:.1f} M params ({n_params * 4 / 2**30:.2f} GiB fp32)")
-    for a in spec["assumed"]:
-        progress(f"[{name}] ASSUMED: {a}")
-    gen = torch.Generator().manual_seed(1)
-    cache = model.new_cache(1, context + max(ks))
-    prefill(model, cache, context, gen)
-    parallel, sequential = make_steps(model, cache, context, gen)
+    progress(f"[{name}] built: {n_params / 1e6:.1f} M params ({n_params * 4 / 2**30:.2f} GiB fp32)"
+             + (f"; ASSUMED: {ASSUMED[name]}" if name in ASSUMED else ""))
+    ex = DrafterOnlyExecutor(model, 1, context + max(ks) + 8, "reference")
+    batch = draft_batch(model, 1, PENDING, context, torch.device("cpu"))  # pending rows at context-3 .. context-1
+    par_drafter, seq_drafter = ParallelDrafter(ex), SequentialDrafter(ex)
+    parallel, sequential = (lambda k: par_drafter.propose(batch, k)), (lambda k: seq_drafter.propose(batch, k))
     rows = []
     for k in ks:
         with CpuShare() as cpu:
@@ -147,7 +55,7 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
 
 def lm_head_probe(name: str, rows_list: list[int], repeats: int) -> list[dict]:
     """The head's lm_head matmul alone for [1, M, H] inputs (the CPU BLAS kernel depends on M)."""
-    c = HEADS[name]["config"]
+    c = HEADS[name]
     weight = torch.empty(c["draft_vocab_size"], c["hidden_size"]).normal_(0.0, 0.02)
     xs = {m: torch.randn(1, m, c["hidden_size"]) for m in rows_list}
     t = alternate({m: (lambda x=x: torch.nn.functional.linear(x, weight)) for m, x in xs.items()}, repeats)
@@ -167,11 +75,11 @@ def rows_table(rows: list[dict]) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heads", default="tiny,gpt-oss-20b-peagle",
-                        help=f"comma-separated heads from {sorted(HEADS)} (--smoke: tiny)")
+                        help=f"comma-separated heads from {sorted(DRAFTER_HEADS)} (--smoke: tiny)")
     parser.add_argument("--ks", default="1,3,7,11", help="comma-separated draft lengths K")
     parser.add_argument("--repeats", type=int, default=None,
                         help="timed repetitions per (head, K, mode); default: "
-                             + ", ".join(f"{h} {s['repeats']}" for h, s in HEADS.items()))
+                             + ", ".join(f"{h} {r}" for h, (r, _) in DRAFTER_HEADS.items()))
     parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per (head, K, mode)")
     parser.add_argument("--context", type=int, default=512, help="positions already in the KV cache")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
@@ -186,9 +94,9 @@ def run(args: argparse.Namespace) -> dict:
         args.context, args.lm_head_rows = 16, "1,2"
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     ks = [int(k) for k in args.ks.split(",")]
-    unknown = [h for h in heads if h not in HEADS]
+    unknown = [h for h in heads if h not in DRAFTER_HEADS]
     if unknown:
-        raise ConfigError(f"unknown heads {unknown}; choose --heads from {sorted(HEADS)}")
+        raise ConfigError(f"unknown heads {unknown}; choose --heads from {sorted(DRAFTER_HEADS)}")
     if min(ks) < 1 or args.context < PENDING:
         raise ConfigError(f"--ks must all be >= 1 and --context >= {PENDING}")
 
@@ -199,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
         for name in heads:
             rows += bench_head(name, ks, args.context, args.repeats, args.warmup)
             if lm_rows:
-                lm_head += lm_head_probe(name, lm_rows, args.repeats or HEADS[name]["repeats"])
+                lm_head += lm_head_probe(name, lm_rows, args.repeats or DRAFTER_HEADS[name][0])
     sections = [f"Drafting step, batch 1, context {args.context}, {PENDING} pending rows: median ms", rows_table(rows)]
     if lm_head:
         sections.append("lm_head matmul alone (ms) by row count M: " + "; ".join(
@@ -209,9 +117,7 @@ def run(args: argparse.Namespace) -> dict:
                       "<= 1.5x") for r in rows if r["k"] == max(k for k in ks if k <= 7) and r["par_over_par_k1"]]
     figures += [Figure(f"drafting step, {r['head']} head, K={r['k']}: EAGLE-3 over P-EAGLE", r["seq_over_par"], "x")
                 for r in rows if r["k"] == max(k for k in ks if k <= 7)]
-    heads_info = {h: dict(config={k: (asdict(v) if isinstance(v, RopeConfig) else v)
-                                  for k, v in HEADS[h]["config"].items()},
-                          assumed=HEADS[h]["assumed"]) for h in heads}
+    heads_info = {h: dict(config={k: str(v) for k, v in HEADS[h].items()}, assumed=ASSUMED.get(h)) for h in heads}
     return finish(args, "Drafter forward: P-EAGLE parallel vs EAGLE-3 sequential", sections,
                   dict(context=args.context, batch=1, dtype="float32", heads=heads_info, rows=rows, lm_head=lm_head),
                   figures)

@@ -57,8 +57,6 @@ def _plots(res: dict, args: argparse.Namespace) -> list[str]:
                 ax.plot([r["k"] for r in rs], [r["parallel_ms"] for r in rs], "o-", label=f"parallel B={b}")
                 ax.plot([r["k"] for r in rs], [r["sequential_ms"] for r in rs], "s--", label=f"sequential B={b}")
             ax.set(xlabel="K (draft tokens)", ylabel="ms per drafting step", title=f"drafter {res['heads'][0]}")
-            ax.legend(fontsize=7)
-            fig.tight_layout()
             return fig
 
         files.append(plot(args, "drafter", draw_drafter))
@@ -72,8 +70,6 @@ def _plots(res: dict, args: argparse.Namespace) -> list[str]:
                     ax.plot([r["k"] + 1 for r in rs], [r["ms"] for r in rs], "o-", label=f"{w} B={b}")
             ax.set(xlabel="rows per sequence (1 = decode, K+1 = verify)", ylabel="ms per target forward",
                    title=f"target {res['target_shape']}")
-            ax.legend(fontsize=7)
-            fig.tight_layout()
             return fig
 
         files.append(plot(args, "target", draw_target))

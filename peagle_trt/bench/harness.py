@@ -229,8 +229,8 @@ class Figure:
     digits: int = 2
 
     def text(self) -> str:
-        sep = "" if self.unit in ("x", "%") else " "
-        return f"{self.value:.{self.digits}f}{sep}{self.unit}"
+        unit = self.unit if self.unit in ("", "x", "%") else " " + self.unit
+        return f"{self.value:.{self.digits}f}{unit}"
 
 
 def table(header: list[str], rows: list[list], digits: int = 3) -> str:
@@ -251,8 +251,9 @@ def stem(suite: str) -> str:
 
 
 def plot(args: argparse.Namespace, suffix: str, draw: Callable) -> str | None:
-    """`draw(plt)` makes one figure, saved as OUTPUT_DIR/bench_SUITE[_suffix].png. Returns the file
-    name, or None (no --output-dir, matplotlib missing, or drawing failed: a warning on stderr)."""
+    """`draw(plt)` makes one figure (every panel then gets a grid and its legend, the layout is
+    tightened), saved as OUTPUT_DIR/bench_SUITE[_suffix].png. Returns the file name, or None (no
+    --output-dir, matplotlib missing, or drawing failed: a warning on stderr)."""
     if getattr(args, "output_dir", None) is None:
         return None
     name = f"{stem(args.suite)}{'_' + suffix if suffix else ''}.png"
@@ -263,6 +264,11 @@ def plot(args: argparse.Namespace, suffix: str, draw: Callable) -> str | None:
         import matplotlib.pyplot as plt
 
         fig = draw(plt)
+        for ax in fig.axes:
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
         fig.savefig(Path(args.output_dir) / name, dpi=110)
         plt.close(fig)
     except Exception as exc:  # a plot is optional: warn, never abort the run

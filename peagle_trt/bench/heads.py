@@ -15,7 +15,7 @@ import gc
 import time
 from pathlib import Path
 
-from peagle_trt.bench.acceptance import load_avg, pooled  # the code pair's suite: same pooling
+from peagle_trt.bench.acceptance import build_all, load_avg, pooled  # the code pair's suite
 from peagle_trt.bench.harness import (
     Figure,
     alternate,
@@ -181,26 +181,13 @@ def batch1_phase(args, prompts: list[str]) -> list[dict]:
 
 def served_phase(args, prompts: list[str], best: dict) -> list[dict]:
     """none and the best K of each head in one tritonserver, batch-1 passes interleaved."""
-    import shutil
-
-    from peagle_trt.repository import RepositoryOptions, build_repository
     from peagle_trt.serving.client import stream_generate
     from peagle_trt.serving.server import ServeOptions, TritonServer
 
     configs = [("none", 0)] + [(m, best[m]) for m in ("peagle", "eagle3") if m in best]
     root = args.workdir / "repo"
-    if root.exists():
-        shutil.rmtree(root)
-    root.mkdir(parents=True)
-    for method, k in configs:
-        name = f"{method}_k{k}"
-        side = args.workdir / f".side-{name}"
-        drafter = {"none": None, "peagle": args.peagle, "eagle3": args.eagle3}[method]
-        spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
-        build_repository(args.target, drafter, side, RepositoryOptions(spec, model_name=name, backend=args.backend,
-                                                                       max_batch=1, max_seq_len=1024), force=True)
-        shutil.move(str(side / name), str(root / name))
-        shutil.rmtree(side)
+    build_all(root, args.target, {"peagle": args.peagle, "eagle3": args.eagle3}, configs, backend=args.backend,
+              max_batch=1, max_seq_len=1024)
     greedy = SamplingParams(max_tokens=args.max_tokens)
     out: dict = {}
     serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
@@ -254,10 +241,6 @@ def drawing(rows: list[dict], b1: list[dict]):
         ax2.axhline(1.0, color="gray", lw=0.8)
         ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length", title="HumanEval, SmolLM2-135M")
         ax2.set(xlabel="K (draft tokens per step)", ylabel="speed-up over none (in-process)", title="Wall-clock")
-        for ax in (ax1, ax2):
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=8)
-        fig.tight_layout()
         return fig
     return draw
 

@@ -12,6 +12,7 @@ import json
 import shlex
 from pathlib import Path
 
+from peagle_trt.bench.harness import Figure
 from peagle_trt.errors import ConfigError
 
 BEGIN, END = "<!-- results table: peagle-trt bench report --write -->", "<!-- end of results table -->"
@@ -51,8 +52,7 @@ def render(data: dict, order: list[str]) -> str:
     for suite in names:
         e = data["suites"][suite]
         for f in e["figures"]:
-            sep = "" if f["unit"] in ("x", "%") else " "
-            value = f"{f['value']:.{f.get('digits', 2)}f}{sep}{f['unit']}"
+            value = Figure(**f).text()
             rows.append(f"| {f['name']} | **{value}** | {f.get('target') or ''} | {e['machine']} | {e['date']} | "
                         f"`{e['command']}` | [{suite}](#{suite}) |")
     return "\n".join([HEADER, *rows])

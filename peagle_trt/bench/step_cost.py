@@ -106,10 +106,10 @@ def run(args: argparse.Namespace) -> dict:
                     "drafter_ms": round(med["drafter"], 3),
                     "other_ms": round(med["step"] - med["target"] - med["drafter"], 3),
                     "tokens_per_s": round(tps, 1), "speedup": round(tps / base, 3) if base else None})
-    none = next((r for r in out if r["method"] == "none"), None)
-    figures = [Figure(f"code pair, step cost batch 1: {r['method']} K={r['K']} break-even AL (CPU)",
-                      r["ms_per_step"] / none["ms_per_step"], "", "", 2) for r in out if none and r["method"] != "none"
-               and r["K"] == max(x["K"] for x in out if x["method"] == r["method"])]
+    best = {m: max((r for r in out if r["method"] == m), key=lambda r: r["speedup"] or 0)
+            for m in ("peagle", "eagle3") if any(r["method"] == m for r in out)}
+    figures = [Figure(f"code pair, in-process batch 1: {m} K={r['K']} over none (CPU)", r["speedup"], "x")
+               for m, r in best.items() if r["speedup"]]
     return finish(args, f"Where a step's time goes, batch 1, {len(prompts)} prompts x {args.max_tokens} tokens, "
                   f"medians of {args.rounds} rounds", [table(
                       ["config", "K", "AL", "ms/step", "target", "drafter", "other", "tok/s", "x none"],

@@ -1,0 +1,56 @@
+"""Every suite of `peagle-trt bench` runs at --smoke size on the shared harness: the report in
+OUTPUT_DIR/bench_SUITE.md, the results (with the machine measured in the run and the headline
+figures) in OUTPUT_DIR/bench_SUITE.json and as the returned dict. The suites with a test of their own
+are listed in ELSEWHERE; a suite added without a smoke test fails test_every_suite_has_a_smoke_test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from peagle_trt.bench.cli import SUITES, run_suite
+from peagle_trt.bench.harness import stem
+
+ELSEWHERE = {  # suite -> the test that runs its --smoke (or, without a GPU, its refusal)
+    "scheduler": "test_bench_cli.py", "gpu": "test_bench_gpu_smoke.py", "kernels": "test_bench_cli.py (no CUDA)",
+    "aiperf": "test_aiperf_adapter.py (slow: AIPerf's own venv)", "heads": "test_heads.py",
+    "paged": "test_paged.py", "speculation": "test_speculation.py", "draft-length": "test_draft_length_sim.py",
+}
+SMOKE = {  # suite -> extra options of its smoke run
+    "drafter": [], "backends": [], "families": [], "step-cost": [], "verify-shapes": [],
+    "serving": ["--openai"], "acceptance": [],
+}
+REAL_MODEL = ("decode", "fp8-quality")  # --smoke on SmolLM2 (the converted wheel, tests/conftest.py)
+NEEDS_TRITON = ("serving", "acceptance")
+
+
+def test_every_suite_has_a_smoke_test():
+    assert set(SMOKE) | set(REAL_MODEL) | set(ELSEWHERE) == set(SUITES)
+
+
+def check(name: str, result: dict, out) -> None:
+    assert result == json.loads((out / f"{stem(name)}.json").read_text())
+    assert result["smoke"] is True and result["machine"]["bandwidth_gbs"] > 0 and result["machine"]["cpu"]
+    assert all({"name", "value", "unit"} <= set(f) for f in result["figures"])
+    report = (out / f"{stem(name)}.md").read_text()
+    assert report.startswith("## ") and "machine: " in report and "|---" in report
+
+
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_smoke(name, tmp_path):
+    if name in NEEDS_TRITON:
+        pytest.importorskip("pytriton")
+    options = SMOKE[name] + (["--workdir", str(tmp_path / "work")] if name == "acceptance" else [])
+    check(name, run_suite(name, ["--smoke", "--output-dir", str(tmp_path), *options]), tmp_path)
+
+
+@pytest.mark.parametrize("name", REAL_MODEL)
+def test_smoke_on_the_real_model(name, smollm2, tmp_path):
+    flag = "--target" if name == "decode" else "--fp32"
+    result = run_suite(name, ["--smoke", "--output-dir", str(tmp_path), flag, str(smollm2["target"])])
+    check(name, result, tmp_path)
+    if name == "decode":
+        assert {"transformers", "ours (torch)", "ours (onnxruntime)"} == set(result["decode"])
+    else:
+        assert 0.0 <= result["top1_agreement"] <= 1.0 and result["positions"] == 64
