@@ -27,6 +27,7 @@ from peagle_trt.bench.harness import (
     free_port,
     plot,
     progress,
+    reported,
     stdout_to_stderr,
     summary,
     table,
@@ -152,7 +153,7 @@ def interleaved_batch1(args, pair: Path, configs: list[tuple[str, int]], prompts
     with TritonServer(serve) as server:
         for c in configs:  # warm-up
             run_requests(server.grpc_url, sub[:2], greedy, 1, model_name(*c))
-        walls = alternate({c: one_pass(c) for c in configs}, args.timing_repeats, warmup=0, clock=lambda fn: fn(),
+        walls = alternate({c: one_pass(c) for c in configs}, args.timing_repeats, warmup=0, clock=reported,
                           on_round=lambda r: progress(f"[bench] interleaved round {r + 1}/{args.timing_repeats}"))
     first = [x["token_ids"] for x in results[configs[0]]]
     rows = [{"method": m, "K": k, **batch1_row(results[(m, k)], walls[(m, k)], k),

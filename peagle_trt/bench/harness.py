@@ -52,12 +52,17 @@ def device_clock(fn: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
+def reported(fn: Callable[[], float]) -> float:
+    """The seconds a contender reports itself (one that times only part of its call, or a pass)."""
+    return fn()
+
+
 def alternate(contenders: dict[str, Callable[[], object]], rounds: int, warmup: int = 1,
               clock: Callable[[Callable[[], object]], float] = timed,
               on_round: Callable[[int], None] | None = None) -> dict[str, list[float]]:
     """Each contender `warmup` times, then once per round in turn, the order reversed every other
-    round; -> {name: [seconds per round]}. `clock(fn)` times one call (CUDA events on a GPU, or a
-    contender that reports its own seconds: `clock=lambda fn: fn()`)."""
+    round; -> {name: [seconds per round]}. `clock(fn)` times one call: `timed`, `device_clock` (CUDA
+    events on a GPU) or `reported` (the contender returns its own seconds)."""
     for _ in range(warmup):
         for fn in contenders.values():
             fn()

@@ -23,6 +23,7 @@ from peagle_trt.bench.harness import (
     free_port,
     plot,
     progress,
+    reported,
     stdout_to_stderr,
     summary,
     table,
@@ -152,7 +153,7 @@ def alternated(configs, repeats: int, run_pass, out: dict, reference=None) -> li
             return wall
         return go
 
-    walls = alternate({c: one(c) for c in configs}, repeats, warmup=0, clock=lambda fn: fn(),
+    walls = alternate({c: one(c) for c in configs}, repeats, warmup=0, clock=reported,
                       on_round=lambda r: progress(f"[heads] batch-1 round {r + 1}/{repeats}"))
     rows = []
     for method, k in configs:

@@ -15,7 +15,7 @@ import argparse
 import statistics
 import time
 
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, table
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, reported, table
 
 BLOCK = 32
 
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace) -> dict:
         return lambda: _ttft(sched, next(it))
 
     ttft = alternate({"reuse": ask(with_reuse), "recompute": ask(without)}, len(questions) - 1, warmup=0,
-                     clock=lambda fn: fn())
+                     clock=reported)
     hit = with_reuse.blocks.metrics()
 
     progress("block: batch-1 decode, blocks of 32 vs one block of 1024 per request")
@@ -181,9 +181,9 @@ def run(args: argparse.Namespace) -> dict:
     text = table(header, [[r["phase"], r["contender"], r.get("peak_running"), r.get("wall_s"),
                            r.get("tokens_per_s"), r.get("preemptions"), r.get("ttft_ms")] for r in rows])
     figures = [Figure("SmolLM2-135M paged KV: requests at once over contiguous slots, same budget",
-                      ratio["capacity_peak_ratio"], "x"),
+                      ratio["capacity_peak_ratio"], "x", "", 1),
                Figure("SmolLM2-135M prefix reuse: TTFT speed-up (shared system prompt)",
-                      ratio["prefix_ttft_speedup"], "x")]
+                      ratio["prefix_ttft_speedup"], "x", "", 1)]
     return finish(args, "Paged KV cache and prefix reuse",
                   [text, f"ratios: {ratio}; outputs identical across contenders: {same}"], {
             "target": str(target_dir), "budget_mib": args.budget_mib, "blocks": blocks, "block_bytes": per_block,

@@ -33,6 +33,7 @@ from peagle_trt.bench.harness import (
     finish,
     free_port,
     progress,
+    reported,
     stdout_to_stderr,
     table,
 )
@@ -247,7 +248,7 @@ def bench(args, concs: list[int], work: Path) -> dict:
                         return wall
                     return go
 
-                alternate({name: timed_path(name) for name in paths}, args.repeats, warmup=0, clock=lambda fn: fn())
+                alternate({name: timed_path(name) for name in paths}, args.repeats, warmup=0, clock=reported)
     finally:
         engine.stop()
     return report(args, prompts, concs, list(paths), runs)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from peagle_trt.bench.acceptance import pooled
-from peagle_trt.bench.harness import Figure, alternate, finish, plot, progress, stdout_to_stderr, table
+from peagle_trt.bench.harness import Figure, alternate, finish, plot, progress, reported, stdout_to_stderr, table
 from peagle_trt.bench.heads import prompt_sets, run_batch
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
@@ -57,7 +57,7 @@ def measure(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batc
                     return wall
                 return go
 
-            walls = alternate({n: one(n) for n in gens}, args.rounds, warmup=0, clock=lambda fn: fn(),
+            walls = alternate({n: one(n) for n in gens}, args.rounds, warmup=0, clock=reported,
                               on_round=lambda r: progress(f"[speculation] b{batch} {wname}: round {r + 1}"))
             ref = [x["token_ids"] for x in results["none"]]
             for spec in specs:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, table
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, reported, table
 from peagle_trt.bench.prompts import humaneval_prompts
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
             return wall
         return go
 
-    alternate({c: one(c) for c in configs}, args.rounds, warmup=0, clock=lambda fn: fn(),
+    alternate({c: one(c) for c in configs}, args.rounds, warmup=0, clock=reported,
               on_round=lambda r: progress(f"[step-cost] round {r + 1}/{args.rounds}"))
     out = []
     base = statistics.median(r["tokens"] / r["wall"] for r in runs[("none", 0)]) if ("none", 0) in runs else None
