@@ -281,7 +281,8 @@ def run(args: argparse.Namespace) -> dict:
     base = {(r["workload"], r["concurrency"]): r["output_token_throughput"] for r in rows if r["k"] == 0}
     figures = [Figure(f"AIPerf humaneval, K={r['k']} over none, total tok/s at concurrency {top} (tiny, CPU)",
                       r["output_token_throughput"] / base[("humaneval", top)], "x") for r in rows
-               if r["workload"] == "humaneval" and r["concurrency"] == top and r["k"] and base.get(("humaneval", top))]
+               if (r["workload"], r["concurrency"]) == ("humaneval", top) and r["k"]
+               and r["output_token_throughput"] is not None and base.get(("humaneval", top))]
     return finish(args, "AIPerf against the OpenAI endpoint (tiny models, CPU)", [
         rows_table(rows),
         (f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
