@@ -15,11 +15,11 @@ import argparse
 import contextlib
 import json
 import os
-import queue
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -54,44 +54,33 @@ def make_prompts(n: int) -> list[str]:
 
 def run_inprocess(engine: TextGenerator, prompts: list[str], params: SamplingParams, conc: int,
                   tag: str) -> tuple[float, list[dict]]:
-    """Closed loop over the engine's submit API; returns (wall seconds, per-request records)."""
-    done: queue.Queue = queue.Queue()
-    recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
+    """Closed loop over the engine's submit API (`conc` client threads, each waiting for its request
+    to finish); returns (wall seconds, per-request records)."""
+    recs = [{"ids": [], "text_t": None} for _ in prompts]
 
-    def launch(i: int) -> None:
-        rec = recs[i]
+    def run_one(i: int, _) -> None:
+        rec, done = recs[i], threading.Event()
 
         def on_event(ev) -> None:
             now = time.perf_counter()
-            if ev.token_ids and rec["ids_t"] is None:
-                rec["ids_t"] = now
             if ev.text and rec["text_t"] is None:
                 rec["text_t"] = now
             rec["ids"] += ev.token_ids
             if ev.finished:
-                rec["end"] = now
-                rec["finish_reason"] = ev.finish_reason
-                done.put(i)
+                rec["end"], rec["finish_reason"] = now, ev.finish_reason
+                done.set()
 
         rec["start"] = time.perf_counter()
         engine.submit(f"{tag}-{i}", prompts[i], params, on_event)
+        if not done.wait(600):
+            raise TimeoutError(f"request {tag}-{i} did not finish in 600 s")
 
-    t0 = time.perf_counter()
-    nxt = min(conc, len(prompts))
-    for i in range(nxt):
-        launch(i)
-    for _ in range(len(prompts)):
-        done.get(timeout=600)
-        if nxt < len(prompts):
-            launch(nxt)
-            nxt += 1
-    wall = time.perf_counter() - t0
-    return wall, [summarize(r) for r in recs]
+    return closed_loop(len(prompts), conc, run_one), [summarize(r) for r in recs]
 
 
 def run_triton(url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
     """Closed loop: `conc` client threads, each streaming one request at a time with stream_generate."""
-    recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
+    recs = [{"ids": [], "text_t": None} for _ in prompts]
 
     def run_one(i: int, _) -> None:
         rec = recs[i]
@@ -113,7 +102,7 @@ def run_openai(base_url: str, prompts: list[str], params: SamplingParams, conc: 
     """Closed loop over the OpenAI frontend: `conc` threads, each streaming /v1/completions (SSE)."""
     import httpx
 
-    recs = [{"ids": [], "text_t": None, "ids_t": None} for _ in prompts]
+    recs = [{"ids": [], "text_t": None} for _ in prompts]
 
     def run_one(i: int, http) -> None:
         rec = recs[i]
@@ -159,7 +148,6 @@ def summarize(rec: dict) -> dict:
     start = rec["start"]
     return {"ids": rec["ids"], "tokens": len(rec["ids"]), "finish_reason": rec.get("finish_reason"),
             "ttft_s": (rec["text_t"] - start) if rec["text_t"] is not None else None,
-            "ttft_ids_s": (rec["ids_t"] - start) if rec["ids_t"] is not None else None,
             "latency_s": rec["end"] - start}
 
 
