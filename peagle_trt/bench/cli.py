@@ -29,7 +29,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "drafter": ("peagle_trt.bench.drafter",
                 "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
     "scheduler": ("peagle_trt.bench.scheduler",
-                  "Scheduler.step() host overhead per step with a no-op executor (+ cProfile)"),
+                  "Scheduler.step() host overhead per step with a no-op executor"),
     "serving": ("peagle_trt.bench.serving",
                 "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
     "backends": ("peagle_trt.bench.backends",
@@ -43,7 +43,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "families": ("peagle_trt.bench.families",
                  "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
     "acceptance": ("peagle_trt.bench.acceptance",
-                   "trained code pair: acceptance length and batch-1 speed-up on HumanEval (or stdlib)"),
+                   "suite heads on the trained code pair: acceptance length and speed-up on HumanEval"),
     "heads": ("peagle_trt.bench.heads",
               "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
     "step-cost": ("peagle_trt.bench.step_cost",
@@ -60,6 +60,8 @@ SUITES: dict[str, tuple[str, str]] = {
                       "real model: one verify forward by shape (requests x rows), the cost model of adaptive K"),
     "draft-length": ("peagle_trt.bench.draft_length",
                      "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
+    "curves": ("peagle_trt.bench.curves",
+               "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
 }
 
 

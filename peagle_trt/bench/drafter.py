@@ -3,8 +3,8 @@ P-EAGLE's one parallel forward (ParallelDrafter -> TorchExecutor.draft_parallel:
 rows + K-1 mask rows, lm_head on the K sampled rows) against EAGLE-3's K sequential forwards
 (SequentialDrafter), both through the real drafting classes on an executor holding only the drafter,
 after a --context prefill, alternated per K. Heads: `tiny` and `gpt-oss-20b-peagle` (random weights
-of the GPT-OSS-20B P-EAGLE shape; intermediate size and rope ASSUMED: bench/gpu.py, HEADS). Also the head's
-lm_head matmul alone by row count (the CPU BLAS kernel changes with M). ~1.5 min, ~6.5 GB RSS.
+of the GPT-OSS-20B P-EAGLE shape; intermediate size and rope ASSUMED: bench/gpu.py, HEADS). ~1.5 min,
+~6.5 GB RSS.
 """
 
 from __future__ import annotations
@@ -53,15 +53,6 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     return rows
 
 
-def lm_head_probe(name: str, rows_list: list[int], repeats: int) -> list[dict]:
-    """The head's lm_head matmul alone for [1, M, H] inputs (the CPU BLAS kernel depends on M)."""
-    c = HEADS[name]
-    weight = torch.empty(c["draft_vocab_size"], c["hidden_size"]).normal_(0.0, 0.02)
-    xs = {m: torch.randn(1, m, c["hidden_size"]) for m in rows_list}
-    t = alternate({m: (lambda x=x: torch.nn.functional.linear(x, weight)) for m, x in xs.items()}, repeats)
-    return [dict(head=name, rows=m, lm_head_ms=summary(v, 1e3)["median"], repeats=repeats) for m, v in t.items()]
-
-
 def rows_table(rows: list[dict]) -> str:
     """The drafting rows; `*` marks a row timed while other processes were busy."""
     body = [[r["head"], r["k"], f"{r['parallel_ms']:.2f}", f"{r['sequential_ms']:.2f}", f"{r['seq_over_par']:.2f}x",
@@ -83,15 +74,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=None, help="warm-up runs per (head, K, mode)")
     parser.add_argument("--context", type=int, default=512, help="positions already in the KV cache")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores)")
-    parser.add_argument("--lm-head-rows", default="1,2,3,4,5,9,13",
-                        help="also time each head's lm_head matmul alone for these row counts "
-                             "('' to skip)")
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.smoke:  # tiny head, two K, a few repeats
         args.heads, args.ks, args.repeats, args.warmup = "tiny", "1,3", 3, 1
-        args.context, args.lm_head_rows = 16, "1,2"
+        args.context = 16
     heads = [h.strip() for h in args.heads.split(",") if h.strip()]
     ks = [int(k) for k in args.ks.split(",")]
     unknown = [h for h in heads if h not in DRAFTER_HEADS]
@@ -100,24 +88,17 @@ def run(args: argparse.Namespace) -> dict:
     if min(ks) < 1 or args.context < PENDING:
         raise ConfigError(f"--ks must all be >= 1 and --context >= {PENDING}")
 
-    lm_rows = [int(m) for m in args.lm_head_rows.split(",") if m.strip()]
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
-    rows, lm_head = [], []
+    rows = []
     with torch.inference_mode():
         for name in heads:
             rows += bench_head(name, ks, args.context, args.repeats, args.warmup)
-            if lm_rows:
-                lm_head += lm_head_probe(name, lm_rows, args.repeats or DRAFTER_HEADS[name][0])
     sections = [f"Drafting step, batch 1, context {args.context}, {PENDING} pending rows: median ms", rows_table(rows)]
-    if lm_head:
-        sections.append("lm_head matmul alone (ms) by row count M: " + "; ".join(
-            f"{h}: " + ", ".join(f"M={r['rows']} {r['lm_head_ms']:.3f}" for r in lm_head if r["head"] == h)
-            for h in heads))
     figures = [Figure(f"drafting step, {r['head']} head, P-EAGLE K={r['k']} over K=1", r["par_over_par_k1"], "x",
                       "<= 1.5x") for r in rows if r["k"] == max(k for k in ks if k <= 7) and r["par_over_par_k1"]]
     figures += [Figure(f"drafting step, {r['head']} head, K={r['k']}: EAGLE-3 over P-EAGLE", r["seq_over_par"], "x")
                 for r in rows if r["k"] == max(k for k in ks if k <= 7)]
     heads_info = {h: dict(config={k: str(v) for k, v in HEADS[h].items()}, assumed=ASSUMED.get(h)) for h in heads}
     return finish(args, "Drafter forward: P-EAGLE parallel vs EAGLE-3 sequential", sections,
-                  dict(context=args.context, batch=1, dtype="float32", heads=heads_info, rows=rows, lm_head=lm_head),
+                  dict(context=args.context, batch=1, dtype="float32", heads=heads_info, rows=rows),
                   figures)

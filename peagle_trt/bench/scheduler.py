@@ -3,17 +3,13 @@ no-op executor (forwards return views of preallocated zero tensors, V = 64, H = 
 Python/host work around the models is timed: scheduler bookkeeping, SpecDecoder.step, the KV block
 bookkeeping and ParallelDrafter.propose. Exactly --accept drafts are accepted per step (the target's
 argmax is 0 below row A, 1 at row A; drafts are token 0). Configurations: peagle K=7 at --batches,
-and at batch 64 peagle K=3, none, K=7 with 0 and all drafts accepted; with --profile the batch-64
-K=7 configuration under cProfile. Target: <= 0.3 ms per step at batch 64 (peagle, K = 7).
+and at batch 64 peagle K=3, none, K=7 with 0 and all drafts accepted. Target: <= 0.3 ms per step at
+batch 64 (peagle, K = 7).
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import os
-import pstats
 
 import torch
 
@@ -100,29 +96,6 @@ def run_config(mode: str, k: int, batch: int, accept: int, steps: int, warmup: i
             "tokens_per_step": round(tokens / steps / batch, 3), "other_cpu_share": cpu.share}
 
 
-def profile_config(mode: str, k: int, batch: int, accept: int, steps: int, warmup: int,
-                   top: int = 15) -> tuple[str, list[dict]]:
-    sched = make_scheduler(mode, k, batch, accept, 16)
-    for _ in range(warmup):
-        sched.step()
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(steps):
-        sched.step()
-    prof.disable()
-    buf = io.StringIO()
-    stats = pstats.Stats(prof, stream=buf).sort_stats("tottime")
-    stats.print_stats(top)
-    rows = []
-    by_own_time = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
-    for (file, line, func), (_, nc, tt, ct, _) in by_own_time:
-        rows.append({"function": f"{os.path.relpath(file) if file.startswith('/') else file}:{line}({func})",
-                     "calls_per_step": round(nc / steps, 1),
-                     "tottime_us_per_step": round(tt / steps * 1e6, 1),
-                     "cumtime_us_per_step": round(ct / steps * 1e6, 1)})
-    return buf.getvalue(), rows
-
-
 def rows_table(rows: list[dict]) -> str:
     return table(
         ["mode", "K", "batch", "acc/step", "median ms", "p90 ms", "µs/request", "tok/req/step", "other CPU"],
@@ -136,15 +109,13 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--warmup", type=int, default=30, help="untimed steps first (incl. the prefill step)")
     ap.add_argument("--accept", type=int, default=3, help="drafts accepted per step (default 3)")
     ap.add_argument("--batches", default="1,16,64", help="batch sizes for peagle K=7")
-    ap.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True,
-                    help="cProfile the batch-64 K=7 configuration")
 
 
 @torch.no_grad()  # scoped: a suite run in-process (tests, `peagle-trt bench`) leaves grad mode as it was
 def run(args: argparse.Namespace) -> dict:
     big = 64  # the batch of the target and of the context configurations
-    if args.smoke:  # a few steps at batches 1 and 4, no profile
-        args.steps, args.warmup, args.batches, args.profile, big = 5, 2, "1,4", False, 4
+    if args.smoke:  # a few steps at batches 1 and 4
+        args.steps, args.warmup, args.batches, big = 5, 2, "1,4", 4
 
     configs = [("peagle", 7, b, args.accept) for b in map(int, args.batches.split(","))]
     configs += [("peagle", 3, big, args.accept), ("none", 0, big, 0),
@@ -158,19 +129,10 @@ def run(args: argparse.Namespace) -> dict:
                      and r["accepted_per_step"] == min(args.accept, 7)), None)
     sections = [f"{args.steps} timed steps after {args.warmup} warm-up, greedy, ignore_eos, V={VOCAB}, H={HIDDEN}",
                 rows_table(rows)]
-    profile = None
-    if args.profile:
-        psteps = max(50, args.steps // 3)
-        _, profile = profile_config("peagle", 7, 64, args.accept, psteps, args.warmup)
-        sections += [(f"### cProfile, peagle K=7 batch 64, {psteps} steps, top functions by own time "
-                      "(per step; cProfile inflates Python-call-heavy code)"),
-                     table(["own µs/step", "cum µs/step", "calls/step", "function"],
-                           [[f"{p['tottime_us_per_step']:.1f}", f"{p['cumtime_us_per_step']:.1f}",
-                             f"{p['calls_per_step']:.1f}", f"`{p['function']}`"] for p in profile])]
     figures = [Figure(f"scheduler step, batch {big}, peagle K=7 (host only)", main_row["median_ms"], "ms",
                       f"<= {TARGET_MS} ms", 3)] if main_row else []
     return finish(args, "Scheduler.step() host overhead, no-op executor", sections,
                   {"steps": args.steps, "warmup": args.warmup, "vocab": VOCAB, "hidden": HIDDEN,
                    "target_ms_at_batch_64": TARGET_MS,
                    "target_met": main_row is not None and main_row["median_ms"] <= TARGET_MS,
-                   "rows": rows, "profile": profile}, figures)
+                   "rows": rows}, figures)

@@ -1,5 +1,5 @@
 """Suite `speculation` (docs/BENCHMARKS.md, "speculation"): a real target and a P-EAGLE head in process
-through the code that serves (TextGenerator, onnxruntime), batch 1 and 8. Parts: `synthetic` (K drafts
+through the code that serves (bench/pair.py: TextGenerator, onnxruntime), batch 1 and 8. Parts: `synthetic` (K drafts
 accepted by vLLM's synthetic rule at mean acceptance length --als, vs none: speed as a function of AL;
 output is NOT the target's), `adaptive` (none, fixed K in --fixed-ks and adaptive K on HumanEval,
 held-out instructions and a mix; greedy outputs equal none's), `per-request` (each request alone:
@@ -16,20 +16,11 @@ import statistics
 import time
 from pathlib import Path
 
-from peagle_trt.bench.acceptance import pooled
-from peagle_trt.bench.harness import Figure, alternate, finish, plot, progress, reported, stdout_to_stderr, table
-from peagle_trt.bench.heads import prompt_sets, run_batch
-from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.bench.harness import Figure, finish, plot, progress, stdout_to_stderr, table
+from peagle_trt.bench.pair import Config, measure, prompt_sets
+from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.speculative_config import synthetic_rates_for_length
-
-
-def generator(args, spec: SpecConfig, slots: int):
-    from peagle_trt.serving.generator import TextGenerator
-
-    return TextGenerator.from_checkpoints(args.target, None if spec.mode == "none" else args.peagle, spec,
-                                          max_seq_len=args.long_tokens + 256, max_batch=slots,
-                                          backend=args.backend, threads=args.threads)
 
 
 def name_of(spec: SpecConfig) -> str:
@@ -40,45 +31,10 @@ def name_of(spec: SpecConfig) -> str:
     return f"adaptive (K<={spec.k})" if spec.adaptive else f"K={spec.k}"
 
 
-def measure(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batches: list[int]) -> list[dict]:
-    """Alternated passes of every configuration per (workload, batch): one row per cell."""
-    params = SamplingParams(max_tokens=args.max_tokens)
-    rows = []
-    for batch in batches:
-        gens = {name_of(s): generator(args, s, batch) for s in specs}
-        for gen in gens.values():  # warm-up: sessions, allocations
-            run_batch(gen, workloads[next(iter(workloads))][:1], SamplingParams(max_tokens=4), 1)
-        for wname, prompts in workloads.items():
-            results: dict = {}
-
-            def one(n, prompts=prompts):
-                def go() -> float:
-                    wall, results[n] = run_batch(gens[n], prompts, params, batch)
-                    return wall
-                return go
-
-            walls = alternate({n: one(n) for n in gens}, args.rounds, warmup=0, clock=reported,
-                              on_round=lambda r: progress(f"[speculation] b{batch} {wname}: round {r + 1}"))
-            ref = [x["token_ids"] for x in results["none"]]
-            for spec in specs:
-                n = name_of(spec)
-                res, wall = results[n], statistics.median(walls[n])
-                tokens = sum(len(x["token_ids"]) for x in res)
-                k = spec.k
-                rows.append({"workload": wname, "batch": batch, "config": n, "K": k, "adaptive": spec.adaptive,
-                             "synthetic_acceptance": list(spec.synthetic_rates) or None,
-                             **(pooled(res, k) if k else {"acceptance_length": 1.0}),
-                             "tokens": tokens, "wall_s_passes": [round(w, 2) for w in walls[n]],
-                             "tokens_per_s": round(tokens / wall, 2),
-                             "mismatches": None if spec.synthetic_rates else
-                             sum(a != b for a, b in zip((x["token_ids"] for x in res), ref))})
-            base = next(r["tokens_per_s"] for r in rows if r["workload"] == wname and r["batch"] == batch
-                        and r["config"] == "none")
-            for r in rows:
-                if r["workload"] == wname and r["batch"] == batch:
-                    r["speedup"] = round(r["tokens_per_s"] / base, 3)
-        gens.clear()  # free the generators before the next batch
-    return rows
+def passes(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batches: list[int]) -> list[dict]:
+    """bench/pair.py's alternated passes, one configuration per spec (the P-EAGLE head unless none)."""
+    configs = [Config(name_of(s), s, None if s.mode == "none" else args.peagle) for s in specs]
+    return measure(args, configs, workloads, batches, args.long_tokens + 256)
 
 
 def rows_table(rows: list[dict]) -> str:
@@ -244,18 +200,18 @@ def run(args: argparse.Namespace) -> dict:
             specs = [SpecConfig("none", 0)] + [
                 SpecConfig("peagle", args.k, synthetic_rates=synthetic_rates_for_length(float(al), args.k))
                 for al in args.als.split(",")]
-            synthetic = measure(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
-                measure(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
+            synthetic = passes(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
+                passes(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
         if "adaptive" in args.parts:
-            adaptive = measure(args, compared, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
+            adaptive = passes(args, compared, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
                                              "mixed": mixed[:n + 1]}, [1])
-            adaptive += measure(args, compared, {"humaneval": sets["humaneval"][:2 * n],
+            adaptive += passes(args, compared, {"humaneval": sets["humaneval"][:2 * n],
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
         if "per-request" in args.parts:
             m = args.per_request
             alone = prompt_sets(argparse.Namespace(humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens),
                                 TextCodec(args.target))
-            requests = measure(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
+            requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
                                                 for i, p in enumerate(ps)}, [1])
     by_kind = oracle(requests) if requests else []
     plot_name = plot(args, "", drawing(synthetic, adaptive)) if synthetic or adaptive else None

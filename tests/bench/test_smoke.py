@@ -14,15 +14,16 @@ from peagle_trt.bench.harness import stem
 
 ELSEWHERE = {  # suite -> the test that runs its --smoke (or, without a GPU, its refusal)
     "scheduler": "test_bench_cli.py", "gpu": "test_bench_gpu_smoke.py", "kernels": "test_bench_cli.py (no CUDA)",
-    "aiperf": "test_aiperf_adapter.py (slow: AIPerf's own venv)", "heads": "test_heads.py",
+    "aiperf": "test_aiperf_adapter.py (slow: AIPerf's own venv)",
     "paged": "test_paged.py", "speculation": "test_speculation.py", "draft-length": "test_draft_length_sim.py",
+    "curves": "test_curves.py", "heads": "test_heads.py",
 }
 SMOKE = {  # suite -> extra options of its smoke run
     "drafter": [], "backends": [], "families": [], "step-cost": [], "verify-shapes": [],
-    "serving": ["--openai"], "acceptance": [],
+    "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
 REAL_MODEL = ("decode", "fp8-quality")  # --smoke on SmolLM2 (the converted wheel, tests/conftest.py)
-NEEDS_TRITON = ("serving", "acceptance")
+NEEDS_TRITON = ("serving",)
 
 
 def test_every_suite_has_a_smoke_test():
