@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from peagle_trt import tiny
-from peagle_trt.bench.harness import CpuShare, Figure, alternate, finish, progress, stdout_to_stderr, summary, table
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, stdout_to_stderr, summary, table
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
@@ -91,7 +91,7 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
                                       torch.Generator().manual_seed(batch))}
         for op in OPS:
             fns = {name: (lambda st=st: st.run(op)) for name, st in steps.items()}
-            with torch.inference_mode(), CpuShare() as cpu:
+            with torch.inference_mode():
                 if interleave:  # run by run (see the module docstring)
                     t = alternate(fns, repeats, warmup)
                 else:  # one backend at a time, each after its own warm-up
@@ -101,8 +101,7 @@ def bench_steps(shape: str, precision: str, target_dir: Path, drafter_dir: Path,
                        rows_per_request={"decode": 1, "verify": K + 1, "draft": PENDING + K - 1}[op],
                        torch_ms=round(tt["median"], 3), ort_ms=round(oo["median"], 3),
                        torch_spread=round(tt["spread"], 3), ort_spread=round(oo["spread"], 3),
-                       ort_over_torch=round(oo["median"] / tt["median"], 3), repeats=repeats, warmup=warmup,
-                       other_cpu_share=cpu.share)
+                       ort_over_torch=round(oo["median"] / tt["median"], 3), repeats=repeats, warmup=warmup)
             rows.append(row)
             progress(f"  [{shape} {precision} B={batch}] {op:<6s} torch {row['torch_ms']:8.2f} ms   "
                      f"onnxruntime {row['ort_ms']:8.2f} ms   ratio {row['ort_over_torch']:.2f}")
@@ -169,10 +168,9 @@ def run(args: argparse.Namespace) -> dict:
     sections = ["### Stage times (wall s)", table(["shape", "stage", "target", "wall s"], stage_rows),
                 (f"### Step time, median ms (context {args.context}, K = {K}, {args.threads} threads each, "
                  f"{'interleaved' if args.interleave else 'blocked'})"),
-                table(["shape", "target", "op", "B", "rows/req", "torch ms", "ort ms", "ort/torch", "other CPU"],
+                table(["shape", "target", "op", "B", "rows/req", "torch ms", "ort ms", "ort/torch"],
                       [[r["shape"], r["precision"], r["op"], r["batch"], r["rows_per_request"], f"{r['torch_ms']:.2f}",
-                        f"{r['ort_ms']:.2f}", f"{r['ort_over_torch']:.2f}",
-                        "-" if r["other_cpu_share"] is None else f"{r['other_cpu_share']:.0%}"] for r in steps])]
+                        f"{r['ort_ms']:.2f}", f"{r['ort_over_torch']:.2f}"] for r in steps])]
     return finish(args, "Backends on CPU: quantize, export, torch vs onnxruntime step time", sections,
                   dict(modelopt_import_s=round(modelopt_import_s, 3), context=args.context, k=K, pending=PENDING,
                        max_batch=NUM_SLOTS, max_seq_len=MAX_SEQ_LEN, threads=args.threads,

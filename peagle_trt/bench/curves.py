@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> dict:
         curves = {label: read_curve(Path(path)) for label, path in specs}
     shortest = min(rows[-1]["train_cpu_s"] for rows in curves.values())
     marks = [round(f * shortest) for f in MARKS]
-    rows = [{"recipe": label, "at": f"{s / 3600:.2f} CPU h", "cpu_s": s, **(at(curve, s) or {})}
-            for s in marks for label, curve in curves.items()]
+    rows = [{"recipe": label, "at": f"{f:.0%} of the shortest", "cpu_s": s, **(at(curve, s) or {})}
+            for f, s in zip(MARKS, marks) for label, curve in curves.items()]
     rows += [{"recipe": label, "at": "final", "cpu_s": c[-1]["train_cpu_s"],
               **{key: get(c[-1]) for key, get in GETTERS.items()}} for label, c in curves.items()]
     best = max(curves, key=lambda label: curves[label][-1]["chain_accepted_k7"])

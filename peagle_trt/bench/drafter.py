@@ -15,7 +15,7 @@ import os
 import torch
 
 from peagle_trt.bench.gpu import ASSUMED, HEADS, DrafterOnlyExecutor, build_head, draft_batch
-from peagle_trt.bench.harness import CpuShare, Figure, alternate, finish, progress, summary, table
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, summary, table
 from peagle_trt.errors import ConfigError
 from peagle_trt.speculative.drafting import ParallelDrafter, SequentialDrafter
 
@@ -36,16 +36,13 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
     parallel, sequential = (lambda k: par_drafter.propose(batch, k)), (lambda k: seq_drafter.propose(batch, k))
     rows = []
     for k in ks:
-        with CpuShare() as cpu:
-            t = alternate({"parallel": lambda: parallel(k), "sequential": lambda: sequential(k)}, repeats, warmup)
+        t = alternate({"parallel": lambda: parallel(k), "sequential": lambda: sequential(k)}, repeats, warmup)
         par, seq = summary(t["parallel"], 1e3), summary(t["sequential"], 1e3)
         rows.append(dict(head=name, k=k, parallel_ms=par["median"], sequential_ms=seq["median"],
                          parallel_ms_min=par["min"], sequential_ms_min=seq["min"], parallel_spread=par["spread"],
                          sequential_spread=seq["spread"], parallel_rows=PENDING + k - 1, sequential_forwards=k,
-                         repeats=repeats, warmup=warmup, other_cpu_share=cpu.share,
-                         noisy=cpu.share is not None and cpu.share > 0.05))
-        progress(f"[{name}] K={k:<2d} parallel {par['median']:9.2f} ms   sequential {seq['median']:9.2f} ms"
-                 + ("   NOISY: other processes busy" if rows[-1]["noisy"] else ""))
+                         repeats=repeats, warmup=warmup))
+        progress(f"[{name}] K={k:<2d} parallel {par['median']:9.2f} ms   sequential {seq['median']:9.2f} ms")
     base = next((r["parallel_ms"] for r in rows if r["k"] == 1), None)
     for r in rows:
         r["seq_over_par"] = r["sequential_ms"] / r["parallel_ms"]
@@ -54,14 +51,9 @@ def bench_head(name: str, ks: list[int], context: int, repeats: int | None, warm
 
 
 def rows_table(rows: list[dict]) -> str:
-    """The drafting rows; `*` marks a row timed while other processes were busy."""
     body = [[r["head"], r["k"], f"{r['parallel_ms']:.2f}", f"{r['sequential_ms']:.2f}", f"{r['seq_over_par']:.2f}x",
-             (f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a")
-             + (" *" if r["noisy"] else "")] for r in rows]
-    text = table(["head", "K", "parallel ms", "sequential ms", "seq/par", "par K/par K=1"], body)
-    if any(r["noisy"] for r in rows):
-        text += "\n\n\\* other processes used > 5% of the CPU time while this row was timed: noisy figure"
-    return text
+             f"{r['par_over_par_k1']:.2f}x" if r["par_over_par_k1"] is not None else "n/a"] for r in rows]
+    return table(["head", "K", "parallel ms", "sequential ms", "seq/par", "par K/par K=1"], body)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -129,37 +129,6 @@ def describe(mach: dict) -> str:
             f"load {mach['loadavg'][0]}; torch {mach['torch']}, {mach['torch_threads']} threads; {mach['date']}")
 
 
-class CpuShare:
-    """Context: the share of all CPU time that OTHER processes used meanwhile (`.share`, None when
-    unknown or under `min_s` seconds of CPU capacity, the /proc/stat ticks being 10 ms)."""
-
-    def __init__(self, min_s: float = 1.0, also_ours: Callable[[], float] | None = None):
-        # also_ours(): CPU seconds of further processes that count as the benchmark's (a server tree)
-        self.min_s, self.own_extra, self.share = min_s, also_ours, None
-
-    @staticmethod
-    def _sample():
-        try:
-            with open("/proc/stat") as f:
-                ticks = [int(v) for v in f.readline().split()[1:9]]
-        except (OSError, ValueError):
-            return None
-        hz, own = os.sysconf("SC_CLK_TCK"), os.times()
-        return sum(ticks) / hz, (sum(ticks) - ticks[3] - ticks[4]) / hz, own.user + own.system
-
-    def __enter__(self) -> CpuShare:
-        self.a, self.extra = self._sample(), self.own_extra() if self.own_extra else 0.0
-        return self
-
-    def __exit__(self, *exc) -> None:
-        b = self._sample()
-        if self.a is None or b is None or b[0] <= self.a[0] or (b[0] - self.a[0]) / (os.cpu_count() or 1) < self.min_s:
-            return
-        extra = (self.own_extra() - self.extra) if self.own_extra else 0.0
-        other = (b[1] - self.a[1]) - (b[2] - self.a[2]) - extra
-        self.share = round(max(other, 0.0) / (b[0] - self.a[0]), 3)
-
-
 # -- load -----------------------------------------------------------------------------------------------
 def closed_loop(n: int, conc: int, run_one: Callable[[int, object], None],
                 session: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:

@@ -13,7 +13,7 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.harness import CpuShare, Figure, finish, progress, summary, table, timed
+from peagle_trt.bench.harness import Figure, finish, progress, summary, table, timed
 from peagle_trt.config import KVLayout, SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.speculative.decoder import SpecDecoder
@@ -78,12 +78,11 @@ def make_scheduler(mode: str, k: int, batch: int, accept: int, prompt_len: int) 
 def run_config(mode: str, k: int, batch: int, accept: int, steps: int, warmup: int,
                prompt_len: int = 16) -> dict:
     sched = make_scheduler(mode, k, batch, accept, prompt_len)
-    with CpuShare(min_s=0.0) as cpu:
-        for _ in range(warmup):  # the first step admits and prefills
-            sched.step()
-        assert len(sched.running) == batch and all(r.seq.prefilled for r in sched.running)
-        tokens_before = sum(len(r.seq.output) for r in sched.running)
-        times = [timed(sched.step) for _ in range(steps)]
+    for _ in range(warmup):  # the first step admits and prefills
+        sched.step()
+    assert len(sched.running) == batch and all(r.seq.prefilled for r in sched.running)
+    tokens_before = sum(len(r.seq.output) for r in sched.running)
+    times = [timed(sched.step) for _ in range(steps)]
     assert len(sched.running) == batch, "a request finished while timed"
     tokens = sum(len(r.seq.output) for r in sched.running) - tokens_before
     st = summary(times, 1e3)
@@ -93,15 +92,15 @@ def run_config(mode: str, k: int, batch: int, accept: int, steps: int, warmup: i
             "steps": steps, "median_ms": round(st["median"], 4),
             "p90_ms": round(ms[min(len(ms) - 1, int(round(0.9 * (len(ms) - 1))))], 4),
             "spread": st["spread"], "per_request_us": round(st["median"] * 1e3 / batch, 2),
-            "tokens_per_step": round(tokens / steps / batch, 3), "other_cpu_share": cpu.share}
+            "tokens_per_step": round(tokens / steps / batch, 3)}
 
 
 def rows_table(rows: list[dict]) -> str:
     return table(
-        ["mode", "K", "batch", "acc/step", "median ms", "p90 ms", "µs/request", "tok/req/step", "other CPU"],
+        ["mode", "K", "batch", "acc/step", "median ms", "p90 ms", "µs/request", "tok/req/step"],
         [[r["mode"], r["k"], r["batch"], r["accepted_per_step"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
-          f"{r['per_request_us']:.1f}", f"{r['tokens_per_step']:.2f}",
-          "-" if r["other_cpu_share"] is None else format(r["other_cpu_share"], ".0%")] for r in rows])
+          f"{r['per_request_us']:.1f}", f"{r['tokens_per_step']:.2f}"]
+         for r in rows])
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:

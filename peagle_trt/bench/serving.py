@@ -21,12 +21,12 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from peagle_trt.bench.harness import (
-    CpuShare,
     Figure,
     alternate,
     closed_loop,
@@ -52,77 +52,64 @@ def make_prompts(n: int) -> list[str]:
     return [f"{CORPUS[i % len(CORPUS)]} Request {i}: continue." for i in range(n)]
 
 
-def run_inprocess(engine: TextGenerator, prompts: list[str], params: SamplingParams, conc: int,
-                  tag: str) -> tuple[float, list[dict]]:
-    """Closed loop over the engine's submit API (`conc` client threads, each waiting for its request
-    to finish); returns (wall seconds, per-request records)."""
-    recs = [{"ids": [], "text_t": None} for _ in prompts]
+def streamed(prompts: list[str], conc: int, send: Callable, session=contextlib.nullcontext) -> tuple[float, list]:
+    """Closed loop of `conc` client threads; `send(i, ctx, first_text)` streams request i (calling
+    `first_text()` on every non-empty text piece) and returns (token ids, finish reason).
+    Returns (wall seconds, per request: ids, tokens, finish_reason, ttft_s (first text), latency_s)."""
+    recs: list = [None] * len(prompts)
 
-    def run_one(i: int, _) -> None:
-        rec, done = recs[i], threading.Event()
+    def run_one(i: int, ctx) -> None:
+        first: list[float] = []
+        start = time.perf_counter()
+        ids, reason = send(i, ctx, lambda: first or first.append(time.perf_counter()))
+        recs[i] = {"ids": ids, "tokens": len(ids), "finish_reason": reason,
+                   "ttft_s": first[0] - start if first else None, "latency_s": time.perf_counter() - start}
+
+    return closed_loop(len(prompts), conc, run_one, session), recs
+
+
+def send_inprocess(engine: TextGenerator, prompts: list[str], params: SamplingParams, tag: str) -> Callable:
+    def send(i: int, _, first_text) -> tuple[list[int], str]:
+        ids, done, reason = [], threading.Event(), []
 
         def on_event(ev) -> None:
-            now = time.perf_counter()
-            if ev.text and rec["text_t"] is None:
-                rec["text_t"] = now
-            rec["ids"] += ev.token_ids
+            if ev.text:
+                first_text()
+            ids.extend(ev.token_ids)
             if ev.finished:
-                rec["end"], rec["finish_reason"] = now, ev.finish_reason
+                reason.append(ev.finish_reason)
                 done.set()
 
-        rec["start"] = time.perf_counter()
         engine.submit(f"{tag}-{i}", prompts[i], params, on_event)
         if not done.wait(600):
             raise TimeoutError(f"request {tag}-{i} did not finish in 600 s")
-
-    return closed_loop(len(prompts), conc, run_one), [summarize(r) for r in recs]
-
-
-def run_triton(url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
-    """Closed loop: `conc` client threads, each streaming one request at a time with stream_generate."""
-    recs = [{"ids": [], "text_t": None} for _ in prompts]
-
-    def run_one(i: int, _) -> None:
-        rec = recs[i]
-
-        def on_text(piece: str) -> None:
-            if rec["text_t"] is None:
-                rec["text_t"] = time.perf_counter()
-
-        rec["start"] = time.perf_counter()
-        out = stream_generate(url, prompts[i], params, on_text=on_text)
-        rec["end"] = time.perf_counter()
-        rec["ids"] = out["token_ids"]
-        rec["finish_reason"] = out.get("finish_reason")
-
-    return closed_loop(len(prompts), conc, run_one), [summarize(r) for r in recs]
+        return ids, reason[0]
+    return send
 
 
-def run_openai(base_url: str, prompts: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
-    """Closed loop over the OpenAI frontend: `conc` threads, each streaming /v1/completions (SSE)."""
-    import httpx
+def send_triton(url: str, prompts: list[str], params: SamplingParams) -> Callable:
+    def send(i: int, _, first_text) -> tuple[list[int], str]:
+        out = stream_generate(url, prompts[i], params, on_text=lambda piece: first_text())
+        return out["token_ids"], out.get("finish_reason")
+    return send
 
-    recs = [{"ids": [], "text_t": None} for _ in prompts]
 
-    def run_one(i: int, http) -> None:
-        rec = recs[i]
+def send_openai(prompts: list[str], params: SamplingParams) -> Callable:
+    """/v1/completions streamed (SSE) with the thread's httpx client (its session)."""
+    def send(i: int, http, first_text) -> tuple[list[int], str]:
         body = {"model": "peagle", "prompt": prompts[i], "max_tokens": params.max_tokens, "temperature": 0,
                 "ignore_eos": params.ignore_eos, "stream": True, "return_token_ids": True}
-        rec["start"] = time.perf_counter()
+        ids, reason = [], None
         with http.stream("POST", "/completions", json=body) as r:
             r.raise_for_status()
-            for line in r.iter_lines():
-                if not line.startswith("data: {"):
-                    continue
+            for line in (x for x in r.iter_lines() if x.startswith("data: {")):
                 choice = (json.loads(line[6:])["choices"] or [{}])[0]
-                if choice.get("text") and rec["text_t"] is None:
-                    rec["text_t"] = time.perf_counter()
-                rec["ids"] += choice.get("token_ids", [])
-                rec["finish_reason"] = choice.get("finish_reason") or rec.get("finish_reason")
-        rec["end"] = time.perf_counter()
-
-    wall = closed_loop(len(prompts), conc, run_one, lambda: httpx.Client(base_url=base_url, timeout=600))
-    return wall, [summarize(r) for r in recs]
+                if choice.get("text"):
+                    first_text()
+                ids += choice.get("token_ids", [])
+                reason = choice.get("finish_reason") or reason
+        return ids, reason
+    return send
 
 
 @contextlib.contextmanager
@@ -138,40 +125,15 @@ def openai_frontend(repo: Path, grpc_url: str):
     try:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError("the OpenAI frontend did not start")
-        yield f"http://127.0.0.1:{port}/v1", proc.pid
+        yield f"http://127.0.0.1:{port}/v1"
     finally:
         proc.stdin.close()
         proc.wait(30)
 
 
-def summarize(rec: dict) -> dict:
-    start = rec["start"]
-    return {"ids": rec["ids"], "tokens": len(rec["ids"]), "finish_reason": rec.get("finish_reason"),
-            "ttft_s": (rec["text_t"] - start) if rec["text_t"] is not None else None,
-            "latency_s": rec["end"] - start}
-
-
 def mean(values) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.fmean(values) if values else None
-
-
-def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of process `root` and its live descendants, from /proc."""
-    hz, parent, used = os.sysconf("SC_CLK_TCK"), {}, {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                rest = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        parent[int(entry)], used[int(entry)] = int(rest[1]), (int(rest[11]) + int(rest[12])) / hz
-    total, todo = 0.0, [root]
-    while todo:
-        pid = todo.pop()
-        total += used.get(pid, 0.0)
-        todo += [c for c, p in parent.items() if p == pid]
-    return total
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -215,25 +177,26 @@ def bench(args, concs: list[int], work: Path) -> dict:
     engine.start()
     spec = ServeOptions(repo_root, "127.0.0.1", free_port(), free_port(), free_port(),
                         ready_timeout_s=180, log_path=work / "tritonserver.log")
-    runs: dict[tuple[str, int], list] = {}  # (path, C) -> [(wall, recs, other CPU share) per round]
+    runs: dict[tuple[str, int], list] = {}  # (path, C) -> [(wall, recs) per round]
     try:
         with TritonServer(spec) as server, (openai_frontend(repo_root, server.grpc_url) if args.openai
-                                            else contextlib.nullcontext((None, None))) as (openai_url, fe_pid):
-            pids = [server.proc.pid] + ([fe_pid] if fe_pid else [])
-            paths = {"inproc": lambda c, tag: run_inprocess(engine, prompts, params, c, tag),
-                     "triton": lambda c, tag: run_triton(server.grpc_url, prompts, params, c)}
+                                            else contextlib.nullcontext()) as openai_url:
+            paths = {"inproc": lambda c, tag: streamed(prompts, c, send_inprocess(engine, prompts, params, tag)),
+                     "triton": lambda c, tag: streamed(prompts, c, send_triton(server.grpc_url, prompts, params))}
             if openai_url:
-                paths["openai"] = lambda c, tag: run_openai(openai_url, prompts, params, c)
+                import httpx
+
+                paths["openai"] = lambda c, tag: streamed(prompts, c, send_openai(prompts, params),
+                                                          lambda: httpx.Client(base_url=openai_url, timeout=600))
             for name, fn in paths.items():  # warm-up: first forwards, first connections, lazy imports
                 fn(2, f"warmup-{name}")
             for conc in concs:
                 def timed_path(name, conc=conc):
                     def go() -> float:
-                        with CpuShare(min_s=0.0, also_ours=lambda: sum(tree_cpu(p) for p in pids)) as cpu:
-                            wall, recs = paths[name](conc, f"{name}-{conc}-{len(runs.get((name, conc), []))}")
-                        runs.setdefault((name, conc), []).append((wall, recs, cpu.share))
-                        progress(f"  C={conc} {name}: {wall:.2f} s, other CPU {cpu.share or 0:.0%}")
-                        return wall
+                        rounds = runs.setdefault((name, conc), [])
+                        rounds.append(paths[name](conc, f"{name}-{conc}-{len(rounds)}"))
+                        progress(f"  C={conc} {name}: {rounds[-1][0]:.2f} s")
+                        return rounds[-1][0]
                     return go
 
                 alternate({name: timed_path(name) for name in paths}, args.repeats, warmup=0, clock=reported)
@@ -248,17 +211,15 @@ def report(args, prompts: list[str], concs: list[int], paths: list[str], runs: d
         per = {}
         for path in paths:
             rr = runs[(path, conc)]
-            reqs = [r for _, rs, _ in rr for r in rs]
-            wall = statistics.median(w for w, _, _ in rr)
-            tokens = statistics.median(sum(r["tokens"] for r in rs) for _, rs, _ in rr)
-            others = [c for _, _, c in rr if c is not None]
+            reqs = [r for _, rs in rr for r in rs]
+            wall = statistics.median(w for w, _ in rr)
+            tokens = statistics.median(sum(r["tokens"] for r in rs) for _, rs in rr)
             per[path] = {"path": path, "concurrency": conc, "requests": len(prompts), "rounds": len(rr),
-                         "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _, _ in rr],
-                         "other_cpu_share_max": max(others) if others else None,
+                         "wall_s": round(wall, 4), "walls_s": [round(w, 4) for w, _ in rr],
                          "output_tokens": tokens, "tokens_per_s": round(tokens / wall, 2),
                          "mean_ttft_ms": round(mean(r["ttft_s"] for r in reqs) * 1e3, 2),
                          "mean_latency_ms": round(mean(r["latency_s"] for r in reqs) * 1e3, 2)}
-            for rnd, (_, rs, _) in enumerate(rr):  # every round of every path: the first one's token ids
+            for rnd, (_, rs) in enumerate(rr):  # every round of every path: the first one's token ids
                 reference = reference or [r["ids"] for r in rs]
                 mismatches += [{"path": path, "concurrency": conc, "round": rnd, "prompt": i}
                                for i, (a, r) in enumerate(zip(reference, rs)) if a != r["ids"]]
@@ -277,7 +238,7 @@ def report(args, prompts: list[str], concs: list[int], paths: list[str], runs: d
 
     body = [[r["path"], r["concurrency"], f"{r['wall_s']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['mean_ttft_ms']:.1f}",
              f"{r['mean_latency_ms']:.1f}", f(r.get("wall_ratio_vs_inproc") or r.get("wall_ratio_vs_triton")),
-             f(r.get("ttft_ratio_vs_inproc")), f(r["other_cpu_share_max"], ".0%")] for r in rows]
+             f(r.get("ttft_ratio_vs_inproc"))] for r in rows]
     lines = [f"- {r['path']} wall <= {TARGET_RATIO:.2f}x {'in-process' if r['path'] == 'triton' else 'Triton'} at "
              f"C={r['concurrency']}: {'MET' if r['target_met'] else 'NOT MET'} (per-round ratios "
              f"{r.get('paired_wall_ratios_vs_inproc') or r.get('paired_wall_ratios_vs_triton')})"
@@ -290,8 +251,8 @@ def report(args, prompts: list[str], concs: list[int], paths: list[str], runs: d
     sections = [f"{len(prompts)} prompts x {args.max_tokens} tokens, greedy, peagle K=3, tiny llama on CPU, torch "
                 f"threads {torch.get_num_threads()}; median wall of {args.repeats} rounds (paths alternated); "
                 "ratio: triton over in-process, openai over triton",
-                table(["path", "conc", "wall s", "tok/s", "TTFT ms", "latency ms", "wall ratio", "TTFT ratio",
-                       "other CPU"], body), "\n".join(lines)]
+                table(["path", "conc", "wall s", "tok/s", "TTFT ms", "latency ms", "wall ratio", "TTFT ratio"], body),
+                "\n".join(lines)]
     return finish(args, "Streaming: Triton gRPC and OpenAI vs in-process", sections,
                   {"prompts": len(prompts), "max_tokens": args.max_tokens, "spec": {"mode": "peagle", "k": 3},
                    "max_batch": args.max_batch, "repeats": args.repeats, "target_wall_ratio": TARGET_RATIO,

@@ -22,12 +22,12 @@ SMOKE = {  # suite -> extra options of its smoke run
     "drafter": [], "backends": [], "families": [], "step-cost": [], "verify-shapes": [],
     "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
-REAL_MODEL = ("decode", "fp8-quality")  # --smoke on SmolLM2 (the converted wheel, tests/conftest.py)
+TARGET_SUITES = ("decode", "fp8-quality")  # --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
 NEEDS_TRITON = ("serving",)
 
 
 def test_every_suite_has_a_smoke_test():
-    assert set(SMOKE) | set(REAL_MODEL) | set(ELSEWHERE) == set(SUITES)
+    assert set(SMOKE) | set(TARGET_SUITES) | set(ELSEWHERE) == set(SUITES)
 
 
 def check(name: str, result: dict, out) -> None:
@@ -46,12 +46,22 @@ def test_smoke(name, tmp_path):
     check(name, run_suite(name, ["--smoke", "--output-dir", str(tmp_path), *options]), tmp_path)
 
 
-@pytest.mark.parametrize("name", REAL_MODEL)
-def test_smoke_on_the_real_model(name, smollm2, tmp_path):
+def check_target_suite(name: str, target, out) -> None:
     flag = "--target" if name == "decode" else "--fp32"
-    result = run_suite(name, ["--smoke", "--output-dir", str(tmp_path), flag, str(smollm2["target"])])
-    check(name, result, tmp_path)
+    result = run_suite(name, ["--smoke", "--output-dir", str(out), flag, str(target)])
+    check(name, result, out)
     if name == "decode":
         assert {"transformers", "ours (torch)", "ours (onnxruntime)"} == set(result["decode"])
     else:
         assert 0.0 <= result["top1_agreement"] <= 1.0 and result["positions"] == 64
+
+
+@pytest.mark.parametrize("name", TARGET_SUITES)
+def test_smoke_on_the_tiny_llama(name, tiny, tmp_path):
+    check_target_suite(name, tiny["llama"], tmp_path)
+
+
+@pytest.mark.slow  # minutes on 2 busy cores: the onnxruntime graphs of SmolLM2 are made in memory
+@pytest.mark.parametrize("name", TARGET_SUITES)
+def test_smoke_on_the_real_model(name, smollm2, tmp_path):
+    check_target_suite(name, smollm2["target"], tmp_path)
