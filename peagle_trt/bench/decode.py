@@ -1,31 +1,23 @@
-"""Suite `decode` (docs/BENCHMARKS.md, "SmolLM2-135M: decode speed"): how fast a real target
-decodes on this CPU, next to transformers and next to what the machine allows.
-
-    peagle-trt bench decode --target DIR [--threads 2] [--rounds 3] [--tokens 32]
-
-Everything runs in ONE process, on the same float32 weights and thread count; in every round each
-contender runs once, in turn (alternating), and the figures are medians over rounds.
-  machine   read bandwidth of a large float32 matrix-vector product (GB/s) and the peak of a
-            large float32 GEMM (GFLOP/s), both measured here, now;
-  decode    batch-1 greedy tokens/s (prefill included, as `generate` reports it) of
-            transformers' `generate` and of our serving engine with --spec-mode none on each CPU
-            backend (the path `peagle-trt generate --target` runs); % of the bandwidth roofline
-            = (weight + KV bytes read per step / bandwidth) / measured time per token;
-  verify    one target forward of 1/2/4/8 rows after a 64-token context (ms) for ours (torch,
-            onnxruntime) and transformers (a forward over its KV cache, cropped back after
-            each), and % of the roofline max(bytes / bandwidth, FLOPs / GEMM peak);
-  batch     target-only tokens/s of 8 concurrent requests over 1 (the default backend).
-Prints a markdown table; the JSON of the results is the last stdout line.
+"""Suite `decode` (docs/BENCHMARKS.md, "decode"): how fast a real target (default the cached SmolLM2-135M)
+decodes on this CPU, next to transformers and next to what the machine allows, in ONE process on the
+same float32 weights and threads, contenders alternated within --rounds rounds (medians):
+  decode  batch-1 greedy tokens/s (prefill included) of transformers' `generate` and of our engine
+          (--spec-mode none) on each CPU backend; % of the bandwidth roofline = bytes read per step
+          (weights + KV) / the machine's read bandwidth, over the measured time per token;
+  verify  one target forward of 1/2/4/8 rows after a 64-token context (ms), ours and transformers',
+          and % of the roofline max(bytes / bandwidth, FLOPs / GEMM peak);
+  batch   target-only tokens/s of 8 concurrent requests over 1.
+The bandwidth and GEMM peak are the harness's machine measurement of the same run.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
 
 import torch
+
+from peagle_trt.bench.harness import Figure, alternate, finish, machine, progress, table
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 ROWS = (1, 2, 4, 8)
@@ -42,35 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _say(what: str) -> None:
-    print(f"[bench decode] {what}", file=sys.stderr, flush=True)  # progress; stdout is the report
-
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
-def _rounds(contenders: dict, rounds: int) -> dict:
-    """Each contender once per round, in turn; -> {name: [seconds per round]} (after one warm-up)."""
-    for fn in contenders.values():
-        fn()
-    times = {name: [] for name in contenders}
-    for _ in range(rounds):
-        for name, fn in contenders.items():
-            times[name].append(_timed(fn))
-    return times
-
-
-def machine(rounds: int) -> dict:
-    """Read bandwidth (GB/s) of a 256 MiB float32 matrix-vector product, and the float32 GEMM peak
-    (GFLOP/s) of a 1024^3 product: medians over `rounds` x 3."""
-    w = torch.randn(8192, 8192)  # [R, C] 256 MiB
-    x = torch.randn(8192)
-    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
-    t = _rounds({"mv": lambda: torch.mv(w, x), "mm": lambda: torch.mm(a, b)}, rounds * 3)
-    return {"bandwidth_gbs": w.numel() * 4 / statistics.median(t["mv"]) / 1e9,
-            "gemm_gflops": 2 * 1024 ** 3 / statistics.median(t["mm"]) / 1e9}
+    progress(f"[bench decode] {what}")
 
 
 def model_costs(target) -> dict:
@@ -123,13 +87,15 @@ def _engine_decode(engine, n: int, batch: int = 1):
 
 
 def _verify_ours(executor, ids: list[int], m: int):
+    # one request holding blocks 0 .. M-1 of every KV group ([G, 1, M] tables); the engine is idle meanwhile
+    tables = torch.arange(executor.kv.max_blocks).expand(len(executor.windows), 1, -1).contiguous()
     ctx = torch.tensor([ids[:CONTEXT]])
-    executor.target(ctx, torch.arange(CONTEXT)[None], torch.tensor([0]), torch.tensor([[CONTEXT - 1]]))
+    executor.target(ctx, torch.arange(CONTEXT)[None], tables, torch.tensor([[CONTEXT - 1]]))
     tokens = torch.tensor([ids[CONTEXT:CONTEXT + m]])  # [1, m]
     positions = CONTEXT + torch.arange(m)[None]
 
     def run():
-        executor.target(tokens, positions, torch.tensor([0]))  # logits of all m rows, as a verify
+        executor.target(tokens, positions, tables)  # logits of all m rows, as a verify
     return run
 
 
@@ -161,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     rounds, n = (1, 8) if args.smoke else (args.rounds, args.tokens)
     _say("machine: bandwidth and GEMM peak")
-    mach = machine(rounds)
+    mach = machine(args.smoke)
     bw, peak = mach["bandwidth_gbs"] * 1e9, mach["gemm_gflops"] * 1e9
     _say("loading transformers, our torch and onnxruntime engines")
     hf_logging.disable_progress_bar()
@@ -174,7 +140,7 @@ def run(args: argparse.Namespace) -> dict:
     executors = {f"ours ({b})": e.scheduler.decoder.ex for b, e in engines.items()}  # verify on slot 0
     costs = model_costs(executors["ours (torch)"].target_model)
     _say("decode, batch 1")
-    decode = _rounds({"transformers": _hf_decode(hf, ids, n),
+    decode = alternate({"transformers": _hf_decode(hf, ids, n),
                       **{f"ours ({b})": _engine_decode(e, n) for b, e in engines.items()}}, rounds)
     step_bytes = costs["weight_bytes"] + costs["kv_bytes_per_pos"] * (len(ids) + n // 2)
     decode_rows = {}
@@ -190,7 +156,7 @@ def run(args: argparse.Namespace) -> dict:
     for m in ROWS:
         fns = {name: _verify_ours(ex, long_ids, m) for name, ex in executors.items()}
         fns["transformers"] = _verify_hf(hf, long_ids, m)
-        t = _rounds(fns, rounds)
+        t = alternate(fns, rounds)
         kv = costs["kv_bytes_per_pos"] * (CONTEXT + m)
         roof = max((costs["weight_bytes"] + kv) / bw, 2 * costs["gemm_params"] * m / peak)
         verify[m] = {name: {"ms": 1e3 * statistics.median(v),
@@ -200,37 +166,32 @@ def run(args: argparse.Namespace) -> dict:
     _say("batch 1 vs batch 8")
     batch = {}
     for b, e in engines.items():
-        t = _rounds({1: _engine_decode(e, n, 1), 8: _engine_decode(e, n, 8)}, rounds)
+        t = alternate({1: _engine_decode(e, n, 1), 8: _engine_decode(e, n, 8)}, rounds)
         batch[b] = {"b1_tokens_per_s": n / statistics.median(t[1]),
                     "b8_tokens_per_s": 8 * n / statistics.median(t[8])}
         batch[b]["ratio"] = batch[b]["b8_tokens_per_s"] / batch[b]["b1_tokens_per_s"]
 
     results = {"threads": args.threads, "rounds": rounds, "tokens": n, "prompt_tokens": len(ids),
-               "machine": mach, "model": costs, "step_bytes": step_bytes, "decode": decode_rows,
+               "model": costs, "step_bytes": step_bytes, "decode": decode_rows,
                "verify": {str(m): v for m, v in verify.items()}, "batch": batch}
-    from peagle_trt.bench.report import emit
+    default = decode_rows["ours (onnxruntime)"]
+    return finish(args, "SmolLM2-135M decode on CPU: ours vs transformers vs the roofline", report(results),
+                  results, [Figure("SmolLM2-135M decode, batch 1: ours (onnxruntime) over transformers' generate",
+                                   default["x_transformers"], "x", ">= 1.5x", 1),
+                            Figure("SmolLM2-135M decode, batch 1: ours (onnxruntime), share of the bandwidth roofline",
+                                   default["roofline_pct"], "%", ">= 60%", 0)], mach)
 
-    emit(args, report(results))
-    return results
 
-
-def report(r: dict) -> str:
-    m = r["machine"]
-    lines = [f"machine: read bandwidth {m['bandwidth_gbs']:.1f} GB/s (fp32 matvec), GEMM peak "
-             f"{m['gemm_gflops']:.1f} GFLOP/s; {r['threads']} threads; {r['rounds']} rounds; "
-             f"{r['step_bytes'] / 1e6:.0f} MB read per decode step", "",
-             "| decode, batch 1 | tokens/s | x transformers | % of roofline |", "|---|---|---|---|"]
-    for name, row in r["decode"].items():
-        lines.append(f"| {name} | {row['tokens_per_s']:.2f} | {row['x_transformers']:.2f} | "
-                     f"{row['roofline_pct']:.0f}% |")
+def report(r: dict) -> list[str]:
     names = [k for k in r["verify"]["1"] if k != "roofline_ms"]
-    lines += ["", "| verify rows | roofline ms | " + " | ".join(f"{k} ms (% roofline)" for k in names) + " |",
-              "|---" * (len(names) + 2) + "|"]
-    for rows, v in r["verify"].items():
-        lines.append(f"| {rows} | {v['roofline_ms']:.1f} | "
-                     + " | ".join(f"{v[k]['ms']:.1f} ({v[k]['roofline_pct']:.0f}%)" for k in names) + " |")
-    lines += ["", "| backend | batch 1 tokens/s | batch 8 tokens/s | ratio |", "|---|---|---|---|"]
-    for b, row in r["batch"].items():
-        lines.append(f"| {b} | {row['b1_tokens_per_s']:.2f} | {row['b8_tokens_per_s']:.2f} | "
-                     f"{row['ratio']:.2f} |")
-    return "\n".join(lines)
+    return [f"{r['threads']} threads; {r['rounds']} rounds; {r['step_bytes'] / 1e6:.0f} MB read per decode step",
+            table(["decode, batch 1", "tokens/s", "x transformers", "% of roofline"],
+                  [[name, f"{row['tokens_per_s']:.2f}", f"{row['x_transformers']:.2f}", f"{row['roofline_pct']:.0f}%"]
+                   for name, row in r["decode"].items()]),
+            table(["verify rows", "roofline ms", *(f"{k} ms (% roofline)" for k in names)],
+                  [[rows, f"{v['roofline_ms']:.1f}",
+                    *(f"{v[k]['ms']:.1f} ({v[k]['roofline_pct']:.0f}%)" for k in names)]
+                   for rows, v in r["verify"].items()]),
+            table(["backend", "batch 1 tokens/s", "batch 8 tokens/s", "ratio"],
+                  [[b, f"{row['b1_tokens_per_s']:.2f}", f"{row['b8_tokens_per_s']:.2f}", f"{row['ratio']:.2f}"]
+                   for b, row in r["batch"].items()])]

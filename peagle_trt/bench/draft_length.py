@@ -1,4 +1,4 @@
-"""Suite `draft-length` (docs/BENCHMARKS.md, "Adaptive K on a simulated server"): the adaptive rule's
+"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule's
 own loss against every fixed K, with the machine's noise and load under control. No model runs:
 each step's cost comes from a model fit to measured SmolLM2-135M shapes on this CPU, each draft is
 accepted by its request kind's rates, and the rule (peagle_trt/speculative/draft_length.py,
@@ -7,12 +7,12 @@ accepted by its request kind's rates, and the rule (peagle_trt/speculative/draft
     peagle-trt bench draft-length [--noise 0.08] [--drift 0.1] [--seeds 3] --output-dir OUT   # ~5 s
 
 Why: on the real model the configurations differ by a few percent and this shared VM moves the same
-pass by as much between rounds (docs/BENCHMARKS.md, "Speculation controls"), so a rule change cannot
+pass by as much between rounds (docs/BENCHMARKS.md, "speculation"), so a rule change cannot
 be judged there. Here every configuration meets the same requests, the same acceptance draws and the
 same load curve (a function of simulated time), so the ratios are the rule's doing.
 
 The model of a step (ms; b requests, k drafts each, n context tokens of all b together):
-    verify(b, k, n) = 8 + b (3.3 + 1.4 k) + 0.01 n (1 + 0.25 k)   scripts/verify_shapes.py's table
+    verify(b, k, n) = 8 + b (3.3 + 1.4 k) + 0.01 n (1 + 0.25 k)   `peagle-trt bench verify-shapes`
     drafter pass    = 1.2 + 0.08 b + 0.3 k (+ 0.05 per deferred row)   the `draft_slots` figures
     x load(t) = 1 + drift sin(t / 7 s), x exp(N(0, noise)) per reading
 It mirrors the decoder's (peagle_trt/speculative/decoder.py) handling of k = 0: the rows are
@@ -31,7 +31,7 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.bench.harness import Figure, finish, table
 from peagle_trt.config import SpecConfig
 from peagle_trt.speculative.draft_length import DraftLengths
 from peagle_trt.speculative.stats import SpecStats
@@ -135,7 +135,9 @@ def run(args: argparse.Namespace) -> dict:
                              "adaptive_over_best_fixed": round(rate[None] / rate[best], 3),
                              **{f"K={p}": round(rate[p] / rate[best], 3) for p in FIXED_KS}})
     cols = ["head", "batch", "workload", "best_fixed", "adaptive_over_best_fixed", *(f"K={p}" for p in FIXED_KS)]
-    emit(args, "## Adaptive K on a simulated server (ratios to the best fixed K)\n\n"
-         + markdown_table(cols, [[r[c] for c in cols] for r in rows]))
-    return {"suite": "draft-length", "smoke": args.smoke, "noise": args.noise, "drift": args.drift,
-            "seeds": seeds, "rows": rows}
+    worst = min(rows, key=lambda r: r["adaptive_over_best_fixed"])
+    return finish(args, "Adaptive K on a simulated server (ratios to the best fixed K)",
+                  [table(cols, [[r[c] for c in cols] for r in rows])],
+                  {"noise": args.noise, "drift": args.drift, "seeds": seeds, "rows": rows},
+                  [Figure("adaptive K over the best fixed K, simulated server, worst cell",
+                          worst["adaptive_over_best_fixed"], "x", ">= 0.97x", 3)])

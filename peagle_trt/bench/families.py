@@ -1,35 +1,21 @@
-"""Suite `families` (docs/BENCHMARKS.md, "MoE targets at real widths on CPU"): real-width layer slices of
-the P-EAGLE target models on CPU, and the bytes a decode step reads.
-
-Measured (random weights, fp32 on CPU, our reference decoder layers and KV cache):
-  * a layer slice of Qwen3-Coder-30B-A3B (1 sparse layer) and GPT-OSS-20B (2 layers: one
-    sliding-window, one full) at their real widths: weight bytes, process RSS, one decode step
-    (1 row), one verify step (K+1 = 8 rows) and one prefill chunk (128 rows) at position 4096;
-  * the CPU cost of ONE expert MLP for 1 and 8 rows.
-Computed (not measured): bytes read per decode / verify step of the FULL models (weights of
-attention, routers, the experts the rows route to, lm_head, plus the KV cache), and the
-memory-bandwidth floor of that step on H200 / B200 (a projection, not a measurement).
-
-    peagle-trt bench families [--reps 5] --output-dir artifacts/bench   # ~4 min, ~7 GB peak RSS
-    peagle-trt bench families --bytes-only                               # the computed bytes alone
-(--smoke is --bytes-only: the real-width slices need several GB of memory even for one repetition.)
-
-The configs are those of the released checkpoints (config.json as published); the adapters of
-peagle_trt/checkpoint/adapters/ parse them, so this also checks they read the real configs.
+"""Suite `families` (docs/BENCHMARKS.md, "families"): real-width layer slices of the MoE targets on CPU
+(random weights, fp32, our decoder layers and KV cache): Qwen3-Coder-30B-A3B (1 sparse layer) and
+GPT-OSS-20B (2 layers: sliding and full) at position 4096: one decode (1 row), verify (K+1 = 8 rows)
+and prefill chunk (128 rows), alternated, wall and process-CPU ms; one expert MLP for 1 and 8 rows.
+Computed, not measured: the bytes one decode / verify step of the FULL model reads, and its bandwidth
+floor on H200 / B200 (a projection). The configs are the released config.json files, parsed by the
+checkpoint adapters. --smoke is --bytes-only (the slices need several GB even once). ~4 min, ~7 GB.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import resource
-import statistics
 import time
 
 import torch
 
-from peagle_trt.bench.common import cpu_model, progress
-from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, summary, table
 from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
@@ -65,20 +51,20 @@ def rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
-def timed(fn, reps: int) -> dict:
-    """Median wall and process-CPU milliseconds (CPU time is less sensitive to a loaded machine)."""
-    fn()  # warm-up
-    wall, cpu = [], []
-    for _ in range(reps):
-        t0, c0 = time.perf_counter(), time.process_time()
-        fn()
-        wall.append(time.perf_counter() - t0)
-        cpu.append(time.process_time() - c0)
-    return {"wall_ms": round(statistics.median(wall) * 1e3, 3), "cpu_ms": round(statistics.median(cpu) * 1e3, 3)}
+def timed(fns: dict, reps: int) -> dict:
+    """Median wall and process-CPU ms of each fn, alternated (CPU time is less sensitive to a loaded machine)."""
+    cpu: dict = {n: [] for n in fns}
 
+    def with_cpu(name, fn):
+        def go():
+            c0 = time.process_time()
+            fn()
+            cpu[name].append(time.process_time() - c0)
+        return go
 
-def load_avg() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
+    wall = alternate({n: with_cpu(n, fn) for n, fn in fns.items()}, reps)
+    return {n: {"wall_ms": round(summary(wall[n], 1e3)["median"], 3),
+                "cpu_ms": round(summary(cpu[n][-reps:], 1e3)["median"], 3)} for n in fns}
 
 
 @torch.inference_mode()
@@ -113,11 +99,10 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
 
     out = {"layers_in_slice": layers, "layer_windows": [c.window(i) for i in range(layers)],
            "weight_gib": round(weight_bytes / 2 ** 30, 3),
-           "step": {f"{n}_rows": timed(step(n), reps) for n in (1, K + 1, 128)},
-           "load_avg_after_steps": load_avg()}
+           "step": timed({f"{n}_rows": step(n) for n in (1, K + 1, 128)}, reps)}
     expert = next(m.mlp.experts[0] for m in mods if hasattr(m.mlp, "experts"))
-    out["one_expert"] = {f"{n}_rows": timed(lambda: expert(torch.randn(n, c.hidden_size, dtype=DTYPE)), reps * 4)
-                         for n in (1, K + 1)}
+    xs = {n: torch.randn(n, c.hidden_size, dtype=DTYPE) for n in (1, K + 1)}
+    out["one_expert"] = timed({f"{n}_rows": (lambda x=x: expert(x)) for n, x in xs.items()}, reps * 4)
     out["rss_gib_increase"] = round(rss_gib() - rss0, 3)
     return out
 
@@ -150,41 +135,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bytes-only", action="store_true", help="only the computed bytes per step")
 
 
-def report(result: dict) -> str:
+def sections(result: dict) -> list[str]:
     """The markdown tables: the measured CPU slices, then the computed bytes per step."""
-    text = [f"## MoE targets on CPU (fp32, position {CONTEXT}, {result['env']['threads']} threads)"]
-    slices = [[name, f"{r['cpu_slice']['layers_in_slice']}", what,
-               f"{t['wall_ms']:.1f}", f"{t['cpu_ms']:.1f}"]
-              for name, r in result.items() if name != "env" and r["cpu_slice"]
+    slices = [[name, f"{r['cpu_slice']['layers_in_slice']}", what, f"{t['wall_ms']:.1f}", f"{t['cpu_ms']:.1f}"]
+              for name, r in result.items() if r["cpu_slice"]
               for what, t in [*r["cpu_slice"]["step"].items(),
                               *((f"one expert, {k}", v) for k, v in r["cpu_slice"]["one_expert"].items())]]
-    if slices:
-        text += ["", "### Layer slices, measured (median ms)", "",
-                 markdown_table(["model", "layers", "step", "wall ms", "CPU ms"], slices)]
-    text += ["", "### Bytes per decode / verify step of the full model, computed (batch 1)", "",
-             markdown_table(["model", "format", "rows", "experts / layer", "weights GiB", "KV GiB", "total GiB",
-                             *(f"{gpu} floor µs (projection)" for gpu in BANDWIDTH)],
-                            [[name, r["expert_format"], b["rows"],
-                              *map(str, (b["experts_touched_per_layer"], b["weights_gib"],
-                              b["kv_gib"], b["total_gib"], *b["bandwidth_floor_us (projection)"].values()))]
-                             for name, r in result.items() if name != "env"
-                             for b in r["full_model_bytes_per_step"]])]
-    return "\n".join(text)
+    out = ["### Layer slices, measured (median ms)", table(["model", "layers", "step", "wall ms", "CPU ms"], slices)]
+    return (out if slices else []) + [
+        "### Bytes per decode / verify step of the full model, computed (batch 1)",
+        table(["model", "format", "rows", "experts / layer", "weights GiB", "KV GiB", "total GiB",
+               *(f"{gpu} floor µs (projection)" for gpu in BANDWIDTH)],
+              [[name, r["expert_format"], b["rows"], *map(str, (b["experts_touched_per_layer"], b["weights_gib"],
+                b["kv_gib"], b["total_gib"], *b["bandwidth_floor_us (projection)"].values()))]
+               for name, r in result.items() for b in r["full_model_bytes_per_step"]])]
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.smoke:  # the real-width slices need several GB even once: the computed part only
         args.bytes_only, args.reps = True, 1
     torch.set_num_threads(2)
-    result = {"env": {"cpu": cpu_model(), "torch": torch.__version__, "threads": 2, "dtype": str(DTYPE),
-                      "context_position": CONTEXT, "load_avg_start": load_avg(),
-                      "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "smoke": args.smoke}}
+    result = {}
     for name, (cfg, layers, fmt, expert_bytes, attn_bytes) in MODELS.items():
         progress(f"[families] {name} ...")
         result[name] = {"cpu_slice": bench_slice(cfg, layers, args.reps) if not args.bytes_only else None,
                         "full_model_bytes_per_step": [step_bytes(cfg, expert_bytes, attn_bytes, n)
                                                       for n in (1, K + 1)],
                         "expert_format": fmt}
-    result["env"]["load_avg_end"] = load_avg()
-    emit(args, report(result))
-    return result
+    figures = [Figure(f"{name} layer slice ({r['cpu_slice']['layers_in_slice']}), decode step, CPU fp32",
+                      r["cpu_slice"]["step"]["1_rows"]["wall_ms"], "ms", "", 1)
+               for name, r in result.items() if r["cpu_slice"]]
+    return finish(args, f"MoE targets on CPU (fp32, position {CONTEXT}, 2 threads)", sections(result),
+                  {**result, "dtype": str(DTYPE), "context_position": CONTEXT}, figures)

@@ -1,25 +1,14 @@
-"""Suite `fp8-quality` (docs/BENCHMARKS.md, "SmolLM2-135M: FP8 quality"): FP8 quality of a quantized
-target against its float32 source: top-1 agreement and mean KL over held-out text.
-
-    peagle-trt convert --gguf smollm2 --output smol
-    peagle-trt quantize --target smol --output smol-fp8          # ModelOpt FP8, built-in calibration
-    peagle-trt bench fp8-quality --fp32 smol --fp8 smol-fp8 [--windows 4 --window-len 512]
-
-Held-out text: Python standard-library source (difflib, argparse, textwrap, json.decoder; not the
-calibration prompts, which are chat requests), cut into `--windows` windows of `--window-len`
-tokens, each run as one teacher-forced forward through our TargetModel (the FP8 one reproduces
-ModelOpt's fake-quantized forward, peagle_trt/models/fp8.py). Per position: p = softmax(fp32
-logits), q = softmax(fp8 logits); top-1 agreement = mean [argmax p == argmax q]; KL = sum p log(p/q)
-in nats, averaged over positions. Also the same figures restricted to positions where the fp32 model
-is confident (top-1 probability > 0.5). A markdown table; the JSON of the results is the last
-stdout line.
+"""Suite `fp8-quality` (docs/BENCHMARKS.md, "fp8-quality"): a ModelOpt FP8 target (default: the cached
+SmolLM2 quantized now with the built-in calibration) against its float32 source on held-out text
+(stdlib source: difflib, argparse, textwrap, json.decoder; not the calibration prompts), `--windows`
+teacher-forced windows of `--window-len` tokens through our TargetModel: top-1 agreement and KL(p||q)
+in nats per position, overall and where the fp32 model is confident (top-1 probability > 0.5).
 """
 
 from __future__ import annotations
 
 import argparse
 import inspect
-import platform
 import time
 from pathlib import Path
 
@@ -68,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import tempfile
 
-    from peagle_trt.bench.report import emit, markdown_table
+    from peagle_trt.bench.harness import Figure, finish, table
 
     if args.fp32 is None:
         from peagle_trt.convert.packaged import cached_target
@@ -104,13 +93,13 @@ def run(args: argparse.Namespace) -> dict:
         "confident_positions": int(confident_agree.numel()),
         "confident_top1_agreement": round(float(confident_agree.mean()), 4),
         "confident_mean_kl_nats": round(float(confident_kl.mean()), 5),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "threads": args.threads,
-        "torch": torch.__version__, "seconds": round(time.perf_counter() - t0, 1)}
-    emit(args, markdown_table(
+        "threads": args.threads, "seconds": round(time.perf_counter() - t0, 1)}
+    tmp.cleanup()
+    return finish(args, "FP8 (ModelOpt) against float32 on held-out text", [table(
         ["positions", "top-1 agreement", "mean KL (nats)", "p95 KL", "confident positions",
          "confident top-1", "confident mean KL"],
         [[n, results["top1_agreement"], results["mean_kl_nats"], results["p95_kl_nats"],
           results["confident_positions"], results["confident_top1_agreement"],
-          results["confident_mean_kl_nats"]]], digits=5))
-    tmp.cleanup()
-    return results
+          results["confident_mean_kl_nats"]]], digits=5)], results,
+        [Figure("FP8 vs float32 top-1 agreement (SmolLM2-135M, held-out text)", 100 * results["top1_agreement"], "%",
+                "", 1), Figure("FP8 vs float32 mean KL (SmolLM2-135M)", results["mean_kl_nats"], "nats", "", 4)])

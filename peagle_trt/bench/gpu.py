@@ -1,45 +1,21 @@
-"""Suite `gpu` (docs/BENCHMARKS.md, "GPU: verify, drafting, MBU and iteration overhead"): the
-speculate-verify step at real shapes, with random weights (issue 15, item 4).
-
-What (each figure the median of CUDA-event timings after warm-up, on the torch executor):
-  copy       device-to-device copy bandwidth (bytes read + written), the MBU reference of this run
-  drafter    P-EAGLE parallel pass vs EAGLE-3 sequential drafting, K = 1, 3, 7, 11, at batch 1/16/64,
-             GPT-OSS-20B P-EAGLE head shape (hidden 2880, 4 layers, 64/8 heads, head_dim 64, vocab 201088)
-  target     Llama-3.1-8B-class dense target (32 layers, hidden 4096, 32/8 heads, vocab 128256): decode
-             (1 row) and verify (K+1 rows, K = 3, 7, 11) at batch 1/16/64 over a --context KV cache,
-             bf16 and FP8 weights (FP8Linear as shipped: peagle_trt/models/fp8.py), each with the
-             custom ops on the torch references and, when triton imports, on the Triton kernels;
-             MBU = (weight bytes + KV bytes read) / copy bandwidth / time
-  iteration  one SpecDecoder.step (verify + accept + draft + bookkeeping) of B sequences with the
-             Llama target and a Llama-shaped P-EAGLE head, minus its verify and draft forwards
-             timed alone = the iteration overhead; plus the host synchronisations counted in one step
-             (torch.cuda.set_sync_debug_mode)
-  projection end-to-end tokens/s of none / eagle3 / peagle = B * AL / (t_verify + t_draft + overhead),
-             with acceptance lengths from --acceptance FILE.json (per-position rates of a trained
-             pair) or, by default, PUBLISHED figures (labelled): a PROJECTION, not a measurement
-Layer slices of MoE targets (Qwen3-MoE, GPT-OSS) are not measured: no MoE model class exists here.
-
-Why: speed on NVIDIA GPUs is the product's reason to exist; these are the figures of issue 15's targets
-(parallel K=7 within 1.2x of K=1; sequential K=7 >= 4x parallel K=7; FP8 verify K=7 batch 1 >= 70% of
-the bandwidth floor; overhead <= 0.3 ms at batch 1 and <= 1 ms at batch 64), which the report checks.
-
-Run: `peagle-trt bench gpu --output-dir DIR` (scripts/gpu_validate.sh does, within its time budget);
-`--smoke` runs tiny shapes on CPU (or GPU) in seconds, to prove the suite executes (a default-suite test,
-tests/bench/test_bench_gpu_smoke.py). Writes DIR/bench_gpu.json (after every section, so a time-out
-keeps what finished), DIR/bench_gpu.md and DIR/bench_gpu_*.png (DIR defaults to $OUT, else gpu_results);
-the markdown report (peagle_trt/bench/gpu_report.py) on stdout, and the LAST stdout line is the results.
+"""Suite `gpu` (docs/BENCHMARKS.md, "gpu"): the speculate-verify step at real shapes, random weights, on
+the torch executor, timed with CUDA events (contenders alternated): `copy` (device copy bandwidth, the
+MBU reference), `drafter` (P-EAGLE parallel vs EAGLE-3 sequential, K = 1..11, batch 1/16/64, GPT-OSS-20B
+and Llama-3.1-8B P-EAGLE head shapes), `target` (Llama-3.1-8B-class decode and verify over a --context
+KV cache, bf16 and FP8 weights, custom ops on the torch references and on the Triton kernels; MBU =
+bytes read / copy bandwidth / time), `iteration` (one SpecDecoder.step minus its verify and draft
+forwards, and its host syncs), `projection` (tokens/s from those times and acceptance lengths: a
+PROJECTION, labelled). The report and issue 15's target checks: bench/gpu_report.py. --smoke runs
+tiny shapes on CPU. Writes OUTPUT_DIR/bench_gpu.json after every section (a time-out keeps what
+finished); OUTPUT_DIR defaults to $OUT, else gpu_results.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import json
 import os
-import platform
-import statistics
-import subprocess
 import time
 import warnings
 from pathlib import Path
@@ -48,8 +24,8 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
-from peagle_trt.bench.common import cpu_model, progress
-from peagle_trt.bench.gpu_report import write_report
+from peagle_trt.bench.gpu_report import report
+from peagle_trt.bench.harness import alternate, device_clock, finish, machine, progress, summary
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
@@ -92,46 +68,17 @@ PUBLISHED_AL = {"peagle": {3: 2.87, 7: 3.70}, "eagle3": {3: 2.70, 7: 3.27},
 
 
 def env_info(device: torch.device) -> dict:
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cpu": cpu_model(), "load_avg": list(os.getloadavg()), "device": str(device)}
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                        cwd=Path(__file__).resolve().parents[2], timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        info["commit"] = None
+    info = {"device": str(device), "cuda": torch.version.cuda, "triton_kernels": cuda_kernels.available()}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         info.update(gpu=p.name, sm=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
                     gpu_memory_gib=round(p.total_memory / 2**30, 1))
-        try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20).stdout.strip()
-            info["driver"] = out.splitlines()[0] if out else None
-        except (OSError, subprocess.SubprocessError):
-            info["driver"] = None
-    info["triton_kernels"] = cuda_kernels.available()
     return info
 
 
 def timed(fn, device: torch.device, repeats: int, warmup: int) -> float:
     """Median milliseconds of `fn()` (CUDA events on a GPU, perf_counter on CPU)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+    return summary(alternate({"fn": fn}, repeats, warmup, clock=device_clock)["fn"], 1e3)["median"]
 
 
 def randomize(model: nn.Module, device, dtype) -> nn.Module:
@@ -233,10 +180,12 @@ def section_drafter(a, device, dtype, kernels: str, head: str) -> list[dict]:
     for b in a.batches:
         batch = draft_batch(model, b, 3, a.context, device)  # 2 accepted drafts + the bonus
         for k in a.draft_ks:
-            par = timed(lambda: ParallelDrafter(ex).propose(batch, k), device, a.repeats, a.warmup)
-            seq = timed(lambda: SequentialDrafter(ex).propose(batch, k), device, a.repeats, a.warmup)
-            rows.append({"head": head, "kernels": kernels, "batch": b, "k": k, "parallel_ms": par,
-                         "sequential_ms": seq})
+            t = alternate({"parallel": lambda: ParallelDrafter(ex).propose(batch, k),
+                           "sequential": lambda: SequentialDrafter(ex).propose(batch, k)},
+                          a.repeats, a.warmup, clock=device_clock)
+            rows.append({"head": head, "kernels": kernels, "batch": b, "k": k,
+                         "parallel_ms": summary(t["parallel"], 1e3)["median"],
+                         "sequential_ms": summary(t["sequential"], 1e3)["median"]})
     ex = model = None  # free the head before the next section
     return rows
 
@@ -373,7 +322,8 @@ def run(a: argparse.Namespace) -> dict:
     a.copy_bytes = (4 << 20) if a.smoke else (2 << 30)
     target, heads = ("tiny", ["tiny"]) if a.smoke else ("llama-3.1-8b", ["gpt-oss-20b-peagle", "llama-3.1-8b-peagle"])
     kernel_modes = ["reference"] + (["cuda"] if device.type == "cuda" and cuda_kernels.available() else [])
-    results = {"smoke": a.smoke, "env": env_info(device), "target_shape": target, "heads": heads,
+    results = {"smoke": a.smoke, "env": env_info(device), "machine": machine(a.smoke), "target_shape": target,
+               "heads": heads,
                "assumed": {h: ASSUMED.get(h) for h in heads}, "context": a.context, "dtype": str(dtype),
                "kernels_used": kernel_modes[-1], "kernel_modes": kernel_modes, "skipped": [], "errors": {},
                "acceptance_source": None}
@@ -423,4 +373,6 @@ def run(a: argparse.Namespace) -> dict:
     run("projection", lambda: section_projection(results, al))
     results["wall_s"] = round(time.monotonic() - t0, 1)
     (a.out / "bench_gpu.json").write_text(json.dumps(results, indent=1, default=str))
-    return {**results, **write_report(results, a)}
+    sections, figures, summary_keys = report(results, a)
+    return finish(a, f"GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if a.smoke else 'real shapes'})",
+                  sections, {**results, **summary_keys}, figures, results["machine"])

@@ -1,17 +1,11 @@
-"""The report of the `gpu` suite (peagle_trt/bench/gpu.py): markdown tables, plots and the issue-15 target
-checks.
-
-`write_report(results, args)` emits the markdown report (stdout and OUTPUT_DIR/bench_gpu.md) and draws
-OUTPUT_DIR/bench_gpu_*.png (when matplotlib works) from the results dict that gpu.py builds, and returns
-the summary keys that join the results (targets, files). Tested through
-tests/bench/test_bench_gpu_smoke.py (the --smoke run).
-"""
+"""The report of the `gpu` suite (bench/gpu.py): its markdown sections, plots, headline figures and
+issue 15's target checks, from the results dict gpu.py builds (tests/bench/test_bench_gpu_smoke.py)."""
 
 from __future__ import annotations
 
 import argparse
 
-from peagle_trt.bench.report import emit, markdown_table, save_plot
+from peagle_trt.bench.harness import Figure, plot, table
 
 
 def _pick(rows, **want):
@@ -49,7 +43,7 @@ def check_targets(res: dict) -> list[dict]:
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
-    return markdown_table(header, rows).splitlines()
+    return table(header, rows).splitlines()
 
 
 def _plots(res: dict, args: argparse.Namespace) -> list[str]:
@@ -63,11 +57,9 @@ def _plots(res: dict, args: argparse.Namespace) -> list[str]:
                 ax.plot([r["k"] for r in rs], [r["parallel_ms"] for r in rs], "o-", label=f"parallel B={b}")
                 ax.plot([r["k"] for r in rs], [r["sequential_ms"] for r in rs], "s--", label=f"sequential B={b}")
             ax.set(xlabel="K (draft tokens)", ylabel="ms per drafting step", title=f"drafter {res['heads'][0]}")
-            ax.legend(fontsize=7)
-            fig.tight_layout()
             return fig
 
-        files.append(save_plot(args, "drafter", draw_drafter))
+        files.append(plot(args, "drafter", draw_drafter))
     target = _pick(res.get("target", []), kernels=res.get("kernels_used"))
     if target:
         def draw_target(plt):
@@ -78,28 +70,22 @@ def _plots(res: dict, args: argparse.Namespace) -> list[str]:
                     ax.plot([r["k"] + 1 for r in rs], [r["ms"] for r in rs], "o-", label=f"{w} B={b}")
             ax.set(xlabel="rows per sequence (1 = decode, K+1 = verify)", ylabel="ms per target forward",
                    title=f"target {res['target_shape']}")
-            ax.legend(fontsize=7)
-            fig.tight_layout()
             return fig
 
-        files.append(save_plot(args, "target", draw_target))
+        files.append(plot(args, "target", draw_target))
     return [f for f in files if f]
 
 
-def write_report(res: dict, args: argparse.Namespace) -> dict:
-    env = res["env"]
-    targets = check_targets(res)
-    md = [f"# GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if res['smoke'] else 'real shapes'})",
-          "", f"- date {env['date']}, commit {env.get('commit')}, load average {env['load_avg']}",
-          f"- device {env['device']}: {env.get('gpu', 'CPU')} (sm {env.get('sm')}, driver {env.get('driver')}), "
-          f"CUDA {env['cuda']}, torch {env['torch']}, python {env['python']}",
+def report(res: dict, args: argparse.Namespace) -> tuple[list[str], list[Figure], dict]:
+    """(the markdown sections, the headline figures, the summary keys that join the results)."""
+    env, targets = res["env"], check_targets(res)
+    md = [f"- device {env['device']}: {env.get('gpu', 'CPU')} (sm {env.get('sm')}), CUDA {env['cuda']}",
           f"- random weights, {res['dtype']}; target {res['target_shape']}, heads {res['heads']}, "
           f"context {res['context']} cached positions; custom ops: {res['kernel_modes']} "
           f"(Triton kernels available: {env['triton_kernels']})"]
     md += [f"- assumed shapes: {h}: {a}" for h, a in res["assumed"].items() if a]
     if res.get("copy"):
-        c = res["copy"][0]
-        md.append(f"- copy bandwidth (read + write) {c['gb_per_s']:.0f} GB/s: the MBU reference")
+        md.append(f"- copy bandwidth (read + write) {res['copy'][0]['gb_per_s']:.0f} GB/s: the MBU reference")
     md += ["", "## Targets (issue 15)", ""]
     md += _table(["target", "goal", "measured", "met"],
                  [[t["target"], t["goal"], t["value"], {True: "yes", False: "NO", None: "n/a"}[t["met"]]]
@@ -127,6 +113,7 @@ def write_report(res: dict, args: argparse.Namespace) -> dict:
         md += [f"- FAILED {k}: {v}" for k, v in res["errors"].items()]
     plots = _plots(res, args)
     md += [""] + [f"![{p}]({p})" for p in plots]
-    emit(args, "\n".join(md))
-    return {"bench_gpu": "done", "device": env.get("gpu", env["device"]), "targets": targets,
-            "files": ["bench_gpu.json", "bench_gpu.md", *plots], "out": str(args.output_dir)}
+    figures = [Figure(f"GPU {t['target']}", t["value"], "", t["goal"], 3) for t in targets if t["value"] is not None]
+    return ["\n".join(md)], figures, {"bench_gpu": "done", "device": env.get("gpu", env["device"]),
+                                       "targets": targets, "files": ["bench_gpu.json", "bench_gpu.md", *plots],
+                                       "out": str(args.output_dir)}

@@ -22,8 +22,7 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.common import progress
-from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, progress, summary, table
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
@@ -39,18 +38,8 @@ def roofline(gbps: float) -> float | None:
 
 
 def bench(fn, iters: int) -> float:
-    """Median milliseconds of fn() over iters runs (after warm-up)."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    """Median milliseconds of fn() (CUDA events) over `iters` runs after 3 warm-up runs."""
+    return summary(alternate({"fn": fn}, iters, warmup=3, clock=device_clock)["fn"], 1e3)["median"]
 
 
 def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE):
@@ -111,14 +100,16 @@ def run(args: argparse.Namespace) -> dict:
         results.append(r)
     device = torch.cuda.get_device_name()
     attn = [r for r in results if r["op"] == "kv_attention"]
-    emit(args, "\n".join([
-        (f"## Triton kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median of "
-         f"{args.iters} iterations"), "",
-        markdown_table(["op", "batch", "rows", "context", "ms", "KV GB/s", "of roofline"],
-                       [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}",
-                         r["roofline"]] for r in attn]), "",
-        markdown_table(["op", "rows", "vocab", "ms", "GB/s", "of roofline"],
-                       [[r["op"], r["rows"], r["vocab"], f"{r['ms']:.4f}", f"{r['gbps']:.1f}", r["roofline"]]
-                        for r in results if r["op"] == "draft_sample"])]))
-    return {"device": device, "dtype": args.dtype, "fp8_cache": args.fp8, "iters": args.iters,
-            "smoke": args.smoke, "results": results}
+    big = max(attn, key=lambda r: (r["batch"], r["context"], -r["rows"]))
+    figures = [Figure(f"kv_attention kernel, batch {big['batch']} x {big['rows']} rows, context {big['context']}: "
+                      "share of the HBM peak", big["roofline"], "", "", 3)] if big["roofline"] is not None else []
+    return finish(args, f"Triton kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median "
+                  f"of {args.iters} iterations", [
+                      table(["op", "batch", "rows", "context", "ms", "KV GB/s", "of roofline"],
+                            [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}",
+                              r["roofline"]] for r in attn]),
+                      table(["op", "rows", "vocab", "ms", "GB/s", "of roofline"],
+                            [[r["op"], r["rows"], r["vocab"], f"{r['ms']:.4f}", f"{r['gbps']:.1f}", r["roofline"]]
+                             for r in results if r["op"] == "draft_sample"])],
+                  {"device": device, "dtype": args.dtype, "fp8_cache": args.fp8, "iters": args.iters,
+                   "results": results}, figures)

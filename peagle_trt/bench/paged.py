@@ -1,40 +1,21 @@
-"""Suite `paged` (docs/BENCHMARKS.md, "Paged KV cache and prefix reuse"): what the paged KV cache
-buys on the real model.
-
-    peagle-trt bench paged [--target DIR] [--budget-mib 256] [--max-seq-len 2048] [--rounds 2]
-
-One process, the onnxruntime executor (float32, --threads), target only (spec mode none: KV memory
-is the subject; a drafter's layers add their bytes to every block), SmolLM2-135M-Instruct by
-default (converted once into the cache). Greedy, every output checked identical across contenders.
-  capacity  a fixed KV budget (--budget-mib of 32-position blocks) serves a mix of chat requests
-            (held-out stdlib instructions, cut at max_seq_len / 4 tokens, answered up to
-            --short-tokens) and long-context ones (a stdlib
-            module's source cut to --long-prompt tokens, 3:1): `contiguous` = what per-request
-            slots of max_seq_len positions allow, budget / slot bytes requests at once (the same
-            blocks, max_batch capped at that number); `paged` = requests hold the blocks their
-            tokens need (max_batch --max-batch). Peak requests running at once, wall time,
-            generated tokens/s, preemptions.
-  prefix    requests sharing a --system-tokens system prompt, each with its own short question:
-            time to first token with prefix reuse (after one request warmed the cache) and without
-            (two executors, their own caches), alternating request by request.
-  block     batch-1 decode (one request, --decode-tokens tokens after a 64-token prompt) with
-            blocks of 32 against one block of the whole length (1024) per request, alternating:
-            attention gathers whole blocks, so small ones read only what is in use. (The cost of
-            the tables against the former contiguous slots needs that older code: see
-            docs/BENCHMARKS.md, "Paged KV".)
-Prints a markdown table; the JSON of the results is the last stdout line. --smoke: tiny sizes
-(3 slots' worth of blocks, 256 positions) that only prove the suite runs.
+"""Suite `paged` (docs/BENCHMARKS.md, "paged"): what the paged KV cache buys on the real model (default
+the cached SmolLM2-135M), target only, onnxruntime, greedy, outputs checked identical across contenders:
+  capacity  a fixed KV budget (--budget-mib of 32-position blocks) serving a mix of chat and long-context
+            requests (3:1): `contiguous` (budget / slot bytes requests at once, as per-request slots of
+            max_seq_len allow) vs `paged` (requests hold the blocks their tokens need): peak running,
+            wall, tokens/s, preemptions;
+  prefix    requests sharing a --system-tokens system prompt: time to first token with prefix reuse
+            and without, alternated request by request;
+  block     batch-1 decode with blocks of 32 vs one block of 1024 per request, alternated.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import time
 
-from peagle_trt.bench.common import cpu_model, progress
-from peagle_trt.bench.report import emit, markdown_table
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, reported, table
 
 BLOCK = 32
 
@@ -163,24 +144,26 @@ def run(args: argparse.Namespace) -> dict:
         _scheduler(_executor(target, kv_p, args.threads), 1, prefix_caching=False)
     _ttft(with_reuse, questions[0])  # warms the prefix cache
     _ttft(without, questions[0])  # the same warm-up work for the other contender
-    ttft: dict[str, list[float]] = {"reuse": [], "recompute": []}
-    for q in questions[1:]:
-        ttft["reuse"].append(_ttft(with_reuse, q))
-        ttft["recompute"].append(_ttft(without, q))
+    def ask(sched):
+        it = iter(questions[1:])  # each contender asks the same questions in order, one per round
+        return lambda: _ttft(sched, next(it))
+
+    ttft = alternate({"reuse": ask(with_reuse), "recompute": ask(without)}, len(questions) - 1, warmup=0,
+                     clock=reported)
     hit = with_reuse.blocks.metrics()
 
     progress("block: batch-1 decode, blocks of 32 vs one block of 1024 per request")
     block_kv = {"blocks of 32": KVLayout.for_sequences(1, 1024),
                    "one block of 1024": KVLayout.for_sequences(1, 1024, block_size=1024)}
     decoders = {name: _scheduler(_executor(target, lay, args.threads), 1) for name, lay in block_kv.items()}
-    times: dict[str, list[float]] = {name: [] for name in decoders}
     outs = {}
-    for r in range(args.rounds + 1):  # round 0 warms up
-        for name, sched in decoders.items():
-            t0 = time.perf_counter()
-            outs[name] = _serve(sched, [(decode_prompt, args.decode_tokens)])["outputs"]
-            if r:
-                times[name].append(time.perf_counter() - t0)
+
+    def decode(name):
+        def go() -> None:
+            outs[name] = _serve(decoders[name], [(decode_prompt, args.decode_tokens)])["outputs"]
+        return go
+
+    times = alternate({name: decode(name) for name in decoders}, args.rounds)
     same = same and outs["blocks of 32"] == outs["one block of 1024"]
 
     rows = [{"phase": "capacity", "contender": name, **v} for name, v in capacity.items()]
@@ -195,11 +178,15 @@ def run(args: argparse.Namespace) -> dict:
              "block_32_speedup": round(statistics.median(times["one block of 1024"])
                                        / statistics.median(times["blocks of 32"]), 3)}
     header = ["phase", "contender", "peak running", "wall s", "tokens/s", "preemptions", "TTFT ms"]
-    table = markdown_table(header, [[r["phase"], r["contender"], r.get("peak_running"), r.get("wall_s"),
-                                     r.get("tokens_per_s"), r.get("preemptions"), r.get("ttft_ms")] for r in rows])
-    emit(args, f"{table}\n\nratios: {ratio}; outputs identical across contenders: {same}")
-    return {"benchmark": "paged_kv", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "cpu": cpu_model(), "target": str(target_dir), "budget_mib": args.budget_mib, "blocks": blocks,
-            "block_bytes": per_block, "contiguous_slots": slots, "max_seq_len": args.max_seq_len,
+    text = table(header, [[r["phase"], r["contender"], r.get("peak_running"), r.get("wall_s"),
+                           r.get("tokens_per_s"), r.get("preemptions"), r.get("ttft_ms")] for r in rows])
+    figures = [Figure("SmolLM2-135M paged KV: requests at once over contiguous slots, same budget",
+                      ratio["capacity_peak_ratio"], "x", "", 1),
+               Figure("SmolLM2-135M prefix reuse: TTFT speed-up (shared system prompt)",
+                      ratio["prefix_ttft_speedup"], "x", "", 1)]
+    return finish(args, "Paged KV cache and prefix reuse",
+                  [text, f"ratios: {ratio}; outputs identical across contenders: {same}"], {
+            "target": str(target_dir), "budget_mib": args.budget_mib, "blocks": blocks, "block_bytes": per_block,
+            "contiguous_slots": slots, "max_seq_len": args.max_seq_len,
             "prefix_hit_tokens": hit["prefix_hit_tokens"], "prefix_queried_tokens": hit["prefix_queried_tokens"],
-            "outputs_identical": same, **ratio, "rows": rows}
+            "outputs_identical": same, **ratio, "rows": rows}, figures)

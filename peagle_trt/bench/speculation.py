@@ -1,52 +1,26 @@
-"""Suite `speculation` (docs/BENCHMARKS.md, "Speculation controls: adaptive K, synthetic acceptance"):
-a real target and a P-EAGLE head, in-process through the code that serves (TextGenerator:
-chat template, scheduler, onnxruntime), batch 1 and batch 8 (closed loops of 1 and 8 requests).
-
-  synthetic  K = --k drafts per step accepted with vLLM's synthetic rule at mean acceptance length
-             AL in --als (whatever the tokens: output is NOT the target's, and the rows say so),
-             vs none: the speed of the whole speculative path as a function of AL, without
-             needing a good head.
-  adaptive   none, fixed K in --fixed-ks, and adaptive K (cap --k) on three workloads: HumanEval,
-             held-out instructions, and a mix (code, prose and 2K-token long-context requests
-             interleaved). Every greedy output must equal none's (`mismatches` = 0).
-  per-request  the same configurations on each request alone (a workload of one request, batch 1;
-             --per-request of each kind: code, prose, long): per-kind speed-ups, and the
-             per-request oracle (each request with its fastest fixed K in hindsight), the most any
-             rule choosing k per request could gain over the best fixed K on the mix (`oracle`).
-Timing: per (workload, batch) the configurations ALTERNATE within each of --rounds rounds (order
-reversed every other round), one generator per configuration kept alive; the figure is the median
-pass. tok/s = generated tokens / wall of the pass. Speed-up = tok/s / tok/s of none. Adaptive vs
-the best fixed K: the median over rounds of their ratio within a round, the best fixed K picked
-from all rounds and, unbiased, from the other rounds (`verdicts`).
-
-    peagle-trt bench speculation --peagle HEAD --output-dir docs/img     # ~50 min on 2 idle cores
-    peagle-trt bench speculation --smoke                                 # seconds, the code pair
-Output: markdown tables, a plot (tok/s vs AL; adaptive vs fixed K), the JSON last line.
+"""Suite `speculation` (docs/BENCHMARKS.md, "speculation"): a real target and a P-EAGLE head in process
+through the code that serves (bench/pair.py: TextGenerator, onnxruntime), batch 1 and 8. Parts: `synthetic` (K drafts
+accepted by vLLM's synthetic rule at mean acceptance length --als, vs none: speed as a function of AL;
+output is NOT the target's), `adaptive` (none, fixed K in --fixed-ks and adaptive K on HumanEval,
+held-out instructions and a mix; greedy outputs equal none's), `per-request` (each request alone:
+speed-ups by kind and the per-request oracle, the most a rule holding one k per request could gain).
+Per (workload, batch) the configurations alternate within --rounds rounds; the figure is the median
+pass; adaptive vs the best fixed K is the median of within-round ratios, the best fixed K picked
+in-sample and from the other rounds (`verdicts`).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import statistics
 import time
 from pathlib import Path
 
-from peagle_trt.bench.acceptance import pooled
-from peagle_trt.bench.common import cpu_model, progress, stdout_to_stderr
-from peagle_trt.bench.heads import prompt_sets, run_batch
-from peagle_trt.bench.report import emit, markdown_table, save_plot
-from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.bench.harness import Figure, finish, plot, progress, stdout_to_stderr, table
+from peagle_trt.bench.pair import Config, measure, prompt_sets
+from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.speculative_config import synthetic_rates_for_length
-
-
-def generator(args, spec: SpecConfig, slots: int):
-    from peagle_trt.serving.generator import TextGenerator
-
-    return TextGenerator.from_checkpoints(args.target, None if spec.mode == "none" else args.peagle, spec,
-                                          max_seq_len=args.long_tokens + 256, max_batch=slots,
-                                          backend=args.backend, threads=args.threads)
 
 
 def name_of(spec: SpecConfig) -> str:
@@ -57,49 +31,15 @@ def name_of(spec: SpecConfig) -> str:
     return f"adaptive (K<={spec.k})" if spec.adaptive else f"K={spec.k}"
 
 
-def measure(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batches: list[int]) -> list[dict]:
-    """Alternated passes of every configuration per (workload, batch): one row per cell."""
-    params = SamplingParams(max_tokens=args.max_tokens)
-    rows = []
-    for batch in batches:
-        gens = {name_of(s): generator(args, s, batch) for s in specs}
-        for gen in gens.values():  # warm-up: sessions, allocations
-            run_batch(gen, workloads[next(iter(workloads))][:1], SamplingParams(max_tokens=4), 1)
-        for wname, prompts in workloads.items():
-            walls: dict = {n: [] for n in gens}
-            results: dict = {}
-            order = list(gens)
-            for r in range(args.rounds):
-                for n in (order if r % 2 == 0 else order[::-1]):
-                    wall, res = run_batch(gens[n], prompts, params, batch)
-                    walls[n].append(wall)
-                    results[n] = res
-                progress(f"[speculation] b{batch} {wname}: round {r + 1}/{args.rounds}")
-            ref = [x["token_ids"] for x in results["none"]]
-            for spec in specs:
-                n = name_of(spec)
-                res, wall = results[n], statistics.median(walls[n])
-                tokens = sum(len(x["token_ids"]) for x in res)
-                k = spec.k
-                rows.append({"workload": wname, "batch": batch, "config": n, "K": k, "adaptive": spec.adaptive,
-                             "synthetic_acceptance": list(spec.synthetic_rates) or None,
-                             **(pooled(res, k) if k else {"acceptance_length": 1.0}),
-                             "tokens": tokens, "wall_s_passes": [round(w, 2) for w in walls[n]],
-                             "tokens_per_s": round(tokens / wall, 2),
-                             "mismatches": None if spec.synthetic_rates else
-                             sum(a != b for a, b in zip((x["token_ids"] for x in res), ref))})
-            base = next(r["tokens_per_s"] for r in rows if r["workload"] == wname and r["batch"] == batch
-                        and r["config"] == "none")
-            for r in rows:
-                if r["workload"] == wname and r["batch"] == batch:
-                    r["speedup"] = round(r["tokens_per_s"] / base, 3)
-        del gens
-    return rows
+def passes(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batches: list[int]) -> list[dict]:
+    """bench/pair.py's alternated passes, one configuration per spec (the P-EAGLE head unless none)."""
+    configs = [Config(name_of(s), s, None if s.mode == "none" else args.peagle) for s in specs]
+    return measure(args, configs, workloads, batches, args.long_tokens + 256)
 
 
-def table(rows: list[dict]) -> str:
+def rows_table(rows: list[dict]) -> str:
     cols = ["workload", "batch", "config", "acceptance_length", "tokens_per_s", "speedup", "mismatches"]
-    return markdown_table(cols, [[r.get(c) for c in cols] for r in rows])
+    return table(cols, [[r.get(c) for c in cols] for r in rows])
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -168,7 +108,7 @@ VERDICT_COLUMNS = ("workload", "batch", "best_fixed", "adaptive_over_best_fixed"
                    "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out")
 
 
-def plot(synthetic: list[dict], adaptive: list[dict]):
+def drawing(synthetic: list[dict], adaptive: list[dict]):
     """One panel per part run: speed-up vs synthetic AL; adaptive and fixed K per workload."""
     def draw(plt):
         parts = [p for p in (synthetic, adaptive) if p]
@@ -182,7 +122,6 @@ def plot(synthetic: list[dict], adaptive: list[dict]):
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none",
                    title="speed vs acceptance length")
-            ax.legend()
         if adaptive:
             ax = axes.pop(0)
             cells = sorted({(r["workload"], r["batch"]) for r in adaptive})
@@ -195,25 +134,23 @@ def plot(synthetic: list[dict], adaptive: list[dict]):
             ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [f"{w}\nb{b}" for w, b in cells])
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set(ylabel="speed-up over none", title="adaptive K vs fixed K")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
         return fig
     return draw
 
 
-def report(args, synthetic: list[dict], adaptive: list[dict], verdict: list[dict], by_kind: list[dict]) -> str:
+def sections(args, synthetic: list[dict], adaptive: list[dict], verdict: list[dict], by_kind: list[dict]) -> list:
     """The suite's markdown: one section per part run."""
-    text = f"## {Path(args.target).name}: speculation controls (in-process, {args.backend})\n\n"
+    out = []
     if synthetic:
-        text += f"### Synthetic acceptance, K = {args.k}\n\n{table(synthetic)}\n\n"
+        out += [f"### Synthetic acceptance, K = {args.k}", rows_table(synthetic)]
     if adaptive:
-        text += (f"### Adaptive K vs fixed K\n\n{table(adaptive)}\n\n"
-                 + markdown_table(VERDICT_COLUMNS, [[v.get(c) for c in VERDICT_COLUMNS] for v in verdict]) + "\n\n")
+        out += ["### Adaptive K vs fixed K", rows_table(adaptive),
+                table(list(VERDICT_COLUMNS), [[v.get(c) for c in VERDICT_COLUMNS] for v in verdict])]
     if by_kind:
         cols = ("kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed", "adaptive_over_best_fixed")
-        text += ("### Per request (batch 1): speed-ups by kind, the per-request oracle\n\n"
-                 + markdown_table(list(cols), [[v[c] for c in cols] for v in by_kind]) + "\n")
-    return text
+        out += ["### Per request (batch 1): speed-ups by kind, the per-request oracle",
+                table(list(cols), [[v[c] for c in cols] for v in by_kind])]
+    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -263,26 +200,31 @@ def run(args: argparse.Namespace) -> dict:
             specs = [SpecConfig("none", 0)] + [
                 SpecConfig("peagle", args.k, synthetic_rates=synthetic_rates_for_length(float(al), args.k))
                 for al in args.als.split(",")]
-            synthetic = measure(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
-                measure(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
+            synthetic = passes(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
+                passes(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
         if "adaptive" in args.parts:
-            adaptive = measure(args, compared, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
+            adaptive = passes(args, compared, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
                                              "mixed": mixed[:n + 1]}, [1])
-            adaptive += measure(args, compared, {"humaneval": sets["humaneval"][:2 * n],
+            adaptive += passes(args, compared, {"humaneval": sets["humaneval"][:2 * n],
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
         if "per-request" in args.parts:
             m = args.per_request
             alone = prompt_sets(argparse.Namespace(humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens),
                                 TextCodec(args.target))
-            requests = measure(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
+            requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
                                                 for i, p in enumerate(ps)}, [1])
     by_kind = oracle(requests) if requests else []
-    plot_name = save_plot(args, "", plot(synthetic, adaptive)) if synthetic or adaptive else None
+    plot_name = plot(args, "", drawing(synthetic, adaptive)) if synthetic or adaptive else None
     verdict = verdicts(adaptive) if adaptive else []
-    text = report(args, synthetic, adaptive, verdict, by_kind)
-    emit(args, text)
-    return {"suite": "speculation", "smoke": args.smoke, "target": str(args.target), "peagle": str(args.peagle),
-            "date": datetime.date.today().isoformat(), "cpu": cpu_model(),
-            "backend": args.backend, "synthetic": synthetic, "adaptive": adaptive,
-            "adaptive_vs_best_fixed": verdict, "per_request": requests, "per_kind": by_kind, "plot": plot_name,
-            "total_s": round(time.perf_counter() - t0, 1)}
+    figures = [Figure(f"{Path(args.target).name}: adaptive K over the best fixed K, {v['workload']} batch {v['batch']}",
+                      v.get("adaptive_over_best_fixed_held_out", v["adaptive_over_best_fixed"]), "x", ">= 0.97x", 3)
+               for v in verdict if v["workload"] == "mixed"]
+    figures += [Figure(f"{Path(args.target).name}: per-request oracle over the best fixed K (mix, batch 1)",
+                       v["oracle_over_best_fixed"], "x", "", 3) for v in by_kind if v["kind"] == "mixed"]
+    return finish(args, f"{Path(args.target).name}: speculation controls (in-process, {args.backend})",
+                  sections(args, synthetic, adaptive, verdict, by_kind)
+                  + ([f"![{plot_name}]({plot_name})"] if plot_name else []),
+                  {"target": str(args.target), "peagle": str(args.peagle), "backend": args.backend,
+                   "synthetic": synthetic, "adaptive": adaptive, "adaptive_vs_best_fixed": verdict,
+                   "per_request": requests, "per_kind": by_kind, "plot": plot_name,
+                   "total_s": round(time.perf_counter() - t0, 1)}, figures)

@@ -1,65 +1,21 @@
-"""Suite `step-cost` (docs/BENCHMARKS.md, "Where a step's time goes"): where a decode step's time goes at
-batch 1: target verify vs drafter vs the rest, in-process, CPU.
-
-What: the trained code pair (`peagle-trt demo`'s pair, --pair) decoding HumanEval prompts one at a
-time (greedy, --max-tokens tokens each) through the scheduler and the speculative decoder the
-served model runs, for none, P-EAGLE and EAGLE-3 at the given K. The executor's `target`,
-`draft_parallel` and `drafter` methods are wrapped with timers, so each step splits into
-  target   the verify forward (K+1 rows; 1 row for none) incl. logits and taps,
-  drafter  the drafting forward(s): one pass (P-EAGLE) or K passes (EAGLE-3),
-  other    scheduling, acceptance, bookkeeping (wall - target - drafter).
-Speed-up over none = (tokens/s) / (tokens/s of none) = AL x (ms/step of none) / (ms/step).
-Why: it says how much acceptance a head needs to pay for its drafting on this CPU (break-even
-AL = ms/step / ms/step of none), the "why" behind the HumanEval wall-clock figures.
-Configurations alternate within each of --rounds rounds; the figures are the medians over rounds.
-
-    OMP_NUM_THREADS=1 peagle-trt bench step-cost        # ~2 min; markdown table, JSON last line
+"""Suite `step-cost` (docs/BENCHMARKS.md, "step-cost"): where a decode step's time goes at batch 1, in
+process on CPU (bench/pair.py): the trained code pair (--pair, default the demo's) decoding HumanEval
+prompts (raw code, the last lines within 224 tokens) one at a time through the generator, scheduler
+and speculative decoder the server runs (torch executor), for none, P-EAGLE and EAGLE-3 at the given
+K, passes alternated within --rounds rounds (medians). The executor's `target`, `draft_parallel` and
+`drafter` are timed: target (the verify forward), drafter (one pass or K passes), other (the rest).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
-import time
 from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.common import progress
-from peagle_trt.bench.prompts import humaneval_prompts
-from peagle_trt.bench.report import emit, markdown_table
-from peagle_trt.checkpoint import load_pair
-from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.executors.torch import TorchExecutor
-from peagle_trt.runtime.scheduler import generate
-from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.speculative.stats import SpecStats
-from peagle_trt.tokenizer import TextCodec
-
-
-def timed(obj, name: str, bucket: dict) -> None:
-    """Wrap obj.name so that its wall time adds up in bucket[name]."""
-    inner = getattr(obj, name)
-
-    def wrapper(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
-    setattr(obj, name, wrapper)
-
-
-def decoder_for(pair: Path, method: str, k: int) -> tuple[SpecDecoder, dict]:
-    spec = SpecConfig(method, k) if method != "none" else SpecConfig("none", 0)
-    head = pair / f"drafter-{'peagle' if method == 'none' else method}"
-    target, drafter = load_pair(pair, head, spec).build()
-    ex = TorchExecutor(target, drafter if method != "none" else None, 1, 512)
-    bucket: dict = {}
-    for name in ("target", "draft_parallel", "drafter"):
-        timed(ex, name, bucket)
-    return SpecDecoder(ex, spec), bucket
+from peagle_trt.bench.harness import Figure, finish, table
+from peagle_trt.bench.pair import Config, code_prompts, measure
+from peagle_trt.config import SpecConfig
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,52 +29,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from peagle_trt.tokenizer import TextCodec
+
     if args.pair is None:
         from peagle_trt.demo import code_pair
 
         args.pair = code_pair()
     if args.smoke:
         args.configs, args.prompts, args.max_tokens, args.rounds = "none,peagle:3,eagle3:3", 2, 8, 1
-    codec = TextCodec(args.pair)
-    rows = humaneval_prompts()[:args.prompts]
-    prompts = [codec.encode_prompt(r["prompt"].rstrip(), chat_template=False)[-224:] for r in rows]
-    params = SamplingParams(max_tokens=args.max_tokens)
-    configs = [(c.split(":")[0], int(c.split(":")[1]) if ":" in c else 0) for c in args.configs.split(",")]
-    decoders = {c: decoder_for(args.pair, *c) for c in configs}
-    runs: dict = {c: [] for c in configs}
-    for rnd in range(args.rounds):
-        progress(f"[step-cost] round {rnd + 1}/{args.rounds}")
-        for c in configs:
-            dec, bucket = decoders[c]
-            generate(dec, prompts[0], params)  # warm-up
-            bucket.clear()
-            stats = SpecStats(max(c[1], 1))
-            t0 = time.perf_counter()
-            for prompt in prompts:
-                stats.merge(generate(dec, prompt, params).stats)
-            wall = time.perf_counter() - t0
-            steps = stats.target_forwards
-            ms = {name: 1e3 * bucket.get(name, 0.0) / steps for name in ("target", "draft_parallel", "drafter")}
-            runs[c].append({"wall": wall, "tokens": stats.tokens, "steps": steps, "al": stats.acceptance_length,
-                            "target": ms["target"], "drafter": ms["draft_parallel"] + ms["drafter"],
-                            "step": 1e3 * wall / steps})
-    out = []
-    base = statistics.median(r["tokens"] / r["wall"] for r in runs[("none", 0)]) if ("none", 0) in runs else None
-    for c in configs:
-        med = {key: statistics.median(r[key] for r in runs[c]) for key in ("step", "target", "drafter")}
-        tps = statistics.median(r["tokens"] / r["wall"] for r in runs[c])
-        al = runs[c][0]["al"]
-        row = {"method": c[0], "K": c[1], "acceptance_length": round(al, 3), "ms_per_step": round(med["step"], 3),
-               "target_ms": round(med["target"], 3), "drafter_ms": round(med["drafter"], 3),
-               "other_ms": round(med["step"] - med["target"] - med["drafter"], 3), "tokens_per_s": round(tps, 1),
-               "speedup": round(tps / base, 3) if base else None}
-        out.append(row)
-    emit(args, f"## Where a step's time goes, batch 1, {len(prompts)} prompts x {args.max_tokens} tokens, "
-         f"medians of {args.rounds} rounds\n\n" + markdown_table(
-             ["config", "K", "AL", "ms/step", "target", "drafter", "other", "tok/s", "x none"],
-             [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['ms_per_step']:.2f}",
-               f"{r['target_ms']:.2f}", f"{r['drafter_ms']:.2f}", f"{r['other_ms']:.2f}",
-               f"{r['tokens_per_s']:.1f}", f"{r['speedup'] or 0:.2f}"] for r in out]))
-    return {"torch_threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
-            "prompts": len(prompts), "max_tokens": args.max_tokens, "rounds": args.rounds,
-            "load_avg": [round(x, 2) for x in os.getloadavg()], "rows": out, "smoke": args.smoke}
+    args.target, args.backend = args.pair, "torch"
+    configs = []
+    for item in args.configs.split(","):
+        method, _, k = item.partition(":")
+        spec = SpecConfig(method, int(k)) if method != "none" else SpecConfig("none", 0)
+        configs.append(Config(method if method == "none" else f"{method} K={k}", spec,
+                              None if method == "none" else args.pair / f"drafter-{method}"))
+    prompts = code_prompts(TextCodec(args.pair).tok, args.prompts, 224)
+    rows = measure(args, configs, {"humaneval": prompts}, [1], 224 + args.max_tokens + 16, False, timers=True)
+    best = {m: max((r for r in rows if r["method"] == m), key=lambda r: r["speedup"])
+            for m in ("peagle", "eagle3") if any(r["method"] == m for r in rows)}
+    figures = [Figure(f"code pair, in-process batch 1: {m} K={r['K']} over none (CPU)", r["speedup"], "x")
+               for m, r in best.items()]
+    return finish(args, f"Where a step's time goes, batch 1, {len(prompts)} prompts x {args.max_tokens} tokens, "
+                  f"medians of {args.rounds} rounds", [table(
+                      ["config", "AL", "ms/step", "target", "drafter", "other", "tok/s", "x none"],
+                      [[r["config"], f"{r['acceptance_length']:.2f}", f"{r['ms_per_step']:.2f}",
+                        f"{r['target_ms']:.2f}", f"{r['drafter_ms']:.2f}", f"{r['other_ms']:.2f}",
+                        f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}"] for r in rows])],
+                  {"torch_threads": torch.get_num_threads(), "prompts": len(prompts), "max_tokens": args.max_tokens,
+                   "rounds": args.rounds, "rows": rows}, figures)

@@ -9,7 +9,7 @@ statistics ride along as the extension field `speculative`.
 Why: the tools that measure and use LLM servers (the `openai` client, AIPerf, harnesses) speak
 this protocol; Triton's own OpenAI frontend is not part of the bundled tritonserver.
 How to test: tests/serving/test_openai.py (a real tritonserver on loopback, the `openai` client,
-httpx); load: `peagle-trt bench aiperf` (scripts/bench_aiperf.sh).
+httpx); load: `peagle-trt bench aiperf`.
 
 Layout: protocol.py (request models, error shape), backend.py (Triton side), app.py (routes),
 server.py (uvicorn on a thread: `OpenAIFrontend`, the one entry point).

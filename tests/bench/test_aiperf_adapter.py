@@ -1,5 +1,5 @@
 """AIPerf itself reads our per-request speculation metrics: the `aiperf` suite at smoke size runs the
-real `aiperf` (0.13.0, in its own venv, .venv-bench, made by scripts/bench_aiperf.sh on first use)
+real `aiperf` (0.13.0, in its own venv, .venv-bench, made by this test on first use)
 against `peagle-trt serve --openai-port`; AIPerf's vLLM adapter must accept every response's
 metrics.speculative_decoding (a malformed payload is dropped by it with a warning, which would leave
 the metric out) and report an acceptance length near our Prometheus counters'. Slow: the venv takes

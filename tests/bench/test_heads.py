@@ -1,6 +1,7 @@
-"""Suite `heads` end to end at smoke size on the 1 M-parameter code pair (torch backend): every phase
-runs (in-process acceptance, alternated batch-1 timing, the served phase through a real
-tritonserver), greedy speculative outputs equal `none`'s, and the JSON carries the table's figures."""
+"""Suites `heads` and `acceptance` (bench/pair.py) end to end at smoke size on the 1 M-parameter code
+pair (torch backend): the in-process acceptance table and the alternated batch-1 timing (seconds), and,
+slow, the served phase through a real tritonserver; greedy speculative outputs equal `none`'s
+everywhere, and the JSON carries the table's figures."""
 
 from __future__ import annotations
 
@@ -11,11 +12,8 @@ import pytest
 from peagle_trt.bench.cli import run_suite
 
 
-@pytest.mark.triton
-def test_heads_suite_smoke_runs_every_phase(tmp_path, capsys):
-    pytest.importorskip("pytriton")
-    result = run_suite("heads", ["--smoke", "--served", "--workdir", str(tmp_path / "work"),
-                                 "--output-dir", str(tmp_path)])
+def test_heads_suite_smoke(tmp_path, capsys):
+    result = run_suite("heads", ["--smoke", "--output-dir", str(tmp_path)])
     assert "| method | K | AL HumanEval" in capsys.readouterr().out
     assert json.loads((tmp_path / "bench_heads.json").read_text())["smoke"] is True
     rows = {(r["method"], r["K"]): r for r in result["rows"]}
@@ -25,6 +23,15 @@ def test_heads_suite_smoke_runs_every_phase(tmp_path, capsys):
     assert len(rows[("peagle", 3)]["humaneval"]["accept_rate_per_pos"]) == 3
     assert {"heldout", "long"} <= set(rows[("peagle", 3)]) and "humaneval_t0.7" in rows[("eagle3", 3)]
     assert [r["method"] for r in result["batch1"]] == ["none", "peagle", "eagle3"]
-    assert result["batch1"][0]["speedup_b1"] == 1.0
+    assert result["batch1"][0]["speedup"] == 1.0 and all(r["mismatches"] == 0 for r in result["batch1"])
+    assert result["served"] is None and (tmp_path / "bench_heads.md").is_file()
+
+
+@pytest.mark.slow  # ~1 min: three models built and served
+@pytest.mark.triton
+def test_served_phase(tmp_path):
+    pytest.importorskip("pytriton")
+    result = run_suite("acceptance", ["--smoke", "--workdir", str(tmp_path / "work"), "--output-dir", str(tmp_path)])
+    assert [r["method"] for r in result["served"]] == ["none", "peagle", "eagle3"]
     assert [r["mismatches"] for r in result["served"]] == [0, 0, 0]
-    assert (tmp_path / "bench_heads.md").is_file()
+    assert any(f["name"].endswith("over none (served, CPU)") for f in result["figures"])

@@ -1,0 +1,106 @@
+"""Suite `curves` (docs/BENCHMARKS.md, "curves"): training recipes compared at equal training CPU time,
+from the learning curves `peagle-trt train` writes (curve.jsonl beside each trained head: one JSON row
+per evaluation with step, train_cpu_s, wall_s, supervised_seen, loss, top1 = held-out top-1 agreement
+per depth/position, chain_accepted_k7 = the accepted-length proxy of a K=7 chain). Nothing is trained
+or run here: `--heads [LABEL=]DIR ...` names the heads (or their curve files). The report: one table of
+every recipe at common CPU-time marks (fractions of the shortest run, linear interpolation between
+evaluations) and at its own final evaluation with the CPU time it took; one plot of position-1 top-1
+and the chain proxy against CPU hours; headline figures: the final position-1 top-1 and
+chain_accepted_k7 of the best recipe (highest final chain_accepted_k7). --smoke reads two synthetic
+curves written to a temporary directory (figures meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+
+from peagle_trt.bench.harness import Figure, finish, plot, table
+from peagle_trt.errors import ConfigError
+
+KEYS = ("step", "train_cpu_s", "loss", "top1", "chain_accepted_k7")
+MARKS = (0.25, 0.5, 0.75, 1.0)  # fractions of the shortest run's CPU time
+GETTERS = {"step": lambda r: r["step"], "loss": lambda r: r["loss"], "top1_pos1": lambda r: r["top1"][0],
+           "chain_accepted_k7": lambda r: r["chain_accepted_k7"]}  # the figures of a row, interpolated
+
+
+def read_curve(path: Path) -> list[dict]:
+    """The evaluations of one curve.jsonl (a head directory or the file), in CPU-time order."""
+    path = path / "curve.jsonl" if path.is_dir() else path
+    if not path.is_file():
+        raise ConfigError(f"no learning curve at {path} (peagle-trt train writes curve.jsonl beside the head)")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    missing = {k for r in rows for k in KEYS if k not in r}
+    if not rows or missing:
+        raise ConfigError(f"{path}: {'no evaluations' if not rows else f'rows without {sorted(missing)}'}")
+    return sorted(rows, key=lambda r: r["train_cpu_s"])
+
+
+def at(rows: list[dict], cpu_s: float) -> dict | None:
+    """step, loss, position-1 top-1 and chain proxy at `cpu_s` CPU seconds, linearly interpolated
+    between the evaluations around it; None outside the curve (never extrapolated)."""
+    for a, b in zip(rows, rows[1:] or rows):
+        if a["train_cpu_s"] <= cpu_s <= b["train_cpu_s"]:
+            w = (cpu_s - a["train_cpu_s"]) / ((b["train_cpu_s"] - a["train_cpu_s"]) or 1.0)
+            return {key: (1 - w) * get(a) + w * get(b) for key, get in GETTERS.items()}
+    return None
+
+
+def synthetic_curves(root: Path) -> list[str]:
+    """--smoke: two made-up curves (a fast and a slow recipe), labelled as such."""
+    for name, rate in (("smoke-fast", 2.0), ("smoke-slow", 1.0)):
+        (root / name).mkdir()
+        rows = [{"step": 100 * i, "train_cpu_s": 60.0 * i, "wall_s": 40.0 * i, "supervised_seen": 800 * i,
+                 "loss": 5.0 / (1 + rate * i), "top1": [0.6 * i * rate / (1 + i * rate), 0.3 * i / (1 + i)],
+                 "chain_accepted_k7": 1 + 2 * i * rate / (1 + i * rate)} for i in range(1, 6 if rate > 1 else 8)]
+        (root / name / "curve.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return [f"{name}={root / name}" for name in ("smoke-fast", "smoke-slow")]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--heads", nargs="+", default=[], metavar="[LABEL=]DIR",
+                   help="trained head directories (or curve.jsonl files), each optionally labelled")
+
+
+def run(args: argparse.Namespace) -> dict:
+    with tempfile.TemporaryDirectory(prefix="bench-curves-smoke-") as tmp:
+        if args.smoke:
+            args.heads = synthetic_curves(Path(tmp))
+        if not args.heads:
+            raise ConfigError("pass --heads [LABEL=]DIR ... (heads trained by peagle-trt train, with curve.jsonl)")
+        specs = [h.split("=", 1) if "=" in h else (Path(h).name, h) for h in args.heads]
+        curves = {label: read_curve(Path(path)) for label, path in specs}
+    shortest = min(rows[-1]["train_cpu_s"] for rows in curves.values())
+    marks = [round(f * shortest) for f in MARKS]
+    rows = [{"recipe": label, "at": f"{f:.0%} of the shortest", "cpu_s": s, **(at(curve, s) or {})}
+            for f, s in zip(MARKS, marks) for label, curve in curves.items()]
+    rows += [{"recipe": label, "at": "final", "cpu_s": c[-1]["train_cpu_s"],
+              **{key: get(c[-1]) for key, get in GETTERS.items()}} for label, c in curves.items()]
+    best = max(curves, key=lambda label: curves[label][-1]["chain_accepted_k7"])
+    final = curves[best][-1]
+
+    def draw(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+        for label, c in curves.items():
+            hours = [r["train_cpu_s"] / 3600 for r in c]
+            axes[0].plot(hours, [r["top1"][0] for r in c], "o-", ms=3, label=label)
+            axes[1].plot(hours, [r["chain_accepted_k7"] for r in c], "o-", ms=3, label=label)
+        axes[0].set(xlabel="training CPU hours", ylabel="held-out top-1, position 1", title="Position-1 top-1")
+        axes[1].set(xlabel="training CPU hours", ylabel="chain_accepted_k7", title="Chain proxy (K=7)")
+        return fig
+
+    plot_name = plot(args, "", draw)
+    body = [[r["recipe"], r["at"], f"{r['cpu_s'] / 3600:.2f}"] + ([f"{r['step']:.0f}", f"{r['loss']:.3f}",
+            f"{r['top1_pos1']:.3f}", f"{r['chain_accepted_k7']:.2f}"] if "step" in r else ["-"] * 4) for r in rows]
+    figures = [Figure(f"training curves, best recipe ({best}): final position-1 top-1", final["top1"][0], "", "", 3),
+               Figure(f"training curves, best recipe ({best}): final chain_accepted_k7",
+                      final["chain_accepted_k7"], "")]
+    return finish(args, f"Training curves at equal CPU time ({len(curves)} recipes"
+                  f"{', SMOKE: synthetic curves' if args.smoke else ''})",
+                  [table(["recipe", "at", "CPU h", "step", "loss", "top-1 pos 1", "chain K=7"], body),
+                   f"![{plot_name}]({plot_name})" if plot_name else ""],
+                  {"recipes": {label: {"path": path, "evaluations": len(curves[label]), "final": curves[label][-1]}
+                               for label, path in specs},
+                   "marks_cpu_s": marks, "best": best, "rows": rows}, figures)

@@ -1,0 +1,266 @@
+"""The harness every suite of `peagle-trt bench` runs on: timing, the machine, the report.
+
+A suite (one module of this package, registered in bench/cli.py) declares `add_arguments(parser)` and
+`run(args) -> dict`; inside `run` it builds its contenders and workloads, times them with
+`alternate` (each contender once per round, the order reversed every other round, so slow drift
+and load spikes hit all alike), summarizes samples with `summary` (median and spread), and ends
+with `finish(args, title, sections, results, figures)`: the machine measured in the same run
+(`machine`: read bandwidth, GEMM peak, load average, CPU/GPU, versions), the markdown report on
+stdout and in OUTPUT_DIR/bench_SUITE.md, and the results with their headline `Figure`s (which
+`--record` copies into docs/results.json, bench/results.py). `plot` draws one PNG. The JSON
+results are the last stdout line (peagle_trt/cli.py). Progress goes to stderr (`progress`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import importlib.metadata
+import os
+import platform
+import queue
+import socket
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+# -- timing ------------------------------------------------------------------------------------------
+def timed(fn: Callable[[], object]) -> float:
+    """Wall seconds of one call of `fn`."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def device_clock(fn: Callable[[], object]) -> float:
+    """Seconds of one call: between CUDA events (synchronised) on a GPU, else `timed`."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return timed(fn)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3
+
+
+def reported(fn: Callable[[], float]) -> float:
+    """The seconds a contender reports itself (one that times only part of its call, or a pass)."""
+    return fn()
+
+
+def alternate(contenders: dict[str, Callable[[], object]], rounds: int, warmup: int = 1,
+              clock: Callable[[Callable[[], object]], float] = timed,
+              on_round: Callable[[int], None] | None = None) -> dict[str, list[float]]:
+    """Each contender `warmup` times, then once per round in turn, the order reversed every other
+    round; -> {name: [seconds per round]}. `clock(fn)` times one call: `timed`, `device_clock` (CUDA
+    events on a GPU) or `reported` (the contender returns its own seconds)."""
+    for _ in range(warmup):
+        for fn in contenders.values():
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
+    names = list(contenders)
+    for r in range(rounds):
+        for name in names if r % 2 == 0 else names[::-1]:
+            samples[name].append(clock(contenders[name]))
+        if on_round is not None:
+            on_round(r)
+    return samples
+
+
+def summary(samples: list[float], scale: float = 1.0) -> dict:
+    """Median, min, max and spread ((max - min) / median) of `samples` x `scale`."""
+    xs = sorted(x * scale for x in samples)
+    med = statistics.median(xs)
+    return {"median": med, "min": xs[0], "max": xs[-1], "spread": (xs[-1] - xs[0]) / med if med else None,
+            "n": len(xs)}
+
+
+# -- the machine ---------------------------------------------------------------------------------------
+def cpu_model() -> str:
+    """The CPU's model name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine(smoke: bool = False, rounds: int = 5) -> dict:
+    """The machine as measured now: read bandwidth of a float32 matrix-vector product (256 MiB; 16
+    under --smoke), the float32 GEMM peak (1024^3; 256^3), the load average, CPU, GPU, versions."""
+    import torch
+
+    n, m = (2048, 256) if smoke else (8192, 1024)
+    w, x, a = torch.randn(n, n), torch.randn(n), torch.randn(m, m)
+    t = alternate({"mv": lambda: torch.mv(w, x), "mm": lambda: torch.mm(a, a)}, rounds)
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "cpu": cpu_model(), "cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "loadavg": [round(v, 2) for v in os.getloadavg()],
+            "bandwidth_gbs": round(w.numel() * 4 / statistics.median(t["mv"]) / 1e9, 2),
+            "gemm_gflops": round(2 * m ** 3 / statistics.median(t["mm"]) / 1e9, 1),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "onnxruntime": version("onnxruntime")}
+
+
+def describe(mach: dict) -> str:
+    """One line for a report: the machine and what it measured."""
+    where = mach.get("gpu") or f"{mach['cores']}-core {mach['cpu']}"
+    return (f"{where}; read bandwidth {mach['bandwidth_gbs']} GB/s, GEMM {mach['gemm_gflops']} GFLOP/s, "
+            f"load {mach['loadavg'][0]}; torch {mach['torch']}, {mach['torch_threads']} threads; {mach['date']}")
+
+
+# -- load -----------------------------------------------------------------------------------------------
+def closed_loop(n: int, conc: int, run_one: Callable[[int, object], None],
+                session: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext) -> float:
+    """`min(conc, n)` client threads take requests 0..n-1 in order, one at a time each; `run_one(i,
+    ctx)` runs request i with its thread's `session()` value. Returns the wall seconds; re-raises
+    the first error once every thread has stopped."""
+    todo: queue.Queue = queue.Queue()
+    for i in range(n):
+        todo.put(i)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        with session() as ctx:
+            while not errors:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    run_one(i, ctx)
+                except BaseException as exc:  # reported after the join
+                    errors.append(exc)
+                    return
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(min(conc, n))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - t0
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Send this process's stdout (fd 1 too: native libraries, child processes) to stderr meanwhile."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def progress(message: str) -> None:
+    """One progress line on stderr."""
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the report ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Figure:
+    """A headline figure of a suite (a row of docs/BENCHMARKS.md's opening table)."""
+
+    name: str  # what it is, e.g. "scheduler step, batch 64, peagle K=7"
+    value: float
+    unit: str  # e.g. "ms", "x", "%", "tok/s"
+    target: str = ""  # e.g. "<= 0.3 ms"; "" when none
+    digits: int = 2
+
+    def text(self) -> str:
+        unit = self.unit if self.unit in ("", "x", "%") else " " + self.unit
+        return f"{self.value:.{self.digits}f}{unit}"
+
+
+def table(header: list[str], rows: list[list], digits: int = 3) -> str:
+    """A markdown table; floats get `digits` decimals, None an empty cell."""
+
+    def cell(x) -> str:
+        if isinstance(x, float):
+            return f"{x:.{digits}f}"
+        return "" if x is None else str(x)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows])
+
+
+def stem(suite: str) -> str:
+    """The file stem of a suite's outputs: bench_<suite> (dashes become underscores)."""
+    return "bench_" + suite.replace("-", "_")
+
+
+def plot(args: argparse.Namespace, suffix: str, draw: Callable) -> str | None:
+    """`draw(plt)` makes one figure (every panel then gets a grid and its legend, the layout is
+    tightened), saved as OUTPUT_DIR/bench_SUITE[_suffix].png. Returns the file name, or None (no
+    --output-dir, matplotlib missing, or drawing failed: a warning on stderr)."""
+    if getattr(args, "output_dir", None) is None:
+        return None
+    name = f"{stem(args.suite)}{'_' + suffix if suffix else ''}.png"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig = draw(plt)
+        for ax in fig.axes:
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(Path(args.output_dir) / name, dpi=110)
+        plt.close(fig)
+    except Exception as exc:  # a plot is optional: warn, never abort the run
+        progress(f"[bench] warning: plot {name} not written ({type(exc).__name__}: {exc})")
+        return None
+    return name
+
+
+def finish(args: argparse.Namespace, title: str, sections: list[str], results: dict,
+           figures: list[Figure] = (), mach: dict | None = None) -> dict:
+    """Measure the machine (unless the suite did, `mach`), print the report (title, machine line,
+    headline figures, sections) and write OUTPUT_DIR/bench_SUITE.md; returns `results` with
+    `machine`, `figures` and `smoke` added (the JSON last line)."""
+    mach = mach or machine(args.smoke)
+    heads = [f"- {f.name}: **{f.text()}**" + (f" (target {f.target})" if f.target else "") for f in figures]
+    text = "\n\n".join([f"## {title}", f"machine: {describe(mach)}"] + (["\n".join(heads)] if heads else [])
+                       + [s.strip() for s in sections if s and s.strip()])
+    print(text + "\n", flush=True)
+    if getattr(args, "output_dir", None) is not None:
+        (Path(args.output_dir) / f"{stem(args.suite)}.md").write_text(text + "\n")
+    return {**results, "machine": mach, "figures": [asdict(f) for f in figures], "smoke": args.smoke}

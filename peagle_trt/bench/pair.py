@@ -1,0 +1,329 @@
+"""A target and its drafter heads, measured with the code that serves: what the suites `heads`,
+`acceptance`, `step-cost` and `speculation` share (each a thin module on this one).
+
+A configuration (`Config`: a name, a SpecConfig, the head directory) runs in process through
+TextGenerator (chat template or raw text, scheduler, speculative decoder, torch or onnxruntime
+executor), or served by tritonserver (every configuration a model of one repository, `served`).
+`measure` alternates the configurations' passes within rounds (bench/harness.py) per (workload,
+batch) and gives one row per cell: acceptance pooled over requests (`pooled`), tok/s of the median
+pass, speed-up over the first configuration (none), and how many outputs differ from its (greedy:
+0, the gate); with `timers` also where a step's time goes (the executor's forwards timed).
+`acceptance_phase` is the batch-8 acceptance table of `heads`/`acceptance`; `drawing` its figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from peagle_trt.bench.harness import alternate, closed_loop, free_port, progress, reported
+from peagle_trt.config import SamplingParams, SpecConfig
+from peagle_trt.errors import RuntimeInvariantError
+
+HUMANEVAL_REQUEST = "Complete the following Python function:\n\n```python\n{prompt}```"
+LONG_REQUEST = "Here is the Python module `{name}`:\n\n```python\n{source}\n```\n\nSummarize what this module does."
+FORWARDS = ("target", "draft_parallel", "drafter")  # the executor methods `timers` times
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str  # e.g. "none", "peagle K=3", "adaptive (K<=7)"
+    spec: SpecConfig
+    head: Path | None  # None: the target alone
+
+    @property
+    def model(self) -> str:  # its model name in a served repository
+        return "".join(c if c.isalnum() else "_" for c in self.name)
+
+
+def head_configs(heads: dict[str, Path], ks: dict[str, list[int]]) -> list[Config]:
+    """none, then each head (method -> directory) at each of its K."""
+    return [Config("none", SpecConfig("none", 0), None)] + [
+        Config(f"{m} K={k}", SpecConfig(m, k), heads[m]) for m in heads for k in ks.get(m, [])]
+
+
+def int_list(text: str) -> list[int]:
+    return [int(x) for x in str(text).split(",") if x.strip()]
+
+
+# -- prompts ---------------------------------------------------------------------------------------
+def prompt_sets(args, codec) -> dict[str, list[str]]:
+    """Chat requests: HumanEval (`args.humaneval`), held-out instructions (`args.heldout`, modules the
+    heads never saw), long (`args.long` module sources of `args.long_tokens` tokens)."""
+    from peagle_trt.bench.prompts import humaneval_prompts
+    from peagle_trt.train.instructions import instructions, split_of, stdlib_modules
+
+    human = [HUMANEVAL_REQUEST.format(prompt=p["prompt"]) for p in humaneval_prompts()[:args.humaneval]]
+    held = [r["prompt"] for r in instructions("heldout", seed=0) if r["kind"] not in ("long", "essay")]
+    long_prompts = []
+    for name, path in stdlib_modules():
+        if split_of(name) != "heldout" or len(long_prompts) >= args.long:
+            continue
+        ids = codec.tok(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
+        if len(ids) >= args.long_tokens:
+            source = codec.tok.decode(ids[:args.long_tokens]).rsplit("\n", 1)[0]
+            long_prompts.append(LONG_REQUEST.format(name=name, source=source))
+    return {"humaneval": human, "heldout": held[:args.heldout], "long": long_prompts}
+
+
+def code_prompts(tok, n: int, max_tokens: int) -> list[str]:
+    """HumanEval's first `n` prompts as raw text for a code model: trailing whitespace dropped (token
+    healing: a bare final newline forces a token the corpus never has there), cut to the longest tail
+    of whole lines within `max_tokens` tokens."""
+    from peagle_trt.bench.prompts import humaneval_prompts
+
+    out = []
+    for p in humaneval_prompts()[:n]:
+        lines = p["prompt"].rstrip().splitlines(keepends=True)
+        fits = ("".join(lines[i:]) for i in range(len(lines)))
+        out.append(next((t for t in fits if len(tok(t, add_special_tokens=False)["input_ids"]) <= max_tokens),
+                        lines[-1]))
+    return out
+
+
+# -- running requests --------------------------------------------------------------------------------
+def pooled(results: list[dict], k: int) -> dict:
+    """AL and per-position acceptance pooled over requests (weighted by their verify steps)."""
+    steps = sum(r.get("steps", 0) for r in results)
+    if not k or not steps:
+        return {"acceptance_length": 1.0, "accept_rate_per_pos": [], "steps": steps}
+    accepted = sum((r["acceptance_length"] - 1) * r["steps"] for r in results)
+    per_pos = [sum((r["accept_rate_per_pos"] + [0.0] * k)[i] * r["steps"] for r in results) / steps
+               for i in range(k)]  # a request without spec steps (adaptive K = 0 throughout) has no rates
+    return {"acceptance_length": round(1 + accepted / steps, 4),
+            "accept_rate_per_pos": [round(p, 4) for p in per_pos], "steps": steps}
+
+
+def run_batch(gen, prompts: list[str], params: SamplingParams, conc: int,
+              chat_template: bool = True) -> tuple[float, list[dict]]:
+    """A closed loop of `conc` requests at a time, stepped on the calling thread; (wall s, results)."""
+    from peagle_trt.serving.protocol import generate_result
+
+    results: list[dict | None] = [None] * len(prompts)
+    events: dict[int, list] = {}
+    errors: list[str] = []
+    todo, running, t0 = iter(range(len(prompts))), 0, time.perf_counter()
+
+    def on_event(i: int, ev) -> None:
+        nonlocal running
+        events.setdefault(i, []).append(ev)
+        if ev.finished:
+            if ev.error is not None:
+                errors.append(f"prompt {i}: {ev.error}")
+            evs = events.pop(i)
+            results[i] = generate_result("".join(e.text for e in evs), [t for e in evs for t in e.token_ids],
+                                         ev.finish_reason, ev.stats or {})
+            running -= 1
+
+    while True:
+        while running < conc and (i := next(todo, None)) is not None:
+            running += 1
+            gen.submit(f"bench-{i}", prompts[i], params, lambda ev, i=i: on_event(i, ev), chat_template=chat_template)
+        if not running:
+            break
+        gen.scheduler.step()
+    if errors:
+        raise RuntimeInvariantError(f"a benchmark request failed: {errors[0]}")
+    return time.perf_counter() - t0, results
+
+
+def generator(args, c: Config, slots: int, max_seq_len: int):
+    from peagle_trt.serving.generator import TextGenerator
+
+    return TextGenerator.from_checkpoints(args.target, c.head, c.spec, max_seq_len=max_seq_len, max_batch=slots,
+                                          backend=args.backend, threads=getattr(args, "threads", None))
+
+
+def timed_forwards(ex) -> dict:
+    """Wrap the executor's forwards: their seconds and calls add up in the returned dict."""
+    bucket: dict = {}
+
+    def wrap(name: str, inner: Callable) -> Callable:
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a, **kw)
+            finally:
+                bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
+                bucket[name + "_calls"] = bucket.get(name + "_calls", 0) + 1
+        return wrapper
+
+    for name in (n for n in FORWARDS if hasattr(ex, n)):
+        setattr(ex, name, wrap(name, getattr(ex, name)))
+    return bucket
+
+
+# -- alternated passes ----------------------------------------------------------------------------------
+Runner = Callable[[list[str], SamplingParams, int], tuple[float, list[dict]]]
+
+
+def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dict[str, list[str]], batch: int,
+               args, timers: dict | None = None) -> list[dict]:
+    """Per workload, every configuration's pass (`runners[name](prompts, params, batch)`) alternated
+    within `args.rounds` rounds; one row per configuration (see the module's docstring)."""
+    params, rows = SamplingParams(max_tokens=args.max_tokens), []
+    for wname, prompts in workloads.items():
+        results: dict = {}
+        per_pass: dict = {c.name: [] for c in configs}
+
+        def one(c: Config, prompts=prompts) -> Callable[[], float]:
+            def go() -> float:
+                if timers is not None:
+                    timers[c.name].clear()
+                wall, results[c.name] = runners[c.name](prompts, params, batch)
+                if timers is not None:
+                    per_pass[c.name].append(dict(timers[c.name], wall=wall))
+                return wall
+            return go
+
+        walls = alternate({c.name: one(c) for c in configs}, args.rounds, warmup=0, clock=reported,
+                          on_round=lambda r: progress(f"[{args.suite}] b{batch} {wname}: round {r + 1}/{args.rounds}"))
+        ref = [x["token_ids"] for x in results[configs[0].name]]
+        cell = []
+        for c in configs:
+            res, wall = results[c.name], statistics.median(walls[c.name])
+            tokens = sum(len(x["token_ids"]) for x in res)
+            spec = c.spec
+            cell.append({"workload": wname, "batch": batch, "config": c.name, "method": spec.mode, "K": spec.k,
+                         "adaptive": spec.adaptive, "synthetic_acceptance": list(spec.synthetic_rates) or None,
+                         **pooled(res, spec.k), "tokens": tokens, "wall_s_passes": [round(w, 3) for w in walls[c.name]],
+                         "tokens_per_s": round(tokens / wall, 2),
+                         "mismatches": None if spec.synthetic_rates else
+                         sum(a != x["token_ids"] for a, x in zip(ref, res))})
+            if per_pass[c.name]:
+                cell[-1].update(step_cost(per_pass[c.name]))
+        for r in cell:
+            r["speedup"] = round(r["tokens_per_s"] / cell[0]["tokens_per_s"], 3)
+        rows += cell
+    return rows
+
+
+def step_cost(passes: list[dict]) -> dict:
+    """Medians over passes of ms per step (a target forward), split into the target's forward, the
+    drafter's (one parallel pass or K sequential ones) and the rest."""
+    def med(fn) -> float:
+        return round(statistics.median(fn(p) / max(p.get("target_calls", 0), 1) * 1e3 for p in passes), 3)
+
+    step, target = med(lambda p: p["wall"]), med(lambda p: p.get("target", 0.0))
+    drafter = med(lambda p: p.get("draft_parallel", 0.0) + p.get("drafter", 0.0))
+    return {"ms_per_step": step, "target_ms": target, "drafter_ms": drafter,
+            "other_ms": round(step - target - drafter, 3)}
+
+
+def measure(args, configs: list[Config], workloads: dict[str, list[str]], batches: list[int],
+            max_seq_len: int, chat_template: bool = True, timers: bool = False) -> list[dict]:
+    """In process: per batch, one generator of `batch` slots per configuration (freed after)."""
+    rows = []
+    for batch in batches:
+        gens = {c.name: generator(args, c, batch, max_seq_len) for c in configs}
+        buckets = {n: timed_forwards(g.scheduler.decoder.ex) for n, g in gens.items()} if timers else None
+        for gen in gens.values():  # warm-up: sessions, allocations
+            run_batch(gen, next(iter(workloads.values()))[:1], SamplingParams(max_tokens=4), 1, chat_template)
+        runners = {n: (lambda p, s, b, g=g: run_batch(g, p, s, b, chat_template)) for n, g in gens.items()}
+        rows += alternated(configs, runners, workloads, batch, args, buckets)
+        gens.clear()
+        gc.collect()
+    return rows
+
+
+def build_all(root: Path, target: Path, configs: list[Config], **options) -> None:
+    """One repository at `root` holding one model per configuration, each built with
+    RepositoryOptions(spec, **options)."""
+    from peagle_trt.repository import RepositoryOptions, build_repository
+
+    shutil.rmtree(root, ignore_errors=True)
+    root.mkdir(parents=True)
+    for c in configs:
+        side = root.parent / f".{root.name}-{c.model}"
+        with contextlib.redirect_stdout(sys.stderr):
+            build_repository(target, c.head, side, RepositoryOptions(c.spec, model_name=c.model, **options), force=True)
+        shutil.move(str(side / c.model), str(root / c.model))
+        shutil.rmtree(side)
+
+
+def served(args, configs: list[Config], prompts: list[str], max_seq_len: int, chat_template: bool = True) -> list[dict]:
+    """Every configuration a model of ONE tritonserver (loading one server per model once deadlocked
+    tritonserver: stubs waiting on a futex, 2026-11-23), batch-1 passes over gRPC alternated."""
+    from peagle_trt.serving.client import stream_generate
+    from peagle_trt.serving.server import ServeOptions, TritonServer
+
+    root = args.workdir / "repo"
+    build_all(root, args.target, configs, backend=args.backend, max_batch=1, max_seq_len=max_seq_len)
+    serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
+                         log_path=args.workdir / "tritonserver.log")
+    with TritonServer(serve) as server:
+        def runner(model: str) -> Runner:
+            def go(ps: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
+                out: list = [None] * len(ps)
+
+                def one(i: int, _) -> None:
+                    out[i] = stream_generate(server.grpc_url, ps[i], params, model, chat_template=chat_template)
+                return closed_loop(len(ps), conc, one), out
+            return go
+
+        runners = {c.name: runner(c.model) for c in configs}
+        for go in runners.values():  # warm-up
+            go(prompts[:1], SamplingParams(max_tokens=8), 1)
+        return alternated(configs, runners, {"served": prompts}, 1, args)
+
+
+# -- the acceptance table of `heads` and `acceptance` ----------------------------------------------------
+def acceptance_phase(args, configs: list[Config], sets: dict, max_seq_len: int, chat_template: bool) -> list[dict]:
+    """Per configuration (one at a time), batch 8 on HumanEval: AL pooled, per-position acceptance,
+    tok/s; T = 0.7 at `args.sampled_ks`; held-out and long sets at `args.set_ks`; outputs vs none's."""
+    greedy = SamplingParams(max_tokens=args.max_tokens)
+    sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
+    rows, ref = [], {}
+    for c in configs:
+        gen, k = generator(args, c, 8, max_seq_len), c.spec.k
+        run_batch(gen, sets["humaneval"][:8], SamplingParams(max_tokens=8), 8, chat_template)  # warm-up
+        wall, res = run_batch(gen, sets["humaneval"], greedy, 8, chat_template)
+        tokens = sum(len(r["token_ids"]) for r in res)
+        row: dict = {"config": c.name, "method": c.spec.mode, "K": k,
+                     "humaneval": {**pooled(res, k), "tokens": tokens, "wall_s": round(wall, 2),
+                                   "tokens_per_s_b8": round(tokens / wall, 2)}}
+        outputs = {"humaneval": [r["token_ids"] for r in res]}
+        if k in args.sampled_ks:
+            row["humaneval_t0.7"] = pooled(run_batch(gen, sets["humaneval"], sampled, 8, chat_template)[1], k)
+        for name in ("heldout", "long"):
+            if sets.get(name) and (not k or k in args.set_ks):
+                _, res = run_batch(gen, sets[name], greedy, 8 if name == "heldout" else 2, chat_template)
+                row[name], outputs[name] = pooled(res, k), [r["token_ids"] for r in res]
+        ref = ref or outputs
+        row["mismatches"] = sum(a != b for name, outs in outputs.items() for a, b in zip(outs, ref[name]))
+        row["speedup_b8"] = round(row["humaneval"]["tokens_per_s_b8"] / rows[0]["humaneval"]["tokens_per_s_b8"]
+                                  if rows else 1.0, 3)
+        rows.append(row)
+        progress(f"[{args.suite}] {c.name}: AL {row['humaneval']['acceptance_length']:.2f} "
+                 f"({row['humaneval']['tokens_per_s_b8']:.1f} tok/s b8), mismatches {row['mismatches']}")
+        del gen
+        gc.collect()
+    return rows
+
+
+def drawing(rows: list[dict], b1: list[dict], title: str):
+    """Acceptance length and speed-up over none by K, per head (for harness.plot)."""
+    def draw(plt):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for method, color, name in (("peagle", "tab:blue", "P-EAGLE"), ("eagle3", "tab:orange", "EAGLE-3")):
+            rs, bs = [r for r in rows if r["method"] == method], [r for r in b1 if r["method"] == method]
+            ax1.plot([r["K"] for r in rs], [r["humaneval"]["acceptance_length"] for r in rs], "o-", color=color,
+                     label=f"{name} greedy")
+            samp = [r for r in rs if "humaneval_t0.7" in r]
+            if samp:
+                ax1.plot([r["K"] for r in samp], [r["humaneval_t0.7"]["acceptance_length"] for r in samp], "s--",
+                         color=color, label=f"{name} T=0.7")
+            ax2.plot([r["K"] for r in bs], [r["speedup"] for r in bs], "o-", color=color, label=f"{name} batch 1")
+            ax2.plot([r["K"] for r in rs], [r["speedup_b8"] for r in rs], "s--", color=color, label=f"{name} batch 8")
+        ax2.axhline(1.0, color="gray", lw=0.8)
+        ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length", title=title)
+        ax2.set(xlabel="K (draft tokens per step)", ylabel="speed-up over none (in-process)", title="Wall-clock")
+        return fig
+    return draw
