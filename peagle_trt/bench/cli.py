@@ -60,6 +60,8 @@ SUITES: dict[str, tuple[str, str]] = {
                       "real model: one verify forward by shape (requests x rows), the cost model of adaptive K"),
     "draft-length": ("peagle_trt.bench.draft_length",
                      "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
+    "structured": ("peagle_trt.bench.structured",
+                   "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks per step, compile time"),
     "curves": ("peagle_trt.bench.curves",
                "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
 }

@@ -1,19 +1,22 @@
 """A target and its drafter heads, measured with the code that serves: what the suites `heads`,
-`acceptance`, `step-cost` and `speculation` share (each a thin module on this one).
+`acceptance`, `step-cost`, `speculation` and `structured` share (each a thin module on this one).
 
 A configuration (`Config`: a name, a SpecConfig, the head directory) runs in process through
 TextGenerator (chat template or raw text, scheduler, speculative decoder, torch or onnxruntime
 executor), or served by tritonserver (every configuration a model of one repository, `served`).
 `measure` alternates the configurations' passes within rounds (bench/harness.py) per (workload,
-batch) and gives one row per cell: acceptance pooled over requests (`pooled`), tok/s of the median
-pass, speed-up over the first configuration (none), and how many outputs differ from its (greedy:
-0, the gate); with `timers` also where a step's time goes (the executor's forwards timed).
+batch; a workload may have its own SamplingParams, e.g. structured output) and gives one row per
+cell: acceptance pooled over requests (`pooled`), tok/s of the median pass, speed-up over the first
+configuration (none), and how many outputs differ from its (greedy: 0, the gate); with `timers`
+also where a step's time goes (the executor's forwards, and whatever else the caller times into
+the same dict, e.g. the grammar's masks).
 `acceptance_phase` is the batch-8 acceptance table of `heads`/`acceptance`; `drawing` its figure.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import shutil
 import statistics
@@ -141,9 +144,8 @@ def generator(args, c: Config, slots: int, max_seq_len: int):
                                           backend=args.backend, threads=getattr(args, "threads", None))
 
 
-def timed_forwards(ex) -> dict:
-    """Wrap the executor's forwards: their seconds and calls add up in the returned dict."""
-    bucket: dict = {}
+def timed_forwards(ex, bucket: dict) -> None:
+    """Wrap the executor's forwards: their seconds and calls add up in `bucket`."""
 
     def wrap(name: str, inner: Callable) -> Callable:
         def wrapper(*a, **kw):
@@ -157,7 +159,6 @@ def timed_forwards(ex) -> dict:
 
     for name in (n for n in FORWARDS if hasattr(ex, n)):
         setattr(ex, name, wrap(name, getattr(ex, name)))
-    return bucket
 
 
 # -- alternated passes ----------------------------------------------------------------------------------
@@ -165,11 +166,13 @@ Runner = Callable[[list[str], SamplingParams, int], tuple[float, list[dict]]]
 
 
 def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dict[str, list[str]], batch: int,
-               args, timers: dict | None = None) -> list[dict]:
-    """Per workload, every configuration's pass (`runners[name](prompts, params, batch)`) alternated
-    within `args.rounds` rounds; one row per configuration (see the module's docstring)."""
-    params, rows = SamplingParams(max_tokens=args.max_tokens), []
+               args, timers: dict | None = None, params: dict[str, SamplingParams] | None = None) -> list[dict]:
+    """Per workload, every configuration's pass (`runners[name](prompts, params[workload], batch)`;
+    default params: greedy, `args.max_tokens`) alternated within `args.rounds` rounds; one row per
+    configuration (see the module's docstring)."""
+    rows = []
     for wname, prompts in workloads.items():
+        wparams = (params or {}).get(wname, SamplingParams(max_tokens=args.max_tokens))
         results: dict = {}
         per_pass: dict = {c.name: [] for c in configs}
 
@@ -177,7 +180,7 @@ def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dic
             def go() -> float:
                 if timers is not None:
                     timers[c.name].clear()
-                wall, results[c.name] = runners[c.name](prompts, params, batch)
+                wall, results[c.name] = runners[c.name](prompts, wparams, batch)
                 if timers is not None:
                     per_pass[c.name].append(dict(timers[c.name], wall=wall))
                 return wall
@@ -207,27 +210,37 @@ def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dic
 
 def step_cost(passes: list[dict]) -> dict:
     """Medians over passes of ms per step (a target forward), split into the target's forward, the
-    drafter's (one parallel pass or K sequential ones) and the rest."""
+    drafter's (one parallel pass or K sequential ones), the grammar's masks (when timed) and the rest."""
     def med(fn) -> float:
         return round(statistics.median(fn(p) / max(p.get("target_calls", 0), 1) * 1e3 for p in passes), 3)
 
     step, target = med(lambda p: p["wall"]), med(lambda p: p.get("target", 0.0))
     drafter = med(lambda p: p.get("draft_parallel", 0.0) + p.get("drafter", 0.0))
+    masks = med(lambda p: p.get("masks", 0.0))
     return {"ms_per_step": step, "target_ms": target, "drafter_ms": drafter,
-            "other_ms": round(step - target - drafter, 3)}
+            **({"masks_ms": masks} if any("masks" in p for p in passes) else {}),
+            "other_ms": round(step - target - drafter - masks, 3)}
 
 
 def measure(args, configs: list[Config], workloads: dict[str, list[str]], batches: list[int],
-            max_seq_len: int, chat_template: bool = True, timers: bool = False) -> list[dict]:
-    """In process: per batch, one generator of `batch` slots per configuration (freed after)."""
+            max_seq_len: int, chat_template: bool = True, timers: dict | None = None,
+            params: dict[str, SamplingParams] | None = None) -> list[dict]:
+    """In process: per batch, one generator of `batch` slots per configuration (freed after). With
+    `timers` (a dict: passes run one at a time), every executor's forwards are timed into it."""
     rows = []
     for batch in batches:
         gens = {c.name: generator(args, c, batch, max_seq_len) for c in configs}
-        buckets = {n: timed_forwards(g.scheduler.decoder.ex) for n, g in gens.items()} if timers else None
-        for gen in gens.values():  # warm-up: sessions, allocations
-            run_batch(gen, next(iter(workloads.values()))[:1], SamplingParams(max_tokens=4), 1, chat_template)
+        if timers is not None:
+            for g in gens.values():
+                timed_forwards(g.scheduler.decoder.ex, timers)
+        warm = [(next(iter(workloads.values())), SamplingParams())] + [(workloads[w], s)
+                                                                        for w, s in (params or {}).items()]
+        for gen in gens.values():  # warm-up: sessions, allocations (and a workload's own params: its grammar)
+            for prompts, s in warm:
+                run_batch(gen, prompts[:1], dataclasses.replace(s, max_tokens=4), 1, chat_template)
         runners = {n: (lambda p, s, b, g=g: run_batch(g, p, s, b, chat_template)) for n, g in gens.items()}
-        rows += alternated(configs, runners, workloads, batch, args, buckets)
+        rows += alternated(configs, runners, workloads, batch, args,
+                           None if timers is None else {n: timers for n in gens}, params)
         gens.clear()
         gc.collect()
     return rows

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> dict:
         configs.append(Config(method if method == "none" else f"{method} K={k}", spec,
                               None if method == "none" else args.pair / f"drafter-{method}"))
     prompts = code_prompts(TextCodec(args.pair).tok, args.prompts, 224)
-    rows = measure(args, configs, {"humaneval": prompts}, [1], 224 + args.max_tokens + 16, False, timers=True)
+    rows = measure(args, configs, {"humaneval": prompts}, [1], 224 + args.max_tokens + 16, False, timers={})
     best = {m: max((r for r in rows if r["method"] == m), key=lambda r: r["speedup"])
             for m in ("peagle", "eagle3") if any(r["method"] == m for r in rows)}
     figures = [Figure(f"code pair, in-process batch 1: {m} K={r['K']} over none (CPU)", r["speedup"], "x")

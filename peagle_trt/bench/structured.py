@@ -1,0 +1,146 @@
+"""Suite `structured` (docs/BENCHMARKS.md, "structured"): structured output under speculation, in
+process on CPU (bench/pair.py, torch executor): one prompt (--batch copies of it at a time) through
+the generator, scheduler and speculative decoder the server runs, free vs constrained by a regex
+(--regex; default: indented code lines) or a JSON schema (--schema FILE), none vs --mode at --k,
+the configurations' passes alternated within --rounds rounds after a warm-up (medians). Per cell:
+tokens/s, acceptance length, speed-up over none, outputs that differ from none's (greedy: 0), ms
+per step and the grammar's share of it (decoder.py's verify_masks + apply_masks timed). Beside it:
+the grammar's compile time (cold: the tokenizer's tables included; cached; a second schema) and the
+masks of one verify step at batch 8 x (K + 1) rows (fill the bitmasks, apply them; medians).
+Default: the demo's code pair, raw text; SmolLM2 with --target DIR --drafter HEAD --schema FILE --chat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from pathlib import Path
+from unittest import mock
+
+from peagle_trt.bench.harness import Figure, alternate, finish, summary, table, timed
+
+CODE_LINES = r"\n( {4,8}[^\n]{0,60}\n){1,4}"
+CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=Path, default=None, help="target dir (default: the demo's code pair)")
+    p.add_argument("--drafter", type=Path, default=None, help="drafter head (default: TARGET/drafter-MODE)")
+    p.add_argument("--schema", type=Path, default=None, help="a JSON schema file (instead of --regex)")
+    p.add_argument("--regex", default=CODE_LINES, help="the regex the output must match (default: code lines)")
+    p.add_argument("--prompt", default=CODE_PROMPT, help="the prompt (default: a method of a code queue)")
+    p.add_argument("--chat", action="store_true", help="send the prompt through the chat template (default: raw)")
+    p.add_argument("--mode", default="peagle", choices=["peagle", "eagle3"], help="the drafter's method")
+    p.add_argument("--k", type=int, default=5, help="draft tokens per step")
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes (copies of the prompt at once)")
+    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
+    p.add_argument("--rounds", type=int, default=3, help="rounds; the figures are medians over them")
+
+
+@contextlib.contextmanager
+def masks_timed(bucket: dict):
+    """Meanwhile, the seconds of decoder.py's verify_masks and apply_masks add up in bucket["masks"]."""
+    from peagle_trt.speculative import decoder
+
+    def wrap(inner):
+        def timed_call(*a):
+            t0 = time.perf_counter()
+            try:
+                return inner(*a)
+            finally:
+                bucket["masks"] = bucket.get("masks", 0.0) + time.perf_counter() - t0
+        return timed_call
+
+    with mock.patch.object(decoder, "verify_masks", wrap(decoder.verify_masks)), \
+            mock.patch.object(decoder, "apply_masks", wrap(decoder.apply_masks)):
+        yield
+
+
+def grammar_costs(args, codec, structured, repeats: int) -> dict:
+    """Compile seconds (cold, cached, a second schema) and the ms of one verify step's masks at batch 8
+    x (k + 1) rows from the grammar's start (drafts: the first k tokens of a sample, as far as valid)."""
+    import torch
+
+    from peagle_trt.checkpoint.target import load_target_config
+    from peagle_trt.config import StructuredOutput
+    from peagle_trt.speculative.grammar import Grammars, GrammarState, _xgr, apply_masks
+
+    grammars = Grammars(codec.tok, load_target_config(args.target).vocab_size)
+    try:
+        cold = timed(lambda: grammars.compile(structured).result())
+        cached = timed(lambda: grammars.compile(structured).result())
+        other = StructuredOutput.from_dict({"json": {"type": "object", "properties": {"x": {"type": "integer"}}}})
+        second = timed(lambda: grammars.compile(other).result())
+        compiled = grammars.compile(structured).result()
+    finally:
+        grammars.close()
+    b, rows, vocab = 8, args.k + 1, compiled.tokenizer_info.vocab_size
+    states = [GrammarState(compiled, frozenset(codec.eos_ids)) for _ in range(b)]
+    sample = '{"city": "Paris", "unit": "celsius"}' if args.schema else "\n        return not self.items\n"
+    drafts = codec.tok.encode(sample, add_special_tokens=False)[:args.k]
+    logits, mask = torch.randn(b, rows, vocab), [_xgr().allocate_token_bitmask(b * rows, vocab)]
+
+    def fill():
+        mask[0] = _xgr().allocate_token_bitmask(b * rows, vocab)
+        for i, state in enumerate(states):
+            state.fill(drafts, mask[0], i * rows)
+
+    t = alternate({"fill": fill, "apply": lambda: apply_masks(logits, mask[0].view(b, rows, -1))}, repeats)
+    return {"compile_cold_s": round(cold, 4), "compile_cached_s": round(cached, 6),
+            "compile_second_schema_s": round(second, 5), "masks_b8_rows": b * rows,
+            **{f"masks_b8_{n}_ms": round(summary(t[n], 1e3)["median"], 3) for n in t}}
+
+
+def run(args: argparse.Namespace) -> dict:
+    from peagle_trt.bench.pair import Config, int_list, measure
+    from peagle_trt.config import SamplingParams, SpecConfig, StructuredOutput
+    from peagle_trt.tokenizer import TextCodec
+
+    if args.target is None:
+        from peagle_trt.demo import code_pair
+
+        args.target = code_pair()
+    if args.smoke:
+        args.max_tokens, args.rounds, args.batch = 8, 1, "1"
+    args.backend, drafter = "torch", args.drafter or args.target / f"drafter-{args.mode}"
+    kind = "JSON schema" if args.schema else "regex"
+    structured = StructuredOutput.from_dict({"json": json.loads(args.schema.read_text())} if args.schema
+                                            else {"regex": args.regex})
+    codec = TextCodec(args.target)
+    costs = grammar_costs(args, codec, structured, 3 if args.smoke else 20)
+    spec = f"{args.mode} K={args.k}"
+    configs = [Config("none", SpecConfig("none", 0), None), Config(spec, SpecConfig(args.mode, args.k), drafter)]
+    params = {"free": SamplingParams(max_tokens=args.max_tokens),
+              kind: SamplingParams(max_tokens=args.max_tokens, structured=structured)}
+    max_seq_len = len(codec.encode_prompt(args.prompt, chat_template=args.chat)) + args.max_tokens + 2 * args.k + 16
+    rows, bucket = [], {}
+    with masks_timed(bucket):
+        for b in int_list(args.batch):
+            rows += measure(args, configs, {w: [args.prompt] * b for w in params}, [b], max_seq_len, args.chat,
+                            timers=bucket, params=params)
+    for r in rows:
+        r.setdefault("masks_ms", 0.0)
+        r["masks_share"] = round(r["masks_ms"] / r["ms_per_step"], 4) if r["ms_per_step"] else None
+    where = f"{args.target.name}, {kind}"
+    head = next(r for r in rows if r["workload"] == kind and r["config"] == spec)
+    figures = [Figure(f"structured output ({where}), batch {head['batch']}: {spec} over none", head["speedup"], "x"),
+               Figure(f"structured output ({where}): {spec} acceptance length", head["acceptance_length"], ""),
+               Figure(f"structured output ({where}): masks per decode step, {spec}, batch {head['batch']}",
+                      head["masks_ms"], "ms"),
+               Figure(f"structured output ({where}): compile, cold (tokenizer tables included)",
+                      costs["compile_cold_s"], "s")]
+    return finish(args, f"Structured output under speculation ({where}), medians of {args.rounds} rounds", [
+        table(["batch", "config", "output", "tokens/request", "tok/s", "AL", "x none", "mismatches", "ms/step",
+               "masks ms/step", "masks share"],
+              [[r["batch"], r["config"], r["workload"], r["tokens"] // r["batch"], f"{r['tokens_per_s']:.1f}",
+                f"{r['acceptance_length']:.2f}", f"{r['speedup']:.2f}", r["mismatches"], f"{r['ms_per_step']:.2f}",
+                f"{r['masks_ms']:.3f}", f"{100 * (r['masks_share'] or 0):.1f}%"] for r in rows]),
+        table(["compile cold", "cached", "a second schema", "masks of one step, batch 8 x (K + 1) rows"],
+              [[f"{costs['compile_cold_s']:.3f} s", f"{1e6 * costs['compile_cached_s']:.0f} us",
+                f"{1e3 * costs['compile_second_schema_s']:.2f} ms",
+                f"{costs['masks_b8_fill_ms'] + costs['masks_b8_apply_ms']:.2f} ms ({costs['masks_b8_rows']} rows: fill "
+                f"{costs['masks_b8_fill_ms']:.2f} + apply {costs['masks_b8_apply_ms']:.2f})"]])],
+        {"target": str(args.target), "drafter": str(drafter), "grammar": kind, "prompt": args.prompt,
+         "chat": args.chat, "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": rows, **costs}, figures)
