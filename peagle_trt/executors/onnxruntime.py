@@ -17,9 +17,12 @@ Deterministic mode (`OrtExecutor(..., deterministic=True)`): a request's logits 
 its batch, its draft count or the thread count. Measured (onnxruntime 1.32.0, MLAS, 2026-11-26):
 a float32 MatMul row is bitwise the same for every M >= 2 rows but not for M = 1 (a different
 kernel), and the zero-padded key axis of attention (MatMul over L, Softmax with -inf) changes
-nothing. So every session runs on its own ONE intra-op thread, and every forward that would give a
+nothing; MLAS splits a GEMM over threads by rows or columns, never along the reduction, so the
+thread count changes no bit either (measured 1 vs 2 threads). So every forward that would give a
 GEMM a single row (a batch-1 decode, a one-row projection or head) gets one padding row (position
--1: it writes to the trash block and is sliced off). Checked by tests/executors/test_deterministic.py.
+-1: it writes to the trash block and is sliced off), and the sessions split work statically
+(`session.dynamic_block_base` 0). Checked by tests/executors/test_deterministic.py, thread counts
+included (a second process with another pool size).
 """
 
 from __future__ import annotations
@@ -69,12 +72,11 @@ def session_options(weights: dict | None = None):
 def _session(path: Path | bytes, threads: int | None, weights: dict | None = None, deterministic: bool = False):
     import onnxruntime as ort
 
+    _thread_pool(threads)
     options = session_options(weights)
-    if deterministic:  # its own single thread: one fixed work split, whatever the process's pool has
-        options.intra_op_num_threads = 1
-    else:
-        _thread_pool(threads)
-        options.use_per_session_threads = False  # the shared pool (module docstring)
+    options.use_per_session_threads = False  # the shared pool (module docstring)
+    if deterministic:  # a static split of each op's work over the pool (the default; said, not assumed)
+        options.add_session_config_entry("session.dynamic_block_base", "0")
     source = path if isinstance(path, bytes) else str(path)  # bytes: a serialized in-memory model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 

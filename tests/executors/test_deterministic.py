@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,3 +179,24 @@ def test_output_is_the_same_under_cpu_load(tiny, fp8_llama):
             p.kill()
             p.wait()
     assert loaded.output == idle.output == plain.output and loaded.stats.drafter_forwards > 0
+
+
+_THREADS_SCRIPT = """
+import sys, torch
+from peagle_trt.checkpoint import load_pair
+from peagle_trt.config import SpecConfig
+from peagle_trt.executors.onnxruntime import OrtExecutor
+from tests.executors.test_deterministic import _first_row_logits
+torch.manual_seed(0)
+target, _ = load_pair(sys.argv[1], None, SpecConfig("none", 1)).build()
+ex = OrtExecutor.from_models(target, None, None, 4, 96, threads=int(sys.argv[2]), deterministic=True)
+torch.save(_first_row_logits(ex, 4, 4), sys.argv[3])
+"""
+
+
+def test_onnxruntime_thread_count_changes_no_bit(tiny, tmp_path):
+    """The process-wide pool's size (1 vs 2 threads, each in its own process) gives the same logits."""
+    for threads in (1, 2):
+        subprocess.run([sys.executable, "-c", _THREADS_SCRIPT, str(tiny["llama"]), str(threads),
+                        str(tmp_path / f"{threads}.pt")], check=True, cwd=Path(__file__).parents[2])
+    assert torch.equal(torch.load(tmp_path / "1.pt"), torch.load(tmp_path / "2.pt"))
