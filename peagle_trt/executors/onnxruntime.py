@@ -207,7 +207,7 @@ class OrtExecutor:
         # k <= K (the K of the export): the length of `draft_slots` makes the graph run k mask rows
         if not 1 <= k <= self.k:
             raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for {k} drafts; re-export")
-        if self.deterministic and tokens.shape[1] + k - 1 < 2:  # one pending row, k = 1: pad to two rows
+        if self.deterministic:  # two pending rows at least: the graph's fc projects them on their own
             tokens, aux = _two_rows(tokens, 0), _two_rows(aux, 0)
         out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
                                   "num_pending": num_pending.numpy(), "cur": cur.numpy(),

@@ -56,6 +56,8 @@ def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     so a row's bits depend on the row and the weight only."""
     flat = x.reshape(-1, x.shape[-1])  # [N, in]
     n = flat.shape[0]
+    if n == 0:
+        return x.new_zeros(*x.shape[:-1], weight.shape[0])
     padded = flat.new_zeros(-(-n // ROW_BLOCK) * ROW_BLOCK, flat.shape[1])  # [N', in], N' % ROW_BLOCK == 0
     padded[:n] = flat
     wt = weight.t()
