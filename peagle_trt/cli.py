@@ -26,6 +26,9 @@ from pathlib import Path
 from peagle_trt.config import BLOCK_SIZE, GRAMMAR_TIMEOUT_S, MAX_GRAMMAR_BYTES, SPEC_MODES, SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError, PeagleError
 
+DETERMINISTIC_HELP = ("row- and batch-invariant forwards: a request's output does not depend on its batch, draft "
+                      "count or thread count (torch / onnxruntime backends; docs/SERVING.md, Deterministic mode)")
+
 
 def resolve_spec(args: argparse.Namespace, purpose: str = "generate") -> SpecConfig:
     """Spec config from --speculative-config (else $SM_VLLM_SPECULATIVE_CONFIG) and/or --spec-mode /
@@ -103,6 +106,9 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     if len(sources) != 1:
         raise ConfigError("pass exactly one of --target DIR (in-process from checkpoints), "
                           "--repo REPO (in-process from a built repository) or --url HOST:PORT (gRPC)")
+    if args.url and args.deterministic:
+        raise ConfigError("--deterministic is the server's setting: start it with `peagle-trt serve --deterministic` "
+                          "(or build the repository with --deterministic); --url only sends the request")
     params, chat_template = _sampling(args), not args.no_chat_template
     t0 = time.perf_counter()
     generator = None if args.url else _load_generator(args)
@@ -124,14 +130,16 @@ def _load_generator(args: argparse.Namespace):
     from peagle_trt.serving.generator import TextGenerator
 
     if args.repo:
-        from peagle_trt.serving.options import read_options
+        from peagle_trt.serving.options import read_options, with_deterministic
 
-        return TextGenerator.load(*read_options(args.repo, args.model))
+        model_dir, options, paths = read_options(args.repo, args.model)
+        return TextGenerator.load(model_dir, with_deterministic(options, args.deterministic), paths)
     backend = generate_backend(args)
 
     def load(name: str):
         return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device,
-                                               args.dtype, args.max_seq_len, backend=name)
+                                               args.dtype, args.max_seq_len, backend=name,
+                                               deterministic=args.deterministic)
 
     if backend == "onnxruntime" and args.backend == "auto":
         from peagle_trt.errors import BuildError
@@ -195,7 +203,8 @@ def cmd_build(args: argparse.Namespace) -> dict:
                     str(args.plugin_library) if args.plugin_library else None, kernels=args.kernels,
                     max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes,
                     kv_blocks=args.kv_blocks, block_size=args.block_size, prefix_caching=not args.no_prefix_caching,
-                    max_grammar_bytes=args.max_grammar_bytes, grammar_timeout_s=args.grammar_timeout)
+                    max_grammar_bytes=args.max_grammar_bytes, grammar_timeout_s=args.grammar_timeout,
+                    deterministic=args.deterministic)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantizeOptions
@@ -233,9 +242,14 @@ def _serve_spec(args: argparse.Namespace) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.server import ServeOptions, serve_forever
 
+    if args.deterministic:  # refused before anything starts where a model's backend cannot be (tensorrt)
+        from peagle_trt.serving.options import read_options, with_deterministic
+
+        for config in sorted(Path(args.repo).glob("*/config.pbtxt")):
+            with_deterministic(read_options(args.repo, config.parent.name)[1], True)
     options = ServeOptions(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
                            args.ready_timeout, drain_timeout_s=args.drain_timeout,
-                           speculative_config=_serve_spec(args))
+                           speculative_config=_serve_spec(args), deterministic=args.deterministic)
 
     frontend = None
     if args.openai_port:  # bound before tritonserver starts; answers 503 until the model is ready
@@ -308,6 +322,8 @@ def add_generate_parser(sub) -> argparse.ArgumentParser:
                    help="weight dtype (default float32)")
     g.add_argument("--max-seq-len", type=int, default=4096,
                    help="with --target: prompt + output tokens the KV cache holds (default 4096)")
+    g.add_argument("--deterministic", action="store_true",
+                   help=DETERMINISTIC_HELP)
     g.add_argument("--backend", default="auto", choices=["auto", "torch", "onnxruntime"],
                    help="with --target: auto (default) = onnxruntime for float32 on CPU (fastest there), "
                         "else torch")
@@ -343,6 +359,8 @@ def add_build_parser(sub) -> argparse.ArgumentParser:
     b.add_argument("--grammar-timeout", type=float, default=GRAMMAR_TIMEOUT_S,
                    help=f"structured output: seconds a grammar may take to compile before its request is "
                         f"refused (default {GRAMMAR_TIMEOUT_S:g})")
+    b.add_argument("--deterministic", action="store_true",
+                   help=DETERMINISTIC_HELP)
     b.add_argument("--kernels", default="reference", choices=["reference", "cuda"],
                    help="torch backend: the custom ops in torch (reference) or on the Triton kernels "
                         "(cuda: needs --device cuda and triton)")
@@ -397,6 +415,8 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--per-request-spec-decode-metrics", choices=("none", "summary", "detailed"), default="summary",
                    help="vLLM's per-response metrics.speculative_decoding on the OpenAI API (default summary; "
                         "detailed adds per-step lists)")
+    s.add_argument("--deterministic", action="store_true",
+                   help=DETERMINISTIC_HELP + "; every model of the repository (sets VLLM_BATCH_INVARIANT=1 for them)")
     s.add_argument("--speculative-config", default=None,
                    help="run-time keys over the built config (default: $SM_VLLM_SPECULATIVE_CONFIG): "
                         "num_speculative_tokens_per_batch_size, adaptive_num_speculative_tokens, synthetic "

@@ -34,6 +34,13 @@ GRAMMAR_TIMEOUT_S = 10.0
 # 4K table has 128 entries. 16 (vLLM's GPU default) halves the waste and doubles prefix-reuse
 # granularity at twice the table entries; it is a build option (--block-size).
 BLOCK_SIZE = 32
+# Why `deterministic` is refused on TensorRT (RepositoryOptions, TensorRTExecutor), and what it would take.
+TENSORRT_NOT_DETERMINISTIC = (
+    "deterministic mode is not available on the tensorrt backend: TensorRT picks GEMM and attention tactics by "
+    "shape (batch, rows), so a row's result depends on what shares its step; it would take engines built with "
+    "one fixed tactic per layer for every profile (a timing cache pinned per shape) and the plugins' own "
+    "batch-invariant GEMM and attention kernels. Use --backend onnxruntime or torch for deterministic serving "
+    "(docs/SERVING.md, \"Deterministic mode\")")
 
 
 @dataclass(frozen=True)

@@ -39,14 +39,16 @@ def chunked_forward(model, ids: torch.Tensor, cache, chunks=CHUNKS_ACROSS_WINDOW
 
 
 def make_decoder(tiny, target: str, drafter: str | None, mode: str, k: int, max_len: int = 512,
-                 proposer=None, slots: int = 1, kv: KVLayout | None = None, spec: SpecConfig | None = None
-                 ) -> SpecDecoder:
+                 proposer=None, slots: int = 1, kv: KVLayout | None = None, spec: SpecConfig | None = None,
+                 deterministic: bool = True) -> SpecDecoder:
     """A decoder over the torch executor; KV room for `slots` requests of `max_len`, or `kv`;
-    `spec` (else SpecConfig(mode, k)) for a K schedule, adaptive K or synthetic acceptance."""
+    `spec` (else SpecConfig(mode, k)) for a K schedule, adaptive K or synthetic acceptance.
+    Deterministic by default: the tests that compare outputs token for token (speculative with
+    target-only, batched with alone) are then exact by construction on any CPU, idle or loaded."""
     spec = spec or SpecConfig(mode, k)
     pair = load_pair(tiny[target], tiny[drafter] if drafter else None, spec)
     t, d = pair.build()
-    return SpecDecoder(TorchExecutor(t, d, kv or slots, max_len), spec, proposer=proposer)
+    return SpecDecoder(TorchExecutor(t, d, kv or slots, max_len, deterministic=deterministic), spec, proposer=proposer)
 
 
 def greedy(n: int) -> SamplingParams:

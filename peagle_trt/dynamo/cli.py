@@ -25,7 +25,7 @@ def _planes(args: argparse.Namespace) -> Planes:
 
 def cmd_worker(args: argparse.Namespace) -> dict:
     options = WorkerOptions(args.repo, _planes(args), args.model, args.served_model_name, not args.no_kv_events,
-                            args.drain_timeout)
+                            args.drain_timeout, args.deterministic)
     require_dynamo()
     check_wildcard_reach(options.planes)
     run_worker(options)
@@ -61,6 +61,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     w.add_argument("--no-kv-events", action="store_true", help="publish no KV block events (no KV-aware routing)")
     w.add_argument("--drain-timeout", type=float, default=60.0,
                    help="on SIGTERM, seconds to let running requests finish (after Dynamo's 5 s grace)")
+    w.add_argument("--deterministic", action="store_true",
+                   help="row- and batch-invariant forwards: a request's output does not depend on its batch "
+                        "(torch / onnxruntime backends; also VLLM_BATCH_INVARIANT=1)")
     _common(w)
     w.set_defaults(func=cmd_worker)
     f = verbs.add_parser("frontend", help="Dynamo's OpenAI frontend and router (replaces this process)")

@@ -42,7 +42,7 @@ from peagle_trt.errors import ConfigError, RequestError, ServeError
 from peagle_trt.openai_frontend.app import spec_decode_metrics
 from peagle_trt.runtime.scheduler import Request, RequestOutput
 from peagle_trt.serving.generator import TextGenerator
-from peagle_trt.serving.options import read_options
+from peagle_trt.serving.options import read_options, with_deterministic
 
 log = logging.getLogger(__name__)
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}
@@ -97,6 +97,7 @@ class PeagleEngine(LLMEngine):
 
     async def start(self, worker_id: int) -> EngineConfig:
         model_dir, options, paths = read_options(self.options.repo, self.options.model)
+        options = with_deterministic(options, self.options.deterministic)
         generator = await asyncio.to_thread(TextGenerator.load, model_dir, options, paths)
         self.generator = generator
         blocks = generator.scheduler.blocks

@@ -109,6 +109,7 @@ class WorkerOptions:
     served_name: str = ""  # the name clients ask for; default: `model`
     kv_events: bool = True  # publish the prefix cache's events (KV-aware routing)
     drain_timeout_s: float = 60.0  # SIGTERM: longest wait for running requests (after Dynamo's 5 s grace)
+    deterministic: bool = False  # serve the repository's model in deterministic mode (serving/options.py)
 
     def __post_init__(self):
         if not (Path(self.repo) / self.model / "config.pbtxt").is_file():
@@ -118,6 +119,10 @@ class WorkerOptions:
         object.__setattr__(self, "served_name", self.served_name or self.model)
         if not self.drain_timeout_s >= 0:
             raise ConfigError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout_s}")
+        if self.deterministic:  # refused here, before Dynamo starts, where the backend cannot be (tensorrt)
+            from peagle_trt.serving.options import read_options, with_deterministic
+
+            with_deterministic(read_options(self.repo, self.model)[1], True)
 
     @property
     def component(self) -> str:

@@ -12,6 +12,17 @@ Threads: every session of the process runs on ONE intra-op thread pool (`_thread
 pool per session, the pool of the graph that just ran keeps spinning and takes the cores from the
 next graph: on 2 cores a target verify right after a drafter pass took 24-28 ms instead of 16-18
 (docs/BENCHMARKS.md, "One thread pool for the target and the drafter").
+
+Deterministic mode (`OrtExecutor(..., deterministic=True)`): a request's logits do not depend on
+its batch, its draft count or the thread count. Measured (onnxruntime 1.32.0, MLAS, 2026-11-26):
+a float32 MatMul row is bitwise the same for every M >= 2 rows but not for M = 1 (a different
+kernel), and the zero-padded key axis of attention (MatMul over L, Softmax with -inf) changes
+nothing; MLAS splits a GEMM over threads by rows or columns, never along the reduction, so the
+thread count changes no bit either (measured 1 vs 2 threads). So every forward that would give a
+GEMM a single row (a batch-1 decode, a one-row projection or head) gets one padding row (position
+-1: it writes to the trash block and is sliced off), and the sessions split work statically
+(`session.dynamic_block_base` 0). Checked by tests/executors/test_deterministic.py, thread counts
+included (a second process with another pool size).
 """
 
 from __future__ import annotations
@@ -58,12 +69,14 @@ def session_options(weights: dict | None = None):
     return options
 
 
-def _session(path: Path | bytes, threads: int | None, weights: dict | None = None):
+def _session(path: Path | bytes, threads: int | None, weights: dict | None = None, deterministic: bool = False):
     import onnxruntime as ort
 
     _thread_pool(threads)
     options = session_options(weights)
     options.use_per_session_threads = False  # the shared pool (module docstring)
+    if deterministic:  # a static split of each op's work over the pool (the default; said, not assumed)
+        options.add_session_config_entry("session.dynamic_block_base", "0")
     source = path if isinstance(path, bytes) else str(path)  # bytes: a serialized in-memory model
     return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
 
@@ -88,12 +101,12 @@ class _Graph:
     """One session plus its KV state: each `past_*` input and its `present_*` output are bound to
     the same host buffer (`kv`, allocated once; `shared` reuses another graph's buffers)."""
 
-    def __init__(self, path_or_model, threads: int | None, shared: dict | None = None):
+    def __init__(self, path_or_model, threads: int | None, shared: dict | None = None, deterministic: bool = False):
         # path_or_model: an .onnx path, or a ModelProto (made in memory)
         self.weights = {}  # kept alive with the session
         if not isinstance(path_or_model, Path):
             path_or_model, self.weights = _in_memory(path_or_model)
-        self.session = _session(path_or_model, threads, self.weights)
+        self.session = _session(path_or_model, threads, self.weights, deterministic)
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.kv = shared if shared is not None else {
             i.name: np.zeros(list(i.shape), dtype=np.float16 if "16" in i.type else np.float32)
@@ -120,8 +133,14 @@ class _Graph:
         return {name: v.numpy() for name, v in zip(self.plain, values[len(self.kv):])}
 
 
+def _two_rows(x: torch.Tensor, fill: int) -> torch.Tensor:
+    """x [B, 1, ...] -> [B, 2, ...] with a second row of `fill`; wider x unchanged (module docstring)."""
+    return x if x.shape[1] > 1 else torch.cat([x, torch.full_like(x, fill)], 1)
+
+
 class OrtExecutor:
-    def __init__(self, export_dir: str | Path, threads: int | None = None, verify: bool = True):
+    def __init__(self, export_dir: str | Path, threads: int | None = None, verify: bool = True,
+                 deterministic: bool = False):
         export_dir = Path(export_dir)
         manifest = verify_manifest(export_dir) if verify else json.loads((export_dir / "manifest.json").read_text())
         info = manifest["export"]
@@ -131,18 +150,19 @@ class OrtExecutor:
         self.k = info["spec"]["num_spec_tokens"]
         self.device = torch.device("cpu")
         self.mask_token_id = None  # baked into drafter.onnx
-        graphs = set(manifest["graphs"])
-        self.g_target = _Graph(export_dir / "target.onnx", threads)
-        self.g_drafter = _Graph(export_dir / "drafter.onnx", threads) if "drafter" in graphs else None
+        graphs, det = set(manifest["graphs"]), deterministic
+        self.deterministic = deterministic
+        self.g_target = _Graph(export_dir / "target.onnx", threads, None, det)
+        self.g_drafter = _Graph(export_dir / "drafter.onnx", threads, None, det) if "drafter" in graphs else None
         shared = self.g_drafter.kv if self.g_drafter is not None else None  # one drafter KV cache
         step = export_dir / "drafter_step.onnx"
-        self.g_step = _Graph(step, threads, shared) if "drafter_step" in graphs else None
-        self.g_fc = _Graph(export_dir / "drafter_fc.onnx", threads) if "drafter_fc" in graphs else None
+        self.g_step = _Graph(step, threads, shared, det) if "drafter_step" in graphs else None
+        self.g_fc = _Graph(export_dir / "drafter_fc.onnx", threads, None, det) if "drafter_fc" in graphs else None
         self.d2t = torch.from_numpy(np.load(export_dir / "d2t.npy")) if (export_dir / "d2t.npy").is_file() else None
 
     @classmethod
     def from_models(cls, target, drafter=None, spec=None, kv: KVLayout | int = 1, max_len: int = 2048,
-                    threads: int | None = None) -> OrtExecutor:
+                    threads: int | None = None, deterministic: bool = False) -> OrtExecutor:
         """Executor over built torch models (`TargetModel`, `DrafterModel` | None), their graphs
         made in memory, no files: what `export` would write (float32), for `spec` (SpecConfig;
         None: target only), caches laid out by `kv` (or N: room for N requests of `max_len`
@@ -156,25 +176,30 @@ class OrtExecutor:
         self.windows = target.kv_windows
         k = spec.k if spec is not None else 0
         self.k, self.device, self.mask_token_id = k, torch.device("cpu"), None
-        self.g_target = _Graph(export_target(target, self.kv), threads)
+        self.deterministic = det = deterministic
+        self.g_target = _Graph(export_target(target, self.kv), threads, None, det)
         self.g_drafter = self.g_step = self.g_fc = self.d2t = None
         if drafter is None or not k:
             return self
         if spec.mode == "peagle":
-            self.g_drafter = _Graph(export_drafter(drafter, self.kv, k), threads)
+            self.g_drafter = _Graph(export_drafter(drafter, self.kv, k), threads, None, det)
         shared = self.g_drafter.kv if self.g_drafter is not None else None
-        self.g_step = _Graph(export_drafter_step(drafter, self.kv), threads, shared)
-        self.g_fc = _Graph(export_drafter_fc(drafter), threads)
+        self.g_step = _Graph(export_drafter_step(drafter, self.kv), threads, shared, det)
+        self.g_fc = _Graph(export_drafter_fc(drafter), threads, None, det)
         self.d2t = drafter.d2t.cpu().to(torch.int64)
         return self
 
     def target(self, tokens, positions, tables, logit_rows=None):
         # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows)
+        s = tokens.shape[1]
         if logit_rows is None:
-            logit_rows = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+            logit_rows = torch.arange(s).expand(tokens.shape[0], -1)
+        r = logit_rows.shape[1]
+        if self.deterministic:  # no one-row GEMM (module docstring); the extra rows are sliced off
+            tokens, positions, logit_rows = _two_rows(tokens, 0), _two_rows(positions, -1), _two_rows(logit_rows, 0)
         out = self.g_target.run({"input_ids": tokens.numpy(), "positions": positions.numpy(),
                                  "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy()})
-        return torch.from_numpy(out["logits"]), torch.from_numpy(out["aux_hidden"])
+        return torch.from_numpy(out["logits"][:, :r]), torch.from_numpy(out["aux_hidden"][:, :s])
 
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         if self.g_drafter is None:
@@ -182,19 +207,27 @@ class OrtExecutor:
         # k <= K (the K of the export): the length of `draft_slots` makes the graph run k mask rows
         if not 1 <= k <= self.k:
             raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for {k} drafts; re-export")
+        if self.deterministic:  # two pending rows at least: the graph's fc projects them on their own
+            tokens, aux = _two_rows(tokens, 0), _two_rows(aux, 0)
         out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
                                   "num_pending": num_pending.numpy(), "cur": cur.numpy(),
                                   "draft_slots": np.zeros(k, np.int64), "block_tables": tables[0].numpy()})
         return torch.from_numpy(out["draft_ids"])
 
     def drafter(self, tokens, hidden, positions, tables):
+        s = tokens.shape[1]
+        if self.deterministic:
+            tokens, hidden, positions = _two_rows(tokens, 0), _two_rows(hidden, 0), _two_rows(positions, -1)
         out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),
                                "positions": positions.numpy(), "block_tables": tables[0].numpy()})
-        return torch.from_numpy(out["logits"]), torch.from_numpy(out["hidden_out"])
+        return torch.from_numpy(out["logits"][:, :s]), torch.from_numpy(out["hidden_out"][:, :s])
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         flat = aux.reshape(1, -1, aux.shape[-1]) if aux.dim() == 2 else aux
-        hidden = torch.from_numpy(self.g_fc.run({"aux": flat.contiguous().numpy()})["hidden"])
+        n = flat.shape[1]
+        if self.deterministic:
+            flat = _two_rows(flat, 0)
+        hidden = torch.from_numpy(self.g_fc.run({"aux": flat.contiguous().numpy()})["hidden"][:, :n])
         return hidden.reshape(*aux.shape[:-1], hidden.shape[-1])
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.config import KVLayout
+from peagle_trt.config import TENSORRT_NOT_DETERMINISTIC, KVLayout
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
 from peagle_trt.manifest import verify_manifest
 
@@ -170,11 +170,14 @@ def _kv_layout(entry: dict, runners: dict[str, _Runner], caches: dict[str, torch
 
 
 class TensorRTExecutor:
-    """Executor over TensorRT plans built by `peagle-trt engine` (one directory, one GPU arch)."""
+    """Executor over TensorRT plans built by `peagle-trt engine` (one directory, one GPU arch).
+    deterministic=True is refused (ConfigError, before anything loads): config.TENSORRT_NOT_DETERMINISTIC."""
 
     def __init__(self, engine_dir: str | Path, arch: str | None = None,
                  plugin_library: str | Path | None = None, d2t: torch.Tensor | None = None,
-                 device: str | torch.device = "cuda", verify: bool = True):
+                 device: str | torch.device = "cuda", verify: bool = True, deterministic: bool = False):
+        if deterministic:
+            raise ConfigError(TENSORRT_NOT_DETERMINISTIC)
         from peagle_trt.engine import import_tensorrt, visible_gpu
 
         trt = import_tensorrt()

@@ -6,6 +6,9 @@ a request holds is the runtime's business (runtime/blocks.py): every forward get
 The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the Triton kernels
 (peagle_trt/ops/triton_kernels, JIT-compiled on the GPU through peagle_trt.ops.kernels.routed()) instead
 of their torch references; the TensorRT plugins launch the same kernels compiled ahead of time.
+The deterministic option: `TorchExecutor(deterministic=True)` runs every forward inside
+peagle_trt.ops.deterministic.rows() (GEMMs on fixed row blocks, attention row by row, fixed
+threads): a request's output no longer depends on its batch, its draft count or the thread count.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 from peagle_trt.config import KERNELS, KVLayout
 from peagle_trt.errors import ConfigError
+from peagle_trt.ops import deterministic as det
 from peagle_trt.ops.reference import draft_inputs, draft_sample
 
 
@@ -30,14 +34,20 @@ class TorchExecutor:
     """Reference executor over `TargetModel` / `DrafterModel` (CPU or CUDA) with caches laid out
     by `kv` (a KVLayout, or N: room for N requests of `max_len` positions). kernels="cuda": the
     custom ops (KV attention, draft-input assembly, draft sampling) run on the Triton kernels; raises
-    KernelsUnavailable (a ConfigError) without a CUDA device or triton."""
+    KernelsUnavailable (a ConfigError) without a CUDA device or triton. deterministic=True: every
+    forward is row- and batch-invariant (peagle_trt/ops/deterministic.py); reference ops only."""
 
-    def __init__(self, target, drafter=None, kv: KVLayout | int = 1, max_len: int = 2048, kernels: str = "reference"):
+    def __init__(self, target, drafter=None, kv: KVLayout | int = 1, max_len: int = 2048, kernels: str = "reference",
+                 deterministic: bool = False):
         self.target_model, self.drafter_model = target, drafter
         self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
         self.device = target.lm_head.weight.device
         self.kernels = check_kernels(kernels)
-        self._ops = contextlib.nullcontext
+        self.deterministic = deterministic
+        self._ops = det.rows if deterministic else contextlib.nullcontext
+        if kernels == "cuda" and deterministic:
+            raise ConfigError("deterministic=True runs the custom ops' torch references row by row; the Triton "
+                              "kernels (kernels='cuda') are not routed through it: use kernels='reference'")
         if kernels == "cuda":
             from peagle_trt.ops import kernels as cuda_kernels
 
@@ -64,7 +74,8 @@ class TorchExecutor:
 
     @torch.inference_mode()
     def project(self, aux: torch.Tensor) -> torch.Tensor:
-        return self.drafter_model.project(aux)  # [..., 3 * H_t] -> [..., H]
+        with self._ops():
+            return self.drafter_model.project(aux)  # [..., 3 * H_t] -> [..., H]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.drafter_model.to_target_ids(draft_ids)

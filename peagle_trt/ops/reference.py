@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from peagle_trt.ops import deterministic
+
 
 def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_size: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +53,9 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
         block, offset = block_rows(block_tables, positions, trash, bs)  # [B, S]
         k_cache[block, offset] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
         v_cache[block, offset] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
+    if deterministic.active():  # one query row at a time over exactly its visible keys
+        return _kv_attention_rows(q, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
+                                  head_dim, scale, sliding_window, sinks)
     length = min(int(positions.max()) + 1, block_tables.shape[1] * bs)
     nb = -(-length // bs)  # blocks spanned by the longest row
     table = block_tables[:, :nb]
@@ -64,18 +69,53 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
         visible &= key_pos > pos - sliding_window
     visible[..., 0] |= positions < 0  # keep padding rows' softmax finite
     qh = q.view(b, s, num_heads, head_dim).transpose(1, 2)  # [B, H, S, d]
-    if sinks is None:
-        out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=visible[:, None], enable_gqa=True,
-                                             scale=scale)
-    else:
-        group = num_heads // num_kv_heads
-        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)  # [B, H, L, d]
-        scores = qh @ keys.transpose(-1, -2) * (scale if scale is not None else head_dim ** -0.5)
-        scores = scores.masked_fill(~visible[:, None], float("-inf"))  # [B, H, S, L]
-        sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(b, -1, s, 1)
-        probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]  # the sink takes mass, no value
-        out = probs @ values
+    out = _attend(qh, keys, values, visible[:, None], num_heads, num_kv_heads, head_dim, scale, sinks)
     return out.transpose(1, 2).reshape(b, s, num_heads * head_dim)
+
+
+def _attend(qh: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor | None,
+            num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None,
+            sinks: torch.Tensor | None) -> torch.Tensor:
+    """qh [B, H, S, d], keys/values [B, KV, L, d], visible [B, 1, S, L] bool (None: all) -> [B, H, S, d]."""
+    if sinks is None:
+        return F.scaled_dot_product_attention(qh, keys, values, attn_mask=visible, enable_gqa=True, scale=scale)
+    b, _, s, _ = qh.shape
+    group = num_heads // num_kv_heads
+    keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)  # [B, H, L, d]
+    scores = qh @ keys.transpose(-1, -2) * (scale if scale is not None else head_dim ** -0.5)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))  # [B, H, S, L]
+    sink = sinks.to(scores.dtype).view(1, -1, 1, 1).expand(b, -1, s, 1)
+    probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]  # the sink takes mass, no value
+    return probs @ values
+
+
+def _kv_attention_rows(q, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
+                       scale, sliding_window, sinks) -> torch.Tensor:
+    """kv_attention's read side, one query row at a time over exactly the keys that row sees (its
+    request's positions max(0, p - W + 1) .. p, cut at the table's end), copied contiguous: every
+    reduction has the row's own length and layout, whatever else shares the forward
+    (ops/deterministic.py). Padding rows get 0."""
+    b, s, _ = q.shape
+    trash, bs = k_cache.shape[0] - 1, k_cache.shape[1]
+    out = q.new_zeros(b, s, num_heads, head_dim)
+    limit = block_tables.shape[1] * bs
+    for i, row in enumerate(positions.tolist()):
+        length = min(max(row) + 1, limit)
+        if length <= 0:
+            continue
+        table = block_tables[i, :-(-length // bs)]
+        table = torch.where(table >= 0, table, trash)
+        keys = k_cache[table].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)  # [KV, L, d]
+        values = v_cache[table].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)
+        for j, p in enumerate(row):
+            if p < 0:
+                continue
+            lo, hi = max(0, p - sliding_window + 1) if sliding_window else 0, min(p + 1, limit)
+            qh = q[i, j].view(1, num_heads, 1, head_dim)
+            k, v = keys[None, :, lo:hi].contiguous(), values[None, :, lo:hi].contiguous()  # [1, KV, L_row, d]
+            out[i, j] = _attend(qh, k, v, None, num_heads, num_kv_heads, head_dim, scale, sinks)[0, :, 0]
+    return out.reshape(b, s, num_heads * head_dim)
 
 
 def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num_pending: torch.Tensor,

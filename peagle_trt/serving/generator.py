@@ -38,7 +38,7 @@ from peagle_trt.errors import BuildError, ConfigError, RequestError, RuntimeInva
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.manifest import verify_manifest
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
-from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions
+from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions, with_deterministic
 from peagle_trt.serving.protocol import InputLimits, generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.grammar import Grammars
@@ -72,17 +72,19 @@ def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Pat
             cuda_kernels.require(torch.device(options.device))
         pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
         target, drafter_model = pair.build(options.device, DTYPES[options.dtype])
-        return TorchExecutor(target, drafter_model, kv, kernels=options.kernels)
+        return TorchExecutor(target, drafter_model, kv, kernels=options.kernels, deterministic=options.deterministic)
     if options.backend == "onnxruntime" and not paths.onnx:  # in-process from checkpoints, graphs in memory
         from peagle_trt.executors.onnxruntime import OrtExecutor
 
         pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
         target, drafter_model = pair.build("cpu", torch.float32)
-        return OrtExecutor.from_models(target, drafter_model, spec, kv, options.threads)
+        return OrtExecutor.from_models(target, drafter_model, spec, kv, options.threads,
+                                       deterministic=options.deterministic)
     if options.backend == "onnxruntime":
         from peagle_trt.executors.onnxruntime import OrtExecutor
 
-        executor = OrtExecutor(version / paths.onnx, verify=False)  # the repo manifest covers it
+        # verify=False: the repo manifest covers it
+        executor = OrtExecutor(version / paths.onnx, verify=False, deterministic=options.deterministic)
         if executor.kv != kv:
             raise ConfigError(f"{version}: the ONNX export was made for the KV layout {executor.kv}, config.pbtxt "
                               f"asks {kv}; rebuild")
@@ -93,7 +95,8 @@ def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Pat
 
     d2t_path = version / paths.onnx / "d2t.npy"
     d2t = torch.from_numpy(np.load(d2t_path, allow_pickle=False)) if d2t_path.is_file() else None
-    return TensorRTExecutor(version / paths.engine, arch=options.gpu_arch or None, d2t=d2t, verify=False)
+    return TensorRTExecutor(version / paths.engine, arch=options.gpu_arch or None, d2t=d2t, verify=False,
+                            deterministic=options.deterministic)
 
 
 class TextGenerator:
@@ -119,14 +122,15 @@ class TextGenerator:
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
                          max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch",
-                         threads: int | None = None) -> TextGenerator:
+                         threads: int | None = None, deterministic: bool = False) -> TextGenerator:
         """Serve checkpoint directories in-process (`generate --target`): `backend` "torch", or
         "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory;
-        executors/onnxruntime.py; `threads`: its intra-op threads, None = onnxruntime's default)."""
+        executors/onnxruntime.py; `threads`: its intra-op threads, None = onnxruntime's default);
+        `deterministic`: row- and batch-invariant forwards (serving/options.py)."""
         try:
             options = RepositoryOptions(spec, backend=backend, max_batch=max_batch, max_seq_len=max_seq_len,
                                         prefill_chunk=prefill_chunk, device=device, dtype=dtype,
-                                        threads=threads)
+                                        threads=threads, deterministic=deterministic)
         except BuildError as exc:
             raise ConfigError(str(exc)) from exc
         paths = ArtifactPaths(str(Path(target_dir).absolute()),
@@ -135,7 +139,9 @@ class TextGenerator:
 
     @classmethod
     def from_options(cls, version: Path, options: RepositoryOptions, paths: ArtifactPaths) -> TextGenerator:
-        """The one constructor: model paths are relative to `version` (or absolute)."""
+        """The one constructor: model paths are relative to `version` (or absolute); VLLM_BATCH_INVARIANT=1
+        in the environment turns deterministic mode on (serving/options.py, `with_deterministic`)."""
+        options = with_deterministic(options)
         spec = options.speculation
         executor = make_executor(options, paths, version)
         target_dir = version / paths.target

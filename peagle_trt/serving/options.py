@@ -7,10 +7,17 @@ version directory (`REPO/peagle/1`). The build writes both as the model's config
 same dataclasses with `from_parameters` (`read_options` does it for a repository on disk).
 The build (peagle_trt/repository/) writes, serving reads: both import this light module (no torch).
 tests/serving/test_options.py checks the round trip.
+
+`deterministic` (`--deterministic` of build, generate, serve and `dynamo worker`; vLLM's spelling,
+the environment variable VLLM_BATCH_INVARIANT=1, is accepted where a repository is served: it
+turns the option on, never off) makes every forward row- and batch-invariant (torch and
+onnxruntime backends; docs/SERVING.md, "Deterministic mode"). `with_deterministic` applies both.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -24,12 +31,14 @@ from peagle_trt.config import (
     MAX_STOP_BYTES,
     PREFILL_CHUNK,
     PROMPT_BYTES_PER_TOKEN,
+    TENSORRT_NOT_DETERMINISTIC,
     KVLayout,
     SpecConfig,
 )
 from peagle_trt.errors import BuildError, ConfigError
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
+DETERMINISTIC_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's switch for batch-invariant kernels: "1" turns ours on
 _PARAM = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
 
 
@@ -54,6 +63,7 @@ class RepositoryOptions:
     prefix_caching: bool = True  # reuse the KV of cached prompt prefixes (runtime/blocks.py)
     max_grammar_bytes: int = MAX_GRAMMAR_BYTES  # structured output: largest grammar a request may send
     grammar_timeout_s: float = GRAMMAR_TIMEOUT_S  # structured output: longest compile before a refusal
+    deterministic: bool = False  # row- and batch-invariant forwards (ops/deterministic.py; torch, onnxruntime)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -64,6 +74,11 @@ class RepositoryOptions:
             raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the Triton kernels: it "
                              f"needs --backend torch --device cuda (got backend {self.backend!r}, device "
                              f"{self.device!r}); the tensorrt backend always uses them (as plugins)")
+        if self.deterministic and self.backend == "tensorrt":
+            raise BuildError(TENSORRT_NOT_DETERMINISTIC)
+        if self.deterministic and self.kernels == "cuda":
+            raise BuildError("deterministic mode runs the torch backend's custom ops row by row in torch; the Triton "
+                             "kernels (kernels='cuda') are not batch-invariant there: use kernels='reference'")
         if self.max_batch < 1 or self.max_seq_len < 2 or self.prefill_chunk < 1 or self.block_size < 1:
             raise BuildError("max_batch, max_seq_len, prefill_chunk and block_size must be positive")
         if self.kv_blocks and self.kv_blocks < self.kv_layout.max_blocks:
@@ -160,7 +175,7 @@ def from_parameters(params: Mapping[str, str],
             except ValueError:
                 raise ConfigError(f"config.pbtxt parameter {f.name!r} must be a number, got "
                                   f"{params[f.name]!r}") from None
-        elif f.name == "prefix_caching":
+        elif f.name in ("prefix_caching", "deterministic"):
             values[f.name] = params[f.name] == "True"
         else:
             values[f.name] = None if f.name == "plugin_library" and not params[f.name] else params[f.name]
@@ -179,6 +194,21 @@ def from_parameters(params: Mapping[str, str],
     paths = ArtifactPaths(get("target_path"), get("drafter_path", ""), get("onnx_path", ""),
                           get("engine_path", ""))
     return options, paths
+
+
+def with_deterministic(options: RepositoryOptions, asked: bool = False) -> RepositoryOptions:
+    """`options` with deterministic mode on when it is `asked` (a --deterministic flag) or the
+    environment says VLLM_BATCH_INVARIANT=1; otherwise as they are (a flag never turns it off).
+    Raises ConfigError where the backend cannot be deterministic (tensorrt)."""
+    env = os.environ.get(DETERMINISTIC_ENV, "").strip().lower()
+    if env not in ("", "0", "1", "true", "false"):
+        raise ConfigError(f"{DETERMINISTIC_ENV}={os.environ[DETERMINISTIC_ENV]!r}: expected 1 (on) or 0 (off)")
+    if options.deterministic or not (asked or env in ("1", "true")):
+        return options
+    try:
+        return dataclasses.replace(options, deterministic=True)
+    except BuildError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def read_parameters(repo: str | Path, model: str = "peagle") -> tuple[Path, dict[str, str]]:

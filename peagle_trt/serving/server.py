@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peagle_trt.errors import ConfigError, PortInUseError, ServeError
+from peagle_trt.serving.options import DETERMINISTIC_ENV
 from peagle_trt.serving.procs import alive, check_ports, die_with_parent, pids_with_arg, sweep
 from peagle_trt.speculative_config import SERVE_ENV as SPEC_ENV
 
@@ -60,6 +61,7 @@ class ServeOptions:
     log_path: Path | None = None
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running streams (tritonserver's exit timeout)
     speculative_config: str | None = None  # run-time keys over the built config (vLLM JSON; triton_model.py)
+    deterministic: bool = False  # every model in deterministic mode (VLLM_BATCH_INVARIANT=1 for the models)
 
     def __post_init__(self):
         for role, port in self.ports.items():
@@ -103,6 +105,8 @@ def command_and_env(options: ServeOptions, shm_prefix: str) -> tuple[list[str], 
     env.pop(SPEC_ENV, None)
     if options.speculative_config:
         env[SPEC_ENV] = options.speculative_config
+    if options.deterministic:  # read by TextGenerator.from_options (serving/options.py, with_deterministic)
+        env[DETERMINISTIC_ENV] = "1"
     on_path = shutil.which("tritonserver")
     args = [f"--model-repository={options.repo.absolute()}",
             f"--http-address={options.host}", f"--http-port={options.http_port}",

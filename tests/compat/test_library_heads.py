@@ -142,7 +142,8 @@ def test_greedy_generation_equals_target_torch(library, name):
     # the target feeds the layers the library trained on
     assert list(pair.taps) == cfg["eagle_aux_hidden_state_layer_ids"]
     target, drafter = pair.build()
-    _check_identical({m: SpecDecoder(TorchExecutor(target, drafter if m != "none" else None, 1, 128),
+    _check_identical({m: SpecDecoder(TorchExecutor(target, drafter if m != "none" else None, 1, 128,
+                                                   deterministic=True),
                                      SpecConfig(m, DEPTH)) for m in _modes(case)})
 
 
@@ -165,7 +166,7 @@ def test_greedy_generation_equals_target_onnxruntime(library, name, tmp_path):
         expected = [drafter.config.window(i) for i in range(drafter.config.num_layers)]
         assert windows == [w if w < export.max_len else 0 for w in expected]
         assert any(windows) == name.endswith(("window8-2layers", "window8-qwen3"))
-    executor = OrtExecutor(tmp_path / "export")
+    executor = OrtExecutor(tmp_path / "export", deterministic=True)
     _check_identical({m: SpecDecoder(executor, SpecConfig(m, DEPTH)) for m in _modes(case)})
 
 

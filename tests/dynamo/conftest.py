@@ -26,7 +26,8 @@ def dyn_repo(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("dynrepo")
     build_repository(tiny["llama"], tiny["aws"], root / "build",
                      RepositoryOptions(SpecConfig("peagle", 3), model_name="peagle", backend="torch",
-                                       max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64))
+                                       max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64,
+                                       deterministic=True))
     return root / "build"
 
 
@@ -36,7 +37,8 @@ def ort_repo(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("dynrepo_ort")
     build_repository(tiny["llama"], tiny["aws"], root / "build",
                      RepositoryOptions(SpecConfig("peagle", 3), model_name="peagle_ort", backend="onnxruntime",
-                                       max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64))
+                                       max_batch=MAX_BATCH, max_seq_len=MAX_SEQ_LEN, prefill_chunk=64,
+                                       deterministic=True))
     return root / "build"
 
 

@@ -27,7 +27,7 @@ def run_cli(capsys, *argv) -> tuple[int, str, dict]:
 @pytest.mark.parametrize("mode", ["none", "eagle3", "peagle"])
 def test_generate_json_last_line_and_greedy_equality(tiny, capsys, mode):
     base = ["generate", "--target", str(tiny["llama"]), "--drafter", str(tiny["aws"]),
-            "--prompt", "Write a poem", "--max-tokens", "12", "--ignore-eos"]
+            "--prompt", "Write a poem", "--max-tokens", "12", "--ignore-eos", "--deterministic"]
     code, out, result = run_cli(capsys, *base, "--spec-mode", mode, "--num-spec-tokens", "3")
     assert code == 0 and KEYS <= set(result)
     assert len(result["token_ids"]) == 12

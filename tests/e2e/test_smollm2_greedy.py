@@ -63,3 +63,18 @@ def test_greedy_equals_transformers_and_speculative_equals_target_short(smollm2)
 @pytest.mark.slow
 def test_greedy_equals_transformers_and_speculative_equals_target_long(smollm2):
     run(smollm2, PROMPTS, 96, [("peagle", 1), ("peagle", 7), ("eagle3", 3)])
+
+
+def test_deterministic_output_alone_equals_in_a_batch_of_8(smollm2):
+    """Deterministic mode on the real model: a greedy request gives the same tokens alone without
+    speculation and in a batch of 8 mixed requests (other lengths, sampled ones) with P-EAGLE K=3."""
+    from peagle_trt.config import SamplingParams
+    from tests.executors.test_deterministic import run_batch
+
+    codec = TextCodec(smollm2["target"])
+    prompt = codec.encode_prompt(PROMPTS[0])
+    alone = generate(make_decoder(smollm2, "target", None, "none", 1, max_len=256), prompt, greedy(16)).output
+    others = [(codec.encode_prompt(f"Count to {i}."), SamplingParams(max_tokens=4 + 2 * i, temperature=0.7 * (i % 2),
+                                                                    seed=i, ignore_eos=True)) for i in range(7)]
+    decoder = make_decoder(smollm2, "target", "head", "peagle", 3, max_len=256, slots=8)
+    assert run_batch(decoder, [(prompt, greedy(16)), *others], prefix_caching=True) == alone

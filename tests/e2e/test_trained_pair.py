@@ -41,8 +41,8 @@ def test_trained_heads_accept_drafts_and_output_stays_exact(method, k):
     codec = TextCodec(PAIR)
     spec = SpecConfig(method, k)
     target, drafter = load_pair(PAIR, PAIR / f"drafter-{method}", spec).build()
-    ref = SpecDecoder(TorchExecutor(target, None, 1, 512), SpecConfig("none", 0))
-    dec = SpecDecoder(TorchExecutor(target, drafter, 1, 512), spec)
+    ref = SpecDecoder(TorchExecutor(target, None, 1, 512, deterministic=True), SpecConfig("none", 0))
+    dec = SpecDecoder(TorchExecutor(target, drafter, 1, 512, deterministic=True), spec)
     params = SamplingParams(max_tokens=96, ignore_eos=True)
     accepted = steps = 0
     for prompt in PROMPTS:

@@ -128,12 +128,14 @@ def test_greedy_generation_near_equal_across_torch_and_onnxruntime(exported, fam
 
 @pytest.mark.parametrize("mode", ["eagle3", "peagle"])
 def test_speculative_equals_target_only_within_onnxruntime(exported, mode):
-    """The hard gate on one backend: speculative output is the target's own greedy output, exactly."""
+    """The hard gate on one backend: speculative output is the target's own greedy output, exactly
+    (deterministic mode: no one-row GEMM, one thread; peagle_trt/executors/onnxruntime.py)."""
     _, _, out, spec = exported("llama", mode)
     params = SamplingParams(max_tokens=24, ignore_eos=True)
     for prompt in PROMPTS:
-        spec_run = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
-        target_only = generate(SpecDecoder(OrtExecutor(out), SpecConfig("none", K)), prompt, params)
+        spec_run = generate(SpecDecoder(OrtExecutor(out, deterministic=True), spec), prompt, params)
+        target_only = generate(SpecDecoder(OrtExecutor(out, deterministic=True), SpecConfig("none", K)), prompt,
+                               params)
         assert spec_run.output == target_only.output
         assert spec_run.stats.drafter_forwards > 0
 
@@ -149,12 +151,13 @@ def test_export_refuses_to_overwrite(exported):
 def test_chunked_prefill_equals_whole_prefill_within_each_backend(exported):
     """Partial prefill chunks run a k=1 drafter pass (its draft discarded) on every backend: chunked
     prefill gives the same tokens as target-only decoding with a whole prefill, on each backend
-    (exact); across the two backends the usual near-equality holds."""
+    (exact, in deterministic mode); across the two backends the usual near-equality holds."""
     target, drafter, out, spec = exported("llama", "peagle")
     prompt = list(range(200, 237))
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     outputs = []
-    for make in (lambda: TorchExecutor(target, drafter, SLOTS, SEQ + K + 1), lambda: OrtExecutor(out)):
+    for make in (lambda: TorchExecutor(target, drafter, SLOTS, SEQ + K + 1, deterministic=True),
+                 lambda: OrtExecutor(out, deterministic=True)):
         ex = make()
         decoder = SpecDecoder(ex, spec)
         seq = new_sequence(decoder, prompt, params)

@@ -44,10 +44,11 @@ def test_in_memory_spec_equals_target_only(tiny):
     target, drafter = load_pair(tiny["llama"], tiny["aws"], spec).build()
     params = SamplingParams(max_tokens=12, ignore_eos=True)
     prompt = list(range(7, 30))
-    spec_ex = OrtExecutor.from_models(target, drafter, spec, 1, 64)
+    spec_ex = OrtExecutor.from_models(target, drafter, spec, 1, 64, deterministic=True)
     spec_out = generate(SpecDecoder(spec_ex, spec), prompt, params)
     none = SpecConfig("none", 3)
-    plain = generate(SpecDecoder(OrtExecutor.from_models(target, None, None, 1, 64), none), prompt, params)
+    plain_ex = OrtExecutor.from_models(target, None, None, 1, 64, deterministic=True)
+    plain = generate(SpecDecoder(plain_ex, none), prompt, params)
     assert spec_out.output == plain.output and len(plain.output) == 12
 
 

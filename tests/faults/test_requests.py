@@ -127,7 +127,7 @@ def test_a_step_exception_fails_only_its_request(tiny, references, method, at):
 @pytest.fixture(scope="module")
 def engine(tiny):
     return TextGenerator.from_checkpoints(tiny["llama"], tiny["aws"], SpecConfig("peagle", 3),
-                                          max_seq_len=MAX_SEQ_LEN, max_batch=6, prefill_chunk=32)
+                                          max_seq_len=MAX_SEQ_LEN, max_batch=6, prefill_chunk=32, deterministic=True)
 
 
 PROMPTS = ["Hello there", "Write a poem about the sea", "the quick brown fox", "def f(x):"]
@@ -247,7 +247,8 @@ def server(tiny, tmp_path_factory):
 
     repo = tmp_path_factory.mktemp("faults") / "repo"
     build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 3), max_batch=8,
-                                                                max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
+                                                                max_seq_len=MAX_SEQ_LEN, prefill_chunk=32,
+                                                                deterministic=True))
     spec = ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120)
     with TritonServer(spec) as srv:
         yield srv

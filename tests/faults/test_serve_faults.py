@@ -40,7 +40,8 @@ def repo(tiny, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     path = tmp_path_factory.mktemp("faults") / "repo"
     build_repository(tiny["llama"], tiny["aws"], path,
-                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=8, max_seq_len=256, prefill_chunk=32))
+                     RepositoryOptions(SpecConfig("peagle", 2), max_batch=8, max_seq_len=256, prefill_chunk=32,
+                                       deterministic=True))
     return path
 
 

@@ -199,3 +199,28 @@ def test_draft_inputs_clamps_bad_token_ids():
     got = draft_inputs.draft_inputs(*(t.to(DEVICE) for t in (tokens, torch.randn(1, 3, 16), torch.tensor([3]),
                                                               torch.tensor([3]), embed, torch.zeros(16))), 1, 0)
     assert torch.equal(got[0].cpu()[0], embed[[3, 9, 0]])
+
+
+@pytest.mark.parametrize("window,with_sinks", [(0, False), (6, True)])
+def test_kv_attention_row_is_batch_invariant(window, with_sinks):
+    """Deterministic mode's property for the kernel (a fixed split): a query row's output, bit for
+    bit, does not depend on the rows sharing its tile (a verify's later rows, a second tile) nor on
+    the other requests of the launch. Key steps start at absolute multiples of BLOCK_N, and steps a
+    row cannot see leave its online-softmax state exactly unchanged (alpha = 1, p = 0)."""
+    gen = torch.Generator().manual_seed(11)
+    h, kv, d, bs = 4, 2, 16, 8
+    _, _, _, _, tables, kc, vc = _paged_case(gen, [[40], [40]], h, kv, d, bs, torch.float32, 0)
+    sinks = torch.randn(h, generator=gen) if with_sinks else None
+    q = torch.randn(2, 20, h * d, generator=gen)
+    kw = {"sliding_window": window, "sinks": sinks}
+
+    def row(qs, positions, tables_):  # the first row's output
+        got, _, _ = _run(qs, None, None, torch.tensor(positions), tables_, kc, vc, h, kv, d, **kw)
+        return got[0, 0]
+
+    for p, j in ((20, 0), (33, 5)):  # row j of the verify below sits at position p
+        alone = row(q[:1, j:j + 1], [[p]], tables[:1])
+        verify = list(range(p - j, p - j + 20))  # 20 rows x 2 heads per KV head: two 16-row tiles
+        assert torch.equal(row(q[:1, j:], [verify[j:]], tables[:1]), alone)
+        got, _, _ = _run(q, None, None, torch.tensor([verify, list(range(20, 40))]), tables, kc, vc, h, kv, d, **kw)
+        assert torch.equal(got[0, j], alone), (p, j)

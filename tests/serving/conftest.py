@@ -32,7 +32,7 @@ def repo(tiny, tmp_path_factory):
         build_repository(tiny["llama"], tiny["aws"], out,
                          RepositoryOptions(spec, model_name=name, backend=BACKENDS.get(name, "torch"),
                                            max_batch=MAX_BATCH,
-                                  max_seq_len=MAX_SEQ_LEN, prefill_chunk=32))
+                                  max_seq_len=MAX_SEQ_LEN, prefill_chunk=32, deterministic=True))
         shutil.move(str(out / name), str(root / "models" / name) if (root / "models").exists()
                     else _mkdir(root / "models") / name)
     return root / "models"

@@ -33,7 +33,8 @@ def served(tiny, tmp_path_factory):
 
     repo = tmp_path_factory.mktemp("controls") / "repo"
     build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 3), max_batch=4,
-                                                                         max_seq_len=256, prefill_chunk=32))
+                                                                         max_seq_len=256, prefill_chunk=32,
+                                                                         deterministic=True))
     options = ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=120,
                            speculative_config=json.dumps(SCHEDULE))
     with TritonServer(options) as server, \

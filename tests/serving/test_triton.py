@@ -25,7 +25,8 @@ PROMPTS = ["Hello there", "Write a poem about the sea", "x", "def fibonacci(n):\
 
 @pytest.fixture(scope="module")
 def offline(tiny):
-    engines = {name: TextGenerator.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN)
+    engines = {name: TextGenerator.from_checkpoints(tiny["llama"], tiny["aws"], spec, max_seq_len=MAX_SEQ_LEN,
+                                                  deterministic=True)
                for name, spec in MODELS.items()}
 
     def reference(prompt: str, max_tokens: int, model: str = "peagle") -> list[int]:

@@ -38,7 +38,7 @@ def family_server(tiny_moe, tmp_path_factory):
     for name, (family, backend) in MODELS.items():
         build_repository(tiny_moe[family], tiny_moe[f"drafter-{family}"], root / name,
                          RepositoryOptions(SpecConfig("peagle", 3), model_name=name, backend=backend, max_batch=4,
-                                  max_seq_len=128, prefill_chunk=16))
+                                  max_seq_len=128, prefill_chunk=16, deterministic=True))
         shutil.move(str(root / name / name), str(root / "models" / name))
     spec = ServeOptions(root / "models", "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=300)
     with TritonServer(spec) as srv:
@@ -52,7 +52,7 @@ def test_stream_equals_target_only_greedy(family_server, tiny_moe, model):
     codec = TextCodec(tiny_moe[family])
     params = SamplingParams(max_tokens=20, ignore_eos=True)
     for prompt in PROMPTS:
-        decoder = SpecDecoder(TorchExecutor(target, None, 1, 128), SpecConfig("none", 1))
+        decoder = SpecDecoder(TorchExecutor(target, None, 1, 128, deterministic=True), SpecConfig("none", 1))
         ref = generate(decoder, codec.encode_prompt(prompt, chat_template=False), params).output
         got = stream_generate(family_server.grpc_url, prompt, params, model=model)
         assert got["token_ids"] == ref and got["finish_reason"] == "length"
