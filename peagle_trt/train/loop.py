@@ -133,7 +133,10 @@ def run(cfg, progress) -> dict:
         train_idx, held_idx = C.split(len(corpus.sequences), cfg.held_out_every)
         train_idx = train_idx[:cfg.train_sequences]  # None: all
         corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
-    draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
+    if cfg.init_from is not None:  # a warm start keeps its head's draft vocabulary, whatever the data
+        draft_ids = head_draft_ids(cfg.init_from, tc.vocab_size)
+    else:
+        draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
     head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
     if cfg.init_from is not None:
         warm_start(head, cfg.init_from, draft_ids)
@@ -221,6 +224,15 @@ def run(cfg, progress) -> dict:
             "train_s": round(time.perf_counter() - t_start, 1)}
 
 
+def head_draft_ids(path, vocab_size: int) -> torch.Tensor:
+    """The draft vocabulary [V_d] (target ids, sorted) of a trained head."""
+    tensors = load_drafter(path).tensors
+    if "d2t" not in tensors:
+        return torch.arange(vocab_size)
+    d2t = tensors["d2t"].long()
+    return torch.arange(len(d2t)) + d2t
+
+
 def warm_start(head: TrainHead, path, draft_ids: torch.Tensor) -> None:
     """Load a trained head's weights (any layout `load_drafter` reads) into `head` (same shapes and
     draft vocabulary): a later run continues from a shipped head without its optimiser state."""
@@ -236,8 +248,11 @@ def warm_start(head: TrainHead, path, draft_ids: torch.Tensor) -> None:
                 raise CheckpointError(f"--init-from {path}: {name} has shape {tuple(tensors[name].shape)}, "
                                       f"this run's head {tuple(value.shape)}")
             new[name] = tensors[name].to(value.dtype)
+        elif name in ("embed_tokens.weight", "d2t"):
+            new[name] = value  # the target's embeddings (frozen-embedding heads ship none); d2t as checked
         else:
-            new[name] = value  # the target's embeddings (frozen-embedding heads ship none), d2t
+            raise CheckpointError(f"--init-from {path}: {name} is missing (a head of another shape: same --layers "
+                                  "and --intermediate-size as the head)")
     head.model.load_state_dict(new)
     if head.parallel:
         if "mask_hidden" not in tensors:
