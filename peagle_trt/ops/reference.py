@@ -29,7 +29,8 @@ def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                  block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-                 sliding_window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                 sliding_window: int = 0, sinks: torch.Tensor | None = None,
+                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
     """PEagleKVAttention over a paged cache.
 
     q [B, S, H*d], k/v [B, S, KV*d] (RoPE applied); positions [B, S] int64 (-1 = padding row);
@@ -43,15 +44,24 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     window may be -1); `sinks` [H] adds one learned logit per head to the softmax denominator
     (GPT-OSS attention sinks, no value); k = v = None reads the cache without writing (Gemma-4
     KV-shared layers: this forward's keys were written by the layer that owns the cache).
+
+    `tree_mask` [B, S, W] int32 (packed bits, TensorRT-LLM's spec_decoding_packed_mask layout):
+    the rows of request b are a draft tree (speculative/tree.py). `positions` are then the RoPE
+    positions (by depth, for the window) and row s lives at KV slot positions[b, 0] + s: the rows
+    of a request are contiguous and padding rows come last. A row sees the keys at slots below
+    positions[b, 0] (the committed context; within the window) and the rows j of this forward
+    whose bit j % 32 of word j // 32 is set (its ancestors and itself; the tree is assumed
+    shallower than the window). The causal mask (row i sees rows 0..i) gives the plain op.
     Returns out [B, S, H*d]; padding rows return finite values that callers ignore.
     """
     b, s, _ = q.shape
     trash, bs = k_cache.shape[0] - 1, k_cache.shape[1]
+    slots = positions if tree_mask is None else tree_slots(positions)  # [B, S] where rows write
     if k is not None:  # k = v = None: read only (a KV-shared layer over the cache another layer wrote)
-        block, offset = block_rows(block_tables, positions, trash, bs)  # [B, S]
+        block, offset = block_rows(block_tables, slots, trash, bs)  # [B, S]
         k_cache[block, offset] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
         v_cache[block, offset] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
-    length = min(int(positions.max()) + 1, block_tables.shape[1] * bs)
+    length = min(int(slots.max()) + 1, block_tables.shape[1] * bs)
     nb = -(-length // bs)  # blocks spanned by the longest row
     table = block_tables[:, :nb]
     table = torch.where(table >= 0, table, trash)  # [B, nb]
@@ -59,7 +69,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     values = v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
     key_pos = torch.arange(length, device=q.device)[None, None]  # [1, 1, L]
     pos = positions[:, :, None]  # [B, S, 1]
-    visible = key_pos <= pos  # [B, S, L]
+    visible = key_pos <= pos if tree_mask is None else tree_visible(tree_mask, positions, key_pos)  # [B, S, L]
     if sliding_window:
         visible &= key_pos > pos - sliding_window
     visible[..., 0] |= positions < 0  # keep padding rows' softmax finite
@@ -76,6 +86,22 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
         probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]  # the sink takes mass, no value
         out = probs @ values
     return out.transpose(1, 2).reshape(b, s, num_heads * head_dim)
+
+
+def tree_slots(positions: torch.Tensor) -> torch.Tensor:
+    """KV slots [B, S] of tree rows: positions[b, 0] + s for real rows, -1 for padding rows."""
+    s = torch.arange(positions.shape[1], device=positions.device)
+    return torch.where(positions >= 0, positions[:, :1] + s, -1)
+
+
+def tree_visible(tree_mask: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """[B, S, L]: row (b, s) sees key slot p (key_pos [1, 1, L]) below positions[b, 0], or this
+    forward's row p - positions[b, 0] when its bit is set in tree_mask [B, S, W] (see kv_attention)."""
+    bit = key_pos - positions[:, :1, None]  # [B, 1, L]: the key's row in this forward (< 0: context)
+    inside = (bit >= 0) & (bit < tree_mask.shape[-1] * 32)
+    index = bit.clamp(0, tree_mask.shape[-1] * 32 - 1).expand(-1, tree_mask.shape[1], -1)  # [B, S, L]
+    word = torch.gather(tree_mask.to(torch.int64), 2, index // 32)  # [B, S, L]
+    return (bit < 0) | (inside & (((word >> (index % 32)) & 1) == 1))
 
 
 def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num_pending: torch.Tensor,

@@ -199,3 +199,32 @@ def test_draft_inputs_clamps_bad_token_ids():
     got = draft_inputs.draft_inputs(*(t.to(DEVICE) for t in (tokens, torch.randn(1, 3, 16), torch.tensor([3]),
                                                               torch.tensor([3]), embed, torch.zeros(16))), 1, 0)
     assert torch.equal(got[0].cpu()[0], embed[[3, 9, 0]])
+
+
+TREES = {  # parents of each request's nodes (rows: root + nodes, padded), cur, heads, kv heads, d, bs
+    "tree-6-and-chain": ([(-1, -1, 0, 0, 2, 1), (-1, 0, 1)], [21, 4], 4, 2, 16, 8),
+    "tree-40-two-words": ([tuple(range(-1, 19)) + tuple([-1] * 20), (-1,)], [3, 30], 2, 1, 16, 16),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(TREES))
+@pytest.mark.parametrize("window", [0, 64])
+def test_kv_attention_tree_mask(dtype, case, window):
+    """Draft-tree rows (RoPE positions by depth, slots positions[b, 0] + s, packed ancestor bits)."""
+    from peagle_trt.speculative.tree import depths, pack_masks
+
+    trees, cur, h, kv, d, bs = TREES[case]
+    rows = max(len(t) for t in trees) + 1
+    positions = [[c] + [c + x for x in depths(t)] + [-1] * (rows - 1 - len(t)) for t, c in zip(trees, cur)]
+    slots = [[c + s for s in range(rows)] for c in cur]  # the blocks must cover the slots
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, _, tables, kc, vc = _paged_case(gen, slots, h, kv, d, bs, dtype)
+    positions = torch.tensor(positions)
+    mask = torch.from_numpy(pack_masks(trees, rows))
+    got, kc_got, vc_got = _run(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d,
+                               sliding_window=window, tree_mask=mask)
+    want = reference.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, None, window, None, mask)
+    torch.testing.assert_close(kc_got, kc, equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(vc_got, vc, equal_nan=True, atol=0, rtol=0)
+    _check_attention(got, want, positions, dtype)

@@ -1,0 +1,151 @@
+"""Draft trees: which candidate tokens one verify checks, and the path a step accepts.
+
+P-EAGLE's one drafter pass gives a distribution for each of the K future positions, all
+conditioned on the same accepted context. A chain keeps each position's argmax; a tree keeps
+the next-best candidates too, and the target checks every node in the same forward (an ancestor
+mask), so one wrong guess no longer ends the step when a sibling was right.
+
+A tree of N nodes hangs below the root (the last generated token): node i has a token, a parent
+`parents[i]` (-1: the root; always < i) and a depth (1 + its parent's). A chain is the tree
+parents = (-1, 0, 1, ..., N-2). Verify rows: row 0 the root, row i + 1 node i, at RoPE positions
+cur + depth and KV slots cur + row (ops.reference.kv_attention with a tree mask).
+
+    best_tree   the B best prefixes by the product of per-depth probabilities (best-first over a
+                heap: the next best prefix is the next sibling or the first child of one taken,
+                so the result is ancestor-closed and optimal for that score; DDTree), depth <= K
+    static_tree vLLM's `speculative_token_tree`: rank paths, "(0,), (1,), (0, 0)" = the top-1 and
+                top-2 at depth 1, then the top-1 at depth 2 below the top-1
+    walk        the accepted path: from the root, the target's token at each node (argmax, or a
+                sample from its distribution), then to the child holding that token; the first
+                token with no matching child is emitted too (correction or bonus). Each emitted
+                token is the target's choice at its true context: the output is the target's own
+                (greedy), or exactly distributed as the target's (sampling), whatever the tree.
+"""
+
+from __future__ import annotations
+
+import ast
+import heapq
+from collections.abc import Callable
+
+import numpy as np
+
+from peagle_trt.errors import ConfigError
+
+
+def chain(n: int) -> tuple[int, ...]:
+    """Parents of an n-node chain."""
+    return tuple(range(-1, n - 1))
+
+
+def depths(parents) -> list[int]:
+    """Depth (1 ..) of every node."""
+    out = []
+    for p in parents:
+        out.append(1 if p < 0 else out[p] + 1)
+    return out
+
+
+def best_tree(logp: np.ndarray, budget: int, max_depth: int) -> list[tuple[int, int]]:
+    """The `budget` most probable prefixes as nodes (parent, rank): logp [K, W] the per-depth
+    log-probabilities of the drafter's top-W candidates, sorted descending within a depth. Node
+    order is the order of selection (a parent before its children); depth <= min(K, max_depth)."""
+    depth_cap = min(max_depth, logp.shape[0])
+    width = logp.shape[1]
+    nodes: list[tuple[int, int]] = []
+    node_depth: list[int] = []
+    heap = [(-float(logp[0, 0]), 0, -1, 0)] if budget > 0 and depth_cap > 0 else []  # (-score, tie, parent, rank)
+    tie = 1
+    while heap and len(nodes) < budget:
+        neg, _, parent, rank = heapq.heappop(heap)
+        d = 1 if parent < 0 else node_depth[parent] + 1
+        nodes.append((parent, rank))
+        node_depth.append(d)
+        here = len(nodes) - 1
+        base = -neg - float(logp[d - 1, rank])  # the parent's score
+        if rank + 1 < width:  # next sibling
+            heapq.heappush(heap, (-(base + float(logp[d - 1, rank + 1])), tie, parent, rank + 1))
+            tie += 1
+        if d < depth_cap:  # first child
+            heapq.heappush(heap, (neg - float(logp[d, 0]), tie, here, 0))
+            tie += 1
+    return nodes
+
+
+def parse_static(text: str, max_nodes: int = 64) -> tuple[tuple[int, ...], ...]:
+    """vLLM's `speculative_token_tree` string -> rank paths sorted by depth then rank (a parent
+    before its children); ConfigError names what is wrong."""
+    where = "speculative_token_tree"
+    try:
+        value = ast.literal_eval(text) if isinstance(text, str) else text
+    except (ValueError, SyntaxError) as exc:
+        raise ConfigError(f"{where} must be a list of rank tuples like \"[(0,), (1,), (0, 0)]\": {exc}") from exc
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{where} must be a non-empty list of rank tuples like \"[(0,), (1,), (0, 0)]\"")
+    paths = []
+    for p in value:
+        if (not isinstance(p, (list, tuple)) or not p
+                or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in p)):
+            raise ConfigError(f"{where}: {p!r} is not a path of ranks (a non-empty tuple of integers >= 0)")
+        paths.append(tuple(p))
+    if len(set(paths)) != len(paths):
+        raise ConfigError(f"{where}: a path appears twice")
+    if len(paths) > max_nodes:
+        raise ConfigError(f"{where}: {len(paths)} nodes, at most {max_nodes}")
+    known = set(paths)
+    for p in paths:
+        if len(p) > 1 and p[:-1] not in known:
+            raise ConfigError(f"{where}: {p} has no parent {p[:-1]} (every prefix of a path must be a node)")
+    return tuple(sorted(paths, key=lambda p: (len(p), p)))
+
+
+def static_nodes(paths: tuple[tuple[int, ...], ...]) -> list[tuple[int, int]]:
+    """Rank paths (parse_static's order) -> nodes (parent, rank)."""
+    index = {p: i for i, p in enumerate(paths)}
+    return [(index[p[:-1]] if len(p) > 1 else -1, p[-1]) for p in paths]
+
+
+def tokens_of(nodes: list[tuple[int, int]], top_ids: list[list[int]]) -> tuple[list[int], tuple[int, ...]]:
+    """(tokens, parents) of `nodes` (parent, rank) over the candidates top_ids [K][W]."""
+    parents = tuple(p for p, _ in nodes)
+    d = depths(parents)
+    return [top_ids[d[i] - 1][r] for i, (_, r) in enumerate(nodes)], parents
+
+
+def pack_masks(trees: list[tuple[int, ...]], rows: int) -> np.ndarray:
+    """Ancestor masks as packed bits: [B, rows, ceil(rows / 32)] int32; bit j % 32 of word j // 32
+    of row i is set when row i attends to row j of its request (root = row 0, node n = row n + 1,
+    a row sees the root, its ancestors and itself). Rows past a tree (padding) see the root only.
+    The layout of TensorRT-LLM's spec_decoding_packed_mask."""
+    words = -(-rows // 32)
+    bits = np.zeros((len(trees), rows, words * 32), dtype=bool)
+    bits[:, :, 0] = True
+    for b, parents in enumerate(trees):
+        for n, p in enumerate(parents):
+            bits[b, n + 1] = bits[b, p + 1]
+            bits[b, n + 1, n + 1] = True
+    weights = np.left_shift(np.uint64(1), np.arange(32, dtype=np.uint64))  # [32]
+    packed = (bits.reshape(len(trees), rows, words, 32) * weights).sum(-1, dtype=np.uint64)
+    return packed.astype(np.uint32).view(np.int32)
+
+
+def causal_masks(batch: int, rows: int) -> np.ndarray:
+    """The packed mask of plain causal rows (a chain per request): row i sees rows 0..i."""
+    return pack_masks([chain(rows - 1)] * batch, rows)
+
+
+def walk(tokens: list[int], parents: tuple[int, ...], choose: Callable[[int], int]) -> tuple[list[int], list[int]]:
+    """(accepted node indices, emitted tokens): from row 0, t = choose(row); go to the child whose
+    token is t while there is one; the last t (no such child) ends the list."""
+    children: dict[int, dict[int, int]] = {}
+    for n, p in enumerate(parents):
+        children.setdefault(p, {}).setdefault(tokens[n], n)  # a repeated token: the first sibling
+    path, emitted, node = [], [], -1
+    while True:
+        t = choose(node + 1)
+        emitted.append(t)
+        nxt = children.get(node, {}).get(t)
+        if nxt is None:
+            return path, emitted
+        path.append(nxt)
+        node = nxt
