@@ -25,6 +25,7 @@ import torch
 from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
+from peagle_trt.ops.reference import causal_tree_mask
 
 _POOL: dict = {}  # the process's onnxruntime thread pool, once made: {"threads": int | None}
 
@@ -168,12 +169,15 @@ class OrtExecutor:
         self.d2t = drafter.d2t.cpu().to(torch.int64)
         return self
 
-    def target(self, tokens, positions, tables, logit_rows=None):
-        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows)
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows);
+        # tree_mask [B, S, W] int32 | None (plain causal rows)
         if logit_rows is None:
             logit_rows = torch.arange(tokens.shape[1]).expand(tokens.shape[0], -1)
+        mask = causal_tree_mask(*tokens.shape) if tree_mask is None else tree_mask.numpy()
         out = self.g_target.run({"input_ids": tokens.numpy(), "positions": positions.numpy(),
-                                 "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy()})
+                                 "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy(),
+                                 "tree_mask": mask})
         return torch.from_numpy(out["logits"]), torch.from_numpy(out["aux_hidden"])
 
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:

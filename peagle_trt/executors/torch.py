@@ -50,11 +50,12 @@ class TorchExecutor:
 
     # -- forwards ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def target(self, tokens, positions, tables, logit_rows=None):
-        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None;
+        # tree_mask [B, S, W] int32 | None (draft-tree rows: ops.reference.kv_attention)
         # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
         with self._ops():
-            return self.target_model(tokens, positions, tables, self.target_cache, logit_rows)
+            return self.target_model(tokens, positions, tables, self.target_cache, logit_rows, tree_mask)
 
     @torch.inference_mode()
     def drafter(self, tokens, hidden, positions, tables):

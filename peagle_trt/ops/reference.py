@@ -10,6 +10,7 @@ the trash block and never visible. Blocks are assigned by the runtime (peagle_tr
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -102,6 +103,34 @@ def tree_visible(tree_mask: torch.Tensor, positions: torch.Tensor, key_pos: torc
     index = bit.clamp(0, tree_mask.shape[-1] * 32 - 1).expand(-1, tree_mask.shape[1], -1)  # [B, S, L]
     word = torch.gather(tree_mask.to(torch.int64), 2, index // 32)  # [B, S, L]
     return (bit < 0) | (inside & (((word >> (index % 32)) & 1) == 1))
+
+
+def pack_tree_mask(trees: list[tuple[int, ...]], rows: int) -> np.ndarray:
+    """Ancestor masks as packed bits: [B, rows, ceil(rows / 32)] int32; bit j % 32 of word j // 32
+    of row i is set when row i attends to row j of its request (the layout of TensorRT-LLM's
+    spec_decoding_packed_mask). `trees`: per request the parents of its nodes (-1: the root;
+    parents[n] < n); root = row 0, node n = row n + 1; a row sees the root, its ancestors and
+    itself. Rows past a tree (padding) see the root only."""
+    bits = np.zeros((len(trees), rows, -(-rows // 32) * 32), dtype=bool)
+    bits[:, :, 0] = True
+    for b, parents in enumerate(trees):
+        for n, p in enumerate(parents):
+            bits[b, n + 1] = bits[b, p + 1]
+            bits[b, n + 1, n + 1] = True
+    return _pack(bits)
+
+
+def causal_tree_mask(batch: int, rows: int) -> np.ndarray:
+    """The packed mask of plain causal rows (a chain per request): row i sees rows 0..i."""
+    return np.ascontiguousarray(np.broadcast_to(_pack(np.tri(rows, -(-rows // 32) * 32, dtype=bool)),
+                                                (batch, rows, -(-rows // 32))))
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    """[..., 32 W] bool -> [..., W] int32, bit j % 32 of word j // 32 (least significant first)."""
+    weights = np.left_shift(np.uint64(1), np.arange(32, dtype=np.uint64))
+    words = (bits.reshape(*bits.shape[:-1], -1, 32) * weights).sum(-1, dtype=np.uint64)
+    return words.astype(np.uint32).view(np.int32)
 
 
 def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num_pending: torch.Tensor,

@@ -112,28 +112,6 @@ def tokens_of(nodes: list[tuple[int, int]], top_ids: list[list[int]]) -> tuple[l
     return [top_ids[d[i] - 1][r] for i, (_, r) in enumerate(nodes)], parents
 
 
-def pack_masks(trees: list[tuple[int, ...]], rows: int) -> np.ndarray:
-    """Ancestor masks as packed bits: [B, rows, ceil(rows / 32)] int32; bit j % 32 of word j // 32
-    of row i is set when row i attends to row j of its request (root = row 0, node n = row n + 1,
-    a row sees the root, its ancestors and itself). Rows past a tree (padding) see the root only.
-    The layout of TensorRT-LLM's spec_decoding_packed_mask."""
-    words = -(-rows // 32)
-    bits = np.zeros((len(trees), rows, words * 32), dtype=bool)
-    bits[:, :, 0] = True
-    for b, parents in enumerate(trees):
-        for n, p in enumerate(parents):
-            bits[b, n + 1] = bits[b, p + 1]
-            bits[b, n + 1, n + 1] = True
-    weights = np.left_shift(np.uint64(1), np.arange(32, dtype=np.uint64))  # [32]
-    packed = (bits.reshape(len(trees), rows, words, 32) * weights).sum(-1, dtype=np.uint64)
-    return packed.astype(np.uint32).view(np.int32)
-
-
-def causal_masks(batch: int, rows: int) -> np.ndarray:
-    """The packed mask of plain causal rows (a chain per request): row i sees rows 0..i."""
-    return pack_masks([chain(rows - 1)] * batch, rows)
-
-
 def walk(tokens: list[int], parents: tuple[int, ...], choose: Callable[[int], int]) -> tuple[list[int], list[int]]:
     """(accepted node indices, emitted tokens): from row 0, t = choose(row); go to the child whose
     token is t while there is one; the last t (no such child) ends the list."""

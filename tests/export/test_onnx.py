@@ -18,6 +18,7 @@ from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.ops import DOMAIN, OP_TYPES
 from peagle_trt.ops.names import PLUGIN_VERSION
+from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.ops.onnx_defs import register_schemas
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
@@ -88,6 +89,25 @@ def test_ort_target_matches_torch_for_prefill_decode_and_verify(exported, family
     for tokens, positions in steps:
         a_logits, a_aux = torch_ex.target(tokens, positions, slots)
         b_logits, b_aux = ort_ex.target(tokens, positions, slots)
+        valid = positions >= 0
+        torch.testing.assert_close(b_logits[valid], a_logits[valid], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b_aux[valid], a_aux[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_ort_tree_verify_matches_torch(exported):
+    """A draft-tree verify (rows by depth, the packed ancestor mask) after a prefill: both backends
+    agree, and the tree rows wrote the slots cur + row (the next plain decode reads them)."""
+    target, _, out, _ = exported("llama", "peagle")
+    torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
+    slots = static_tables(ort_ex, [2, 0])
+    trees = [(-1, -1, 0, 1, 0), (-1, 0)]
+    mask = torch.from_numpy(pack_tree_mask(trees, 6))
+    steps = [(torch.randint(0, 500, (2, 13)), torch.tensor([list(range(13)), list(range(9)) + [-1] * 4]), None),
+             (torch.randint(0, 500, (2, 6)), torch.tensor([[13, 14, 14, 15, 15, 16], [9, 10, 11, -1, -1, -1]]), mask),
+             (torch.randint(0, 500, (2, 1)), torch.tensor([[19], [12]]), None)]
+    for tokens, positions, tree in steps:
+        a_logits, a_aux = torch_ex.target(tokens, positions, slots, tree_mask=tree)
+        b_logits, b_aux = ort_ex.target(tokens, positions, slots, tree_mask=tree)
         valid = positions >= 0
         torch.testing.assert_close(b_logits[valid], a_logits[valid], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b_aux[valid], a_aux[valid], rtol=1e-4, atol=1e-4)

@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 
 from peagle_trt.ops import reference
-from peagle_trt.speculative.tree import causal_masks, chain, depths, pack_masks
+from peagle_trt.ops.reference import causal_tree_mask, pack_tree_mask
+from peagle_trt.speculative.tree import chain, depths
 
 H, KV, D, BS = 4, 2, 8, 4
 
@@ -32,7 +33,7 @@ def test_every_tree_row_equals_the_chain_of_its_ancestors():
     positions = torch.full((2, rows), -1)
     for b, parents in enumerate(trees):
         positions[b, :len(parents) + 1] = torch.tensor([cur[b]] + [cur[b] + d for d in depths(parents)])
-    mask = torch.from_numpy(pack_masks(trees, rows))
+    mask = torch.from_numpy(pack_tree_mask(trees, rows))
     kt, vt = kc.clone(), vc.clone()
     out = reference.kv_attention(q, k, v, positions, tables, kt, vt, H, KV, D, tree_mask=mask)
     for b, parents in enumerate(trees):
@@ -61,12 +62,12 @@ def test_a_causal_mask_is_the_plain_op():
         plain = reference.kv_attention(q, k, v, positions, tables, kc.clone(), vc.clone(), H, KV, D,
                                        sliding_window=window)
         masked = reference.kv_attention(q, k, v, positions, tables, kc.clone(), vc.clone(), H, KV, D,
-                                        sliding_window=window, tree_mask=torch.from_numpy(causal_masks(2, 5)))
+                                        sliding_window=window, tree_mask=torch.from_numpy(causal_tree_mask(2, 5)))
         live = positions >= 0
         torch.testing.assert_close(masked[live], plain[live])
 
 
 def test_packed_bits_past_32_rows():
-    mask = pack_masks([chain(39)], 40)  # 40 rows: two words
+    mask = pack_tree_mask([chain(39)], 40)  # 40 rows: two words
     assert mask.shape == (1, 40, 2) and mask.dtype.name == "int32"
     assert mask[0, 0].tolist() == [1, 0] and mask[0, 31].tolist() == [-1, 0] and mask[0, 39].tolist() == [-1, 255]

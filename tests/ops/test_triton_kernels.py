@@ -212,7 +212,8 @@ TREES = {  # parents of each request's nodes (rows: root + nodes, padded), cur, 
 @pytest.mark.parametrize("window", [0, 64])
 def test_kv_attention_tree_mask(dtype, case, window):
     """Draft-tree rows (RoPE positions by depth, slots positions[b, 0] + s, packed ancestor bits)."""
-    from peagle_trt.speculative.tree import depths, pack_masks
+    from peagle_trt.ops.reference import pack_tree_mask
+    from peagle_trt.speculative.tree import depths
 
     trees, cur, h, kv, d, bs = TREES[case]
     rows = max(len(t) for t in trees) + 1
@@ -221,7 +222,7 @@ def test_kv_attention_tree_mask(dtype, case, window):
     gen = torch.Generator().manual_seed(7)
     q, k, v, _, tables, kc, vc = _paged_case(gen, slots, h, kv, d, bs, dtype)
     positions = torch.tensor(positions)
-    mask = torch.from_numpy(pack_masks(trees, rows))
+    mask = torch.from_numpy(pack_tree_mask(trees, rows))
     got, kc_got, vc_got = _run(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d,
                                sliding_window=window, tree_mask=mask)
     want = reference.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, None, window, None, mask)
