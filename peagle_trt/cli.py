@@ -108,10 +108,11 @@ def _load_generator(args: argparse.Namespace):
         from peagle_trt.serving.options import read_options
 
         return TextGenerator.load(*read_options(args.repo, args.model))
+    spec = resolve_spec(args)  # first: the config's "model" may name the drafter (args.drafter)
     backend = generate_backend(args)
 
     def load(name: str):
-        return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device,
+        return TextGenerator.from_checkpoints(args.target, args.drafter, spec, args.device,
                                                args.dtype, args.max_seq_len, backend=name)
 
     if backend == "onnxruntime" and args.backend == "auto":

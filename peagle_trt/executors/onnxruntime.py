@@ -186,10 +186,18 @@ class OrtExecutor:
         # k <= K (the K of the export): the length of `draft_slots` makes the graph run k mask rows
         if not 1 <= k <= self.k:
             raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for {k} drafts; re-export")
-        out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
-                                  "num_pending": num_pending.numpy(), "cur": cur.numpy(),
-                                  "draft_slots": np.zeros(k, np.int64), "block_tables": tables[0].numpy()})
-        return torch.from_numpy(out["draft_ids"])
+        return torch.from_numpy(self._draft(tokens, aux, num_pending, cur, tables, k, 1)["draft_ids"])
+
+    def draft_parallel_top(self, tokens, aux, num_pending, cur, tables, k: int, width: int):
+        # as draft_parallel -> each position's top `width` (target ids [B, k, W], log-probs [B, k, W])
+        out = self._draft(tokens, aux, num_pending, cur, tables, k, width)
+        return torch.from_numpy(out["top_ids"]), torch.from_numpy(out["top_logp"])
+
+    def _draft(self, tokens, aux, num_pending, cur, tables, k: int, width: int) -> dict:
+        return self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
+                                   "num_pending": num_pending.numpy(), "cur": cur.numpy(),
+                                   "draft_slots": np.zeros(k, np.int64), "draft_width": np.zeros(width, np.int64),
+                                   "block_tables": tables[0].numpy()})
 
     def drafter(self, tokens, hidden, positions, tables):
         out = self.g_step.run({"input_ids": tokens.numpy(), "hidden": hidden.contiguous().numpy(),

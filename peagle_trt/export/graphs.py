@@ -205,13 +205,16 @@ def _project(w: ModelWriter, model, aux: str) -> str:
 
 
 def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.ModelProto:
-    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`)."""
+    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`),
+    and each position's top W candidates with their log-probabilities (W = the length of
+    `draft_width`; what a draft tree is built from, speculative/tree.py)."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
     aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])
     n = w.input("num_pending", TensorProto.INT64, ["batch"])
     cur = w.input("cur", TensorProto.INT64, ["batch"])
     slots = w.input("draft_slots", TensorProto.INT64, ["drafts"])  # only its length k (1..K) counts
+    width = w.input("draft_width", TensorProto.INT64, ["width"])  # only its length W counts
     table, past, present = _drafter_kv(w, model, kv)
     w.functions[DRAFT_INPUTS] = draft_inputs_function(k, c.mask_token_id)
     w.functions[DRAFT_SAMPLE] = draft_sample_function()
@@ -236,6 +239,11 @@ def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.
     w.op(DRAFT_SAMPLE, logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name=DRAFT_SAMPLE,
          **plugin_attrs())
     w.output("draft_ids", TensorProto.INT64, ["batch", "drafts"])
+    top_logp, top = w.op("TopK", w.op("LogSoftmax", logits, axis=-1), w.op("Shape", width), axis=-1, outputs=2)
+    w.op("Identity", top_logp, outputs=["top_logp"])
+    w.op("Add", top, w.op("Gather", d2t, top, axis=0), outputs=["top_ids"])  # draft -> target ids
+    w.output("top_ids", TensorProto.INT64, ["batch", "drafts", "width"])
+    w.output("top_logp", TensorProto.FLOAT, ["batch", "drafts", "width"])
     return w.model("peagle_drafter")
 
 

@@ -60,6 +60,15 @@ def test_speculative_config_json(tiny):
         resolve_spec(args)
 
 
+def test_the_config_model_key_names_the_drafter(tiny, capsys):
+    """The README's way: no --drafter, the drafter named by the speculative config's "model"."""
+    config = json.dumps({"method": "eagle3", "parallel_drafting": True, "num_speculative_tokens": 3,
+                         "model": str(tiny["aws"])})
+    code, _, result = run_cli(capsys, "generate", "--target", str(tiny["llama"]), "--prompt", "Write a poem",
+                              "--max-tokens", "6", "--ignore-eos", "--speculative-config", config)
+    assert code == 0 and result["spec_mode"] == "peagle" and result["drafter_forwards"] > 0
+
+
 def test_default_spec_mode_follows_the_drafter(tiny):
     parser = build_parser()
     for drafter, mode in (("aws", "peagle"), ("eagle3", "eagle3")):
