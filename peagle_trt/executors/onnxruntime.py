@@ -25,6 +25,7 @@ import torch
 from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
+from peagle_trt.models.kv_cache import move_rows
 from peagle_trt.ops.reference import causal_tree_mask
 
 _POOL: dict = {}  # the process's onnxruntime thread pool, once made: {"threads": int | None}
@@ -179,6 +180,14 @@ class OrtExecutor:
                                  "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy(),
                                  "tree_mask": mask})
         return torch.from_numpy(out["logits"]), torch.from_numpy(out["aux_hidden"])
+
+    def move_kv(self, tables, src, dst):
+        # tables [G, B, M]; src, dst [B, R] target KV positions: rows at src are copied to dst (-1: none).
+        # Draft trees run on full-attention targets (one KV group: group 0's tables for every layer)
+        layers = [(torch.from_numpy(self.g_target.kv[f"past_key_{i}"]),
+                   torch.from_numpy(self.g_target.kv[f"past_value_{i}"]), tables[0])
+                  for i in sorted(int(n.rsplit("_", 1)[1]) for n in self.g_target.kv if n.startswith("past_key_"))]
+        move_rows(layers, src, dst)
 
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         if self.g_drafter is None:

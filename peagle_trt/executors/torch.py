@@ -58,6 +58,11 @@ class TorchExecutor:
             return self.target_model(tokens, positions, tables, self.target_cache, logit_rows, tree_mask)
 
     @torch.inference_mode()
+    def move_kv(self, tables, src, dst):
+        # tables [G, B, M]; src, dst [B, R] target KV positions: rows at src are copied to dst (-1: none)
+        self.target_cache.move(tables, src, dst)
+
+    @torch.inference_mode()
     def drafter(self, tokens, hidden, positions, tables):
         # tokens, positions [B, S]; hidden [B, S, H] -> draft logits [B, S, V_d], pre-norm [B, S, H]
         with self._ops():
@@ -82,7 +87,7 @@ class TorchExecutor:
         # as draft_parallel -> each position's top `width`: target ids [B, K, W], log-probs [B, K, W]
         with self._ops():
             logits = self._draft_logits(tokens, aux, num_pending, cur, tables, k)
-        logp, top = torch.log_softmax(logits.float(), dim=-1).topk(width, dim=-1)
+        logp, top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
         return self.drafter_model.to_target_ids(top), logp
 
     def _draft_logits(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
