@@ -63,7 +63,8 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
 SCHEMAS = [
     _schema(KV_ATTENTION, "attention of new rows over a paged KV cache (block tables), in-place writes",
             [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("block_tables", "I"), ("k_cache", "T"),
-             ("v_cache", "T"), ("sinks?", "T"), ("tree_mask?", "M")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
+             ("v_cache", "T"), ("sinks?", "T"), ("tree_mask?", "M")],
+            [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
             [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
              ("scale", _T.FLOAT, "softmax scale"),
              ("sliding_window", _T.INT, "attend to keys at positions > p - W only; 0: full attention")]),

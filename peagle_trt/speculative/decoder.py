@@ -28,10 +28,10 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.speculative.draft_length import DraftLengths
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
-from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.speculative.sampling import make_generator, probabilities, sample
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of, walk

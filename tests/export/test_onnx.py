@@ -18,8 +18,8 @@ from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.ops import DOMAIN, OP_TYPES
 from peagle_trt.ops.names import PLUGIN_VERSION
-from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.ops.onnx_defs import register_schemas
+from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from tests.export.crossbackend import check_greedy_near_equal

@@ -50,7 +50,7 @@ def test_best_tree_is_the_most_probable_ancestor_closed_set(seed):
             parents = tuple(p for p, _ in nodes)
             assert all(p < i for i, p in enumerate(parents))  # ancestor-closed, parents first
             paths = []
-            for i, (p, r) in enumerate(nodes):
+            for p, r in nodes:
                 paths.append((paths[p] if p >= 0 else ()) + (r,))
             assert len(set(paths)) == len(paths) and max(map(len, paths)) <= max_depth
             allowed = sorted((s for p, s in prefixes.items() if len(p) <= max_depth), reverse=True)
@@ -168,7 +168,8 @@ def test_a_batch_mixing_trees_chains_and_plain_steps(pair):
             ref, at = refs[i], len(s.output)
             truth = ref[at:at + 4] + [0] * 4
             if (step + i) % 3 == 0:  # a tree: a wrong first child, the right path below its sibling
-                s.drafts, s.parents = [truth[0] + 1, truth[0], truth[1], truth[2], rng.randrange(500)], (-1, -1, 1, 2, 1)
+                s.drafts = [truth[0] + 1, truth[0], truth[1], truth[2], rng.randrange(500)]
+                s.parents = (-1, -1, 1, 2, 1)
             elif (step + i) % 3 == 1:  # a chain, right for two
                 s.drafts, s.parents = [truth[0], truth[1], truth[2] + 1], ()
             else:  # no drafts: plain decoding

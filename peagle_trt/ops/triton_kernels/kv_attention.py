@@ -125,12 +125,15 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
     # with a window: the first key any row of the tile can see, rounded down to a step
     first = tl.maximum(tl.min(tl.where(pos >= 0, pos - window + 1, 2147483647), axis=0), 0)
     lo = tl.where(window > 0, first // BLOCK_N * BLOCK_N, 0)
+    if TREE:  # steps aligned on the tree's first row: a step's rows sit in one half of one mask word
+        lo = base - (base - lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # may start below 0 (masked)
+        words = tree_ptr + (b * S + tl.minimum(s, S - 1)) * W  # [BLOCK_M] each tile row's mask
     keys = tl.arange(0, BLOCK_N)
     for start in range(lo, end, BLOCK_N):
         kp = start + keys  # [BLOCK_N] key positions
-        entry = tl.minimum(kp // bs, M - 1)
-        block = tl.load(tables_ptr + b * M + entry, mask=kp < end, other=-1)
-        key_ok = (kp < end) & (block >= 0) & (block < trash)  # -1 and entries past the cache: masked
+        entry = tl.minimum(tl.maximum(kp, 0) // bs, M - 1)
+        block = tl.load(tables_ptr + b * M + entry, mask=(kp >= 0) & (kp < end), other=-1)
+        key_ok = (kp >= 0) & (kp < end) & (block >= 0) & (block < trash)  # -1, past the cache: masked
         slot = tl.where(key_ok, block * bs + kp % bs, 0)
         kv_off = (slot * KV + kvh)[:, None] * D + d[None, :]
         kv_mask = key_ok[:, None] & d_ok[None, :]
@@ -141,12 +144,14 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
             vt = (vt.to(tl.float32) * v_scale).to(dtype)
         scores = _dot(q, tl.trans(kt), IEEE, UPCAST) * qk_scale  # log2 domain
         if TREE:
-            bit = kp[None, :] - base  # [1, BLOCK_N]: the key's row in this forward (< 0: the context)
-            inside = (bit >= 0) & (bit < W * 32) & row_ok[:, None]
-            word = tl.load(tree_ptr + (b * S + tl.minimum(s, S - 1))[:, None] * W + tl.where(inside, bit // 32, 0),
-                           mask=inside, other=0)  # [BLOCK_M, BLOCK_N]
-            ancestor = ((word >> tl.where(inside, bit % 32, 0)) & 1) == 1
-            visible = ((bit < 0) | (inside & ancestor)) & (pos[:, None] >= 0) & key_ok[None, :]
+            # keys start - base + 0..BLOCK_N-1 are rows of this forward when start >= base (one half
+            # of mask word (start - base) // 32), else the context (BLOCK_N divides 32)
+            rel = (start - base) + tl.zeros([BLOCK_M], tl.int64)  # per row (a scalar mask trips the interpreter)
+            ok = row_ok & (rel >= 0) & (rel < W * 32)
+            word = tl.load(words + tl.where(ok, rel // 32, 0), mask=ok, other=0)  # [BLOCK_M] int32
+            shift = tl.where(ok, rel % 32, 0)[:, None] + keys[None, :]  # [BLOCK_M, BLOCK_N] in 0..31
+            ancestor = ((word[:, None] >> shift) & 1) == 1
+            visible = ((start < base) | ancestor) & (pos[:, None] >= 0) & key_ok[None, :]
         else:
             visible = (kp[None, :] <= pos[:, None]) & key_ok[None, :]
         if window > 0:
@@ -180,8 +185,9 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     """See `reference.kv_attention`; writes k/v into the caches in place (k = v = None: read only).
 
     q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
-    block_tables [B, M]; tree_mask [B, S, W] int32 | None; k_cache/v_cache [N+1, bs, KV, d] contiguous, q's dtype or float8_e4m3fn
-    (then k_scale/v_scale dequantize: stored = value / scale). Returns out [B, S, H*d]."""
+    block_tables [B, M]; tree_mask [B, S, W] int32 | None; k_cache/v_cache [N+1, bs, KV, d] contiguous,
+    q's dtype or float8_e4m3fn (then k_scale/v_scale dequantize: stored = value / scale).
+    Returns out [B, S, H*d]."""
     device = same_device(q, k, v, positions, block_tables, k_cache, v_cache, sinks, tree_mask)
     b, s, _ = q.shape
     h, kvh, d = int(num_heads), int(num_kv_heads), int(head_dim)
