@@ -165,6 +165,14 @@ class SpecConfig:
         return budget
 
     @property
+    def tree_width(self) -> int:
+        """The most candidates per draft position a step reads (a static tree's highest rank + 1, or
+        the largest budget: all of it may hang below the root); 1 without trees."""
+        if self.static_tree:
+            return max(max(p) for p in self.static_tree) + 1
+        return max([1, self.tree_budget] + [e[2] for e in self.tree_schedule])
+
+    @property
     def max_nodes(self) -> int:
         """The most draft tokens one verify checks (rows past the root): K, or a tree's nodes."""
         return max([self.k, self.tree_budget, len(self.static_tree)] + [e[2] for e in self.tree_schedule])

@@ -253,8 +253,15 @@ def draft_sample_function() -> onnx.FunctionProto:
 
 
 def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The TensorRT copy: same graph, no model-local functions (plugins resolve by op_type)."""
+    """The TensorRT copy: same graph, no model-local functions (plugins resolve by op_type), and no
+    empty optional inputs (the plugin takes PEagleKVAttention's tree_mask as its 8th input: the
+    plugins have no sinks, and an empty slot is not a tensor TensorRT can hand over)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     del copy.functions[:]
+    for node in copy.graph.node:
+        if node.domain == DOMAIN and node.op_type == KV_ATTENTION and "" in node.input:
+            kept = [name for name in node.input if name]
+            del node.input[:]
+            node.input.extend(kept)
     return copy

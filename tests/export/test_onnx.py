@@ -75,6 +75,8 @@ def test_graphs_hold_plugin_nodes_and_pass_the_full_checker(exported):
         trt = onnx.load(str(out / "trt" / name))
         assert len(trt.functions) == 0  # TensorRT resolves the plugins by op_type
         assert sum(n.domain == DOMAIN for n in trt.graph.node) == sum(counts.values())
+        for node in (n for n in trt.graph.node if n.op_type == "PEagleKVAttention"):  # the plugin's inputs
+            assert list(node.input[7:]) == (["tree_mask"] if name == "target.onnx" else []) and "" not in node.input
     assert all(t in OP_TYPES for t in ("PEagleKVAttention", "PEagleDraftInputs", "PEagleDraftSample"))
 
 
