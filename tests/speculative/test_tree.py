@@ -209,3 +209,15 @@ def test_trees_refuse_windowed_targets():
     ex.windows = (0, 8)  # a sliding-window KV group
     with pytest.raises(ConfigError, match="full-attention target"):
         SpecDecoder(ex, SpecConfig("peagle", 3, tree_budget=4), proposer=object())
+
+
+def test_greedy_trees_with_the_sequential_eagle3_head(pair):
+    """EAGLE-3 heads (K sequential passes): each step's top candidates make the tree just the same."""
+    _, _, prompts, refs = pair
+    spec = SpecConfig("eagle3", 3, tree_budget=6)
+    target, drafter = load_pair(PAIR, PAIR / "drafter-eagle3", spec).build()
+    ex = Moves(TorchExecutor(target, drafter, 1, 512))
+    dec = SpecDecoder(ex, spec)
+    for prompt, ref in zip(prompts[:2], refs[:2]):
+        seq = generate(dec, prompt, SamplingParams(max_tokens=N, ignore_eos=True))
+        assert seq.output == ref and seq.stats.accepted > 0 and seq.stats.drafted > 3 * seq.stats.steps
