@@ -173,13 +173,14 @@ class SpecDecoder:
         t0 = time.perf_counter()  # the verify's cost for the adaptive rule: this step up to its drafting
         ex, dev = self.ex, self.ex.device
         trees = [s.parents[:len(s.drafts)] or chain(len(s.drafts)) for s in seqs]  # parents of each node
+        levels = [depths(t) for t in trees]  # depth (1 ..) of each node
         ns = [len(t) for t in trees]
         n = max(ns)
         # 1. verify: row 0 the last generated token at position cur, row 1 + j draft j at cur + its
         #    depth (its KV at slot cur + 1 + j), one target forward; each row sees its ancestors
         tokens = ints([[s.output[-1]] + s.drafts + [0] * (n - len(s.drafts)) for s in seqs], dev)  # [B, n+1]
         cur = ints([s.cur for s in seqs], dev)  # [B]
-        depth = ints([[0] + depths(t) + [-1] * (n - len(t)) for t in trees], dev)  # [B, n+1], -1: padding
+        depth = ints([[0] + d + [-1] * (n - len(d)) for d in levels], dev)  # [B, n+1], -1: padding
         positions = torch.where(depth >= 0, cur[:, None] + depth, -1)  # [B, n+1]
         mask = torch.from_numpy(pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)] ancestor bits
         tables = self.tables(seqs)  # [G, B, M]
@@ -200,9 +201,9 @@ class SpecDecoder:
                 path, e = walk(s.drafts, trees[i], lambda r, i=i, s=s: int(sample(
                     probabilities(logits[i, r:r + 1], s.params), s.generator)))
             s.stats.target_forwards += 1
-            if ns[i]:
-                s.stats.record_step(ns[i], len(e) - 1, max(depths(trees[i])))
-                self.lengths.record(s.stats, max(depths(trees[i])), len(e) - 1)
+            if ns[i]:  # the tree's size and depth (a chain: both k)
+                s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
+                self.lengths.record(s.stats, max(levels[i]), len(e) - 1)
             self._commit(s, e)
             emitted.append(e)
             rows.append([0] + [j + 1 for j in path])
