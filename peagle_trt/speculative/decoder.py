@@ -285,7 +285,7 @@ class SpecDecoder:
             top_ids, top_logp = self.proposer.propose_top(batch, k, width)  # [B, k, W] each
             top_ids, top_logp = top_ids.tolist(), top_logp.float().cpu().numpy()
             for i, s in enumerate(batch.seqs):
-                s.drafts, s.parents = tokens_of(nodes or best_tree(top_logp[i], budget, k), top_ids[i])
+                s.drafts, s.parents = tokens_of(nodes or best_tree(top_logp[i], budget, k, spine=k), top_ids[i])
         else:
             drafts = self.proposer.propose(batch, max(k, 1)).tolist()
             for s, d in zip(batch.seqs, drafts):
