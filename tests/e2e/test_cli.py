@@ -69,9 +69,9 @@ def test_the_config_model_key_names_the_drafter(tiny, capsys):
     assert code == 0 and result["spec_mode"] == "peagle" and result["drafter_forwards"] > 0
 
 
-@pytest.mark.parametrize("tree", ['"draft_tree_budget": 6', '"speculative_token_tree": "[(0,), (1,), (0, 0)]"'])
+@pytest.mark.parametrize("tree", [{"draft_tree_budget": 6}, {"speculative_token_tree": "[(0,), (1,), (0, 0)]"}])
 def test_generate_with_a_draft_tree(tiny, capsys, tree):
-    config = '{"method": "eagle3", "parallel_drafting": true, "model": "%s", %s}' % (tiny["aws"], tree)
+    config = json.dumps({"method": "eagle3", "parallel_drafting": True, "model": str(tiny["aws"]), **tree})
     base = ["generate", "--target", str(tiny["llama"]), "--prompt", "Write a poem", "--max-tokens", "10",
             "--ignore-eos"]
     code, _, result = run_cli(capsys, *base, "--speculative-config", config)
