@@ -17,9 +17,10 @@ cur + depth and KV slots cur + row (ops.reference.kv_attention with a tree mask)
                 the budget best-first: P-EAGLE's per-position probabilities are marginals over
                 the unknown tokens before them, far below the acceptance of a draft whose prefix
                 was accepted, so the pure product score trades the deep chain for siblings
-                (measured on the code pair: AL 2.2 at B = 16 vs 3.5 for the K = 7 chain)
-    static_tree vLLM's `speculative_token_tree`: rank paths, "(0,), (1,), (0, 0)" = the top-1 and
-                top-2 at depth 1, then the top-1 at depth 2 below the top-1
+                (measured on the code pair: AL 2.2 at B = 16 vs 3.5 for the K = 7 chain;
+                docs/BENCHMARKS.md, "Draft trees")
+    parse_static, static_nodes  vLLM's `speculative_token_tree`: rank paths, "(0,), (1,), (0, 0)"
+                = the top-1 and top-2 at depth 1, then the top-1 at depth 2 below the top-1
     walk        the accepted path: from the root, the target's token at each node (argmax, or a
                 sample from its distribution), then to the child holding that token; the first
                 token with no matching child is emitted too (correction or bonus). Each emitted
