@@ -80,20 +80,23 @@ class TorchExecutor:
         # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
         # cur [B] (pending rows sit at cur-n .. cur-1), tables [G, B, M] -> draft ids [B, K]: ONE forward
         with self._ops():
-            return draft_sample(self._draft_logits(tokens, aux, num_pending, cur, tables, k), self.drafter_model.d2t)
+            return draft_sample(_draft_logits(self, tokens, aux, num_pending, cur, tables, k), self.drafter_model.d2t)
 
     @torch.inference_mode()
     def draft_parallel_top(self, tokens, aux, num_pending, cur, tables, k: int, width: int):
         # as draft_parallel -> each position's top `width`: target ids [B, K, W], log-probs [B, K, W]
         with self._ops():
-            logits = self._draft_logits(tokens, aux, num_pending, cur, tables, k)
+            logits = _draft_logits(self, tokens, aux, num_pending, cur, tables, k)
         logp, top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
         return self.drafter_model.to_target_ids(top), logp
 
-    def _draft_logits(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
-        d = self.drafter_model  # inside self._ops()
-        embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
-                                                       d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
-        x = d.forward_rows(embeds, hidden, positions, tables, self.drafter_cache)  # [B, P+K-1, H]
-        x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
-        return d.logits(x)  # [B, K, V_d]
+
+def _draft_logits(ex, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
+    """The parallel pass of `ex` (a TorchExecutor, or an object lending its drafting methods) ->
+    draft logits [B, K, V_d]; called inside ex._ops()."""
+    d = ex.drafter_model
+    embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
+                                                   d.embed_tokens.weight, d.h_mask, k, ex.mask_token_id)
+    x = d.forward_rows(embeds, hidden, positions, tables, ex.drafter_cache)  # [B, P+K-1, H]
+    x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
+    return d.logits(x)  # [B, K, V_d]
