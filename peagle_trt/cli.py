@@ -134,10 +134,11 @@ def _load_generator(args: argparse.Namespace):
 
         model_dir, options, paths = read_options(args.repo, args.model)
         return TextGenerator.load(model_dir, with_deterministic(options, args.deterministic), paths)
+    spec = resolve_spec(args)  # first: the config's "model" may name the drafter (args.drafter)
     backend = generate_backend(args)
 
     def load(name: str):
-        return TextGenerator.from_checkpoints(args.target, args.drafter, resolve_spec(args), args.device,
+        return TextGenerator.from_checkpoints(args.target, args.drafter, spec, args.device,
                                                args.dtype, args.max_seq_len, backend=name,
                                                deterministic=args.deterministic)
 

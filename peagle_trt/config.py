@@ -94,13 +94,19 @@ class SpecConfig:
     plainly), and `adaptive` picks each request's k per step (speculative/draft_length.py).
     `synthetic_rates` is for benchmarks only: draft i is accepted with unconditional probability
     synthetic_rates[i-1] whatever its token, so the output is NOT the target's
-    (speculative_config.py refuses it outside benchmarks unless forced). Parsed from vLLM's JSON by
-    peagle_trt/speculative_config.py."""
+    (speculative_config.py refuses it outside benchmarks unless forced). Draft trees
+    (speculative/tree.py): `tree_budget` B > 0 verifies the B most probable prefixes of depth <= k
+    instead of a chain of k, `tree_schedule` sets B by batch size like `k_schedule` (0: the chain),
+    `static_tree` the rank paths of vLLM's speculative_token_tree (K = its depth). Parsed from vLLM's
+    JSON by peagle_trt/speculative_config.py."""
     mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
     num_spec_tokens: int = 7  # K, the most draft tokens per step
     k_schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last batch size, K)
     adaptive: bool = False  # per request and step, the k of the most expected tokens per second
     synthetic_rates: tuple[float, ...] = ()  # benchmarks: P(first i drafts accepted), i = 1..K
+    tree_budget: int = 0  # nodes of a draft tree per request and step (0: a chain of k)
+    tree_schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last batch size, budget)
+    static_tree: tuple[tuple[int, ...], ...] = ()  # rank paths, parents first (vLLM speculative_token_tree)
 
     def __post_init__(self):
         if self.mode not in SPEC_MODES:
@@ -121,6 +127,7 @@ class SpecConfig:
                 raise ConfigError(f"K schedule entry [{lo}, {hi}, {k}]: need 1 <= first <= last and "
                                   f"0 <= K <= num_speculative_tokens ({self.num_spec_tokens})")
             last = hi
+        self._check_tree()
         rates = self.synthetic_rates
         if rates and (len(rates) != self.num_spec_tokens or any(not 0 <= r <= 1 for r in rates)
                       or any(b > a for a, b in zip(rates, rates[1:]))):
@@ -131,6 +138,57 @@ class SpecConfig:
     def k(self) -> int:
         """The most drafts per step; 0 when not speculating (a step then emits exactly one token)."""
         return 0 if self.mode == "none" else self.num_spec_tokens
+
+    def _check_tree(self) -> None:
+        if not self.tree:
+            return
+        if self.mode == "none" or self.adaptive or self.synthetic_rates:
+            raise ConfigError("a draft tree needs speculation with a fixed K (not adaptive K, not synthetic "
+                              "acceptance)")
+        if self.static_tree and (self.tree_budget or self.tree_schedule):
+            raise ConfigError("pass a static tree (speculative_token_tree) or a tree budget, not both")
+        if self.static_tree and max(len(p) for p in self.static_tree) != self.num_spec_tokens:
+            raise ConfigError(f"a static tree of depth {max(len(p) for p in self.static_tree)} needs "
+                              f"num_spec_tokens = its depth, got {self.num_spec_tokens}")
+        if not 0 <= self.tree_budget <= 64:
+            raise ConfigError(f"the tree budget must be in [1, 64] nodes, got {self.tree_budget}")
+        last = 0
+        for entry in self.tree_schedule:
+            if len(entry) != 3 or not all(isinstance(x, int) and not isinstance(x, bool) for x in entry):
+                raise ConfigError(f"tree budget schedule entry {entry!r} must be [first batch size, last batch "
+                                  "size, budget] integers")
+            lo, hi, budget = entry
+            if (last == 0 and lo != 1) or lo <= last or not lo <= hi or not 0 <= budget <= 64:
+                raise ConfigError(f"tree budget schedule entry [{lo}, {hi}, {budget}]: ranges must start at 1, "
+                                  "be sorted without overlap, and budgets be in [0, 64] (0: the chain)")
+            last = hi
+
+    @property
+    def tree(self) -> bool:
+        """Whether steps may verify draft trees (else chains)."""
+        return bool(self.tree_budget or self.tree_schedule or self.static_tree)
+
+    def tree_budget_for_batch(self, batch: int) -> int:
+        """The tree budget at `batch` running requests (the schedule's, else tree_budget); 0: the chain."""
+        budget = self.tree_budget
+        for lo, _, entry in self.tree_schedule:
+            if lo > batch:
+                break
+            budget = entry
+        return budget
+
+    @property
+    def tree_width(self) -> int:
+        """The most candidates per draft position a step reads (a static tree's highest rank + 1, or
+        the largest budget: all of it may hang below the root); 1 without trees."""
+        if self.static_tree:
+            return max(max(p) for p in self.static_tree) + 1
+        return max([1, self.tree_budget] + [e[2] for e in self.tree_schedule])
+
+    @property
+    def max_nodes(self) -> int:
+        """The most draft tokens one verify checks (rows past the root): K, or a tree's nodes."""
+        return max([self.k, self.tree_budget, len(self.static_tree)] + [e[2] for e in self.tree_schedule])
 
     def k_for_batch(self, batch: int) -> int:
         """The K cap at `batch` running requests (the schedule's, else K)."""

@@ -10,13 +10,17 @@ does not have is refused too (a typo must not pass in silence).
 Implemented: method (eagle / eagle3), num_speculative_tokens, parallel_drafting (P-EAGLE), model
 (the drafter directory, when --drafter is not given), num_speculative_tokens_per_batch_size (3-item
 entries), rejection_sample_method ("standard"; "synthetic" with synthetic_acceptance_rates or
-_length, for benchmarks), draft_sample_method ("greedy"). Ours: adaptive_num_speculative_tokens.
+_length, for benchmarks), draft_sample_method ("greedy"), speculative_token_tree (a static draft tree
+of rank paths; num_speculative_tokens = its nodes, as in vLLM). Ours: adaptive_num_speculative_tokens,
+draft_tree_budget (the B most probable prefixes of depth <= K per step) and
+draft_tree_budget_per_batch_size (the budget by batch size, entries as the K schedule's; 0: the chain).
 The table of every key and what it does here: README.md, "Speculative config".
 `resolve(flag_text, purpose)` picks the flag, else the environment variable, and logs which.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.speculative.tree import parse_static
 
 log = logging.getLogger(__name__)
 ENV = "SM_VLLM_SPECULATIVE_CONFIG"  # what the AWS P-EAGLE launch documents for SageMaker
@@ -68,7 +73,8 @@ IMPLEMENTED = ("method", "num_speculative_tokens", "parallel_drafting", "model",
                "num_speculative_tokens_per_batch_size",
                "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
                "draft_sample_method", "use_heterogeneous_vocab", "enable_adaptive_verification",
-               "adaptive_num_speculative_tokens")
+               "adaptive_num_speculative_tokens", "speculative_token_tree", "draft_tree_budget",
+               "draft_tree_budget_per_batch_size")
 
 
 @dataclass(frozen=True)
@@ -104,6 +110,19 @@ def parse(text: str, source: str = "flag") -> ParsedSpec:
     k = obj.get("num_speculative_tokens", 7)
     if not _int(k) or not 1 <= k <= 64:
         raise ConfigError(f"{where}: num_speculative_tokens must be an integer in [1, 64], got {k!r}")
+    paths = ()
+    if obj.get("speculative_token_tree") is not None:
+        text = obj["speculative_token_tree"]
+        if not isinstance(text, str):
+            raise ConfigError(f"{where}: speculative_token_tree must be a string like \"[(0,), (1,), (0, 0)]\"")
+        paths = parse_static(text)
+        if "num_speculative_tokens" in obj and k != len(paths):
+            raise ConfigError(f"{where}: num_speculative_tokens={k} but speculative_token_tree has {len(paths)} "
+                              "nodes; they must be equal (or leave num_speculative_tokens out)")
+        k = max(len(p) for p in paths)  # the drafter's positions: the tree's depth
+    budget = obj.get("draft_tree_budget", 0)
+    if "draft_tree_budget" in obj and (not _int(budget) or not 1 <= budget <= 64):
+        raise ConfigError(f"{where}: draft_tree_budget must be an integer in [1, 64] (nodes per step), got {budget!r}")
     for key, allowed in (("draft_sample_method", ("greedy",)), ("rejection_sample_method", ("standard", "synthetic"))):
         if obj.get(key, allowed[0]) not in allowed:
             raise ConfigError(f"{where}: {key}={obj[key]!r} is not implemented (only {', '.join(allowed)}): "
@@ -120,9 +139,10 @@ def parse(text: str, source: str = "flag") -> ParsedSpec:
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}: model must be a drafter directory path, got {model!r}")
+    tree_schedule = _schedule(obj.get("draft_tree_budget_per_batch_size"), where, "budget")
     spec = SpecConfig("peagle" if obj.get("parallel_drafting") else "eagle3", k,
                       _schedule(obj.get("num_speculative_tokens_per_batch_size"), where), adaptive,
-                      _synthetic(obj, k, where))
+                      _synthetic(obj, k, where), budget, tree_schedule, paths)
     return ParsedSpec(spec, model, source)
 
 
@@ -152,6 +172,12 @@ def to_vllm(spec: SpecConfig) -> dict:
         out["adaptive_num_speculative_tokens"] = True
     if spec.synthetic_rates:
         out.update(rejection_sample_method="synthetic", synthetic_acceptance_rates=list(spec.synthetic_rates))
+    if spec.static_tree:
+        out.update(num_speculative_tokens=len(spec.static_tree), speculative_token_tree=str(list(spec.static_tree)))
+    if spec.tree_budget:
+        out["draft_tree_budget"] = spec.tree_budget
+    if spec.tree_schedule:
+        out["draft_tree_budget_per_batch_size"] = [list(e) for e in spec.tree_schedule]
     return out
 
 
@@ -169,19 +195,20 @@ def _int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _schedule(value, where: str) -> tuple[tuple[int, int, int], ...]:
+def _schedule(value, where: str, what: str = "K") -> tuple[tuple[int, int, int], ...]:
+    key = "num_speculative_tokens_per_batch_size" if what == "K" else "draft_tree_budget_per_batch_size"
     if value is None:
         return ()
     if not isinstance(value, list) or not value:
-        raise ConfigError(f"{where}: num_speculative_tokens_per_batch_size must be a non-empty list of "
-                          "[first batch size, last batch size, K]")
+        raise ConfigError(f"{where}: {key} must be a non-empty list of "
+                          f"[first batch size, last batch size, {what}]")
     entries = []
     for entry in value:
         if isinstance(entry, list) and len(entry) == 5:
             raise ConfigError(f"{where}: context-bucketed schedule entries (5 items) are not implemented; "
-                              "use [first batch size, last batch size, K]")
+                              f"use [first batch size, last batch size, {what}]")
         if not isinstance(entry, list) or len(entry) != 3 or not all(_int(x) for x in entry):
-            raise ConfigError(f"{where}: schedule entry {entry!r} must be [first batch size, last batch size, K]")
+            raise ConfigError(f"{where}: schedule entry {entry!r} must be [first batch size, last batch size, {what}]")
         entries.append(tuple(entry))
     return tuple(entries)
 
@@ -219,4 +246,10 @@ def for_built(built: SpecConfig, parsed: ParsedSpec) -> SpecConfig:
                           "adaptive_num_speculative_tokens, or rebuild")
     if parsed.model is not None:
         raise ConfigError("\"model\" cannot change at serve time: the drafter is the repository's")
+    if not spec.tree:  # the build's draft tree, if any
+        return dataclasses.replace(spec, tree_budget=built.tree_budget, tree_schedule=built.tree_schedule,
+                                   static_tree=built.static_tree)
+    if spec.max_nodes > built.max_nodes:
+        raise ConfigError(f"the draft tree verifies up to {spec.max_nodes} tokens per step but the repository was "
+                          f"built for {built.max_nodes}; shrink the tree or rebuild with it")
     return spec

@@ -113,11 +113,14 @@ class MarkovExecutor:
         self.device, self.kv, self.windows = torch.device("cpu"), KVLayout.for_sequences(1, max_len), (0,)
         self.mask_token_id = self.h_mask = None
 
-    def target(self, tokens, positions, tables, logit_rows=None):
-        logits = self.logT[tokens]  # [B, S, V]
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
+        logits = self.logT[tokens]  # [B, S, V] (each row's own token: trees need no mask)
         if logit_rows is not None:
             logits = torch.gather(logits, 1, logit_rows[..., None].expand(-1, -1, logits.shape[-1]))
         return logits, torch.zeros(*tokens.shape, 0)
+
+    def move_kv(self, tables, src, dst):  # no KV
+        pass
 
 
 def collect(outputs: dict):

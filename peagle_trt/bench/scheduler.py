@@ -41,7 +41,7 @@ class NoOpExecutor:
         self._drafts = torch.zeros(num_seqs, max_rows, dtype=torch.long)  # draft ids: token 0
 
     # -- forwards ------------------------------------------------------------------------------
-    def target(self, tokens, positions, tables, logit_rows=None):
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
         b, s = tokens.shape
         if logit_rows is not None:  # prefill: only the requested rows (here: the last one)
             return self._t_logits[:b, s - 1:s].expand(b, logit_rows.shape[1], VOCAB), self._aux[:b, :s]

@@ -48,10 +48,11 @@ NGC_HINT = ("TensorRT is not installed in this Python environment, and it cannot
 # the graph; FIXED symbols may be static or dynamic in the graph but take one size in every profile.
 AXES = {
     "target": {"input_ids": ("batch", "rows"), "positions": ("batch", "rows"),
-               "block_tables": (None, "batch", "blocks"), "logit_rows": ("batch", "logit_rows")},
+               "block_tables": (None, "batch", "blocks"), "logit_rows": ("batch", "logit_rows"),
+               "tree_mask": ("batch", "rows", "mask_words")},
     "drafter": {"pending_ids": ("batch", "pending"), "pending_aux": ("batch", "pending", None),
                 "num_pending": ("batch",), "cur": ("batch",), "draft_slots": ("drafts",),
-                "block_tables": ("batch", "blocks")},
+                "draft_width": ("width",), "block_tables": ("batch", "blocks")},
     "drafter_step": {"input_ids": ("batch", "rows"), "hidden": ("batch", "rows", None),
                      "positions": ("batch", "rows"), "block_tables": ("batch", "blocks")},
     "drafter_fc": {"aux": ("batch", "rows", None)},
@@ -81,6 +82,8 @@ class EngineOptions:
     allow_arch_mismatch: bool = False  # build an Ampere+ hardware-compatible plan on another GPU
     block_size: int = BLOCK_SIZE  # positions per KV block
     kv_blocks: int = 0  # KV blocks (the trash block aside); 0: max_batch requests of the full length
+    max_nodes: int = 0  # draft tokens one verify checks (a draft tree's nodes); 0: K
+    tree_width: int = 1  # candidates per draft position the drafter plan returns (a tree's; 1: chains)
 
     def __post_init__(self):
         if self.gpu_arch not in ARCHES:
@@ -97,8 +100,13 @@ class EngineOptions:
 
     @property
     def max_len(self) -> int:
-        """KV positions per request: max_seq_len + a verify's K + 1 headroom (as the runtime's)."""
-        return self.max_seq_len + self.num_spec_tokens + 1
+        """KV positions per request: max_seq_len + a verify's rows as headroom (as the runtime's)."""
+        return self.max_seq_len + self.verify_rows
+
+    @property
+    def verify_rows(self) -> int:
+        """Rows of a verify: the last token + K drafts, or + a draft tree's nodes."""
+        return max(self.num_spec_tokens, self.max_nodes) + 1
 
     @property
     def kv_layout(self) -> KVLayout:
@@ -128,13 +136,15 @@ def _ranges(graph: str, spec: EngineOptions) -> dict[str, dict[str, tuple[int, i
     m = spec.kv_layout.max_blocks
     blocks = (m, m, m)
     if graph == "target":
-        chunk = spec.prefill_chunk
+        chunk, v = spec.prefill_chunk, spec.verify_rows  # tree_mask: ceil(rows / 32) words per row
         return {"prefill": {"batch": (1, 1, n), "rows": (1, chunk, chunk), "logit_rows": (1, 1, 1),
-                            "blocks": blocks},
-                "decode": {"batch": (1, n, n), "rows": (1, k1, k1), "logit_rows": (1, k1, k1), "blocks": blocks}}
+                            "mask_words": (1, -(-chunk // 32), -(-chunk // 32)), "blocks": blocks},
+                "decode": {"batch": (1, n, n), "rows": (1, v, v), "logit_rows": (1, v, v),
+                           "mask_words": (1, -(-v // 32), -(-v // 32)), "blocks": blocks}}
     if graph == "drafter":
+        w = max(spec.tree_width, 1)
         return {"draft": {"batch": (1, n, n), "pending": (1, min(k1, rows), rows),
-                          "drafts": (1, k1 - 1, k1 - 1), "blocks": blocks}}
+                          "drafts": (1, k1 - 1, k1 - 1), "width": (1, 1, w), "blocks": blocks}}
     # drafter_step: K-1 of the K sequential passes have one row; drafter_fc projects pending rows
     return {"rows": {"batch": (1, n, n), "rows": (1, 1 if graph == "drafter_step" else min(k1, rows), rows),
                      "blocks": blocks}}
@@ -166,9 +176,10 @@ def profiles_for(graph: str, spec: EngineOptions, shapes: dict[str, list]) -> di
 
     `shapes` maps every network input to its dims (int = static; -1, None or a name = dynamic).
     target: prefill (batch 1..N, rows 1..prefill_chunk, logit_rows 1) and decode / verify (batch 1..N,
-    rows and logit_rows 1..K+1); drafter: pending 1..max(prefill_chunk, K+1), drafts 1..K, batch 1..N (N =
-    max_batch). Block tables ([G, batch, M] target, [batch, M] drafters) have M = ceil(max_len /
-    block_size) entries in every profile; KV inputs are fixed [blocks + 1, block_size, KV, d].
+    rows and logit_rows 1..K+1, or a draft tree's nodes + 1; tree_mask words ceil(rows / 32)); drafter:
+    pending 1..max(prefill_chunk, K+1), drafts 1..K, draft_width 1..tree_width, batch 1..N (N = max_batch).
+    Block tables ([G, batch, M] target, [batch, M] drafters) have M = ceil(max_len / block_size)
+    entries in every profile; KV inputs are fixed [blocks + 1, block_size, KV, d].
     """
     if graph not in AXES:
         raise BuildError(f"unknown graph {graph!r}; expected one of {GRAPHS}")
@@ -260,7 +271,8 @@ def _graph_info(path: Path) -> dict:
     ops = sorted({n.op_type for n in model.graph.node if n.op_type in PLUGIN_OPS})
     extended = [n.name for n in model.graph.node if n.op_type == KV_ATTENTION and (
         any(a.name == "sliding_window" and helper.get_attribute_value(a) for a in n.attribute)
-        or (len(n.input) > 7 and n.input[7]))]  # sliding windows / attention sinks
+        or (len(n.input) > 7 and n.input[7] not in ("", "tree_mask")))]  # sliding windows / attention sinks
+    # (the TensorRT copy's 8th input is the target graph's tree_mask: ops.onnx_defs.strip_functions)
     attn = [n for n in model.graph.node if n.op_type == KV_ATTENTION]
     caches_out = {name for n in attn for name in n.output[1:]}
     shared = [n.name for n in attn if n.input[5] in caches_out]  # Gemma-4 KV-shared layers

@@ -36,6 +36,8 @@ import torch
 from peagle_trt.config import KVLayout
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import verify_manifest
+from peagle_trt.models.kv_cache import move_rows
+from peagle_trt.ops.reference import causal_tree_mask
 
 _POOL: dict = {}  # the process's onnxruntime thread pool, once made: {"threads": int | None}
 
@@ -189,17 +191,29 @@ class OrtExecutor:
         self.d2t = drafter.d2t.cpu().to(torch.int64)
         return self
 
-    def target(self, tokens, positions, tables, logit_rows=None):
-        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows)
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows);
+        # tree_mask [B, S, W] int32 | None (plain causal rows)
         s = tokens.shape[1]
         if logit_rows is None:
             logit_rows = torch.arange(s).expand(tokens.shape[0], -1)
         r = logit_rows.shape[1]
         if self.deterministic:  # no one-row GEMM (module docstring); the extra rows are sliced off
             tokens, positions, logit_rows = _two_rows(tokens, 0), _two_rows(positions, -1), _two_rows(logit_rows, 0)
+            tree_mask = None if tree_mask is None else _two_rows(tree_mask, 0)
+        mask = causal_tree_mask(*tokens.shape) if tree_mask is None else tree_mask.numpy()
         out = self.g_target.run({"input_ids": tokens.numpy(), "positions": positions.numpy(),
-                                 "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy()})
+                                 "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy(),
+                                 "tree_mask": mask})
         return torch.from_numpy(out["logits"][:, :r]), torch.from_numpy(out["aux_hidden"][:, :s])
+
+    def move_kv(self, tables, src, dst):
+        # tables [G, B, M]; src, dst [B, R] target KV positions: rows at src are copied to dst (-1: none).
+        # Draft trees run on full-attention targets (one KV group: group 0's tables for every layer)
+        layers = [(torch.from_numpy(self.g_target.kv[f"past_key_{i}"]),
+                   torch.from_numpy(self.g_target.kv[f"past_value_{i}"]), tables[0])
+                  for i in sorted(int(n.rsplit("_", 1)[1]) for n in self.g_target.kv if n.startswith("past_key_"))]
+        move_rows(layers, src, dst)
 
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         if self.g_drafter is None:
@@ -207,12 +221,20 @@ class OrtExecutor:
         # k <= K (the K of the export): the length of `draft_slots` makes the graph run k mask rows
         if not 1 <= k <= self.k:
             raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for {k} drafts; re-export")
+        return torch.from_numpy(self._draft(tokens, aux, num_pending, cur, tables, k, 1)["draft_ids"])
+
+    def draft_parallel_top(self, tokens, aux, num_pending, cur, tables, k: int, width: int):
+        # as draft_parallel -> each position's top `width` (target ids [B, k, W], log-probs [B, k, W])
+        out = self._draft(tokens, aux, num_pending, cur, tables, k, width)
+        return torch.from_numpy(out["top_ids"]), torch.from_numpy(out["top_logp"])
+
+    def _draft(self, tokens, aux, num_pending, cur, tables, k: int, width: int) -> dict:
         if self.deterministic:  # two pending rows at least: the graph's fc projects them on their own
             tokens, aux = _two_rows(tokens, 0), _two_rows(aux, 0)
-        out = self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
-                                  "num_pending": num_pending.numpy(), "cur": cur.numpy(),
-                                  "draft_slots": np.zeros(k, np.int64), "block_tables": tables[0].numpy()})
-        return torch.from_numpy(out["draft_ids"])
+        return self.g_drafter.run({"pending_ids": tokens.numpy(), "pending_aux": aux.numpy(),
+                                   "num_pending": num_pending.numpy(), "cur": cur.numpy(),
+                                   "draft_slots": np.zeros(k, np.int64), "draft_width": np.zeros(width, np.int64),
+                                   "block_tables": tables[0].numpy()})
 
     def drafter(self, tokens, hidden, positions, tables):
         s = tokens.shape[1]

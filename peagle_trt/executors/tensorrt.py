@@ -27,6 +27,8 @@ import torch
 from peagle_trt.config import TENSORRT_NOT_DETERMINISTIC, KVLayout
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
 from peagle_trt.manifest import verify_manifest
+from peagle_trt.models.kv_cache import move_rows
+from peagle_trt.ops.reference import causal_tree_mask
 
 log = logging.getLogger(__name__)
 
@@ -223,14 +225,23 @@ class TensorRTExecutor:
                               "`peagle-trt engine`)")
         return self.runners[graph]
 
-    def target(self, tokens, positions, tables, logit_rows=None):
-        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows)
-        # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None (all rows);
+        # tree_mask [B, S, W] int32 | None (plain causal rows) -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
         if logit_rows is None:
             logit_rows = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
+        if tree_mask is None:
+            tree_mask = torch.from_numpy(causal_tree_mask(*tokens.shape))
         out = self._runner("target").run({"input_ids": tokens, "positions": positions, TABLES: tables,
-                                          "logit_rows": logit_rows})
+                                          "logit_rows": logit_rows, "tree_mask": tree_mask.to(tokens.device)})
         return out["logits"], out["aux_hidden"]
+
+    def move_kv(self, tables, src, dst):
+        # tables [G, B, M]; src, dst [B, R] target KV positions: rows at src are copied to dst (-1: none)
+        caches = self._runner("target").caches  # past_* name -> the cache buffer (one KV group here)
+        keys = sorted(n for n in caches if n.startswith("past_key_"))
+        move_rows([(caches[n], caches["past_value_" + n[len("past_key_"):]], tables[0].to(self.device)) for n in keys],
+                  src.to(self.device), dst.to(self.device))
 
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         # tokens [B, P], aux [B, P, 3 * H_t], num_pending, cur [B], tables [G, B, M] -> draft ids [B, k]
@@ -238,10 +249,19 @@ class TensorRTExecutor:
         if not 1 <= k <= self.num_spec_tokens:
             raise RuntimeInvariantError(f"asked for {k} drafts; the drafter plan was built for "
                                         f"K = {self.num_spec_tokens}")
+        return self._draft(tokens, aux, num_pending, cur, tables, k, 1)["draft_ids"].long()
+
+    def draft_parallel_top(self, tokens, aux, num_pending, cur, tables, k: int, width: int):
+        # as draft_parallel -> each position's top `width` (target ids [B, k, W], log-probs [B, k, W])
+        out = self._draft(tokens, aux, num_pending, cur, tables, k, width)
+        return out["top_ids"].long(), out["top_logp"].float()
+
+    def _draft(self, tokens, aux, num_pending, cur, tables, k: int, width: int) -> dict:
         slots = torch.zeros(k, dtype=torch.int64, device=tokens.device)
-        out = self._runner("drafter").run({"pending_ids": tokens, "pending_aux": aux, "num_pending": num_pending,
-                                           "cur": cur, "draft_slots": slots, TABLES: tables[0]})
-        return out["draft_ids"].long()
+        widths = torch.zeros(width, dtype=torch.int64, device=tokens.device)  # only its length counts
+        return self._runner("drafter").run({"pending_ids": tokens, "pending_aux": aux, "num_pending": num_pending,
+                                            "cur": cur, "draft_slots": slots, "draft_width": widths,
+                                            TABLES: tables[0]})
 
     def drafter(self, tokens, hidden, positions, tables):
         # tokens, positions [B, S]; hidden [B, S, H]; tables [G, B, M] (the drafter reads group 0)

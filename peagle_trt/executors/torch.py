@@ -60,11 +60,17 @@ class TorchExecutor:
 
     # -- forwards ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def target(self, tokens, positions, tables, logit_rows=None):
-        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None
+    def target(self, tokens, positions, tables, logit_rows=None, tree_mask=None):
+        # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None;
+        # tree_mask [B, S, W] int32 | None (draft-tree rows: ops.reference.kv_attention)
         # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
         with self._ops():
-            return self.target_model(tokens, positions, tables, self.target_cache, logit_rows)
+            return self.target_model(tokens, positions, tables, self.target_cache, logit_rows, tree_mask)
+
+    @torch.inference_mode()
+    def move_kv(self, tables, src, dst):
+        # tables [G, B, M]; src, dst [B, R] target KV positions: rows at src are copied to dst (-1: none)
+        self.target_cache.move(tables, src, dst)
 
     @torch.inference_mode()
     def drafter(self, tokens, hidden, positions, tables):
@@ -84,10 +90,24 @@ class TorchExecutor:
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
         # cur [B] (pending rows sit at cur-n .. cur-1), tables [G, B, M] -> draft ids [B, K]: ONE forward
-        d = self.drafter_model
         with self._ops():
-            embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
-                                                           d.embed_tokens.weight, d.h_mask, k, self.mask_token_id)
-            x = d.forward_rows(embeds, hidden, positions, tables, self.drafter_cache)  # [B, P+K-1, H]
-            x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
-            return draft_sample(d.logits(x), d.d2t)
+            return draft_sample(_draft_logits(self, tokens, aux, num_pending, cur, tables, k), self.drafter_model.d2t)
+
+    @torch.inference_mode()
+    def draft_parallel_top(self, tokens, aux, num_pending, cur, tables, k: int, width: int):
+        # as draft_parallel -> each position's top `width`: target ids [B, K, W], log-probs [B, K, W]
+        with self._ops():
+            logits = _draft_logits(self, tokens, aux, num_pending, cur, tables, k)
+        logp, top = torch.log_softmax(logits.float(), dim=-1).topk(min(width, logits.shape[-1]), dim=-1)
+        return self.drafter_model.to_target_ids(top), logp
+
+
+def _draft_logits(ex, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
+    """The parallel pass of `ex` (a TorchExecutor, or an object lending its drafting methods) ->
+    draft logits [B, K, V_d]; called inside ex._ops()."""
+    d = ex.drafter_model
+    embeds, hidden, positions, rows = draft_inputs(tokens, d.project(aux), num_pending, cur,
+                                                   d.embed_tokens.weight, d.h_mask, k, ex.mask_token_id)
+    x = d.forward_rows(embeds, hidden, positions, tables, ex.drafter_cache)  # [B, P+K-1, H]
+    x = torch.gather(x, 1, rows[..., None].expand(-1, -1, x.shape[-1]))  # [B, K, H]
+    return d.logits(x)  # [B, K, V_d]

@@ -41,6 +41,7 @@ class ModelWriter(Builder):
         self.functions: dict[str, onnx.FunctionProto] = {}  # op_type -> model-local function (ops.onnx_defs)
         self.written: dict[int, tuple] = {}  # layer -> (k, v, present) for KV-shared readers
         self.max_len = 1 << 62  # set by the export functions
+        self.tree_mask: str | None = None  # the target graph's tree_mask input, which its attention reads
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
         return self.weight(name, tensor.detach().float().cpu().numpy().astype(self.np, copy=False))
@@ -125,7 +126,8 @@ class ModelWriter(Builder):
 
 def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProto:
     """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place,
-    through block tables [G, B, M] (one [B, M] table per KV group: full attention, each window)."""
+    through block tables [G, B, M] (one [B, M] table per KV group: full attention, each window);
+    `tree_mask` [B, S, ceil(S / 32)] int32: the rows' ancestor bits (a causal mask for plain rows)."""
     c, w = model.config, ModelWriter(dtype)
     w.max_len = kv.max_len
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
@@ -133,6 +135,8 @@ def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProt
     windows, groups = kv_groups(c)
     block_tables = w.input("block_tables", TensorProto.INT64, [len(windows), "batch", kv.max_blocks])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
+    # packed ancestor bits of draft-tree rows (speculative/tree.py; causal outside tree verifies)
+    w.tree_mask = w.input("tree_mask", TensorProto.INT32, ["batch", "rows", "mask_words"])
     attn = [c.attention(i) for i in range(c.num_layers)]
     past, present = w.kv_io(tuple((a.num_kv_heads, a.head_dim) for a in attn), kv.group_blocks(windows), groups,
                             kv.block_size, tuple(a.kv_source for a in attn))
@@ -201,13 +205,16 @@ def _project(w: ModelWriter, model, aux: str) -> str:
 
 
 def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.ModelProto:
-    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`)."""
+    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`),
+    and each position's top W candidates with their log-probabilities (W = the length of
+    `draft_width`; what a draft tree is built from, speculative/tree.py)."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
     aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])
     n = w.input("num_pending", TensorProto.INT64, ["batch"])
     cur = w.input("cur", TensorProto.INT64, ["batch"])
     slots = w.input("draft_slots", TensorProto.INT64, ["drafts"])  # only its length k (1..K) counts
+    width = w.input("draft_width", TensorProto.INT64, ["width"])  # only its length W counts
     table, past, present = _drafter_kv(w, model, kv)
     w.functions[DRAFT_INPUTS] = draft_inputs_function(k, c.mask_token_id)
     w.functions[DRAFT_SAMPLE] = draft_sample_function()
@@ -232,6 +239,11 @@ def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.
     w.op(DRAFT_SAMPLE, logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name=DRAFT_SAMPLE,
          **plugin_attrs())
     w.output("draft_ids", TensorProto.INT64, ["batch", "drafts"])
+    top_logp, top = w.op("TopK", w.op("LogSoftmax", logits, axis=-1), w.op("Shape", width), axis=-1, outputs=2)
+    w.op("Identity", top_logp, outputs=["top_logp"])
+    w.op("Add", top, w.op("Gather", d2t, top, axis=0), outputs=["top_ids"])  # draft -> target ids
+    w.output("top_ids", TensorProto.INT64, ["batch", "drafts", "width"])
+    w.output("top_logp", TensorProto.FLOAT, ["batch", "drafts", "width"])
     return w.model("peagle_drafter")
 
 

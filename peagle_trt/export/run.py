@@ -40,13 +40,13 @@ class ExportOptions:
     @property
     def max_len(self) -> int:
         """KV positions per request: the sequence plus a verify window (as the runtime allocates)."""
-        return self.max_seq_len + self.speculation.k + 1
+        return self.max_seq_len + self.speculation.max_nodes + 1
 
     @property
     def kv(self) -> KVLayout:
         """The paged cache the graphs' KV inputs are shaped for (the same rule as
         RepositoryOptions.kv_layout)."""
-        rows = self.max_rows or max(PREFILL_CHUNK, self.speculation.k + 1)
+        rows = self.max_rows or max(PREFILL_CHUNK, self.speculation.max_nodes + 1)
         if not self.kv_blocks:
             return KVLayout.for_sequences(self.max_batch, self.max_len, self.block_size, max_rows=rows)
         return KVLayout(self.kv_blocks, self.max_len, self.max_batch, self.block_size, rows)

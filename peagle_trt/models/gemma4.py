@@ -53,10 +53,10 @@ class Gemma4DecoderLayer(nn.Module):
             self.post_per_layer_input_norm = RMSNorm(hidden, eps)
         self.layer_scalar = nn.Parameter(torch.ones(1)) if layer_scalar else None
 
-    def forward(self, x, cos, sin, cache, layer, tables, positions, per_layer_input=None):
+    def forward(self, x, cos, sin, cache, layer, tables, positions, per_layer_input=None, tree_mask=None):
         # x [B, S, H]; per_layer_input [B, S, P] or None
         x = x + self.post_attention_layernorm(
-            self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, tables, positions))
+            self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, tables, positions, tree_mask))
         h = self.mlp(self.pre_feedforward_layernorm(x))
         if self.moe is not None:
             experts = self.moe(self.pre_feedforward_layernorm_2(x), router_x=x)

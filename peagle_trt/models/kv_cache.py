@@ -23,6 +23,8 @@ import math
 
 import torch
 
+from peagle_trt.ops.reference import block_rows
+
 
 class KVCache:
     def __init__(self, layer_shapes: tuple[tuple[int, int], ...], layer_groups: tuple[int, ...],
@@ -54,7 +56,26 @@ class KVCache:
         entries = tables.to(torch.int64)[:, None] * m + torch.arange(m, device=tables.device)  # [B, M]
         return entries.expand(len(self.group_blocks), -1, -1)
 
+    def move(self, tables: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the K/V at positions src [B, R] to dst [B, R] (-1: nothing) in every layer (each
+        through its group's table of `tables`): a draft tree's accepted path into place."""
+        tables = self.tables(tables)
+        owners = {id(k): i for i, k in enumerate(self.k)}.values()  # a KV-shared layer's tensors once
+        move_rows([(self.k[i], self.v[i], tables[self.groups[i]]) for i in owners], src, dst)
+
     @classmethod
     def static_blocks(cls, num_seqs: int, max_len: int, block_size: int) -> int:
         """Blocks of a group in the static layout of `num_seqs` sequences of `max_len` positions."""
         return num_seqs * math.ceil(max_len / block_size)
+
+
+def move_rows(layers: list, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """For each (k_cache, v_cache, table [B, M]) of `layers` (paged, the last block the trash
+    block): the rows at positions src [B, R] are copied to positions dst [B, R]; -1 pairs copy the
+    trash block onto itself. All rows are read before any is written (overlapping moves are safe)."""
+    for k_cache, v_cache, table in layers:
+        trash, bs = k_cache.shape[0] - 1, k_cache.shape[1]
+        s_block, s_off = block_rows(table, src, trash, bs)
+        d_block, d_off = block_rows(table, dst, trash, bs)
+        for cache in (k_cache, v_cache):
+            cache[d_block, d_off] = cache[s_block, s_off]

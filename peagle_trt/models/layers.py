@@ -70,9 +70,11 @@ class Attention(nn.Module):
         self.sinks = nn.Parameter(torch.zeros(num_heads)) if sinks else None  # GPT-OSS: [H] logits
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache,
-                layer: int, tables: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+                layer: int, tables: torch.Tensor, positions: torch.Tensor,
+                tree_mask: torch.Tensor | None = None) -> torch.Tensor:
         # x [B, S, in_dim]; cos/sin [B, S, d]; tables [G, B, M] block tables (this layer reads its
-        # group's, KVCache.groups); positions [B, S] (-1 = padding row)
+        # group's, KVCache.groups); positions [B, S] (-1 = padding row); tree_mask [B, S, W] int32
+        # | None: the rows' ancestor bits (a draft-tree verify, ops.reference.kv_attention)
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         if hasattr(self, "q_norm"):
@@ -94,7 +96,7 @@ class Attention(nn.Module):
         window = self.window if self.window < cache.max_len else 0
         # windows, sinks and read-only (KV-shared, k = v = None) layers included: the kernels take them all
         out = kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer], self.num_heads,
-                           self.num_kv_heads, self.head_dim, self.scale, window, self.sinks)
+                           self.num_kv_heads, self.head_dim, self.scale, window, self.sinks, tree_mask)
         return self.o_proj(out)
 
     def write_onnx(self, w, x: str, layer: int, prefix: str, cos: str, sin: str, positions: str, table: str,
@@ -127,8 +129,10 @@ class Attention(nn.Module):
             w.written[layer] = (k, v, present)
         scale = self.scale if self.scale is not None else float(d) ** -0.5
         if KV_ATTENTION not in w.functions:
-            w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None)
+            w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None, w.tree_mask is not None)
         extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
+        if w.tree_mask is not None:  # the target graph: draft-tree verifies (an empty name: no sinks)
+            extra = (extra or [""]) + [w.tree_mask]
         # a window spanning every position a request can have (W >= max_len) cuts nothing: no attribute
         window = {"sliding_window": self.window} if 0 < self.window < w.max_len else {}
         out = w.op(KV_ATTENTION, q, k, v, positions, table, *past, *extra, domain=DOMAIN,
@@ -180,8 +184,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = mlp or MLP(hidden, intermediate, mlp_bias)
 
-    def forward(self, x, cos, sin, cache, layer, tables, positions):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, tables, positions)
+    def forward(self, x, cos, sin, cache, layer, tables, positions, tree_mask=None):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, cache, layer, tables, positions, tree_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
     def write_onnx(self, w, x: str, i: int, cos: str, sin: str, positions: str, table: str,

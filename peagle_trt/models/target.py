@@ -75,11 +75,12 @@ class TargetModel(nn.Module):
                        p.dtype, p.device, tuple(a.kv_source for a in attn))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
-                cache: KVCache, logit_rows: torch.Tensor | None = None
+                cache: KVCache, logit_rows: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         # tokens, positions [B, S] (position -1 = padding row); tables [G, B, M] block tables
         # (or [B] sequence indices of a static cache: KVCache.tables)
         # logit_rows [B, R] row indices to compute logits for (None: all S rows)
+        # tree_mask [B, S, W] int32 | None: draft-tree rows (positions by depth; ops.reference.kv_attention)
         # returns logits [B, R, V] (float32), aux [B, S, len(taps) * hidden]
         c = self.config
         tables = cache.tables(tables)
@@ -95,9 +96,9 @@ class TargetModel(nn.Module):
                 tapped[i] = x
             cos, sin = ropes[self.layer_rope[i]]
             if pli is None:
-                x = layer(x, cos, sin, cache, i, tables, positions)
+                x = layer(x, cos, sin, cache, i, tables, positions, tree_mask=tree_mask)
             else:
-                x = layer(x, cos, sin, cache, i, tables, positions, pli[:, :, i])
+                x = layer(x, cos, sin, cache, i, tables, positions, pli[:, :, i], tree_mask=tree_mask)
         tapped[len(self.layers)] = x
         aux = [tapped[t] for t in self.taps]
         if logit_rows is not None:

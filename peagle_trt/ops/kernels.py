@@ -5,7 +5,7 @@ Same signatures and semantics as `peagle_trt.ops.reference` (the contract of doc
 tensors, on torch's current stream:
 
     kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale,
-                 sliding_window, sinks)
+                 sliding_window, sinks, tree_mask)
     draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, k, mask_token_id)
     draft_sample(logits, d2t)
 
@@ -90,12 +90,13 @@ def _cuda(*tensors: torch.Tensor | None) -> tuple[ModuleType, ModuleType, Module
 # -- the ops --------------------------------------------------------------------------------------
 
 def kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
-                 scale=None, sliding_window=0, sinks=None, *, k_scale=1.0, v_scale=1.0, out=None):
+                 scale=None, sliding_window=0, sinks=None, tree_mask=None, *, k_scale=1.0, v_scale=1.0, out=None):
     """PEagleKVAttention on the GPU; see `triton_kernels.kv_attention.kv_attention`."""
-    ka, _, _ = _cuda(q, k, v, positions, block_tables, k_cache, v_cache, sinks)
+    ka, _, _ = _cuda(q, k, v, positions, block_tables, k_cache, v_cache, sinks, tree_mask)
     with torch.cuda.device(q.device):
         return ka.kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
-                               head_dim, scale, sliding_window, sinks, k_scale=k_scale, v_scale=v_scale, out=out)
+                               head_dim, scale, sliding_window, sinks, tree_mask, k_scale=k_scale, v_scale=v_scale,
+                               out=out)
 
 
 def draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, num_spec_tokens,
@@ -127,12 +128,12 @@ def _use_kernel(supported: bool) -> bool:
 
 
 def _kv_attention_dispatch(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
-                           head_dim, scale=None, sliding_window=0, sinks=None):
+                           head_dim, scale=None, sliding_window=0, sinks=None, tree_mask=None):
     supported = (q.is_cuda and k_cache.is_cuda and q.dtype in _DTYPES
                  and k_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous())
     op = kv_attention if _use_kernel(supported) else reference.kv_attention
     return op(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale,
-              sliding_window, sinks)
+              sliding_window, sinks, tree_mask)
 
 
 def _draft_inputs_dispatch(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,

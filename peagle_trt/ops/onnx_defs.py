@@ -5,7 +5,9 @@ math as `ops.reference` in standard ONNX ops, so onnxruntime runs an exported fi
 Each body is specialised for one model (head counts, K, mask token id, whether attention has
 sinks are constants inside it); the node also carries them as attributes for the TensorRT
 plugin. PEagleKVAttention's optional extensions are backward compatible: an optional 8th input
-`sinks` [H] and an attribute `sliding_window` (default 0 = full attention, read by the body
+`sinks` [H], an optional 9th input `tree_mask` [B, S, W] int32 (draft trees: packed ancestor
+bits, ops.reference.kv_attention; the target graph always feeds it, a causal mask outside tree
+verifies) and an attribute `sliding_window` (default 0 = full attention, read by the body
 through an attribute reference, so one body serves sliding and full layers). The Triton kernels
 implement them; the TensorRT plugins in plugins/ do not expose them yet (see docs/EXPORT.md). TensorRT must NOT see the
 functions (its parser would inline them instead of calling the plugin): `strip_functions`.
@@ -53,14 +55,16 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
     return defs.OpSchema(
         name, DOMAIN, DOMAIN_VERSION, doc,
         inputs=[_param(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
-        type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices")],
+        type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices"),
+                          ("M", ["tensor(int32)"], "packed bits")],
         attributes=[_attr(a, kind, d) for a, kind, d in attrs] + plugin)
 
 
 SCHEMAS = [
     _schema(KV_ATTENTION, "attention of new rows over a paged KV cache (block tables), in-place writes",
             [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("block_tables", "I"), ("k_cache", "T"),
-             ("v_cache", "T"), ("sinks?", "T")], [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
+             ("v_cache", "T"), ("sinks?", "T"), ("tree_mask?", "M")],
+            [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
             [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
              ("scale", _T.FLOAT, "softmax scale"),
              ("sliding_window", _T.INT, "attend to keys at positions > p - W only; 0: full attention")]),
@@ -104,11 +108,12 @@ def _attr_tensor(b: Builder, attr: str, kind: str = "int") -> str:
     return out
 
 
-def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.FunctionProto:
+def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = False) -> onnx.FunctionProto:
     """Body of PEagleKVAttention over the paged cache (layout [NB+1, bs, KV, d], block NB the trash
     block; block_tables [B, M], -1 = no block; see ops.reference.kv_attention). Head counts, head
     size and scale come from the calling node's attributes, so one body serves layers of different
-    shapes (Gemma-4). `sinks`: the body reads the 8th input."""
+    shapes (Gemma-4). `sinks`: the body reads the 8th input; `tree`: the 9th (tree_mask): rows
+    write slot positions[b, 0] + s and see the context below it plus their tree bits."""
     b = Builder("att_")
     kv1 = b.op("Unsqueeze", _attr_tensor(b, "num_kv_heads"), b.ints(0))  # [1]
     d = _attr_tensor(b, "head_dim")
@@ -122,14 +127,21 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     bs = b.op("Gather", cache_shape, b.const(np.int64(1)), axis=0)  # scalar block size
     m = b.op("Gather", b.op("Shape", "block_tables"), b.const(np.int64(1)), axis=0)  # scalar M
     zero = b.const(np.int64(0))
+    slots = "positions"
+    if tree:  # row s of a tree lives at slot positions[b, 0] + s (positions: RoPE, by depth)
+        base = b.op("Slice", "positions", b.ints(0), b.ints(1), b.ints(1))  # [B, 1]
+        rows_s = b.op("Range", zero, b.op("Gather", b.op("Shape", "positions"), b.const(np.int64(1)), axis=0),
+                      b.const(np.int64(1)))  # [S]
+        slots = b.op("Where", b.op("GreaterOrEqual", "positions", zero), b.op("Add", base, rows_s),
+                     b.const(np.int64(-1)))  # [B, S]
     # 1. write K/V at (block_tables[b, p // bs], p % bs) straight into the cache: the ScatterND output
     #    aliases its data input when the caller binds present_* to the past_* buffer (OrtExecutor), so
     #    a step copies nothing; padding rows, rows past the table and entries -1 write the trash block
-    pos0 = b.op("Max", "positions", zero)  # [B,S]
+    pos0 = b.op("Max", slots, zero)  # [B,S]
     entry = b.op("Div", pos0, bs)
     block = b.op("GatherElements", "block_tables", b.op("Min", entry, b.op("Sub", m, b.const(np.int64(1)))),
                  axis=1)  # [B,S]
-    valid = b.op("And", b.op("And", b.op("GreaterOrEqual", "positions", zero), b.op("Less", entry, m)),
+    valid = b.op("And", b.op("And", b.op("GreaterOrEqual", slots, zero), b.op("Less", entry, m)),
                  b.op("GreaterOrEqual", block, zero))
     block = b.op("Where", valid, block, trash)
     offset = b.op("Where", valid, b.op("Mod", pos0, bs), zero)
@@ -141,7 +153,7 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     # 2. attention of each row over the keys of the blocks spanning positions 0 .. max position
     #    (L = nb * bs keys, gathered block by block through the table; positions past a row are
     #    masked, so no slice to the exact length), causal by position, GQA by broadcasting
-    live = b.op("Min", b.op("Add", b.op("ReduceMax", "positions", keepdims=0), b.const(np.int64(1))),
+    live = b.op("Min", b.op("Add", b.op("ReduceMax", slots, keepdims=0), b.const(np.int64(1))),
                 b.op("Mul", m, bs))  # scalar: most positions a row sees
     nb = b.op("Div", b.op("Sub", b.op("Add", live, bs), b.const(np.int64(1))), bs)  # blocks spanned
     table = b.op("Slice", "block_tables", b.ints(0), b.op("Unsqueeze", nb, b.ints(0)), b.ints(1))  # [B, nb]
@@ -159,7 +171,7 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])), scale)  # [B,KV,G,S,L]
     key_pos = b.op("Range", zero, b.op("Mul", nb, bs), b.const(np.int64(1)))  # [L]
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
-    visible = b.op("LessOrEqual", key_pos, pos)  # [B,S,L]
+    visible = b.op("LessOrEqual", key_pos, pos) if not tree else _tree_visible(b, key_pos, base)  # [B,S,L]
     window = _attr_tensor(b, "sliding_window")
     in_window = b.op("Or", b.op("Equal", window, zero), b.op("Greater", key_pos, b.op("Sub", pos, window)))
     visible = b.op("And", visible, in_window)
@@ -179,10 +191,29 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False) -> onnx.Functio
     out = b.op("MatMul", probs, values)  # [B,KV,G,S,d]
     out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
     b.op("Reshape", out, b.ints(0, 0, -1), outputs=["out"])
-    inputs = ["q", "k", "v", "positions", "block_tables", "k_cache", "v_cache"] + (["sinks"] if sinks else [])
+    inputs = ["q", "k", "v", "positions", "block_tables", "k_cache", "v_cache"] + (["sinks"] if sinks or tree else [])
+    inputs += ["tree_mask"] if tree else []
     return _function(KV_ATTENTION, b, inputs, ["out", "k_cache_out", "v_cache_out"],
                      ["num_heads", "num_kv_heads", "head_dim", "scale"],
                      [helper.make_attribute("sliding_window", 0)])
+
+
+def _tree_visible(b: Builder, key_pos: str, base: str) -> str:
+    """[B,S,L]: key slot p (key_pos [L]) is below the row's base (base [B, 1]: the context), or is
+    this forward's row j = p - base whose bit j % 32 of word j // 32 of tree_mask [B,S,W] is set."""
+    bit = b.op("Unsqueeze", b.op("Sub", key_pos, base), b.ints(1))  # [B,1,L]
+    n_bits = b.op("Mul", b.op("Gather", b.op("Shape", "tree_mask"), b.const(np.int64(2)), axis=0),
+                  b.const(np.int64(32)))  # scalar 32 W
+    zero = b.const(np.int64(0))
+    inside = b.op("And", b.op("GreaterOrEqual", bit, zero), b.op("Less", bit, n_bits))
+    index = b.op("Max", b.op("Min", bit, b.op("Sub", n_bits, b.const(np.int64(1)))), zero)  # [B,1,L]
+    shape = b.op("Concat", b.op("Shape", "tree_mask", start=0, end=2), b.op("Shape", key_pos), axis=0)
+    index = b.op("Expand", index, shape)  # [B,S,L]
+    word = b.op("GatherElements", "tree_mask", b.op("Div", index, b.const(np.int64(32))), axis=2)  # int32
+    powers = b.const(np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32)).view(np.int32))  # [32]
+    flag = b.op("Gather", powers, b.op("Mod", index, b.const(np.int64(32))), axis=0)  # [B,S,L]
+    ancestor = b.op("Not", b.op("Equal", b.op("BitwiseAnd", word, flag), b.const(np.int32(0))))
+    return b.op("Or", b.op("Less", bit, zero), b.op("And", inside, ancestor))
 
 
 def draft_inputs_function(num_spec_tokens: int, mask_token_id: int) -> onnx.FunctionProto:
@@ -222,8 +253,15 @@ def draft_sample_function() -> onnx.FunctionProto:
 
 
 def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The TensorRT copy: same graph, no model-local functions (plugins resolve by op_type)."""
+    """The TensorRT copy: same graph, no model-local functions (plugins resolve by op_type), and no
+    empty optional inputs (the plugin takes PEagleKVAttention's tree_mask as its 8th input: the
+    plugins have no sinks, and an empty slot is not a tensor TensorRT can hand over)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     del copy.functions[:]
+    for node in copy.graph.node:
+        if node.domain == DOMAIN and node.op_type == KV_ATTENTION and "" in node.input:
+            kept = [name for name in node.input if name]
+            del node.input[:]
+            node.input.extend(kept)
     return copy

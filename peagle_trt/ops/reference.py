@@ -10,6 +10,7 @@ the trash block and never visible. Blocks are assigned by the runtime (peagle_tr
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -31,7 +32,8 @@ def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                  block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
-                 sliding_window: int = 0, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                 sliding_window: int = 0, sinks: torch.Tensor | None = None,
+                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
     """PEagleKVAttention over a paged cache.
 
     q [B, S, H*d], k/v [B, S, KV*d] (RoPE applied); positions [B, S] int64 (-1 = padding row);
@@ -45,18 +47,27 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     window may be -1); `sinks` [H] adds one learned logit per head to the softmax denominator
     (GPT-OSS attention sinks, no value); k = v = None reads the cache without writing (Gemma-4
     KV-shared layers: this forward's keys were written by the layer that owns the cache).
+
+    `tree_mask` [B, S, W] int32 (packed bits, TensorRT-LLM's spec_decoding_packed_mask layout):
+    the rows of request b are a draft tree (speculative/tree.py). `positions` are then the RoPE
+    positions (by depth, for the window) and row s lives at KV slot positions[b, 0] + s: the rows
+    of a request are contiguous and padding rows come last. A row sees the keys at slots below
+    positions[b, 0] (the committed context; within the window) and the rows j of this forward
+    whose bit j % 32 of word j // 32 is set (its ancestors and itself; the tree is assumed
+    shallower than the window). The causal mask (row i sees rows 0..i) gives the plain op.
     Returns out [B, S, H*d]; padding rows return finite values that callers ignore.
     """
     b, s, _ = q.shape
     trash, bs = k_cache.shape[0] - 1, k_cache.shape[1]
+    slots = positions if tree_mask is None else tree_slots(positions)  # [B, S] where rows write
     if k is not None:  # k = v = None: read only (a KV-shared layer over the cache another layer wrote)
-        block, offset = block_rows(block_tables, positions, trash, bs)  # [B, S]
+        block, offset = block_rows(block_tables, slots, trash, bs)  # [B, S]
         k_cache[block, offset] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
         v_cache[block, offset] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
     if deterministic.active():  # one query row at a time over exactly its visible keys
-        return _kv_attention_rows(q, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
-                                  head_dim, scale, sliding_window, sinks)
-    length = min(int(positions.max()) + 1, block_tables.shape[1] * bs)
+        return _kv_attention_rows(q, positions, slots, tree_mask, block_tables, k_cache, v_cache, num_heads,
+                                  num_kv_heads, head_dim, scale, sliding_window, sinks)
+    length = min(int(slots.max()) + 1, block_tables.shape[1] * bs)
     nb = -(-length // bs)  # blocks spanned by the longest row
     table = block_tables[:, :nb]
     table = torch.where(table >= 0, table, trash)  # [B, nb]
@@ -64,7 +75,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     values = v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
     key_pos = torch.arange(length, device=q.device)[None, None]  # [1, 1, L]
     pos = positions[:, :, None]  # [B, S, 1]
-    visible = key_pos <= pos  # [B, S, L]
+    visible = key_pos <= pos if tree_mask is None else tree_visible(tree_mask, positions, key_pos)  # [B, S, L]
     if sliding_window:
         visible &= key_pos > pos - sliding_window
     visible[..., 0] |= positions < 0  # keep padding rows' softmax finite
@@ -90,10 +101,11 @@ def _attend(qh: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible:
     return probs @ values
 
 
-def _kv_attention_rows(q, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
-                       scale, sliding_window, sinks) -> torch.Tensor:
+def _kv_attention_rows(q, positions, slots, tree_mask, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
+                       head_dim, scale, sliding_window, sinks) -> torch.Tensor:
     """kv_attention's read side, one query row at a time over exactly the keys that row sees (its
-    request's positions max(0, p - W + 1) .. p, cut at the table's end), copied contiguous: every
+    request's positions max(0, p - W + 1) .. p, cut at the table's end; with a tree mask, the
+    context below the request's first slot and the rows its bits name), copied contiguous: every
     reduction has the row's own length and layout, whatever else shares the forward
     (ops/deterministic.py). Padding rows get 0."""
     b, s, _ = q.shape
@@ -101,9 +113,11 @@ def _kv_attention_rows(q, positions, block_tables, k_cache, v_cache, num_heads, 
     out = q.new_zeros(b, s, num_heads, head_dim)
     limit = block_tables.shape[1] * bs
     for i, row in enumerate(positions.tolist()):
-        length = min(max(row) + 1, limit)
+        length = min(int(slots[i].max()) + 1, limit)
         if length <= 0:
             continue
+        tree = None if tree_mask is None else tree_visible(  # [S, L] the keys each row sees
+            tree_mask[i:i + 1], positions[i:i + 1], torch.arange(length, device=q.device)[None, None])[0]
         table = block_tables[i, :-(-length // bs)]
         table = torch.where(table >= 0, table, trash)
         keys = k_cache[table].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)  # [KV, L, d]
@@ -111,11 +125,59 @@ def _kv_attention_rows(q, positions, block_tables, k_cache, v_cache, num_heads, 
         for j, p in enumerate(row):
             if p < 0:
                 continue
-            lo, hi = max(0, p - sliding_window + 1) if sliding_window else 0, min(p + 1, limit)
             qh = q[i, j].view(1, num_heads, 1, head_dim)
-            k, v = keys[None, :, lo:hi].contiguous(), values[None, :, lo:hi].contiguous()  # [1, KV, L_row, d]
+            if tree is None:
+                lo, hi = max(0, p - sliding_window + 1) if sliding_window else 0, min(p + 1, limit)
+                k, v = keys[None, :, lo:hi].contiguous(), values[None, :, lo:hi].contiguous()  # [1, KV, L_row, d]
+            else:  # trees are refused with sliding windows (speculative_config.py)
+                seen = torch.nonzero(tree[j]).flatten()
+                k, v = keys[None, :, seen].contiguous(), values[None, :, seen].contiguous()
             out[i, j] = _attend(qh, k, v, None, num_heads, num_kv_heads, head_dim, scale, sinks)[0, :, 0]
     return out.reshape(b, s, num_heads * head_dim)
+
+
+def tree_slots(positions: torch.Tensor) -> torch.Tensor:
+    """KV slots [B, S] of tree rows: positions[b, 0] + s for real rows, -1 for padding rows."""
+    s = torch.arange(positions.shape[1], device=positions.device)
+    return torch.where(positions >= 0, positions[:, :1] + s, -1)
+
+
+def tree_visible(tree_mask: torch.Tensor, positions: torch.Tensor, key_pos: torch.Tensor) -> torch.Tensor:
+    """[B, S, L]: row (b, s) sees key slot p (key_pos [1, 1, L]) below positions[b, 0], or this
+    forward's row p - positions[b, 0] when its bit is set in tree_mask [B, S, W] (see kv_attention)."""
+    bit = key_pos - positions[:, :1, None]  # [B, 1, L]: the key's row in this forward (< 0: context)
+    inside = (bit >= 0) & (bit < tree_mask.shape[-1] * 32)
+    index = bit.clamp(0, tree_mask.shape[-1] * 32 - 1).expand(-1, tree_mask.shape[1], -1)  # [B, S, L]
+    word = torch.gather(tree_mask.to(torch.int64), 2, index // 32)  # [B, S, L]
+    return (bit < 0) | (inside & (((word >> (index % 32)) & 1) == 1))
+
+
+def pack_tree_mask(trees: list[tuple[int, ...]], rows: int) -> np.ndarray:
+    """Ancestor masks as packed bits: [B, rows, ceil(rows / 32)] int32; bit j % 32 of word j // 32
+    of row i is set when row i attends to row j of its request (the layout of TensorRT-LLM's
+    spec_decoding_packed_mask). `trees`: per request the parents of its nodes (-1: the root;
+    parents[n] < n); root = row 0, node n = row n + 1; a row sees the root, its ancestors and
+    itself. Rows past a tree (padding) see the root only."""
+    bits = np.zeros((len(trees), rows, -(-rows // 32) * 32), dtype=bool)
+    bits[:, :, 0] = True
+    for b, parents in enumerate(trees):
+        for n, p in enumerate(parents):
+            bits[b, n + 1] = bits[b, p + 1]
+            bits[b, n + 1, n + 1] = True
+    return _pack(bits)
+
+
+def causal_tree_mask(batch: int, rows: int) -> np.ndarray:
+    """The packed mask of plain causal rows (a chain per request): row i sees rows 0..i."""
+    return np.ascontiguousarray(np.broadcast_to(_pack(np.tri(rows, -(-rows // 32) * 32, dtype=bool)),
+                                                (batch, rows, -(-rows // 32))))
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
+    """[..., 32 W] bool -> [..., W] int32, bit j % 32 of word j // 32 (least significant first)."""
+    weights = np.left_shift(np.uint64(1), np.arange(32, dtype=np.uint64))
+    words = (bits.reshape(*bits.shape[:-1], -1, 32) * weights).sum(-1, dtype=np.uint64)
+    return words.astype(np.uint32).view(np.int32)
 
 
 def draft_inputs(pending_tokens: torch.Tensor, pending_hidden: torch.Tensor, num_pending: torch.Tensor,

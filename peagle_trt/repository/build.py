@@ -95,7 +95,8 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path,
     plugins = Path(repo.plugin_library) if repo.plugin_library else None
     build_engines(artifacts / "onnx", artifacts / "engines",
                   EngineOptions(repo.gpu_arch, repo.max_batch, repo.max_seq_len, repo.speculation.k,
-                                repo.prefill_chunk, plugins, block_size=repo.block_size, kv_blocks=repo.kv_blocks))
+                                repo.prefill_chunk, plugins, block_size=repo.block_size, kv_blocks=repo.kv_blocks,
+                                max_nodes=repo.speculation.max_nodes, tree_width=repo.speculation.tree_width))
     return ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx", engine="artifacts/engines")
 
 

@@ -95,11 +95,12 @@ def _save(seq: Sequence) -> tuple:
     counters = (st.steps, st.drafted, st.target_forwards, st.drafter_forwards, st.tokens, dict(st.histogram),
                 list(st.tries))
     rng = seq.generator.get_state() if seq.generator is not None else None
-    return len(seq.output), seq.drafts, seq.undrafted, counters, seq.finish_reason, seq.num_computed, seq.cur, rng
+    return (len(seq.output), (seq.drafts, seq.parents), seq.undrafted, counters, seq.finish_reason, seq.num_computed,
+            seq.cur, rng)
 
 
 def _restore(seq: Sequence, saved: tuple) -> None:
-    n, seq.drafts, seq.undrafted, counters, seq.finish_reason, seq.num_computed, seq.cur, rng = saved
+    n, (seq.drafts, seq.parents), seq.undrafted, counters, seq.finish_reason, seq.num_computed, seq.cur, rng = saved
     del seq.output[n:]
     if seq.grammar is not None:
         seq.grammar.sync(seq.output)
@@ -125,7 +126,9 @@ class Scheduler:
         if len(decoder.ex.windows) > 1 and max(prefill_chunk, k + 1) > kv.max_rows:
             raise ConfigError(f"prefill chunk {prefill_chunk} / K + 1 = {k + 1} exceed the {kv.max_rows} rows per "
                               "forward the windowed layers' KV blocks were sized for; rebuild with this chunk")
-        self.blocks = BlockManager(kv, decoder.ex.windows, 2 * k if k else 1, drafter=bool(k),
+        # a step writes verify rows cur .. cur + span (span: K, or a draft tree's most nodes), then the
+        # drafter's K - 1 mask rows past the accepted ones (depth <= K)
+        self.blocks = BlockManager(kv, decoder.ex.windows, decoder.span + k if k else 1, drafter=bool(k),
                                    prefix_caching=prefix_caching)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
@@ -219,8 +222,8 @@ class Scheduler:
             seq = r.seq
             if r not in self.running:
                 continue  # preempted for an older one
-            if seq.prefilled:  # verify rows cur .. cur+K, then the drafter's mask rows
-                low, rows, upto = seq.cur, seq.cur + k + 1, seq.cur + self.blocks.lookahead
+            if seq.prefilled:  # verify rows cur .. cur+span, then the drafter's mask rows
+                low, rows, upto = seq.cur, seq.cur + self.decoder.span + 1, seq.cur + self.blocks.lookahead
             else:  # this chunk, then (last chunk) K - 1 mask rows
                 low = seq.num_computed
                 rows = min(low + self.prefill_chunk, seq.prefill_len)

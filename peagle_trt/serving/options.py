@@ -100,12 +100,13 @@ class RepositoryOptions:
     @property
     def max_rows(self) -> int:
         """Most rows of one request in a target forward: a prefill chunk or a verify window."""
-        return max(self.prefill_chunk, self.speculation.k + 1)
+        return max(self.prefill_chunk, self.speculation.max_nodes + 1)
 
     @property
     def kv_layout(self) -> KVLayout:
-        """The paged KV cache: positions per request = max_seq_len + a verify's K + 1 headroom."""
-        max_len = self.max_seq_len + self.speculation.k + 1
+        """The paged KV cache: positions per request = max_seq_len + a verify's rows as headroom (K + 1,
+        or a draft tree's nodes + 1)."""
+        max_len = self.max_seq_len + self.speculation.max_nodes + 1
         if not self.kv_blocks:
             return KVLayout.for_sequences(self.max_batch, max_len, self.block_size, max_rows=self.max_rows)
         return KVLayout(self.kv_blocks, max_len, self.max_batch, self.block_size, self.max_rows)
@@ -132,7 +133,11 @@ def to_parameters(options: RepositoryOptions, paths: ArtifactPaths) -> dict[str,
     spec = options.speculation
     params = {"spec_mode": spec.mode, "num_spec_tokens": str(spec.num_spec_tokens),  # run-time keys: quote-free
               "k_schedule": " ".join(f"{lo}-{hi}:{k}" for lo, hi, k in spec.k_schedule),
-              "adaptive_k": str(spec.adaptive), "synthetic_rates": " ".join(repr(r) for r in spec.synthetic_rates)}
+              "adaptive_k": str(spec.adaptive), "synthetic_rates": " ".join(repr(r) for r in spec.synthetic_rates),
+              # draft trees: the budget, its schedule, a static tree's rank paths ("0 1 0.0": ranks joined by ".")
+              "tree_budget": str(spec.tree_budget),
+              "tree_schedule": " ".join(f"{lo}-{hi}:{b}" for lo, hi, b in spec.tree_schedule),
+              "static_tree": " ".join(".".join(str(r) for r in path) for path in spec.static_tree)}
     for f in fields(options):
         if f.name in _RENAMED:
             continue
@@ -182,11 +187,14 @@ def from_parameters(params: Mapping[str, str],
     try:
         schedule = tuple(tuple(int(x) for x in e.replace(":", "-").split("-")) for e in get("k_schedule", " ").split())
         rates = tuple(float(r) for r in get("synthetic_rates", " ").split())
+        trees = tuple(tuple(int(x) for x in e.replace(":", "-").split("-")) for e in get("tree_schedule", " ").split())
+        static = tuple(tuple(int(r) for r in path.split(".")) for path in get("static_tree", " ").split())
     except ValueError:
         raise ConfigError(f"config.pbtxt parameters k_schedule {params.get('k_schedule')!r} / synthetic_rates "
-                          f"{params.get('synthetic_rates')!r} are malformed; rebuild") from None
+                          f"{params.get('synthetic_rates')!r} / tree_schedule / static_tree are malformed; "
+                          "rebuild") from None
     spec = SpecConfig(get("spec_mode"), integer("num_spec_tokens"), schedule, get("adaptive_k", "False") == "True",
-                      rates)
+                      rates, integer("tree_budget", "0"), trees, static)
     try:
         options = RepositoryOptions(spec, **values)
     except BuildError as exc:

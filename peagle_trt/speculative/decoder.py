@@ -1,8 +1,13 @@
 """The speculate-verify loop over a batch of sequences, on any executor.
 
     prefill(seqs): target over each prompt (chunk) -> first token; drafter over it -> k drafts
-    step(seqs):    verify [last, d_1..d_k] in one target forward -> accept a drafts + 1 token
+    step(seqs):    verify [last, d_1..d_n] in one target forward -> accept a drafts + 1 token
                    -> draft the next k in one drafter forward (or k, in eagle3 mode)
+
+The drafts of a sequence form a tree (speculative/tree.py: `Sequence.parents`; empty: a chain of
+k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates.
+Every verify runs the tree path: rows by depth with an ancestor mask; a chain is the tree with
+one child per node (its accepted rows are already in place, nothing moves).
 
 k <= K is chosen per drafting call (draft_length.py: fixed, by batch size, or adaptive); rows of
 sequences with fewer drafts are padding (position -1). With k = 0 the step is plain decoding: one
@@ -26,12 +31,14 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.speculative.draft_length import DraftLengths
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.grammar import GrammarState, apply_masks, first_token_mask, verify_masks
-from peagle_trt.speculative.sampling import make_generator
+from peagle_trt.speculative.sampling import make_generator, probabilities, sample
 from peagle_trt.speculative.stats import SpecStats
+from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of, walk
 from peagle_trt.speculative.verify import verify
 
 
@@ -41,7 +48,8 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)  # generated ids (prompt excluded)
-    drafts: list[int] = field(default_factory=list)  # [K] proposals for positions cur+1..cur+K
+    drafts: list[int] = field(default_factory=list)  # [n] proposed tokens: a chain for cur+1..cur+n, or tree nodes
+    parents: tuple = ()  # per draft its parent draft (-1: the last generated token); () a chain
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
     num_computed: int = 0  # tokens run through the target (KV final below it): chunked prefill, then = cur
@@ -75,7 +83,7 @@ class Sequence:
     def preempt(self) -> None:
         """Forget the KV (its blocks went back to the pool): the next prefill recomputes it from
         the tokens; output, stats and the random stream go on untouched."""
-        self.num_computed, self.blocks, self.drafts, self.undrafted = 0, [], [], ()
+        self.num_computed, self.blocks, self.drafts, self.parents, self.undrafted = 0, [], [], (), ()
 
     @property
     def finished(self) -> bool:
@@ -101,8 +109,13 @@ class SpecDecoder:
         self._time_verify = spec.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
         self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
-        # headroom: a verify writes K+1 positions past the last committed one
-        self.max_seq_len = executor.kv.max_len - (self.k + 1)
+        # headroom: a verify writes up to span + 1 positions from the last committed one (span: K,
+        # or a tree's most nodes)
+        self.span = spec.max_nodes
+        self.max_seq_len = executor.kv.max_len - (self.span + 1)
+        if spec.tree and len(executor.windows) > 1:
+            raise ConfigError("draft trees need a full-attention target for now (this one has sliding-window "
+                              f"layers, windows {list(executor.windows[1:])}); use a chain (no tree keys)")
 
     def new_sequence(self, prompt: list[int], params: SamplingParams, compiled=None) -> Sequence:
         """`compiled`: the request's compiled grammar (speculative/grammar.py Grammars), None when free."""
@@ -168,49 +181,60 @@ class SpecDecoder:
             return
         t0 = time.perf_counter()  # the verify's cost for the adaptive rule: this step up to its drafting
         ex, dev = self.ex, self.ex.device
-        allowed = verify_masks(seqs)  # [B, k+1, W] token bitmasks of constrained requests (their drafts
-        # past an invalid one or the grammar's end dropped); None: no request constrained
-        ks = [len(s.drafts) for s in seqs]
-        k = max(ks)
-        # 1. verify: rows [last generated, d_1..d_k] at positions cur..cur+k, one target forward
-        tokens = ints([[s.output[-1]] + s.drafts + [0] * (k - len(s.drafts)) for s in seqs], dev)  # [B, k+1]
+        allowed = verify_masks(seqs)  # [B, k+1, W] token bitmasks of constrained requests (chains: their
+        # drafts past an invalid one or the grammar's end dropped); None: no request constrained
+        trees = [s.parents[:len(s.drafts)] or chain(len(s.drafts)) for s in seqs]  # parents of each node
+        levels = [depths(t) for t in trees]  # depth (1 ..) of each node
+        ns = [len(t) for t in trees]
+        n = max(ns)
+        # 1. verify: row 0 the last generated token at position cur, row 1 + j draft j at cur + its
+        #    depth (its KV at slot cur + 1 + j), one target forward; each row sees its ancestors
+        tokens = ints([[s.output[-1]] + s.drafts + [0] * (n - len(s.drafts)) for s in seqs], dev)  # [B, n+1]
         cur = ints([s.cur for s in seqs], dev)  # [B]
-        j = torch.arange(k + 1, device=dev)
-        positions = cur[:, None] + j  # [B, k+1]
-        if min(ks) < k:  # shorter drafts: padding rows
-            positions = torch.where(j <= ints(ks, dev)[:, None], positions, -1)
+        depth = ints([[0] + d + [-1] * (n - len(d)) for d in levels], dev)  # [B, n+1], -1: padding
+        positions = torch.where(depth >= 0, cur[:, None] + depth, -1)  # [B, n+1]
+        mask = torch.from_numpy(pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)] ancestor bits
         tables = self.tables(seqs)  # [G, B, M]
-        logits, aux = ex.target(tokens, positions, tables)  # [B, k+1, V], [B, k+1, A]
+        logits, aux = ex.target(tokens, positions, tables, tree_mask=mask)  # [B, n+1, V], [B, n+1, A]
         if allowed is not None:
             apply_masks(logits, allowed)  # disallowed tokens -> -inf (greedy and sampled alike)
-        # 2. accept a drafts + one correction/bonus token (greedy: all rows at once)
-        target_ids = argmax(logits)  # [B, k+1]
-        match = tokens[:, 1:] == target_ids[:, :k]
-        if min(ks) < k:
-            match &= j[1:] <= ints(ks, dev)[:, None]
-        accepted = match.cumprod(dim=1).sum(dim=1).tolist()  # [B]
-        self.lengths.steps_at_k[k] += 1
-        rows = target_ids.tolist()
-        emitted = []
+        # 2. accept: from the root, the target's token at each row (argmax, or a sample of its
+        #    distribution), then to the child holding it; the first token without one ends the step
+        target_ids = argmax(logits).tolist()  # [B, n+1]
+        self.lengths.steps_at_k[n] += 1
+        emitted, rows = [], []  # per sequence: its tokens, the verify rows they pair with (root + path)
         for i, s in enumerate(seqs):
-            if self.synthetic is not None and ks[i]:  # benchmarks: accept by the configured rates
-                accepted[i] = self._synthetic_accepts(ks[i])
-                e = s.drafts[:accepted[i]] + ([rows[i][accepted[i]]] if s.params.greedy else
-                                              verify([], logits[i, accepted[i]:accepted[i] + 1], s.params, s.generator))
+            if self.synthetic is not None and ns[i]:  # benchmarks (chains): accept by the configured rates
+                path = list(range(self._synthetic_accepts(ns[i])))
+                e = [s.drafts[j] for j in path] + ([target_ids[i][len(path)]] if s.params.greedy else verify(
+                    [], logits[i, len(path):len(path) + 1], s.params, s.generator))
             elif s.params.greedy:
-                e = rows[i][:accepted[i] + 1]
-            else:  # lossless rejection sampling, per sequence
-                e = verify(s.drafts, logits[i, :ks[i] + 1], s.params, s.generator)
+                path, e = walk(s.drafts, trees[i], target_ids[i].__getitem__)
+            else:  # exactly the target's distribution: one sample per emitted token
+                path, e = walk(s.drafts, trees[i], lambda r, i=i, s=s: int(sample(
+                    probabilities(logits[i, r:r + 1], s.params), s.generator)))
             s.stats.target_forwards += 1
-            if ks[i]:
-                s.stats.record_step(ks[i], len(e) - 1)
-                self.lengths.record(s.stats, ks[i], len(e) - 1)
+            if ns[i]:  # the tree's size and depth (a chain: both k)
+                s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
+                self.lengths.record(s.stats, max(levels[i]), len(e) - 1)
             self._commit(s, e)
             emitted.append(e)
+            rows.append([0] + [j + 1 for j in path])
         if self._time_verify:
-            self.lengths.verify_cost.record(len(seqs), k, time.perf_counter() - t0)
+            self.lengths.verify_cost.record(len(seqs), n, time.perf_counter() - t0)
         self._time_verify = self.spec.adaptive
-        # 3. draft the next k from the emitted tokens, paired row by row with the verify's taps
+        # 3. off a chain, the accepted rows' target KV moves to slots cur + 1 .. (where the next
+        #    verify reads it) and their taps to rows 1 ..; other rows are stale, overwritten later
+        moved = [i for i, r in enumerate(rows) if r[-1] != len(r) - 1 and not seqs[i].finished]
+        if moved:
+            path_rows = ints([rows[i] + [-1] * (n + 1 - len(rows[i])) for i in moved], dev)  # [b, n+1]
+            at = cur[moved][:, None]  # [b, 1] the verify's root slot
+            src = torch.where(path_rows >= 0, at + path_rows, -1)
+            dst = torch.where(path_rows >= 0, at + torch.arange(n + 1, device=dev), -1)
+            ex.move_kv(tables[:, moved], src, dst)
+            index = ints([r + [0] * (n + 1 - len(r)) for r in rows], dev)  # [B, n+1]
+            aux = torch.gather(aux, 1, index[..., None].expand(-1, -1, aux.shape[-1]))
+        # 4. draft the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
         if self.k:
@@ -267,9 +291,21 @@ class SpecDecoder:
             return
         if k is None:
             k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
-        drafts = self.proposer.propose(batch, max(k, 1)).tolist()
-        for s, d in zip(batch.seqs, drafts):
-            s.drafts = d[:k]
+        budget, static = self.spec.tree_budget_for_batch(self.batch), self.spec.static_tree
+        if k and (budget or static):  # a tree from each position's top candidates (speculative/tree.py)
+            nodes = static_nodes(tuple(p for p in static if len(p) <= k)) if static else None
+            width = max(r for _, r in nodes) + 1 if static else budget
+            top_ids, top_logp = self.proposer.propose_top(batch, k, width)  # [B, k, W] each
+            top_ids, top_logp = top_ids.tolist(), top_logp.float().cpu().numpy()
+            for i, s in enumerate(batch.seqs):
+                if s.grammar is not None:  # a constrained request drafts a chain: its masks follow one path
+                    s.drafts, s.parents = [row[0] for row in top_ids[i][:k]], ()
+                else:
+                    s.drafts, s.parents = tokens_of(nodes or best_tree(top_logp[i], budget, k, spine=k), top_ids[i])
+        else:
+            drafts = self.proposer.propose(batch, max(k, 1)).tolist()
+            for s, d in zip(batch.seqs, drafts):
+                s.drafts, s.parents = d[:k], ()
         if since is not None:
             self.lengths.draft_cost.record(len(batch.seqs), max(k, 1), time.perf_counter() - since)
 

@@ -73,6 +73,13 @@ class ParallelDrafter:
             s.stats.drafter_forwards += 1
         return drafts
 
+    def propose_top(self, b: DraftBatch, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each of the k positions' top `width` candidates: target ids, log-probs [B, K, W] (a tree's)."""
+        top = self.ex.draft_parallel_top(b.tokens, b.aux, b.num_pending, b.cur, b.tables, k, width)
+        for s in b.seqs:
+            s.stats.drafter_forwards += 1
+        return top
+
 
 class SequentialDrafter:
     """EAGLE-3 baseline: the same head run K times, feeding back its own output
@@ -82,6 +89,14 @@ class SequentialDrafter:
         self.ex = executor
 
     def propose(self, b: DraftBatch, k: int) -> torch.Tensor:
+        return self._run(b, k, 0)[0]
+
+    def propose_top(self, b: DraftBatch, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each step's top `width` candidates (target ids, log-probs [B, K, W]); the chain of argmaxes
+        is what the steps feed back, so depth j's candidates follow the top-1 path."""
+        return self._run(b, k, width)[1:]
+
+    def _run(self, b: DraftBatch, k: int, width: int):
         ex, dev = self.ex, self.ex.device
         j = torch.arange(b.tokens.shape[1], device=dev)[None]
         n = b.num_pending[:, None]
@@ -89,15 +104,21 @@ class SequentialDrafter:
         positions = torch.where(j < n, b.cur[:, None] - n + j, torch.full_like(j, -1))  # [B, P]
         last = b.num_pending - 1  # the NTP row of each sequence
         rows = torch.arange(len(b.seqs), device=dev)
-        out = []
+        out, top_ids, top_logp = [], [], []
         for step in range(k):
             logits, fed_back = ex.drafter(tokens, hidden, positions, b.tables)  # [B, S, V_d], [B, S, H]
             idx = last if step == 0 else torch.zeros_like(last)
             draft = ex.to_target_ids(logits[rows, idx].argmax(dim=-1))  # [B]
             out.append(draft)
+            if width:
+                logp, top = torch.log_softmax(logits[rows, idx].float(), -1).topk(min(width, logits.shape[-1]), -1)
+                top_ids.append(ex.to_target_ids(top))  # [B, W]
+                top_logp.append(logp)
             # next pass: one row (previous draft, its pre-norm hidden) at the next position
             tokens, hidden = draft[:, None], fed_back[rows, idx][:, None]
             positions = (b.cur + step)[:, None]
         for s in b.seqs:
             s.stats.drafter_forwards += k
-        return torch.stack(out, dim=1)  # [B, K]
+        if not width:
+            return torch.stack(out, dim=1), None, None  # [B, K]
+        return None, torch.stack(top_ids, dim=1), torch.stack(top_logp, dim=1)  # [B, K, W] each

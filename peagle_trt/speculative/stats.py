@@ -2,7 +2,9 @@
 
 Formulas (vLLM conventions; "step" = one verify of K drafts):
   acceptance_length      = 1 + accepted / steps            (includes the bonus/correction token)
-  draft_accept_rate      = accepted / drafted               (drafted = steps * K)
+  draft_accept_rate      = accepted / drafted               (drafted = steps * K; with draft trees
+                                                             the nodes verified: per_step_drafted
+                                                             holds each step's tree size)
   accept_rate_per_pos[i] = accepted_at_pos[i] / steps        (joint: >= i+1 drafts accepted)
 Identity: acceptance_length = 1 + sum(accept_rate_per_pos).
 acceptance_histogram: dense, K + 1 counts (j: the steps that accepted exactly j drafts), the
@@ -40,14 +42,17 @@ class SpecStats:
         if not self.tries:
             self.tries = [0] * self.num_spec_tokens
 
-    def record_step(self, num_drafts: int, num_accepted: int) -> None:
+    def record_step(self, num_drafts: int, num_accepted: int, depth: int | None = None) -> None:
+        """A step that verified `num_drafts` tokens (a chain, or a tree's nodes: its size) of which
+        `num_accepted` were accepted; `depth`: the tree's (None: a chain, = num_drafts)."""
+        depth = num_drafts if depth is None else depth
         self.steps += 1
         self.drafted += num_drafts
         self.histogram[num_accepted] = self.histogram.get(num_accepted, 0) + 1
         tries = self.tries
-        if len(tries) < num_drafts:  # a decoder driving more drafts than its config's K (tests)
-            tries.extend([0] * (num_drafts - len(tries)))
-        for i in range(min(num_drafts, num_accepted + 1)):
+        if len(tries) < depth:  # a decoder driving more drafts than its config's K (tests)
+            tries.extend([0] * (depth - len(tries)))
+        for i in range(min(depth, num_accepted + 1)):
             tries[i] += 1
         if self.keep_steps:
             self.per_step_drafted.append(num_drafts)

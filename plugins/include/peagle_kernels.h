@@ -65,6 +65,18 @@ PEAGLE_KERNELS_API cudaError_t peagle_kv_attention(void const* q, void const* k,
     int32_t block_size, int32_t max_blocks, float scale, float k_scale, float v_scale, peagle_dtype_t act_dtype,
     peagle_dtype_t cache_dtype, void* workspace, size_t workspace_size, int32_t flags, cudaStream_t stream);
 
+/* The same over a draft tree: tree_mask [B, S, mask_words] int32 packed ancestor bits (bit j % 32 of
+ * word j / 32 of row i: row i attends to row j of its request; TensorRT-LLM's spec_decoding_packed_mask
+ * layout). positions are then the rows' RoPE positions (by depth) and row s of request b writes and
+ * is read at KV position positions[b, 0] + s (its rows contiguous, padding rows last); a row sees
+ * the keys below positions[b, 0] and the rows whose bits it has (peagle_trt/ops/reference.py,
+ * kv_attention). tree_mask NULL (mask_words 0) is peagle_kv_attention. */
+PEAGLE_KERNELS_API cudaError_t peagle_kv_attention_tree(void const* q, void const* k, void const* v,
+    int64_t const* positions, int64_t const* block_tables, int32_t const* tree_mask, int32_t mask_words,
+    void* k_cache, void* v_cache, void* out, int32_t batch, int32_t rows, int32_t num_heads, int32_t num_kv_heads,
+    int32_t head_dim, int32_t cache_blocks, int32_t block_size, int32_t max_blocks, float scale, float k_scale,
+    float v_scale, peagle_dtype_t act_dtype, peagle_dtype_t cache_dtype, cudaStream_t stream);
+
 /* Workspace (bytes) peagle_kv_attention needs: 0 (kept for ABI stability). */
 PEAGLE_KERNELS_API size_t peagle_kv_attention_workspace_size(
     int32_t max_batch, int32_t max_rows, int32_t num_heads, int32_t head_dim, int32_t max_keys);

@@ -60,6 +60,25 @@ def test_speculative_config_json(tiny):
         resolve_spec(args)
 
 
+def test_the_config_model_key_names_the_drafter(tiny, capsys):
+    """The README's way: no --drafter, the drafter named by the speculative config's "model"."""
+    config = json.dumps({"method": "eagle3", "parallel_drafting": True, "num_speculative_tokens": 3,
+                         "model": str(tiny["aws"])})
+    code, _, result = run_cli(capsys, "generate", "--target", str(tiny["llama"]), "--prompt", "Write a poem",
+                              "--max-tokens", "6", "--ignore-eos", "--speculative-config", config)
+    assert code == 0 and result["spec_mode"] == "peagle" and result["drafter_forwards"] > 0
+
+
+@pytest.mark.parametrize("tree", [{"draft_tree_budget": 6}, {"speculative_token_tree": "[(0,), (1,), (0, 0)]"}])
+def test_generate_with_a_draft_tree(tiny, capsys, tree):
+    config = json.dumps({"method": "eagle3", "parallel_drafting": True, "model": str(tiny["aws"]), **tree})
+    base = ["generate", "--target", str(tiny["llama"]), "--prompt", "Write a poem", "--max-tokens", "10",
+            "--ignore-eos"]
+    code, _, result = run_cli(capsys, *base, "--speculative-config", config)
+    _, _, plain = run_cli(capsys, *base, "--spec-mode", "none")
+    assert code == 0 and result["token_ids"] == plain["token_ids"] and result["drafter_forwards"] > 0
+
+
 def test_default_spec_mode_follows_the_drafter(tiny):
     parser = build_parser()
     for drafter, mode in (("aws", "peagle"), ("eagle3", "eagle3")):

@@ -176,7 +176,7 @@ def _add_fake_runtime(trt, calls: list, plans: dict):
     kinds = ("FLOAT", "HALF", "BF16", "INT32", "INT64", "INT8", "UINT8", "BOOL", "FP8")
     trt.DataType = ns(**{k: k for k in kinds})
     trt.TensorIOMode = ns(INPUT="INPUT", OUTPUT="OUTPUT")
-    dtypes = {TensorProto.FLOAT: "FLOAT", TensorProto.INT64: "INT64"}
+    dtypes = {TensorProto.FLOAT: "FLOAT", TensorProto.INT64: "INT64", TensorProto.INT32: "INT32"}
 
     class Engine:
         def __init__(self, path, profiles):
@@ -267,13 +267,14 @@ def make_export(root, k=3):
     trt_dir.mkdir(parents=True)
     i64 = TensorProto.INT64
     attn = helper.make_node("PEagleKVAttention",
-                            ["q", "k", "v", "positions", "block_tables", "past_key_0", "past_value_0"],
+                            ["q", "k", "v", "positions", "block_tables", "past_key_0", "past_value_0", "tree_mask"],
                             ["attn", "present_key_0", "present_value_0"], domain="peagle",
                             num_heads=4, num_kv_heads=KV, head_dim=D, scale=0.5)
     _save(trt_dir / "target.onnx", [attn],
           [_value("input_ids", i64, ["batch", "rows"]), _value("positions", i64, ["batch", "rows"]),
            _value("block_tables", i64, [1, "batch", "blocks"]),  # [G, B, M], M dynamic here
-           _value("logit_rows", i64, ["batch", "logit_rows"]), *_kv("past")],
+           _value("logit_rows", i64, ["batch", "logit_rows"]),
+           _value("tree_mask", TensorProto.INT32, ["batch", "rows", "mask_words"]), *_kv("past")],
           [_value("logits", TensorProto.FLOAT, ["batch", "logit_rows", 16]),
            _value("aux_hidden", TensorProto.FLOAT, ["batch", "rows", H3]), *_kv("present")])
     draft = helper.make_node("PEagleDraftInputs",
@@ -284,7 +285,7 @@ def make_export(root, k=3):
           [_value("pending_ids", i64, ["batch", "pending"]),
            _value("pending_aux", TensorProto.FLOAT, ["batch", "pending", H3]),
            _value("num_pending", i64, ["batch"]), _value("cur", i64, ["batch"]),
-           _value("draft_slots", i64, ["drafts"]),
+           _value("draft_slots", i64, ["drafts"]), _value("draft_width", i64, ["width"]),
            _value("block_tables", i64, ["batch", M]),  # [B, M] (group 0), M static here
            *_kv("past")],
           [_value("draft_ids", i64, ["batch", "drafts"]), *_kv("present")])
@@ -330,7 +331,8 @@ def test_profiles_follow_docs_export_md():
     nb1 = 8 * m + 1  # blocks for 8 full-length requests + the trash block
     kv = {"past_key_0": [nb1, 32, 4, 128], "past_value_0": [-1, -1, 4, 128]}  # static or dynamic blocks / size
     target = profiles_for("target", spec, {"input_ids": [-1, -1], "positions": [-1, -1],
-                                           "block_tables": [1, -1, -1], "logit_rows": [-1, -1], **kv})
+                                           "block_tables": [1, -1, -1], "logit_rows": [-1, -1],
+                                           "tree_mask": [-1, -1, -1], **kv})
     assert list(target) == ["prefill", "decode"]
     pre, dec = target["prefill"], target["decode"]
     assert pre["input_ids"] == {"min": [1, 1], "opt": [1, 256], "max": [8, 256]}
@@ -339,14 +341,27 @@ def test_profiles_follow_docs_export_md():
     assert dec["block_tables"] == {"min": [1, 1, m], "opt": [1, 8, m], "max": [1, 8, m]}
     assert dec["positions"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 8]}
     assert dec["logit_rows"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 8]}
+    assert pre["tree_mask"] == {"min": [1, 1, 1], "opt": [1, 256, 8], "max": [8, 256, 8]}  # ceil(rows / 32) words
+    assert dec["tree_mask"] == {"min": [1, 1, 1], "opt": [8, 8, 1], "max": [8, 8, 1]}
     fixed = [nb1, 32, 4, 128]  # [blocks + 1, block_size, KV, d]
     for p in (pre, dec):
         assert p["past_key_0"] == p["past_value_0"] == {"min": fixed, "opt": fixed, "max": fixed}
     drafter = profiles_for("drafter", spec, {"pending_ids": [-1, -1], "pending_aux": [-1, -1, 3 * 512],
                                              "num_pending": [-1], "cur": [-1], "draft_slots": [-1],
-                                             "block_tables": [-1, m], **kv})
+                                             "draft_width": [-1], "block_tables": [-1, m], **kv})
     d = drafter["draft"]
     assert d["draft_slots"] == {"min": [1], "opt": [7], "max": [7]}  # k = 1..K drafts per pass
+    assert d["draft_width"] == {"min": [1], "opt": [1], "max": [1]}  # chains: one candidate per position
+    tree = EngineOptions("sm_90", max_batch=8, max_seq_len=2048, num_spec_tokens=7, prefill_chunk=256,
+                         max_nodes=40, tree_width=16)  # a draft tree of up to 40 nodes, 16 candidates
+    tkv = {"past_key_0": [-1, 32, 4, 128], "past_value_0": [-1, 32, 4, 128]}
+    dec = profiles_for("target", tree, {"input_ids": [-1, -1], "positions": [-1, -1], "block_tables": [1, -1, -1],
+                                        "logit_rows": [-1, -1], "tree_mask": [-1, -1, -1], **tkv})["decode"]
+    assert dec["positions"]["max"] == [8, 41] and dec["tree_mask"]["max"] == [8, 41, 2]
+    width = profiles_for("drafter", tree, {"pending_ids": [-1, -1], "pending_aux": [-1, -1, 1536],
+                                           "num_pending": [-1], "cur": [-1], "draft_slots": [-1],
+                                           "draft_width": [-1], "block_tables": [-1, -1], **tkv})
+    assert width["draft"]["draft_width"]["max"] == [16]
     assert d["pending_ids"] == {"min": [1, 1], "opt": [8, 8], "max": [8, 256]}  # max(prefill_chunk, K+1)
     assert d["pending_aux"] == {"min": [1, 1, 1536], "opt": [8, 8, 1536], "max": [8, 256, 1536]}
     assert d["block_tables"] == {"min": [1, m], "opt": [8, m], "max": [8, m]}
@@ -360,14 +375,15 @@ def test_profiles_follow_docs_export_md():
     paged = EngineOptions(max_batch=8, max_seq_len=2048, num_spec_tokens=7, block_size=16, kv_blocks=300)
     assert paged.kv_layout == KVLayout(300, 2056, 8, 16, 256)
     shapes = {"input_ids": [-1, -1], "positions": [-1, -1], "block_tables": [1, -1, -1], "logit_rows": [-1, -1],
-              "past_key_0": [-1, -1, 4, 128]}
+              "tree_mask": [-1, -1, -1], "past_key_0": [-1, -1, 4, 128]}
     assert profiles_for("target", paged, shapes)["decode"]["past_key_0"]["max"] == [301, 16, 4, 128]
     assert profiles_for("target", paged, shapes)["decode"]["block_tables"]["max"] == [1, 8, 129]
 
 
 def test_profiles_reject_graphs_off_contract():
     spec = EngineOptions(max_batch=8, max_seq_len=2048, num_spec_tokens=7)
-    good = {"input_ids": [-1, -1], "positions": [-1, -1], "block_tables": [1, -1, -1], "logit_rows": [-1, -1]}
+    good = {"input_ids": [-1, -1], "positions": [-1, -1], "block_tables": [1, -1, -1], "logit_rows": [-1, -1],
+            "tree_mask": [-1, -1, -1]}
     with pytest.raises(BuildError, match=r"missing \['logit_rows'\]"):
         profiles_for("target", spec, {k: v for k, v in good.items() if k != "logit_rows"})
     with pytest.raises(BuildError, match=r"missing \['block_tables'\], unexpected \['slots'\]"):  # the old contract

@@ -19,6 +19,7 @@ from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.ops import DOMAIN, OP_TYPES
 from peagle_trt.ops.names import PLUGIN_VERSION
 from peagle_trt.ops.onnx_defs import register_schemas
+from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from tests.export.crossbackend import check_greedy_near_equal
@@ -74,6 +75,8 @@ def test_graphs_hold_plugin_nodes_and_pass_the_full_checker(exported):
         trt = onnx.load(str(out / "trt" / name))
         assert len(trt.functions) == 0  # TensorRT resolves the plugins by op_type
         assert sum(n.domain == DOMAIN for n in trt.graph.node) == sum(counts.values())
+        for node in (n for n in trt.graph.node if n.op_type == "PEagleKVAttention"):  # the plugin's inputs
+            assert list(node.input[7:]) == (["tree_mask"] if name == "target.onnx" else []) and "" not in node.input
     assert all(t in OP_TYPES for t in ("PEagleKVAttention", "PEagleDraftInputs", "PEagleDraftSample"))
 
 
@@ -88,6 +91,25 @@ def test_ort_target_matches_torch_for_prefill_decode_and_verify(exported, family
     for tokens, positions in steps:
         a_logits, a_aux = torch_ex.target(tokens, positions, slots)
         b_logits, b_aux = ort_ex.target(tokens, positions, slots)
+        valid = positions >= 0
+        torch.testing.assert_close(b_logits[valid], a_logits[valid], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(b_aux[valid], a_aux[valid], rtol=1e-4, atol=1e-4)
+
+
+def test_ort_tree_verify_matches_torch(exported):
+    """A draft-tree verify (rows by depth, the packed ancestor mask) after a prefill: both backends
+    agree, and the tree rows wrote the slots cur + row (the next plain decode reads them)."""
+    target, _, out, _ = exported("llama", "peagle")
+    torch_ex, ort_ex = TorchExecutor(target, None, SLOTS, SEQ + K + 1), OrtExecutor(out)
+    slots = static_tables(ort_ex, [2, 0])
+    trees = [(-1, -1, 0, 1, 0), (-1, 0)]
+    mask = torch.from_numpy(pack_tree_mask(trees, 6))
+    steps = [(torch.randint(0, 500, (2, 13)), torch.tensor([list(range(13)), list(range(9)) + [-1] * 4]), None),
+             (torch.randint(0, 500, (2, 6)), torch.tensor([[13, 14, 14, 15, 15, 16], [9, 10, 11, -1, -1, -1]]), mask),
+             (torch.randint(0, 500, (2, 1)), torch.tensor([[19], [12]]), None)]
+    for tokens, positions, tree in steps:
+        a_logits, a_aux = torch_ex.target(tokens, positions, slots, tree_mask=tree)
+        b_logits, b_aux = ort_ex.target(tokens, positions, slots, tree_mask=tree)
         valid = positions >= 0
         torch.testing.assert_close(b_logits[valid], a_logits[valid], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b_aux[valid], a_aux[valid], rtol=1e-4, atol=1e-4)

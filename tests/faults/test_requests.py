@@ -90,13 +90,13 @@ class FaultyExecutor:
         if name != self.method:
             return attr
 
-        def faulty(*args):
+        def faulty(*args, **kwargs):
             tables = args[2] if name == "target" else args[4]  # target(tokens, pos, tables, ..), draft_parallel
             if self.victim_block() in tables[0, :, 0].tolist():
                 self.calls += 1
                 if self.calls >= self.at:
                     raise RuntimeError("injected fault")
-            return attr(*args)
+            return attr(*args, **kwargs)
         return faulty
 
 
@@ -182,11 +182,11 @@ def test_the_serving_loop_keeps_serving_beside_a_failing_request(engine, refs, s
     victim_uid = []
     target = engine.scheduler.decoder.ex.target
 
-    def faulty_target(tokens, positions, tables, *rest):
+    def faulty_target(tokens, positions, tables, *rest, **kwargs):
         victim = [r.seq.blocks[0][0] for r in engine.scheduler.running if r.uid in victim_uid and r.seq]
         if victim and victim[0] in tables[0, :, 0].tolist():
             raise RuntimeError("injected fault")
-        return target(tokens, positions, tables, *rest)
+        return target(tokens, positions, tables, *rest, **kwargs)
 
     monkeypatch.setattr(engine.scheduler.decoder.ex, "target", faulty_target)
     done: dict = {}

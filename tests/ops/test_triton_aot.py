@@ -69,7 +69,7 @@ def test_the_launcher_passes_as_many_arguments_as_each_kernel_takes():
     for v in variants.all_variants():
         assert len(v.kernel_args) == counts[v.name.split(".")[0]], v.name
     types = {v.name.split(".")[0]: [t for _, t in v.kernel_args] for v in variants.all_variants()}
-    assert types["kv_attention"][14:17] == ["fp32"] * 3  # qk_scale, k_scale, v_scale: floats, not doubles
+    assert types["kv_attention"][15:18] == ["fp32"] * 3  # qk_scale, k_scale, v_scale: floats, not doubles
     # the head sizes the launcher and the plugin accept are the compiled ones
     accepted = " && ".join(f"head_dim != {d}" for d in variants.HEAD_DIMS)
     assert accepted in text

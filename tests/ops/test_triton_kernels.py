@@ -224,3 +224,33 @@ def test_kv_attention_row_is_batch_invariant(window, with_sinks):
         assert torch.equal(row(q[:1, j:], [verify[j:]], tables[:1]), alone)
         got, _, _ = _run(q, None, None, torch.tensor([verify, list(range(20, 40))]), tables, kc, vc, h, kv, d, **kw)
         assert torch.equal(got[0, j], alone), (p, j)
+
+
+TREES = {  # parents of each request's nodes (rows: root + nodes, padded), cur, heads, kv heads, d, bs
+    "tree-6-and-chain": ([(-1, -1, 0, 0, 2, 1), (-1, 0, 1)], [21, 4], 4, 2, 16, 8),
+    "tree-40-two-words": ([tuple(range(-1, 19)) + tuple([-1] * 20), (-1,)], [3, 30], 2, 1, 16, 16),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(TREES))
+@pytest.mark.parametrize("window", [0, 64])
+def test_kv_attention_tree_mask(dtype, case, window):
+    """Draft-tree rows (RoPE positions by depth, slots positions[b, 0] + s, packed ancestor bits)."""
+    from peagle_trt.ops.reference import pack_tree_mask
+    from peagle_trt.speculative.tree import depths
+
+    trees, cur, h, kv, d, bs = TREES[case]
+    rows = max(len(t) for t in trees) + 1
+    positions = [[c] + [c + x for x in depths(t)] + [-1] * (rows - 1 - len(t)) for t, c in zip(trees, cur)]
+    slots = [[c + s for s in range(rows)] for c in cur]  # the blocks must cover the slots
+    gen = torch.Generator().manual_seed(7)
+    q, k, v, _, tables, kc, vc = _paged_case(gen, slots, h, kv, d, bs, dtype)
+    positions = torch.tensor(positions)
+    mask = torch.from_numpy(pack_tree_mask(trees, rows))
+    got, kc_got, vc_got = _run(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d,
+                               sliding_window=window, tree_mask=mask)
+    want = reference.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, None, window, None, mask)
+    torch.testing.assert_close(kc_got, kc, equal_nan=True, atol=0, rtol=0)
+    torch.testing.assert_close(vc_got, vc, equal_nan=True, atol=0, rtol=0)
+    _check_attention(got, want, positions, dtype)

@@ -36,7 +36,7 @@ from tests.plugins.conftest import (
 )
 
 PLUGINS = REPO / "plugins"
-API = ("peagle_kv_attention", "peagle_kv_attention_workspace_size", "peagle_draft_inputs",
+API = ("peagle_kv_attention", "peagle_kv_attention_tree", "peagle_kv_attention_workspace_size", "peagle_draft_inputs",
        "peagle_draft_sample", "peagle_draft_sample_workspace_size", "peagle_error_string",
        "peagle_kernels_version")
 CUDA_ERROR_INVALID_VALUE = 1

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from peagle_trt.config import KVLayout, SamplingParams
+from peagle_trt.config import KVLayout, SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.runtime.blocks import BlockManager, BlockPool
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
@@ -100,11 +100,12 @@ def test_prefix_cache_events_mirror_the_cache(tiny):
     assert set(live) == set(sched.blocks.pools[0].by_hash) and any(e.kind == "removed" for e in events)
 
 
-def test_fuzz_arrivals_and_cancels_keep_the_pool_exact(tiny):
+@pytest.mark.parametrize("tree", [None, SpecConfig("peagle", 3, tree_budget=7)])  # chains; draft trees
+def test_fuzz_arrivals_and_cancels_keep_the_pool_exact(tiny, tree):
     shared = list(range(200, 224))
     load = workload(30, 5, shared)
     refs = references(make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256), load)
-    sched = Scheduler(make_decoder(tiny, "llama", "aws", "peagle", 3, kv=SMALL), prefill_chunk=8)
+    sched = Scheduler(make_decoder(tiny, "llama", "aws", "peagle", 3, kv=SMALL, spec=tree), prefill_chunk=8)
     outputs: dict = {}
     rng = random.Random(11)
     pending, uids, cancelled = list(enumerate(load)), {}, set()

@@ -1,9 +1,10 @@
-"""Sampling: logit processing, and rejection sampling keeps the target distribution exactly.
+"""Sampling: logit processing, and speculative sampling keeps the target distribution exactly.
 
 The distribution test drives the real `SpecDecoder` over a Markov target (next-token
-distribution T[token], vocabulary 4) with a drafter proposing random tokens, and compares the
-joint distribution of the first three generated tokens with the exact chain probabilities by a
-chi-square statistic. A biased sampler (always accepting the drafts) must fail the same check.
+distribution T[token], vocabulary 4) with a drafter proposing random tokens (chains, budget trees
+and static trees of random candidates), and compares the joint distribution of the first three
+generated tokens with the exact chain probabilities by a chi-square statistic. A biased sampler
+(always accepting the drafts) must fail the same check.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import generate
-from peagle_trt.speculative import verify as verify_mod
+from peagle_trt.speculative import decoder as decoder_mod
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.sampling import probabilities
 from tests.helpers import MarkovExecutor
@@ -35,10 +36,15 @@ class RandomDrafter:
     def propose(self, batch, k):
         return torch.randint(0, V, (len(batch.seqs), k), generator=self.rng)
 
+    def propose_top(self, batch, k, width):  # random candidates (repeats included), random scores
+        ids = torch.randint(0, V, (len(batch.seqs), k, width), generator=self.rng)
+        logp = torch.rand(len(batch.seqs), k, width, generator=self.rng).sort(-1, descending=True).values.log()
+        return ids, logp
 
-def chi_square_of_first_tokens(k: int, runs: int, temperature: float = 1.0) -> tuple[float, int]:
-    decoder = SpecDecoder(MarkovExecutor(T), SpecConfig("peagle", k), proposer=RandomDrafter(k))
-    decoder.k = k
+
+def chi_square_of_first_tokens(k: int, runs: int, temperature: float = 1.0, **tree) -> tuple[float, int]:
+    spec = SpecConfig("peagle", k, **tree)
+    decoder = SpecDecoder(MarkovExecutor(T), spec, proposer=RandomDrafter(k))
     counts: dict[tuple, int] = {}
     for seed in range(runs):
         seq = generate(decoder, [0], SamplingParams(max_tokens=3, temperature=temperature, seed=seed))
@@ -68,11 +74,29 @@ def test_rejection_sampling_with_temperature(k=2):
     assert stat < threshold(df), (stat, df)
 
 
-def test_the_distribution_check_catches_a_biased_sampler(monkeypatch):
-    """Accepting every draft (no rejection) is not lossless: the check must notice."""
-    monkeypatch.setattr(verify_mod, "verify_rejection",
-                        lambda drafts, logits, params, gen: drafts + [int(logits[-1].argmax())])
-    stat, df = chi_square_of_first_tokens(2, runs=3000)
+@pytest.mark.parametrize("tree", [{"tree_budget": 3}, {"tree_budget": 6},
+                                  {"static_tree": ((0,), (1,), (0, 0), (2,), (1, 0))}])
+def test_tree_sampling_preserves_target_distribution(tree):
+    """Trees (several children per node, repeated tokens among siblings) at T = 1 and 0.7: the
+    target's token sampled at each node, then the matching child: exactly the target's law."""
+    k = max(len(p) for p in tree.get("static_tree", ((0, 0),)))
+    for temperature in (1.0, 0.7):
+        stat, df = chi_square_of_first_tokens(k, runs=5000, temperature=temperature, **tree)
+        assert stat < threshold(df), (tree, temperature, stat, df)
+
+
+@pytest.mark.parametrize("tree", [{}, {"tree_budget": 4}])
+def test_the_distribution_check_catches_a_biased_sampler(monkeypatch, tree):
+    """Accepting the first path's drafts whatever the target says is not lossless: the check must
+    notice (chains and trees)."""
+    def biased(tokens, parents, choose):
+        path = [0] if tokens else []
+        while path and path[-1] + 1 < len(parents) and parents[path[-1] + 1] == path[-1]:
+            path.append(path[-1] + 1)
+        return path, [tokens[j] for j in path] + [choose(len(path) and path[-1] + 1)]
+
+    monkeypatch.setattr(decoder_mod, "walk", biased)
+    stat, df = chi_square_of_first_tokens(2, runs=3000, **tree)
     assert stat > threshold(df)
 
 

@@ -33,7 +33,9 @@ VLLM_KEYS = {"enforce_eager", "num_speculative_tokens", "model", "method", "draf
 def test_every_vllm_key_has_a_rule():
     ours = set(IGNORED) | set(REFUSED) | set(IMPLEMENTED)
     assert VLLM_KEYS <= ours
-    assert ours - VLLM_KEYS == {"adaptive_num_speculative_tokens"}  # the one key of our own
+    # our own keys, and speculative_token_tree (vLLM's tree attention took it, PR #20401; since removed)
+    assert ours - VLLM_KEYS == {"adaptive_num_speculative_tokens", "draft_tree_budget",
+                                "draft_tree_budget_per_batch_size", "speculative_token_tree"}
 
 
 def test_bad_json_and_method():
@@ -148,6 +150,20 @@ def test_run_time_keys_round_trip_config_pbtxt():
     assert from_parameters(params)[0].speculation == spec
     old = {k: v for k, v in params.items() if k not in ("k_schedule", "adaptive_k", "synthetic_rates")}
     assert from_parameters(old)[0].speculation == SpecConfig("peagle", 5)  # a repository built before them
+    for tree in (SpecConfig("peagle", 4, tree_budget=12, tree_schedule=((1, 2, 12), (3, 64, 0))),
+                 SpecConfig("eagle3", 3, static_tree=((0,), (1,), (0, 0), (0, 0, 0)))):  # draft trees
+        params = to_parameters(RepositoryOptions(tree), ArtifactPaths("t"))
+        assert from_parameters(params)[0].speculation == tree and all('"' not in v for v in params.values())
+        assert RepositoryOptions(tree).kv_layout.max_len == 2048 + tree.max_nodes + 1  # the tree's verify rows
+
+
+def test_serve_time_trees_of_a_built_repository():
+    built = SpecConfig("peagle", 7, tree_budget=16)
+    assert for_built(built, parse('{"parallel_drafting":true,"num_speculative_tokens":7}')) == built
+    runtime = parse('{"parallel_drafting":true,"num_speculative_tokens":7,"draft_tree_budget":8}')
+    assert for_built(built, runtime).tree_budget == 8
+    with pytest.raises(ConfigError, match="built for 16"):
+        for_built(built, parse('{"parallel_drafting":true,"num_speculative_tokens":7,"draft_tree_budget":32}'))
 
 
 def test_serve_time_override_of_a_built_repository():

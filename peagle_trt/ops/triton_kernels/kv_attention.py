@@ -4,7 +4,9 @@ Contract: `peagle_trt.ops.reference.kv_attention`. Caches [N+1, bs, KV, d] (bloc
 block), block tables [B, M] int64 (-1 = no block), positions [B, S] (-1 = padding row). Features:
 GQA, any head size d (per-layer head sizes: one compiled variant per d), sliding windows
 (keys at positions > p - W), attention sinks (one logit per head in the denominator, no value),
-read-only layers (k = v = None), FP8 e4m3 caches with per-tensor scales (stored = value / scale).
+read-only layers (k = v = None), FP8 e4m3 caches with per-tensor scales (stored = value / scale),
+draft trees (a packed ancestor mask [B, S, W] int32: rows at KV slots positions[b, 0] + s, each
+seeing the context below that slot and the rows whose bits it has).
 
 Two kernels, launched in order on one stream:
   kv_write      one program per (request, row): scatters the new k/v rows into their blocks;
@@ -62,10 +64,12 @@ def _round_to_e4m3(x):
 @triton.jit
 def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S, M, trash, bs,
                     k_scale, v_scale, KVD, BLOCK: tl.constexpr, FP8_CACHE: tl.constexpr,
-                    ROUND_FP8: tl.constexpr):
+                    ROUND_FP8: tl.constexpr, TREE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1).to(tl.int64)
     pos = tl.load(positions_ptr + b * S + s)
+    if TREE:  # tree rows write at slot positions[b, 0] + s (positions are RoPE positions by depth)
+        pos = tl.where(pos >= 0, tl.load(positions_ptr + b * S) + s, -1)
     entry = tl.maximum(pos, 0) // bs
     block = tl.load(tables_ptr + b * M + tl.minimum(entry, M - 1))
     valid = (pos >= 0) & (entry < M) & (block >= 0) & (block < trash)  # entries past the cache: as -1
@@ -89,11 +93,11 @@ def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S
 
 
 @triton.jit
-def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_cache, sinks_ptr,
-                        S, M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window,
+def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_cache, sinks_ptr, tree_ptr,
+                        S, M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window, W,
                         D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                         BLOCK_N: tl.constexpr, HAS_SINKS: tl.constexpr, FP8_CACHE: tl.constexpr,
-                        IEEE: tl.constexpr, UPCAST: tl.constexpr):
+                        IEEE: tl.constexpr, UPCAST: tl.constexpr, TREE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1).to(tl.int64)
     # tile row m = (query row s = m // G, head kvh*G + m % G); axis 2 tiles S*G rows past BLOCK_M
@@ -112,17 +116,24 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    top = tl.max(pos, axis=0)
+    if TREE:  # keys up to the tile's last row's own slot (base + s); bits pick the tree rows
+        base = tl.load(positions_ptr + b * S)
+        top = tl.max(tl.where(pos >= 0, base + s, -1), axis=0)
+    else:
+        top = tl.max(pos, axis=0)
     end = tl.minimum(top + 1, M * bs)
     # with a window: the first key any row of the tile can see, rounded down to a step
     first = tl.maximum(tl.min(tl.where(pos >= 0, pos - window + 1, 2147483647), axis=0), 0)
     lo = tl.where(window > 0, first // BLOCK_N * BLOCK_N, 0)
+    if TREE:  # steps aligned on the tree's first row: a step's rows sit in one half of one mask word
+        lo = base - (base - lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # may start below 0 (masked)
+        words = tree_ptr + (b * S + tl.minimum(s, S - 1)) * W  # [BLOCK_M] each tile row's mask
     keys = tl.arange(0, BLOCK_N)
     for start in range(lo, end, BLOCK_N):
         kp = start + keys  # [BLOCK_N] key positions
-        entry = tl.minimum(kp // bs, M - 1)
-        block = tl.load(tables_ptr + b * M + entry, mask=kp < end, other=-1)
-        key_ok = (kp < end) & (block >= 0) & (block < trash)  # -1 and entries past the cache: masked
+        entry = tl.minimum(tl.maximum(kp, 0) // bs, M - 1)
+        block = tl.load(tables_ptr + b * M + entry, mask=(kp >= 0) & (kp < end), other=-1)
+        key_ok = (kp >= 0) & (kp < end) & (block >= 0) & (block < trash)  # -1, past the cache: masked
         slot = tl.where(key_ok, block * bs + kp % bs, 0)
         kv_off = (slot * KV + kvh)[:, None] * D + d[None, :]
         kv_mask = key_ok[:, None] & d_ok[None, :]
@@ -132,7 +143,17 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
             kt = (kt.to(tl.float32) * k_scale).to(dtype)
             vt = (vt.to(tl.float32) * v_scale).to(dtype)
         scores = _dot(q, tl.trans(kt), IEEE, UPCAST) * qk_scale  # log2 domain
-        visible = (kp[None, :] <= pos[:, None]) & key_ok[None, :]
+        if TREE:
+            # keys start - base + 0..BLOCK_N-1 are rows of this forward when start >= base (one half
+            # of mask word (start - base) // 32), else the context (BLOCK_N divides 32)
+            rel = (start - base) + tl.zeros([BLOCK_M], tl.int64)  # per row (a scalar mask trips the interpreter)
+            ok = row_ok & (rel >= 0) & (rel < W * 32)
+            word = tl.load(words + tl.where(ok, rel // 32, 0), mask=ok, other=0)  # [BLOCK_M] int32
+            shift = tl.where(ok, rel % 32, 0)[:, None] + keys[None, :]  # [BLOCK_M, BLOCK_N] in 0..31
+            ancestor = ((word[:, None] >> shift) & 1) == 1
+            visible = ((start < base) | ancestor) & (pos[:, None] >= 0) & key_ok[None, :]
+        else:
+            visible = (kp[None, :] <= pos[:, None]) & key_ok[None, :]
         if window > 0:
             visible = visible & (kp[None, :] > pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
@@ -159,14 +180,15 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
 def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, positions: torch.Tensor,
                  block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, num_heads: int,
                  num_kv_heads: int, head_dim: int, scale: float | None = None, sliding_window: int = 0,
-                 sinks: torch.Tensor | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 sinks: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None, *,
+                 k_scale: float = 1.0, v_scale: float = 1.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """See `reference.kv_attention`; writes k/v into the caches in place (k = v = None: read only).
 
     q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
-    block_tables [B, M]; k_cache/v_cache [N+1, bs, KV, d] contiguous, q's dtype or float8_e4m3fn
-    (then k_scale/v_scale dequantize: stored = value / scale). Returns out [B, S, H*d]."""
-    device = same_device(q, k, v, positions, block_tables, k_cache, v_cache, sinks)
+    block_tables [B, M]; tree_mask [B, S, W] int32 | None; k_cache/v_cache [N+1, bs, KV, d] contiguous,
+    q's dtype or float8_e4m3fn (then k_scale/v_scale dequantize: stored = value / scale).
+    Returns out [B, S, H*d]."""
+    device = same_device(q, k, v, positions, block_tables, k_cache, v_cache, sinks, tree_mask)
     b, s, _ = q.shape
     h, kvh, d = int(num_heads), int(num_kv_heads), int(head_dim)
     if h % kvh or q.shape[-1] != h * d:
@@ -184,6 +206,10 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                          f"dtype, got {tuple(k_cache.shape)} {k_cache.dtype} / {tuple(v_cache.shape)} {v_cache.dtype}")
     if sinks is not None and sinks.shape != (h,):
         raise ValueError(f"kv_attention: sinks must be [{h}], got {tuple(sinks.shape)}")
+    if tree_mask is not None and (tree_mask.dim() != 3 or tree_mask.shape[:2] != (b, s)
+                                  or tree_mask.dtype != torch.int32):
+        raise ValueError(f"kv_attention: tree_mask must be int32 [{b}, {s}, words], got "
+                         f"{tuple(tree_mask.shape)} {tree_mask.dtype}")
     check_dtype(q, "kv_attention q")
     if k is not None and (k.dtype != q.dtype or v.dtype != q.dtype):
         raise TypeError(f"kv_attention: q, k and v must share a dtype (got {q.dtype}, {k.dtype}, {v.dtype})")
@@ -203,14 +229,16 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         kv_write_kernel[(b, s)](k.contiguous(), v.contiguous(), positions, tables, k_cache, v_cache, s, m,
                                 blocks - 1, bs, float(k_scale), float(v_scale), KVD=kvh * d,
                                 BLOCK=min(next_pow2(kvh * d, 16), 1024), FP8_CACHE=fp8,
-                                ROUND_FP8=fp8 and interpreted())
+                                ROUND_FP8=fp8 and interpreted(), TREE=tree_mask is not None)
     group = h // kvh
     block_m = 16  # 64-row tiles spill registers from d = 64 on (aot.py's check); more rows, more programs
     qk_scale = (scale if scale is not None else d ** -0.5) * LOG2E
     kv_attention_kernel[(b, kvh, -(-s * group // block_m))](
         q, out, positions, tables, k_cache, v_cache, q if sinks is None else sinks.contiguous(),
+        positions if tree_mask is None else tree_mask.contiguous(),
         s, m, blocks - 1, bs, h, kvh, group, float(qk_scale), float(k_scale), float(v_scale), int(sliding_window),
+        1 if tree_mask is None else tree_mask.shape[2],
         D=d, BLOCK_M=block_m, BLOCK_D=next_pow2(d, 16), BLOCK_N=BLOCK_N,
         HAS_SINKS=sinks is not None, FP8_CACHE=fp8, IEEE=q.dtype == torch.float32, num_warps=4 if d <= 128 else 8,
-        UPCAST=q.dtype == torch.bfloat16 and interpreted())
+        UPCAST=q.dtype == torch.bfloat16 and interpreted(), TREE=tree_mask is not None)
     return out

@@ -3,7 +3,8 @@
 Each `Variant` fixes a kernel's pointer dtypes and constexprs (tile sizes, features); the runtime
 arguments stay runtime (sizes, window, scales). The ahead-of-time build (`aot.py`) compiles every
 variant for every architecture, and the C launcher (plugins/src/launcher/tritonLauncher.cpp)
-picks one by name: `kv_attention.<act>.<cache>.d<D>.m<BLOCK_M>.<sinks|nosinks>` and the like below.
+picks one by name: `kv_attention.<act>.<cache>.d<D>.m<BLOCK_M>.<sinks|nosinks>[.tree]` and the like
+below (`.tree`: the draft-tree form, with the packed ancestor mask input).
 `kernel_args` lists the runtime arguments in the order the compiled kernel takes them (constexprs
 removed; two trailing scratch pointers follow, see aot.py).
 How to test: tests/ops/test_triton_aot.py.
@@ -66,24 +67,24 @@ def _draft_inputs(act: str) -> Variant:
     return Variant(f"draft_inputs.{act}", fn, _sig(fn, types, consts), consts)
 
 
-def _kv_write(act: str, cache: str) -> Variant:
+def _kv_write(act: str, cache: str, tree: bool = False) -> Variant:
     fn = kv_attention.kv_write_kernel
-    consts = {"BLOCK": 256, "FP8_CACHE": cache == "fp8", "ROUND_FP8": False}
+    consts = {"BLOCK": 256, "FP8_CACHE": cache == "fp8", "ROUND_FP8": False, "TREE": tree}
     types = {"k_ptr": PTR[act], "v_ptr": PTR[act], "positions_ptr": "*i64", "tables_ptr": "*i64",
              "k_cache": PTR[cache], "v_cache": PTR[cache], "S": "i32", "M": "i32", "trash": "i32", "bs": "i32",
              "k_scale": "fp32", "v_scale": "fp32", "KVD": "i32"}
-    return Variant(f"kv_write.{act}.{cache}", fn, _sig(fn, types, consts), consts)
+    return Variant(f"kv_write.{act}.{cache}" + (".tree" if tree else ""), fn, _sig(fn, types, consts), consts)
 
 
-def _kv_attention(act: str, cache: str, d: int, block_m: int, sinks: bool) -> Variant:
+def _kv_attention(act: str, cache: str, d: int, block_m: int, sinks: bool, tree: bool = False) -> Variant:
     fn = kv_attention.kv_attention_kernel
     consts = {"D": d, "BLOCK_M": block_m, "BLOCK_D": d, "BLOCK_N": kv_attention.BLOCK_N, "HAS_SINKS": sinks,
-              "FP8_CACHE": cache == "fp8", "IEEE": act == "f32", "UPCAST": False}
+              "FP8_CACHE": cache == "fp8", "IEEE": act == "f32", "UPCAST": False, "TREE": tree}
     types = {"q_ptr": PTR[act], "out_ptr": PTR[act], "positions_ptr": "*i64", "tables_ptr": "*i64",
-             "k_cache": PTR[cache], "v_cache": PTR[cache], "sinks_ptr": "*fp32"}
-    types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window")})
+             "k_cache": PTR[cache], "v_cache": PTR[cache], "sinks_ptr": "*fp32", "tree_ptr": "*i32"}
+    types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window", "W")})
     types.update({n: "fp32" for n in ("qk_scale", "k_scale", "v_scale")})
-    name = f"kv_attention.{act}.{cache}.d{d}.m{block_m}.{'sinks' if sinks else 'nosinks'}"
+    name = f"kv_attention.{act}.{cache}.d{d}.m{block_m}.{'sinks' if sinks else 'nosinks'}" + (".tree" if tree else "")
     # 4 warps hold a [16, 128] tile's accumulator and operands in registers; bigger tiles take 8
     return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=4 if block_m * d <= 16 * 128 else 8)
 
@@ -91,9 +92,11 @@ def _kv_attention(act: str, cache: str, d: int, block_m: int, sinks: bool) -> Va
 def all_variants() -> list[Variant]:
     """Every variant the plugins can launch: the three activation dtypes, caches of the activation
     dtype or FP8 (16-bit activations), head sizes 64, 128, 256, 16-row tiles. No sinks: the
-    plugins take no sinks input yet (the JIT path of the torch executor has them)."""
+    plugins take no sinks input yet (the JIT path of the torch executor has them). Each in a plain
+    and a `.tree` form (verify over a draft tree: the packed ancestor mask)."""
     out = [_draft_sample(a) for a in ACTS] + [_draft_inputs(a) for a in ACTS]
     for act, cache in (("f32", "f32"), ("f16", "f16"), ("f16", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")):
-        out.append(_kv_write(act, cache))
-        out += [_kv_attention(act, cache, d, BLOCK_M, False) for d in HEAD_DIMS]
+        for tree in (False, True):
+            out.append(_kv_write(act, cache, tree))
+            out += [_kv_attention(act, cache, d, BLOCK_M, False, tree) for d in HEAD_DIMS]
     return out

@@ -121,7 +121,21 @@ cudaError_t peagle_kv_attention(void const* q, void const* k, void const* v, int
     peagle_dtype_t cache_dtype, void* /*workspace*/, size_t /*workspace_size*/, int32_t /*flags*/,
     cudaStream_t stream)
 {
+    return peagle_kv_attention_tree(q, k, v, positions, block_tables, nullptr, 0, k_cache, v_cache, out, batch, rows,
+        num_heads, num_kv_heads, head_dim, cache_blocks, block_size, max_blocks, scale, k_scale, v_scale, act_dtype,
+        cache_dtype, stream);
+}
+
+cudaError_t peagle_kv_attention_tree(void const* q, void const* k, void const* v, int64_t const* positions,
+    int64_t const* block_tables, int32_t const* tree_mask, int32_t mask_words, void* k_cache, void* v_cache,
+    void* out, int32_t batch, int32_t rows, int32_t num_heads, int32_t num_kv_heads, int32_t head_dim,
+    int32_t cache_blocks, int32_t block_size, int32_t max_blocks, float scale, float k_scale, float v_scale,
+    peagle_dtype_t act_dtype, peagle_dtype_t cache_dtype, cudaStream_t stream)
+{
     bool const fp8 = cache_dtype == PEAGLE_FP8_E4M3;
+    bool const tree = tree_mask != nullptr;
+    if ((tree && mask_words < (rows + 31) / 32) || (!tree && mask_words != 0))
+        return cudaErrorInvalidValue;
     if (!q || !k || !v || !positions || !block_tables || !k_cache || !v_cache || !out || !isActivation(act_dtype)
         || (cache_dtype != act_dtype && !fp8) || (fp8 && act_dtype == PEAGLE_F32) || batch < 0 || rows < 0
         || num_kv_heads < 1 || num_heads % num_kv_heads != 0 || cache_blocks < 1 || block_size < 1 || max_blocks < 1
@@ -137,19 +151,23 @@ cudaError_t peagle_kv_attention(void const* q, void const* k, void const* v, int
     int32_t trash = cache_blocks - 1, kvd = num_kv_heads * head_dim;
     void* writeArgs[] = {&k, &v, &positions, &block_tables, &k_cache, &v_cache, &rows, &max_blocks, &trash,
         &block_size, &k_scale, &v_scale, &kvd};
-    cudaError_t err = launch("kv_write." + act + "." + cache, dim3(batch, rows), writeArgs, 13, stream);
+    std::string const form = tree ? ".tree" : ""; // the draft-tree variants (variants.py)
+    cudaError_t err = launch("kv_write." + act + "." + cache + form, dim3(batch, rows), writeArgs, 13, stream);
     if (err != cudaSuccess)
         return err;
     int32_t group = num_heads / num_kv_heads, window = 0;
     int32_t const tileRows = 16; // BLOCK_M of the compiled variants (variants.py)
     float qkScale = (scale > 0.f ? scale : 1.f / std::sqrt(static_cast<float>(head_dim))) * 1.4426950408889634f;
     void const* noSinks = q;
-    void* attnArgs[] = {&q, &out, &positions, &block_tables, &k_cache, &v_cache, &noSinks, &rows, &max_blocks,
-        &trash, &block_size, &num_heads, &num_kv_heads, &group, &qkScale, &k_scale, &v_scale, &window};
+    void const* mask = tree ? static_cast<void const*>(tree_mask) : q; // unread without a tree
+    int32_t words = tree ? mask_words : 1;
+    void* attnArgs[] = {&q, &out, &positions, &block_tables, &k_cache, &v_cache, &noSinks, &mask, &rows,
+        &max_blocks, &trash, &block_size, &num_heads, &num_kv_heads, &group, &qkScale, &k_scale, &v_scale, &window,
+        &words};
     std::string const variant = "kv_attention." + act + "." + cache + ".d" + std::to_string(head_dim) + ".m"
-        + std::to_string(tileRows) + ".nosinks";
+        + std::to_string(tileRows) + ".nosinks" + form;
     dim3 const grid(batch, num_kv_heads, (rows * group + tileRows - 1) / tileRows);
-    return launch(variant, grid, attnArgs, 18, stream);
+    return launch(variant, grid, attnArgs, 20, stream);
 }
 
 size_t peagle_kv_attention_workspace_size(int32_t, int32_t, int32_t, int32_t, int32_t)

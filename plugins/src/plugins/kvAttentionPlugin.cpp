@@ -1,4 +1,6 @@
-// PEagleKVAttention: TensorRT wrapper of peagle_kv_attention (see peaglePlugins.h for the I/O).
+// PEagleKVAttention: TensorRT wrapper of peagle_kv_attention (see peaglePlugins.h for the I/O). An 8th
+// input, tree_mask [B, S, W] int32, makes it the draft-tree form (peagle_kv_attention_tree): the target
+// graph's nodes carry it (the TensorRT copy drops the empty sinks slot before it, onnx_defs.strip_functions).
 #include "peaglePlugins.h"
 
 #include <cmath>
@@ -19,12 +21,18 @@ enum : int32_t
     kBlockTables,
     kKCache,
     kVCache,
-    kNbInputs,
+    kNbInputs, // without a tree mask
+    kTreeMask = kNbInputs,
     kOut = 0,
     kKCacheOut,
     kVCacheOut,
     kNbOutputs
 };
+
+bool inputCount(int32_t nbInputs)
+{
+    return nbInputs == kNbInputs || nbInputs == kNbInputs + 1;
+}
 } // namespace
 
 KVAttentionPlugin::KVAttentionPlugin(
@@ -40,13 +48,16 @@ KVAttentionPlugin::KVAttentionPlugin(
 
 nvinfer1::IPluginV3* KVAttentionPlugin::clone() noexcept
 {
-    return new (std::nothrow) KVAttentionPlugin(mNumHeads, mNumKvHeads, mHeadDim, mScale, mKScale, mVScale);
+    auto* plugin = new (std::nothrow) KVAttentionPlugin(mNumHeads, mNumKvHeads, mHeadDim, mScale, mKScale, mVScale);
+    if (plugin)
+        plugin->mTree = mTree;
+    return plugin;
 }
 
 int32_t KVAttentionPlugin::getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
     nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
+    if (!inputCount(nbInputs) || nbOutputs != kNbOutputs)
         return 1;
     outputTypes[kOut] = inputTypes[kQ];
     outputTypes[kKCacheOut] = inputTypes[kKCache];
@@ -58,8 +69,9 @@ int32_t KVAttentionPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, in
     nvinfer1::DimsExprs const* /*shapeInputs*/, int32_t /*nbShapeInputs*/, nvinfer1::DimsExprs* outputs,
     int32_t nbOutputs, nvinfer1::IExprBuilder& /*exprBuilder*/) noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs || inputs[kQ].nbDims != 3 || inputs[kPositions].nbDims != 2
-        || inputs[kBlockTables].nbDims != 2 || inputs[kKCache].nbDims != 4 || inputs[kVCache].nbDims != 4)
+    if (!inputCount(nbInputs) || nbOutputs != kNbOutputs || inputs[kQ].nbDims != 3 || inputs[kPositions].nbDims != 2
+        || inputs[kBlockTables].nbDims != 2 || inputs[kKCache].nbDims != 4 || inputs[kVCache].nbDims != 4
+        || (nbInputs > kNbInputs && inputs[kTreeMask].nbDims != 3))
         return 1;
     outputs[kOut] = inputs[kQ];            // [B, S, H*d]
     outputs[kKCacheOut] = inputs[kKCache]; // [NB+1, bs, KV, d], same buffer
@@ -70,11 +82,15 @@ int32_t KVAttentionPlugin::getOutputShapes(nvinfer1::DimsExprs const* inputs, in
 bool KVAttentionPlugin::supportsFormatCombination(
     int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs, int32_t nbOutputs) noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs || pos < 0 || pos >= kNbInputs + kNbOutputs)
+    if (!inputCount(nbInputs) || nbOutputs != kNbOutputs || pos < 0 || pos >= nbInputs + nbOutputs)
         return false;
     if (!isLinear(inOut[pos]))
         return false;
     nvinfer1::DataType const t = inOut[pos].desc.type;
+    if (nbInputs > kNbInputs && pos == kTreeMask)
+        return t == nvinfer1::DataType::kINT32; // packed ancestor bits
+    if (pos >= nbInputs)
+        pos += kNbInputs - nbInputs; // outputs: numbered as without a tree mask
     switch (pos)
     {
     case kQ: return isActivationType(t);
@@ -97,8 +113,14 @@ bool KVAttentionPlugin::supportsFormatCombination(
 int32_t KVAttentionPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
     nvinfer1::DynamicPluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
 {
-    if (nbInputs != kNbInputs || nbOutputs != kNbOutputs)
+    if (!inputCount(nbInputs) || nbOutputs != kNbOutputs)
         return 1;
+    mTree = nbInputs > kNbInputs;
+    if (mTree && (in[kTreeMask].desc.dims.nbDims != 3 || in[kTreeMask].desc.type != nvinfer1::DataType::kINT32))
+    {
+        logError("PEagleKVAttention: tree_mask must be int32 [B, S, ceil(S / 32)]");
+        return 1;
+    }
     if (mHeadDim != 64 && mHeadDim != 128 && mHeadDim != 256)
     {
         // the compiled Triton variants (peagle_trt/ops/triton_kernels/variants.py, HEAD_DIMS)
@@ -136,7 +158,7 @@ int32_t KVAttentionPlugin::configurePlugin(nvinfer1::DynamicPluginTensorDesc con
 size_t KVAttentionPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
     nvinfer1::DynamicPluginTensorDesc const* /*outputs*/, int32_t /*nbOutputs*/) const noexcept
 {
-    if (nbInputs != kNbInputs)
+    if (!inputCount(nbInputs))
         return 0;
     // the bound is monotone in (batch, rows, keys): sized for the profile maximum, enough for any shape in it
     nvinfer1::Dims const& q = inputs[kQ].max;
@@ -147,6 +169,15 @@ size_t KVAttentionPlugin::getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc con
         return 0;
     return peagle_kv_attention_workspace_size(static_cast<int32_t>(q.d[0]), static_cast<int32_t>(q.d[1]),
         mNumHeads, mHeadDim, static_cast<int32_t>(keys));
+}
+
+int32_t KVAttentionPlugin::onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
+    nvinfer1::PluginTensorDesc const* /*out*/, int32_t nbOutputs) noexcept
+{
+    if (!inputCount(nbInputs) || nbOutputs != kNbOutputs)
+        return 1;
+    mTree = nbInputs > kNbInputs;
+    return mTree && (in[kTreeMask].dims.nbDims != 3 || in[kTreeMask].type != nvinfer1::DataType::kINT32) ? 1 : 0;
 }
 
 int32_t KVAttentionPlugin::getAliasedInput(int32_t outputIndex) noexcept
@@ -195,6 +226,21 @@ int32_t KVAttentionPlugin::enqueue(nvinfer1::PluginTensorDesc const* inputDesc,
     size_t const ws = workspace && keys > 0 && keys <= 0x7fffffff
         ? peagle_kv_attention_workspace_size(batch, rows, mNumHeads, mHeadDim, static_cast<int32_t>(keys))
         : 0;
+    if (mTree)
+    {
+        nvinfer1::Dims const& mask = inputDesc[kTreeMask].dims;
+        if (mask.nbDims != 3 || mask.d[0] != q.d[0] || mask.d[1] != q.d[1])
+        {
+            logError("PEagleKVAttention: tree_mask must be [B, S, ceil(S / 32)] for q [B, S, H*d]");
+            return 1;
+        }
+        cudaError_t const err = peagle_kv_attention_tree(inputs[kQ], inputs[kK], inputs[kV],
+            static_cast<int64_t const*>(inputs[kPositions]), static_cast<int64_t const*>(inputs[kBlockTables]),
+            static_cast<int32_t const*>(inputs[kTreeMask]), static_cast<int32_t>(mask.d[2]), outputs[kKCacheOut],
+            outputs[kVCacheOut], outputs[kOut], batch, rows, mNumHeads, mNumKvHeads, mHeadDim, cacheBlocks,
+            blockSize, maxBlocks, mScale, mKScale, mVScale, actType, cacheType, stream);
+        return kernelStatus(err, kName);
+    }
     cudaError_t const err = peagle_kv_attention(inputs[kQ], inputs[kK], inputs[kV],
         static_cast<int64_t const*>(inputs[kPositions]), static_cast<int64_t const*>(inputs[kBlockTables]),
         outputs[kKCacheOut], outputs[kVCacheOut], outputs[kOut], batch, rows, mNumHeads, mNumKvHeads, mHeadDim,

@@ -3,7 +3,9 @@
 //   PEagleKVAttention  inputs  q [B,S,H*d], k [B,S,KV*d], v, positions [B,S] i64,
 //                              block_tables [B,M] i64 (-1 = no block), k_cache [NB+1,bs,KV,d], v_cache
 //                              (paged: position p of request b at block block_tables[b, p / bs],
-//                              offset p % bs; the last block is the trash block)
+//                              offset p % bs; the last block is the trash block), optional tree_mask
+//                              [B,S,W] i32 (draft trees: packed ancestor bits; rows at KV position
+//                              positions[b,0] + s, positions by depth: peagle_kv_attention_tree)
 //                      outputs out [B,S,H*d], k_cache_out (alias of input 5), v_cache_out (alias of 6)
 //                      attrs   num_heads, num_kv_heads, head_dim (int), scale (float, <= 0 or absent:
 //                              1/sqrt(head_dim)), k_scale, v_scale (float, FP8 caches only, default 1)
@@ -125,6 +127,8 @@ public:
     size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
         nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
     int32_t getAliasedInput(int32_t outputIndex) noexcept override;
+    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
 
     int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
         void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
@@ -137,6 +141,7 @@ private:
     float mScale;
     float mKScale;
     float mVScale;
+    bool mTree{false}; // an 8th input, tree_mask: the draft-tree form (set from the input count)
     FieldList mFields;
 };
 
