@@ -58,6 +58,8 @@ SUITES: dict[str, tuple[str, str]] = {
                     "real model: speed vs synthetic acceptance length; adaptive K vs fixed K (b1, b8)"),
     "verify-shapes": ("peagle_trt.bench.verify_shapes",
                       "real model: one verify forward by shape (requests x rows), the cost model of adaptive K"),
+    "deterministic": ("peagle_trt.bench.deterministic",
+                      "real model: deterministic mode's cost, torch and onnxruntime, decode and verify, b1/b8"),
     "draft-length": ("peagle_trt.bench.draft_length",
                      "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
     "structured": ("peagle_trt.bench.structured",

@@ -10,11 +10,21 @@ its own blocks of the paged cache and its rows at positions context .. context +
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from peagle_trt.bench.harness import Figure, alternate, finish, summary, table
+
+
+def forward(ex, b: int, r: int, context: int, blocks: int) -> Callable[[], object]:
+    """One target forward of executor `ex` as a verify runs it: `b` requests x `r` rows each at positions
+    context .. context + r - 1, request i in blocks i*blocks .. (i + 1)*blocks - 1 of the paged cache."""
+    tokens = torch.randint(0, 100, (b, r))
+    positions = (context + torch.arange(r)).expand(b, -1).contiguous()
+    tables = torch.arange(b * blocks).view(1, b, blocks)  # [1, B, M]
+    return lambda: ex.target(tokens, positions, tables)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,13 +51,7 @@ def run(args: argparse.Namespace) -> dict:
     ex, m = OrtExecutor.from_models(target, None, None, kv=kv), kv.max_blocks
     shapes = [(1, 1), (2, 4)] if args.smoke else [(b, r) for b in (1, 2, 4, 8) for r in (1, 2, 3, 4, 8) if b * r <= 32]
 
-    def verify(b: int, r: int):
-        tokens = torch.randint(0, 100, (b, r))
-        positions = (args.context + torch.arange(r)).expand(b, -1).contiguous()
-        tables = torch.arange(b * m).view(1, b, m)  # [1, B, M]: request i holds blocks i*M .. i*M + M - 1
-        return lambda: ex.target(tokens, positions, tables)
-
-    t = alternate({s: verify(*s) for s in shapes}, args.rounds, warmup=3)
+    t = alternate({(b, r): forward(ex, b, r, args.context, m) for b, r in shapes}, args.rounds, warmup=3)
     rows = [{"requests": b, "rows_per_request": r, "rows": b * r, "ms": round(summary(t[(b, r)], 1e3)["median"], 2),
              "spread": round(summary(t[(b, r)])["spread"], 3)} for b, r in shapes]
     ms = {(x["requests"], x["rows_per_request"]): x["ms"] for x in rows}
