@@ -156,6 +156,31 @@ def test_batch_mix_of_constrained_and_free_requests_under_preemption(tiny, gramm
     assert sched.blocks.stats.preemptions > 0
 
 
+def test_constrained_requests_draft_chains_beside_free_trees(tiny, grammars, oracle):
+    """A server verifying draft trees: constrained requests draft a chain (their masks follow one
+    path) and stay equal to the constrained reference; free requests in the same batches keep
+    their trees and equal the chain decoder's output."""
+    free = [[3, 4, 5, 6, 7], [200, 201, 202]]
+    ref_free = [generate(decoder(tiny, "peagle", 3), p, SamplingParams(max_tokens=20, ignore_eos=True)).output
+                for p in free]
+    spec = SpecConfig("peagle", 3, tree_budget=6)
+    sched = Scheduler(decoder(tiny, "peagle", 3, spec=spec, slots=4), prefill_chunk=16, grammars=grammars)
+    outputs: dict = {}
+    names = ["tool_get_weather", "ebnf"]
+    for i, name in enumerate(names):
+        sched.add(Request(name, PROMPT, constrained(name), collect(outputs)))
+        sched.add(Request(f"free{i}", free[i], SamplingParams(max_tokens=20, ignore_eos=True), collect(outputs)))
+    sched.run_until_idle()
+    for name in names:
+        assert outputs[name]["ids"] == oracle(name), name
+        st = outputs[name]["stats"]
+        assert st.drafted <= 3 * st.steps  # chains of at most K = 3
+    for i, ref in enumerate(ref_free):
+        assert outputs[f"free{i}"]["ids"] == ref
+        st = outputs[f"free{i}"]["stats"]
+        assert st.drafted > 3 * st.steps  # trees of more nodes than K
+
+
 def test_a_failed_batch_step_rolls_the_matchers_back(tiny, grammars, oracle):
     """A fault in drafting, after the verify committed tokens and advanced the matchers: the
     scheduler undoes the step and retries each request alone; the constrained ones end exact."""
