@@ -7,22 +7,26 @@ split; never HumanEval) greedily with its chat template, through the serving sch
 (peagle_trt/train/distill.py, onnxruntime executor, batch 32), as many as --budget-s allows or
 the first --limit; resumable: answers already in WORK/answers.jsonl are kept (start from the
 answers of data/smollm2-135m-instruct/ by copying them there); (2) peagle: a P-EAGLE head (one
-parallel pass, trained depth 10, COD) and (3) eagle3: an EAGLE-3 head (sequential) with
-`peagle-trt train` on the same answers with the same steps and settings; the draft vocabulary
+parallel pass, trained depth 5, COD, depth 0 alone for its first 250 steps, --init-from to
+continue from a head such as the shipped one) and (3) eagle3: an EAGLE-3 head (sequential), each
+with `peagle-trt train` on the same answers for --cpu-budget-s CPU seconds; the draft vocabulary
 (8192) comes from the answers; the target's pass over the data is computed once and shared
 (--feature-cache); per-tap norms before fc (SmolLM2's deeper taps carry activations up to ~25K,
 rms ~65, against ~3 for the first); weights in bfloat16, embeddings frozen (the heads use the
-target's table): ~20 MB each. The P-EAGLE head in the AWS layout, the EAGLE-3 head in the
+target's table): ~20 MB each, each with its learning curve (curve.jsonl, curve.png: held-out
+top-1 by position against CPU time). The P-EAGLE head in the AWS layout, the EAGLE-3 head in the
 `speculators` layout.
 
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 3600     # all stages
-    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle       # one stage
-    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --device cuda --epochs 40
+    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --cpu-budget-s 7200 \
+        --init-from tests/data/smollm2-heads/peagle                               # continue the shipped head
+    .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --device cuda
 
-On 2 CPU cores a step of 4 answers takes ~0.85 s once the target's pass is cached, so an hour
-is ~8 epochs of the committed answers: not enough for a useful head (docs/BENCHMARKS.md,
-"SmolLM2-135M: trained heads"); --device is passed to `peagle-trt train` (cuda: never run here,
-no GPU has been lent to this project).
+On 2 CPU cores the target's pass over the answers costs ~1 CPU second per answer (once, cached;
+run the training with OMP_NUM_THREADS=1 on a shared machine: two-thread torch spins against other
+load), a depth-0 step of 4 answers ~0.9 CPU s, a depth-5 step ~1.7 CPU s (docs/BENCHMARKS.md,
+"curves"); --device is passed to `peagle-trt train` (cuda: never run here, no GPU has been lent to
+this project).
 
 Then measure them: `peagle-trt bench heads --peagle WORK_DIR/drafter-peagle --eagle3
 WORK_DIR/drafter-eagle3 --served`. Last stdout line: JSON.
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shlex
 import subprocess
 import sys
@@ -41,9 +44,13 @@ from pathlib import Path
 
 STAGES = ("distill", "peagle", "eagle3")
 MASK_TOKEN_ID = 4  # '<reponame>': a code-repository marker the chat model never writes in an answer
-COMMON = ["--draft-vocab", "8192", "--depths", "10", "--seq-len", "2048", "--segment-tokens", "1024",
-          "--max-context", "256", "--batch", "4", "--lr", "2e-3", "--freeze-embeddings", "--fc-norm",
-          "--save-dtype", "bfloat16", "--log-every", "20", "--save-every", "40"]
+# the recipe measured by its held-out curve (docs/BENCHMARKS.md, "curves"): depth 5 (deeper slots
+# learn little on this compute), depth 0 alone for its first 250 steps, a cosine over a CPU budget
+COMMON = ["--draft-vocab", "8192", "--depths", "5", "--seq-len", "2048", "--segment-tokens", "1024",
+          "--max-context", "256", "--batch", "4", "--lr", "2e-3", "--warmup", "20", "--freeze-embeddings",
+          "--fc-norm", "--save-dtype", "bfloat16", "--log-every", "20", "--save-every", "40", "--eval-every", "40",
+          "--steps", "1000000"]
+PEAGLE = ["--mask-token-id", str(MASK_TOKEN_ID), "--curriculum", "250"]
 
 
 def note(msg: str) -> None:
@@ -62,7 +69,10 @@ def main() -> None:
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
     ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
     ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
-    ap.add_argument("--epochs", type=float, default=2.0, help="training: passes over the answers")
+    ap.add_argument("--cpu-budget-s", type=float, default=3600,
+                    help="training: CPU seconds per head (process time; the cosine schedule spans them)")
+    ap.add_argument("--init-from", type=Path, default=None,
+                    help="training: warm start the P-EAGLE head from this one (e.g. the shipped head)")
     ap.add_argument("--device", default="cpu", help="training: torch device (cpu, cuda)")
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
@@ -79,16 +89,15 @@ def main() -> None:
         report["distill"] = distill(target, rows, answers, backend="onnxruntime", batch=32, max_len=3072,
                                     budget_s=args.budget_s, progress=note)
     n = sum(1 for line in answers.read_text().splitlines() if line.strip())
-    steps = math.ceil(args.epochs * n / 4)
     for method, layout in (("peagle", "aws"), ("eagle3", "speculators")):
         if args.stage not in ("all", method):
             continue
         cmd = [sys.executable, "-m", "peagle_trt.cli", "train", "--target", str(target), "--data", str(answers),
                "--method", method, "--layout", layout, "--output", str(args.work / f"drafter-{method}"),
-               "--steps", str(steps), "--checkpoint-dir", str(args.work / f"ckpt-{method}"),
+               "--cpu-budget-s", str(args.cpu_budget_s), "--checkpoint-dir", str(args.work / f"ckpt-{method}"),
                "--feature-cache", str(args.work / "features.pt"), "--device", args.device, "--force", *COMMON]
         if method == "peagle":
-            cmd += ["--mask-token-id", str(MASK_TOKEN_ID)]
+            cmd += PEAGLE + (["--init-from", str(args.init_from)] if args.init_from else [])
         report[method] = run(cmd)
     report["answers"], report["total_s"] = n, round(time.time() - t0, 1)
     print(json.dumps(report))
