@@ -64,6 +64,8 @@ SUITES: dict[str, tuple[str, str]] = {
                      "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
     "structured": ("peagle_trt.bench.structured",
                    "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks per step, compile time"),
+    "trees": ("peagle_trt.bench.trees",
+              "trained code pair: P-EAGLE draft trees (budgets B) vs chains (K): AL, tok/s, where trees gain (b1, b8)"),
     "curves": ("peagle_trt.bench.curves",
                "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
 }

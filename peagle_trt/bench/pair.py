@@ -1,5 +1,5 @@
 """A target and its drafter heads, measured with the code that serves: what the suites `heads`,
-`acceptance`, `step-cost`, `speculation` and `structured` share (each a thin module on this one).
+`acceptance`, `step-cost`, `speculation`, `structured` and `trees` share (each a thin module on this one).
 
 A configuration (`Config`: a name, a SpecConfig, the head directory) runs in process through
 TextGenerator (chat template or raw text, scheduler, speculative decoder, torch or onnxruntime
@@ -9,7 +9,8 @@ batch; a workload may have its own SamplingParams, e.g. structured output) and g
 cell: acceptance pooled over requests (`pooled`), tok/s of the median pass, speed-up over the first
 configuration (none), and how many outputs differ from its (greedy: 0, the gate); with `timers`
 also where a step's time goes (the executor's forwards, and whatever else the caller times into
-the same dict, e.g. the grammar's masks).
+the same dict, e.g. the grammar's masks); with `around` each timed pass runs inside `around(name)`
+(a context manager: what the caller counts during a configuration's passes, e.g. trees' paths).
 `acceptance_phase` is the batch-8 acceptance table of `heads`/`acceptance`; `drawing` its figure.
 """
 
@@ -166,7 +167,8 @@ Runner = Callable[[list[str], SamplingParams, int], tuple[float, list[dict]]]
 
 
 def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dict[str, list[str]], batch: int,
-               args, timers: dict | None = None, params: dict[str, SamplingParams] | None = None) -> list[dict]:
+               args, timers: dict | None = None, params: dict[str, SamplingParams] | None = None,
+               around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> list[dict]:
     """Per workload, every configuration's pass (`runners[name](prompts, params[workload], batch)`;
     default params: greedy, `args.max_tokens`) alternated within `args.rounds` rounds; one row per
     configuration (see the module's docstring)."""
@@ -180,7 +182,8 @@ def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dic
             def go() -> float:
                 if timers is not None:
                     timers[c.name].clear()
-                wall, results[c.name] = runners[c.name](prompts, wparams, batch)
+                with (around or (lambda _: contextlib.nullcontext()))(c.name):
+                    wall, results[c.name] = runners[c.name](prompts, wparams, batch)
                 if timers is not None:
                     per_pass[c.name].append(dict(timers[c.name], wall=wall))
                 return wall
@@ -224,7 +227,8 @@ def step_cost(passes: list[dict]) -> dict:
 
 def measure(args, configs: list[Config], workloads: dict[str, list[str]], batches: list[int],
             max_seq_len: int, chat_template: bool = True, timers: dict | None = None,
-            params: dict[str, SamplingParams] | None = None) -> list[dict]:
+            params: dict[str, SamplingParams] | None = None,
+            around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> list[dict]:
     """In process: per batch, one generator of `batch` slots per configuration (freed after). With
     `timers` (a dict: passes run one at a time), every executor's forwards are timed into it."""
     rows = []
@@ -240,7 +244,7 @@ def measure(args, configs: list[Config], workloads: dict[str, list[str]], batche
                 run_batch(gen, prompts[:1], dataclasses.replace(s, max_tokens=4), 1, chat_template)
         runners = {n: (lambda p, s, b, g=g: run_batch(g, p, s, b, chat_template)) for n, g in gens.items()}
         rows += alternated(configs, runners, workloads, batch, args,
-                           None if timers is None else {n: timers for n in gens}, params)
+                           None if timers is None else {n: timers for n in gens}, params, around)
         gens.clear()
         gc.collect()
     return rows

@@ -18,7 +18,7 @@ cur + depth and KV slots cur + row (ops.reference.kv_attention with a tree mask)
                 the unknown tokens before them, far below the acceptance of a draft whose prefix
                 was accepted, so the pure product score trades the deep chain for siblings
                 (measured on the code pair: AL 2.2 at B = 16 vs 3.5 for the K = 7 chain;
-                docs/BENCHMARKS.md, "Draft trees")
+                docs/BENCHMARKS.md, "trees")
     parse_static, static_nodes  vLLM's `speculative_token_tree`: rank paths, "(0,), (1,), (0, 0)"
                 = the top-1 and top-2 at depth 1, then the top-1 at depth 2 below the top-1
     walk        the accepted path: from the root, the target's token at each node (argmax, or a

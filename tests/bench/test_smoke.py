@@ -20,7 +20,7 @@ ELSEWHERE = {  # suite -> the test that runs its --smoke (or, without a GPU, its
 }
 SMOKE = {  # suite -> extra options of its smoke run
     "drafter": [], "backends": [], "families": [], "step-cost": [], "verify-shapes": [], "structured": [],
-    "deterministic": [],
+    "deterministic": [], "trees": [],
     "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
 TARGET_SUITES = ("decode", "fp8-quality")  # --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)

@@ -1,0 +1,138 @@
+"""Suite `trees` (docs/BENCHMARKS.md, "trees"): P-EAGLE draft trees vs chains (docs/SERVING.md, "Draft
+trees"), in process (bench/pair.py, onnxruntime executor: graphs made in memory), greedy, HumanEval
+prompts as raw text, every request --max-tokens long (ignore_eos): none, chains of each K in --ks and
+trees of each budget B in --budgets (depth: the largest K; the step's top-1 chain as the spine), the
+configurations' passes alternated within --rounds rounds per batch in --batch. Per cell: acceptance
+length (pooled), tokens/s, speed-up over none, AL and tokens/s over the longest chain, draft nodes per
+step, outputs that differ from none's (greedy: 0), and where the gain comes from: the depth at which a
+step's accepted path left the top-1 chain (decoder.py's `walk` watched during the timed passes).
+Default: the demo's code pair (tests/data/code-pair); SmolLM2 with --target DIR --drafter HEAD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections import Counter
+from pathlib import Path
+from unittest import mock
+
+from peagle_trt.bench.harness import Figure, finish, plot, table
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", type=Path, default=None, help="target dir (default: the demo's code pair)")
+    p.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
+    p.add_argument("--ks", default="4,7", help="comma-separated chain lengths K (trees: depth = the largest)")
+    p.add_argument("--budgets", default="8,16,32", help="comma-separated tree budgets B (draft nodes per step)")
+    p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (requests at once)")
+    p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts per pass")
+    p.add_argument("--max-tokens", type=int, default=96, help="tokens generated per request")
+    p.add_argument("--rounds", type=int, default=5, help="rounds; the figures are medians over them")
+    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"], help="the executor")
+
+
+def watching(left: Counter, nodes: Counter):
+    """(around(name) for pair.measure, the patch of decoder.walk): during `name`'s passes, per step
+    the draft nodes (nodes[name, "nodes"], nodes[name, "steps"]) and the depth at which the accepted
+    path left the top-1 chain (left[name, depth]; a node's first child in the tree is its top-1)."""
+    from peagle_trt.speculative import decoder
+
+    running, walk = [None], decoder.walk
+
+    def counting_walk(tokens, parents, choose):
+        path, emitted = walk(tokens, parents, choose)
+        if running[0] is not None and parents:
+            nodes[running[0], "nodes"] += len(parents)
+            nodes[running[0], "steps"] += 1
+            node = -1
+            for depth, n in enumerate(path, 1):
+                if n != parents.index(node):
+                    left[running[0], depth] += 1
+                    break
+                node = n
+        return path, emitted
+
+    @contextlib.contextmanager
+    def around(name: str):
+        running[0] = name
+        try:
+            yield
+        finally:
+            running[0] = None
+    return around, mock.patch.object(decoder, "walk", counting_walk)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from peagle_trt.bench.pair import Config, int_list, measure
+    from peagle_trt.bench.prompts import humaneval_prompts
+    from peagle_trt.config import SamplingParams, SpecConfig
+    from peagle_trt.tokenizer import TextCodec
+
+    if args.target is None:
+        from peagle_trt.demo import code_pair
+
+        args.target = code_pair()
+    if args.smoke:
+        args.prompts, args.max_tokens, args.rounds, args.budgets, args.batch = 2, 8, 1, "8", "1,2"
+    drafter, ks, budgets = args.drafter or args.target / "drafter-peagle", int_list(args.ks), int_list(args.budgets)
+    depth = max(ks)
+    chain = f"chain K={depth}"
+    configs = ([Config("none", SpecConfig("none", 0), None)]
+               + [Config(f"chain K={k}", SpecConfig("peagle", k), drafter) for k in ks]
+               + [Config(f"tree B={b}", SpecConfig("peagle", depth, tree_budget=b), drafter) for b in budgets])
+    prompts = [p["prompt"] for p in humaneval_prompts()[:args.prompts]]
+    codec = TextCodec(args.target)
+    longest = max(len(codec.encode_prompt(p, chat_template=False)) for p in prompts)
+    max_seq_len = longest + args.max_tokens + max(ks + budgets) + 16
+    params = {"humaneval": SamplingParams(max_tokens=args.max_tokens, ignore_eos=True)}
+    rows = []
+    for b in int_list(args.batch):
+        left, nodes = Counter(), Counter()
+        around, patch = watching(left, nodes)
+        with patch:
+            cell = measure(args, configs, {"humaneval": prompts}, [b], max_seq_len, False, params=params,
+                           around=around)
+        base = next(r for r in cell if r["config"] == chain)
+        for r in cell:
+            name, steps = r["config"], nodes[r["config"], "steps"]
+            r["nodes_per_step"] = round(nodes[name, "nodes"] / steps, 1) if steps else None
+            r["al_over_chain"] = round(r["acceptance_length"] / base["acceptance_length"], 3)
+            r["speed_over_chain"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
+            r["left_the_chain_at_depth"] = {d: n / args.rounds for (c, d), n in sorted(left.items()) if c == name}
+        rows += cell
+
+    def draw(plt):
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        for b in sorted({r["batch"] for r in rows}):
+            rs = [r for r in rows if r["batch"] == b]
+            ax1.plot([r["config"] for r in rs], [r["acceptance_length"] for r in rs], "o-", label=f"batch {b}")
+            ax2.plot([r["config"] for r in rs], [r["speedup"] for r in rs], "o-", label=f"batch {b}")
+        ax1.set(ylabel="acceptance length", title="Acceptance")
+        ax2.set(ylabel="tokens/s over none", title="Wall-clock")
+        for ax in (ax1, ax2):
+            ax.tick_params(axis="x", labelsize=7, rotation=30)
+        return fig
+
+    where = f"{args.target.name}, {args.backend}"
+    figures = []
+    for b in int_list(args.batch):
+        trees = [r for r in rows if r["batch"] == b and r["config"].startswith("tree")]
+        best_al, fastest = max(trees, key=lambda r: r["acceptance_length"]), max(trees, key=lambda r: r["tokens_per_s"])
+        if b == int_list(args.batch)[0]:
+            figures.append(Figure(f"draft trees ({where}): {best_al['config']} AL over {chain}",
+                                  best_al["al_over_chain"], "x", ">= 1.3x"))
+        figures.append(Figure(f"draft trees ({where}), batch {b}: {fastest['config']} tok/s over {chain}",
+                              fastest["speed_over_chain"], "x", ">= 1.15x"))
+    png = plot(args, "", draw)
+    return finish(args, f"Draft trees vs chains ({where}), medians of {args.rounds} rounds", [
+        table(["batch", "config", "nodes/step", "AL", "AL x chain", "tok/s", "x none", "tok/s x chain", "mismatches",
+               "left the top-1 chain at depth (steps)"],
+              [[r["batch"], r["config"], f"{r['nodes_per_step']:.1f}" if r["nodes_per_step"] else "",
+                f"{r['acceptance_length']:.2f}", f"{r['al_over_chain']:.2f}", f"{r['tokens_per_s']:.1f}",
+                f"{r['speedup']:.2f}", f"{r['speed_over_chain']:.2f}", r["mismatches"],
+                ", ".join(f"{d}: {n:g}" for d, n in r["left_the_chain_at_depth"].items())
+                + (f" of {r['steps']}" if r["left_the_chain_at_depth"] else "")] for r in rows]),
+        f"![AL and speed-up]({png})" if png else ""],
+        {"target": str(args.target), "drafter": str(drafter), "prompts": args.prompts, "max_tokens": args.max_tokens,
+         "rounds": args.rounds, "rows": rows}, figures)
