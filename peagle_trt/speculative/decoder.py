@@ -109,13 +109,16 @@ class SpecDecoder:
         self._time_verify = spec.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
         self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
-        # headroom: a verify writes up to span + 1 positions from the last committed one (span: K,
-        # or a tree's most nodes)
-        self.span = spec.max_nodes
+        # headroom: a verify writes up to span + 1 positions from the last committed one
         self.max_seq_len = executor.kv.max_len - (self.span + 1)
         if spec.tree and len(executor.windows) > 1:
             raise ConfigError("draft trees need a full-attention target for now (this one has sliding-window "
                               f"layers, windows {list(executor.windows[1:])}); use a chain (no tree keys)")
+
+    @property
+    def span(self) -> int:
+        """The most draft rows one verify writes past the root: K, or a draft tree's most nodes."""
+        return max(self.k, self.spec.max_nodes)
 
     def new_sequence(self, prompt: list[int], params: SamplingParams, compiled=None) -> Sequence:
         """`compiled`: the request's compiled grammar (speculative/grammar.py Grammars), None when free."""
