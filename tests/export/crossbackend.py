@@ -14,6 +14,7 @@ against onnxruntime, drafts or chunked prefill): one helper judges every such to
     check_greedy_streams(ref_logits, ref, got, tie, min_agreed)   # the rule, on given logits
     check_greedy_near_equal(ref_ex_factory, got_ex_factory, prompt, ref_out, got_out, tol)
     hf_teacher_forced_logits(hf_model, prompt, ref_out)            # reference logits from transformers
+    torch_teacher_forced_logits(checkpoint_dir, prompt, ref_out)   # ... from our torch target
 """
 
 from __future__ import annotations
@@ -48,6 +49,18 @@ def hf_teacher_forced_logits(model, prompt: list[int], output: list[int]) -> tor
     prompt + output[:-1]."""
     with torch.no_grad():
         return model(torch.tensor([prompt + output[:-1]])).logits[0, len(prompt) - 1:].float()
+
+
+def torch_teacher_forced_logits(checkpoint, prompt: list[int], output: list[int]) -> torch.Tensor:
+    """As teacher_forced_logits, on our fp32 torch target of the checkpoint at `checkpoint` (for a
+    reference served or run elsewhere: a tritonserver, a Dynamo worker)."""
+    from peagle_trt.checkpoint import load_pair
+    from peagle_trt.config import SpecConfig
+    from peagle_trt.executors.torch import TorchExecutor
+
+    target, _ = load_pair(checkpoint, None, SpecConfig("none", 1)).build()
+    executor = TorchExecutor(target, None, 1, len(prompt) + len(output) + 1, deterministic=True)
+    return teacher_forced_logits(executor, prompt, output)
 
 
 def check_greedy_streams(ref_logits: torch.Tensor, ref: list[int], got: list[int], tie: float,
