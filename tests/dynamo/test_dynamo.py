@@ -30,6 +30,7 @@ import time
 import pytest
 
 from tests.dynamo.cluster import Deployment, sse
+from tests.export.crossbackend import check_greedy_streams, torch_teacher_forced_logits
 
 pytestmark = [pytest.mark.dynamo, pytest.mark.timeout(600)]
 WORKERS = ("127.0.0.2", "127.0.0.3")
@@ -139,9 +140,10 @@ def test_a_client_that_leaves_cancels_its_request_on_the_worker(deployment):
         time.sleep(0.1)
 
 
-def test_an_onnxruntime_worker_serves_its_own_model_beside_them(deployment, ort_repo, reference):
+def test_an_onnxruntime_worker_serves_its_own_model_beside_them(deployment, ort_repo, reference, tiny):
     """Any backend: a worker for a repository built for onnxruntime joins as model `peagle_ort`;
-    its greedy tokens equal the torch in-process engine's on this pair."""
+    its greedy tokens near-equal the torch in-process engine's on this pair (identical, or parting
+    at a near-tie of the torch logits: tests/export/crossbackend.py)."""
     proc = deployment.start_worker("127.0.0.5", repo=ort_repo, model="peagle_ort")
     deployment.wait_worker_id("127.0.0.5", other_than=-1)
     batch = prompts(4, 24, seed=12)
@@ -156,7 +158,8 @@ def test_an_onnxruntime_worker_serves_its_own_model_beside_them(deployment, ort_
                     break
                 time.sleep(0.25)
             assert r.status_code == 200, r.text
-            assert r.json()["nvext"]["completion_token_ids"] == ref
+            logits = torch_teacher_forced_logits(tiny["llama"], p, ref)
+            check_greedy_streams(logits, ref, r.json()["nvext"]["completion_token_ids"], 2e-4, min_agreed=8)
     finally:
         proc.terminate()
         assert proc.wait(60) == 0

@@ -1,8 +1,9 @@
-"""Qwen3-MoE, GPT-OSS and Gemma-4 end to end: greedy speculative output equals transformers' greedy
-`generate` token for token in every spec mode (torch backend); the exported graphs (dense MoE,
-attention sinks, sliding windows, Gemma-4's per-layer head sizes and KV-shared layers) equal the torch
-reference in onnxruntime, and greedy
-generation there is identical to target-only decoding in every mode, chunked prefill included."""
+"""Qwen3-MoE, GPT-OSS and Gemma-4 end to end: greedy speculative output near-equals transformers'
+greedy `generate` in every spec mode (torch backend; identical, or parting at a near-tie of
+transformers' logits: tests/export/crossbackend.py); the exported graphs (dense MoE, attention
+sinks, sliding windows, Gemma-4's per-layer head sizes and KV-shared layers) equal the torch
+reference in onnxruntime within a tolerance, greedy generation there is identical to target-only
+decoding in every mode (deterministic mode), and chunked prefill near-equals torch's."""
 
 from __future__ import annotations
 
@@ -17,12 +18,16 @@ from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.export import ExportOptions, export_models
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
+from tests.export.crossbackend import check_greedy_near_equal, check_greedy_streams, hf_teacher_forced_logits
 from tests.helpers import new_sequence, static_tables
 
 FAMILIES = ["qwen3_moe", "gpt_oss", "gemma4", "gemma4_moe"]
 K, SLOTS, SEQ = 3, 2, 96
 MAX_ROWS = 20  # the export's sliding layers keep a ring of 8 + 20 - 1 positions (< SEQ)
 MODES = ["none", "eagle3", "peagle"]
+NEAR_TIE = 1e-3  # logits, ours against transformers (fp32 both, different kernels)
+LOGIT_TOL = 1e-4  # torch against onnxruntime, as test_ort_target_matches_torch
+MIN_AGREED = 8
 
 
 def _prompts() -> list[list[int]]:
@@ -51,18 +56,20 @@ def exported(tiny_moe, tmp_path_factory):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_equals_transformers_generate(tiny_moe, family):
+def test_greedy_near_equals_transformers_generate(tiny_moe, family):
     hf = AutoModelForCausalLM.from_pretrained(tiny_moe[family], dtype=torch.float32).eval()
     target, drafter = _models(tiny_moe, family)
     for prompt in _prompts():
         with torch.no_grad():
             ref = hf.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=30, do_sample=False,
                               pad_token_id=0)[0, len(prompt):].tolist()
+        logits = hf_teacher_forced_logits(hf, prompt, ref)  # [30, V]
         for mode in MODES:
             spec = SpecConfig(mode, K)
             ex = TorchExecutor(target, drafter if mode != "none" else None, 1, SEQ + K + 1)
             out = generate(SpecDecoder(ex, spec), prompt, SamplingParams(max_tokens=30, ignore_eos=True))
-            assert out.output == ref, (family, mode, len(prompt))
+            assert len(out.output) == 30, (family, mode, len(prompt))
+            check_greedy_streams(logits, ref, out.output, NEAR_TIE, MIN_AGREED)
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -105,7 +112,9 @@ def test_ort_chunked_prefill_across_the_window(exported, family):
         while not seq.finished:
             decoder.step([seq])
         outputs.append(seq.output)
-    assert outputs[0] == outputs[1] and len(outputs[0]) == 16
+    assert len(outputs[0]) == len(outputs[1]) == 16
+    check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, SEQ + K + 1), lambda: OrtExecutor(out),
+                            prompt, outputs[0], outputs[1], LOGIT_TOL, MIN_AGREED)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

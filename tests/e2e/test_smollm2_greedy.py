@@ -2,7 +2,9 @@
 
 - target-only output equals transformers' `generate` on the converted directory token for token,
   except at a documented near-tie: the first differing token is accepted only where transformers'
-  own full forward (teacher-forced on its output) puts the two candidates within NEAR_TIE logits.
+  own full forward (teacher-forced on its output) has a top-2 margin within NEAR_TIE logits, after
+  MIN_AGREED identical tokens (tests/export/crossbackend.py, the rule for every cross-implementation
+  comparison).
   transformers' cached decode itself drifts from its full forward by up to ~0.13 logits on long
   outputs (issue 20: a tie at token 27 where its cached and uncached runs part), so a tie within
   that is rounding, not a bug;
@@ -17,9 +19,11 @@ import torch
 
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.tokenizer import TextCodec
+from tests.export.crossbackend import check_greedy_streams, hf_teacher_forced_logits
 from tests.helpers import greedy, hf_target, make_decoder
 
 NEAR_TIE = 0.2  # logits; see the module docstring
+MIN_AGREED = 8  # identical tokens before any parting (the measured tie is at token 27)
 PROMPTS = ["Write a Python function that checks whether a number is prime.",
            "What is the capital of France?"]
 
@@ -32,17 +36,6 @@ def hf_greedy(hf, prompt: list[int], n: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-def assert_equal_or_near_tie(hf, prompt: list[int], ref: list[int], got: list[int]) -> None:
-    first = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), None)
-    if first is None:
-        return
-    with torch.no_grad():
-        logits = hf(torch.tensor([prompt + ref[:first]])).logits[0, -1]  # [V]
-    gap = float((logits[ref[first]] - logits[got[first]]).abs())
-    assert gap <= NEAR_TIE, (f"greedy output parts from transformers at token {first} "
-                             f"({ref[first]} vs {got[first]}) with a logit gap of {gap:.3g} > {NEAR_TIE}")
-
-
 def run(smollm2, prompts: list[str], n: int, modes: list[tuple[str, int]]) -> None:
     codec, hf = TextCodec(smollm2["target"]), hf_target(smollm2["target"])
     decoders = {m: make_decoder(smollm2, "target", "head" if m[0] != "none" else None, m[0], m[1],
@@ -51,17 +44,17 @@ def run(smollm2, prompts: list[str], n: int, modes: list[tuple[str, int]]) -> No
         prompt = codec.encode_prompt(text)
         ref = hf_greedy(hf, prompt, n)
         plain = generate(decoders[("none", 1)], prompt, greedy(n)).output
-        assert_equal_or_near_tie(hf, prompt, ref, plain)
+        check_greedy_streams(hf_teacher_forced_logits(hf, prompt, ref), ref, plain[:len(ref)], NEAR_TIE, MIN_AGREED)
         for mode in modes:
             assert generate(decoders[mode], prompt, greedy(n)).output == plain, (text, mode)
 
 
-def test_greedy_equals_transformers_and_speculative_equals_target_short(smollm2):
+def test_greedy_near_equals_transformers_and_speculative_equals_target_short(smollm2):
     run(smollm2, PROMPTS[:1], 24, [("peagle", 3)])
 
 
 @pytest.mark.slow
-def test_greedy_equals_transformers_and_speculative_equals_target_long(smollm2):
+def test_greedy_near_equals_transformers_and_speculative_equals_target_long(smollm2):
     run(smollm2, PROMPTS, 96, [("peagle", 1), ("peagle", 7), ("eagle3", 3)])
 
 

@@ -65,8 +65,10 @@ def test_fp8_greedy_near_equal_across_torch_and_onnxruntime(fp8_export):
     for prompt in PROMPTS:  # noqa: B007 (run() reads it)
         ref = generate(SpecDecoder(TorchExecutor(target, drafter, 2, 104), spec), prompt, params)
         got = generate(SpecDecoder(OrtExecutor(out), spec), prompt, params)
+        # min_agreed=0: with FP8's tolerance the reference has near-ties from its first tokens (measured
+        # 2026-11-26: the first at token 0 and 1), where the backends may part on another CPU
         check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, 104), lambda: OrtExecutor(out),
-                                prompt, ref.output, got.output, FP8_LOGIT_TOL)
+                                prompt, ref.output, got.output, FP8_LOGIT_TOL, min_agreed=0)
 
 
 @pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
