@@ -110,6 +110,7 @@ class _Graph:
             path_or_model, self.weights = _in_memory(path_or_model)
         self.session = _session(path_or_model, threads, self.weights, deterministic)
         self.outputs = [o.name for o in self.session.get_outputs()]
+        self.inputs = {i.name for i in self.session.get_inputs()}
         self.kv = shared if shared is not None else {
             i.name: np.zeros(list(i.shape), dtype=np.float16 if "16" in i.type else np.float32)
             for i in self.session.get_inputs() if i.name.startswith("past_")}
@@ -201,10 +202,13 @@ class OrtExecutor:
         if self.deterministic:  # no one-row GEMM (module docstring); the extra rows are sliced off
             tokens, positions, logit_rows = _two_rows(tokens, 0), _two_rows(positions, -1), _two_rows(logit_rows, 0)
             tree_mask = None if tree_mask is None else _two_rows(tree_mask, 0)
-        mask = causal_tree_mask(*tokens.shape) if tree_mask is None else tree_mask.numpy()
-        out = self.g_target.run({"input_ids": tokens.numpy(), "positions": positions.numpy(),
-                                 "block_tables": tables.numpy(), "logit_rows": logit_rows.contiguous().numpy(),
-                                 "tree_mask": mask})
+        feeds = {"input_ids": tokens.numpy(), "positions": positions.numpy(), "block_tables": tables.numpy(),
+                 "logit_rows": logit_rows.contiguous().numpy()}
+        if "tree_mask" in self.g_target.inputs:  # full-attention targets (trees are refused with windows)
+            feeds["tree_mask"] = causal_tree_mask(*tokens.shape) if tree_mask is None else tree_mask.numpy()
+        elif tree_mask is not None:
+            raise ConfigError("this target.onnx takes no tree_mask (sliding-window targets verify chains only)")
+        out = self.g_target.run(feeds)
         return torch.from_numpy(out["logits"][:, :r]), torch.from_numpy(out["aux_hidden"][:, :s])
 
     def move_kv(self, tables, src, dst):

@@ -127,7 +127,8 @@ class ModelWriter(Builder):
 def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProto:
     """target.onnx: prefill / decode / verify rows -> logits at `logit_rows`, taps, KV in place,
     through block tables [G, B, M] (one [B, M] table per KV group: full attention, each window);
-    `tree_mask` [B, S, ceil(S / 32)] int32: the rows' ancestor bits (a causal mask for plain rows)."""
+    `tree_mask` [B, S, ceil(S / 32)] int32 (full-attention targets only): the rows' ancestor bits (a
+    causal mask for plain rows)."""
     c, w = model.config, ModelWriter(dtype)
     w.max_len = kv.max_len
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
@@ -135,8 +136,10 @@ def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProt
     windows, groups = kv_groups(c)
     block_tables = w.input("block_tables", TensorProto.INT64, [len(windows), "batch", kv.max_blocks])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
-    # packed ancestor bits of draft-tree rows (speculative/tree.py; causal outside tree verifies)
-    w.tree_mask = w.input("tree_mask", TensorProto.INT32, ["batch", "rows", "mask_words"])
+    # packed ancestor bits of draft-tree rows (speculative/tree.py; causal outside tree verifies); a
+    # target with sliding-window layers verifies chains only (the decoder refuses trees), so no input
+    if len(windows) == 1:
+        w.tree_mask = w.input("tree_mask", TensorProto.INT32, ["batch", "rows", "mask_words"])
     attn = [c.attention(i) for i in range(c.num_layers)]
     past, present = w.kv_io(tuple((a.num_kv_heads, a.head_dim) for a in attn), kv.group_blocks(windows), groups,
                             kv.block_size, tuple(a.kv_source for a in attn))

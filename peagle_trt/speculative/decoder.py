@@ -196,7 +196,8 @@ class SpecDecoder:
         cur = ints([s.cur for s in seqs], dev)  # [B]
         depth = ints([[0] + d + [-1] * (n - len(d)) for d in levels], dev)  # [B, n+1], -1: padding
         positions = torch.where(depth >= 0, cur[:, None] + depth, -1)  # [B, n+1]
-        mask = torch.from_numpy(pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)] ancestor bits
+        mask = None if not any(s.parents for s in seqs) else torch.from_numpy(  # chains: causal by position
+            pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)] ancestor bits
         tables = self.tables(seqs)  # [G, B, M]
         logits, aux = ex.target(tokens, positions, tables, tree_mask=mask)  # [B, n+1, V], [B, n+1, A]
         if allowed is not None:

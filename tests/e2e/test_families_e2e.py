@@ -154,8 +154,8 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
 
         with pytest.raises(BuildError, match=r"sliding windows.*KV-shared layers"):  # TensorRT refuses both
             _graph_info(out / "trt" / "target.onnx")
-    else:
-        assert windows == [0] * 8 and all(len(n.input) == 7 for n in attn)
+    else:  # full attention: + an empty sinks slot and the draft-tree mask
+        assert windows == [0] * 8 and all(list(n.input[7:]) == ["", "tree_mask"] for n in attn)
 
 
 def test_build_prints_and_records_kv_memory(tiny_moe, tmp_path, capsys):
