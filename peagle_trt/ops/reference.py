@@ -169,8 +169,7 @@ def pack_tree_mask(trees: list[tuple[int, ...]], rows: int) -> np.ndarray:
 
 def causal_tree_mask(batch: int, rows: int) -> np.ndarray:
     """The packed mask of plain causal rows (a chain per request): row i sees rows 0..i."""
-    return np.ascontiguousarray(np.broadcast_to(_pack(np.tri(rows, -(-rows // 32) * 32, dtype=bool)),
-                                                (batch, rows, -(-rows // 32))))
+    return np.repeat(_pack(np.tri(rows, -(-rows // 32) * 32, dtype=bool))[None], batch, axis=0)  # writable
 
 
 def _pack(bits: np.ndarray) -> np.ndarray:
