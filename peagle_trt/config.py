@@ -85,6 +85,17 @@ class KVLayout:
         return cls(num_seqs * math.ceil(max_len / block_size), max_len, block_size=block_size, **kw)
 
 
+def _by_batch(default: int, schedule: tuple, batch: int) -> int:
+    """A (first, last, value) schedule's value at `batch` (sorted from 1; a gap or the tail keeps the
+    previous entry's value); `default` below the first entry or without a schedule."""
+    value = default
+    for lo, _, entry in schedule:
+        if lo > batch:
+            break
+        value = entry
+    return value
+
+
 @dataclass(frozen=True)
 class SpecConfig:
     """What to speculate. `num_spec_tokens` is K, the most drafts per step (the graphs and KV
@@ -170,12 +181,7 @@ class SpecConfig:
 
     def tree_budget_for_batch(self, batch: int) -> int:
         """The tree budget at `batch` running requests (the schedule's, else tree_budget); 0: the chain."""
-        budget = self.tree_budget
-        for lo, _, entry in self.tree_schedule:
-            if lo > batch:
-                break
-            budget = entry
-        return budget
+        return _by_batch(self.tree_budget, self.tree_schedule, batch)
 
     @property
     def tree_width(self) -> int:
@@ -192,12 +198,7 @@ class SpecConfig:
 
     def k_for_batch(self, batch: int) -> int:
         """The K cap at `batch` running requests (the schedule's, else K)."""
-        k = self.k
-        for lo, _, entry_k in self.k_schedule:
-            if lo > batch:
-                break
-            k = entry_k
-        return k
+        return _by_batch(self.k, self.k_schedule, batch)
 
 
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
