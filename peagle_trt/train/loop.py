@@ -139,7 +139,7 @@ def run(cfg, progress) -> dict:
         draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
     head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
     if cfg.init_from is not None:
-        warm_start(head, cfg.init_from, draft_ids)
+        warm_start(head, cfg.init_from)
         progress(f"warm start from the head in {cfg.init_from}", final=True)
     cache = D.FeatureCache(target, draft_ids, cfg.feature_cache,
                            D.corpus_fingerprint(corpus, cfg.target, cfg.seq_len) if cfg.feature_cache else "")
@@ -233,14 +233,11 @@ def head_draft_ids(path, vocab_size: int) -> torch.Tensor:
     return torch.arange(len(d2t)) + d2t
 
 
-def warm_start(head: TrainHead, path, draft_ids: torch.Tensor) -> None:
-    """Load a trained head's weights (any layout `load_drafter` reads) into `head` (same shapes and
-    draft vocabulary): a later run continues from a shipped head without its optimiser state."""
-    ckpt = load_drafter(path)
-    tensors, state = ckpt.tensors, head.model.state_dict()
-    if "d2t" in tensors and not torch.equal(tensors["d2t"].long(), draft_ids - torch.arange(len(draft_ids))):
-        raise CheckpointError(f"--init-from {path}: its draft vocabulary differs from this run's "
-                              "(train on the same data with the same --draft-vocab)")
+def warm_start(head: TrainHead, path) -> None:
+    """Load a trained head's weights (any layout `load_drafter` reads) into `head`, built with that
+    head's draft vocabulary (`head_draft_ids`) and the same shapes: a later run continues from a
+    shipped head without its optimiser state."""
+    tensors, state = load_drafter(path).tensors, head.model.state_dict()
     new = {}
     for name, value in state.items():
         if name in tensors and name != "d2t":
@@ -249,7 +246,7 @@ def warm_start(head: TrainHead, path, draft_ids: torch.Tensor) -> None:
                                       f"this run's head {tuple(value.shape)}")
             new[name] = tensors[name].to(value.dtype)
         elif name in ("embed_tokens.weight", "d2t"):
-            new[name] = value  # the target's embeddings (frozen-embedding heads ship none); d2t as checked
+            new[name] = value  # the target's embeddings (frozen-embedding heads ship none); d2t: the same head's
         else:
             raise CheckpointError(f"--init-from {path}: {name} is missing (a head of another shape: same --layers "
                                   "and --intermediate-size as the head)")
