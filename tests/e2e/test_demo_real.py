@@ -23,3 +23,21 @@ def test_demo_serves_the_real_model(tmp_path, capsys, smollm2):
     assert result["identical_to_target"] is True and result["backend"] == "onnxruntime"
     assert result["target"] == str(smollm2["target"]) and result["drafter"] == str(smollm2["head"])
     assert 0 < result["tokens"] <= 48 and "def " in result["text"]  # the coding request gets code
+
+
+def test_demo_smollm2_names_the_packaged_model_and_its_shipped_head(tmp_path, capsys, smollm2, monkeypatch):
+    """`--target smollm2`: the cached conversion of the packaged model (here the session's, linked
+    into a fresh cache), the head of the source tree (tests/data/smollm2-heads/peagle) and its K,
+    the answer identical to the target alone."""
+    pytest.importorskip("pytriton")
+    from peagle_trt.convert.packaged import KNOWN, cached_target
+    from peagle_trt.demo import SMOLLM2_K, smollm2_head
+
+    monkeypatch.setenv("PEAGLE_TRT_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / KNOWN["smollm2"].cache_name).symlink_to(smollm2["target"], target_is_directory=True)
+    assert main(["demo", "--target", "smollm2", "--workdir", str(tmp_path), "--max-tokens", "32"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["target"] == str(cached_target("smollm2")) and result["drafter"] == str(smollm2_head())
+    assert result["num_spec_tokens"] == SMOLLM2_K and result["identical_to_target"] is True
+    assert result["acceptance_length"] >= 1.0 and 0 < result["tokens"] <= 32
