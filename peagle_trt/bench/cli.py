@@ -24,50 +24,30 @@ from pathlib import Path
 from peagle_trt.bench import results as results_file
 from peagle_trt.bench.harness import stem
 
-# suite name -> (module, one line); the order is docs/BENCHMARKS.md's
+# suite name -> (its module in this package, one line); the order is docs/BENCHMARKS.md's. Suites that
+# share a module differ by its PRESETS[name] (the defaults of their options)
 SUITES: dict[str, tuple[str, str]] = {
-    "drafter": ("peagle_trt.bench.drafter",
-                "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
-    "scheduler": ("peagle_trt.bench.scheduler",
-                  "Scheduler.step() host overhead per step with a no-op executor"),
-    "serving": ("peagle_trt.bench.serving",
-                "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
-    "backends": ("peagle_trt.bench.backends",
-                 "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),
-    "gpu": ("peagle_trt.bench.gpu",
-            "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
-    "kernels": ("peagle_trt.bench.kernels",
-                "GPU: the Triton kernels alone (CUDA events), achieved bandwidth vs the roofline (needs triton)"),
-    "aiperf": ("peagle_trt.bench.aiperf",
-               "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
-    "families": ("peagle_trt.bench.families",
-                 "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
-    "acceptance": ("peagle_trt.bench.acceptance",
-                   "suite heads on the trained code pair: acceptance length and speed-up on HumanEval"),
-    "heads": ("peagle_trt.bench.heads",
-              "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
-    "step-cost": ("peagle_trt.bench.step_cost",
-                  "trained code pair: where a decode step's time goes (target, drafter, other)"),
-    "fp8-quality": ("peagle_trt.bench.fp8_quality",
-                    "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 agreement and KL"),
-    "decode": ("peagle_trt.bench.decode",
-               "real model (SmolLM2-135M): decode and verify vs transformers and the roofline, batch 8 vs 1"),
-    "paged": ("peagle_trt.bench.paged",
-              "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
-    "speculation": ("peagle_trt.bench.speculation",
-                    "real model: speed vs synthetic acceptance length; adaptive K vs fixed K (b1, b8)"),
-    "verify-shapes": ("peagle_trt.bench.verify_shapes",
-                      "real model: one verify forward by shape (requests x rows), the cost model of adaptive K"),
-    "deterministic": ("peagle_trt.bench.deterministic",
-                      "real model: deterministic mode's cost, torch and onnxruntime, decode and verify, b1/b8"),
-    "draft-length": ("peagle_trt.bench.draft_length",
-                     "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
-    "structured": ("peagle_trt.bench.structured",
-                   "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks per step, compile time"),
-    "trees": ("peagle_trt.bench.trees",
-              "trained code pair: P-EAGLE draft trees (budgets B) vs chains (K): AL, tok/s, where trees gain (b1, b8)"),
-    "curves": ("peagle_trt.bench.curves",
-               "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
+    "drafter": ("drafter", "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
+    "scheduler": ("scheduler", "Scheduler.step() host overhead per step with a no-op executor"),
+    "serving": ("serving", "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
+    "backends": ("backends", "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),
+    "gpu": ("gpu", "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
+    "kernels": ("kernels", "GPU: the Triton kernels alone (CUDA events), achieved bandwidth vs the roofline"),
+    "aiperf": ("aiperf", "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
+    "families": ("families", "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
+    "acceptance": ("heads", "trained code pair: acceptance length and speed-up on HumanEval, P-EAGLE vs EAGLE-3"),
+    "heads": ("heads", "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
+    "step-cost": ("heads", "trained code pair: where a decode step's time goes (target, drafter, other)"),
+    "fp8-quality": ("fp8_quality", "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 and KL"),
+    "decode": ("decode", "real model: decode and verify vs transformers and the roofline, batch 8 vs 1"),
+    "paged": ("paged", "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
+    "speculation": ("speculation", "real model: speed vs synthetic acceptance length; adaptive K vs fixed K"),
+    "verify-shapes": ("forwards", "real model: one verify forward by shape (requests x rows), adaptive K's costs"),
+    "deterministic": ("forwards", "real model: deterministic mode's cost, torch and onnxruntime, decode and verify"),
+    "draft-length": ("draft_length", "adaptive K on a simulated server: the rule vs every fixed K, noise controlled"),
+    "structured": ("structured", "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks, compile"),
+    "trees": ("trees", "trained code pair: P-EAGLE draft trees (budgets B) vs chains (K): AL, tok/s (b1, b8)"),
+    "curves": ("curves", "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
 }
 
 
@@ -88,9 +68,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def suite_parser(name: str):
     """(the argparse parser of suite `name`: common + suite options, its module)."""
     module_name, line = SUITES[name]
-    module = importlib.import_module(module_name)
-    doc = (module.__doc__ or line).strip()
-    parser = argparse.ArgumentParser(prog=f"peagle-trt bench {name}", description=doc,
+    module = importlib.import_module(f"peagle_trt.bench.{module_name}")
+    parser = argparse.ArgumentParser(prog=f"peagle-trt bench {name}", description=f"{line}\n\n{module.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     common = parser.add_argument_group("common options (every suite)")
     common.add_argument("--output-dir", type=Path, default=None,
@@ -100,6 +79,7 @@ def suite_parser(name: str):
     common.add_argument("--record", type=Path, default=None, metavar="RESULTS_JSON",
                         help="replace this suite's headline figures in RESULTS_JSON (docs/results.json)")
     module.add_arguments(parser)
+    parser.set_defaults(**getattr(module, "PRESETS", {}).get(name, {}))
     return parser, module
 
 

@@ -219,6 +219,12 @@ def table(header: list[str], rows: list[list], digits: int = 3) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows])
 
 
+def records(rows: list[dict], columns: list[str], digits: int = 3) -> str:
+    """A markdown table of the dicts `rows`, one column per key in `columns` (missing: an empty cell); ""
+    when there are no rows."""
+    return table(columns, [[r.get(c) for c in columns] for r in rows], digits) if rows else ""
+
+
 def stem(suite: str) -> str:
     """The file stem of a suite's outputs: bench_<suite> (dashes become underscores)."""
     return "bench_" + suite.replace("-", "_")

@@ -187,8 +187,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.peagle is None:
         raise ConfigError("pass the P-EAGLE head: --peagle DIR (scripts/make_smollm2_heads.py trains one)")
     n = args.prompts
-    sets = prompt_sets(argparse.Namespace(humaneval=2 * n, heldout=2 * n, long=max(1, n // 2),
-                                          long_tokens=args.long_tokens), TextCodec(args.target))
+    sets = prompt_sets(TextCodec(args.target), 2 * n, 2 * n, max(1, n // 2), args.long_tokens)
     mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
     t0 = time.perf_counter()
     synthetic, adaptive, requests = [], [], []
@@ -209,8 +208,7 @@ def run(args: argparse.Namespace) -> dict:
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
         if "per-request" in args.parts:
             m = args.per_request
-            alone = prompt_sets(argparse.Namespace(humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens),
-                                TextCodec(args.target))
+            alone = prompt_sets(TextCodec(args.target), m, m, m, args.long_tokens)
             requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
                                                 for i, p in enumerate(ps)}, [1])
     by_kind = oracle(requests) if requests else []
