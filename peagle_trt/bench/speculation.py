@@ -1,12 +1,8 @@
 """Suite `speculation` (docs/BENCHMARKS.md, "speculation"): a real target and a P-EAGLE head in process
-through the code that serves (bench/pair.py: TextGenerator, onnxruntime), batch 1 and 8. Parts: `synthetic` (K drafts
-accepted by vLLM's synthetic rule at mean acceptance length --als, vs none: speed as a function of AL;
-output is NOT the target's), `adaptive` (none, fixed K in --fixed-ks and adaptive K on HumanEval,
-held-out instructions and a mix; greedy outputs equal none's), `per-request` (each request alone:
-speed-ups by kind and the per-request oracle, the most a rule holding one k per request could gain).
-Per (workload, batch) the configurations alternate within --rounds rounds; the figure is the median
-pass; adaptive vs the best fixed K is the median of within-round ratios, the best fixed K picked
-in-sample and from the other rounds (`verdicts`).
+(bench/pair.py), batch 1 and 8, configurations alternated within rounds. Parts: `synthetic` (K drafts
+accepted by vLLM's synthetic rule at mean acceptance lengths --als: speed as a function of AL; output is
+NOT the target's), `adaptive` (none, fixed K and adaptive K on HumanEval, held-out instructions and a
+mix; `verdicts`), `per-request` (each request alone: speed-ups by kind and the per-request `oracle`).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, progress, stdout_to_stderr, table
+from peagle_trt.bench.harness import Figure, finish, plot, progress, records, stdout_to_stderr
 from peagle_trt.bench.pair import Config, measure, prompt_sets
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
@@ -35,11 +31,6 @@ def passes(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batch
     """bench/pair.py's alternated passes, one configuration per spec (the P-EAGLE head unless none)."""
     configs = [Config(name_of(s), s, None if s.mode == "none" else args.peagle) for s in specs]
     return measure(args, configs, workloads, batches, args.long_tokens + 256)
-
-
-def rows_table(rows: list[dict]) -> str:
-    cols = ["workload", "batch", "config", "acceptance_length", "tokens_per_s", "speedup", "mismatches"]
-    return table(cols, [[r.get(c) for c in cols] for r in rows])
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -104,53 +95,26 @@ def oracle(rows: list[dict]) -> list[dict]:
     return out
 
 
-VERDICT_COLUMNS = ("workload", "batch", "best_fixed", "adaptive_over_best_fixed", "per_round",
-                   "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out")
+VERDICT_COLUMNS = ["workload", "batch", "best_fixed", "adaptive_over_best_fixed", "per_round",
+                   "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out"]
 
 
 def drawing(synthetic: list[dict], adaptive: list[dict]):
-    """One panel per part run: speed-up vs synthetic AL; adaptive and fixed K per workload."""
+    """Speed-up over none against synthetic AL, per batch; adaptive and fixed K per workload and batch."""
     def draw(plt):
-        parts = [p for p in (synthetic, adaptive) if p]
-        fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 4), squeeze=False)
-        axes = list(axes[0])
-        if synthetic:
-            ax = axes.pop(0)
-            for b in sorted({r["batch"] for r in synthetic}):
-                pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
-                ax.plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        for b in sorted({r["batch"] for r in synthetic}):
+            pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
+            ax1.plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
+        for c in dict.fromkeys(r["config"] for r in adaptive):
+            rs = [r for r in adaptive if r["config"] == c]
+            ax2.plot([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs], "o", label=c)
+        for ax in (ax1, ax2):
             ax.axhline(1.0, color="grey", lw=0.8)
-            ax.set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none",
-                   title="speed vs acceptance length")
-        if adaptive:
-            ax = axes.pop(0)
-            cells = sorted({(r["workload"], r["batch"]) for r in adaptive})
-            configs = list(dict.fromkeys(r["config"] for r in adaptive))
-            width = 0.8 / len(configs)
-            for i, c in enumerate(configs):
-                ys = [next((r["speedup"] for r in adaptive if (r["workload"], r["batch"], r["config"]) == (w, b, c)),
-                           0) for w, b in cells]
-                ax.bar([j + i * width for j in range(len(cells))], ys, width, label=c)
-            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [f"{w}\nb{b}" for w, b in cells])
-            ax.axhline(1.0, color="grey", lw=0.8)
-            ax.set(ylabel="speed-up over none", title="adaptive K vs fixed K")
+        ax1.set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none", title="speed vs AL")
+        ax2.set(ylabel="speed-up over none", title="adaptive K vs fixed K")
         return fig
     return draw
-
-
-def sections(args, synthetic: list[dict], adaptive: list[dict], verdict: list[dict], by_kind: list[dict]) -> list:
-    """The suite's markdown: one section per part run."""
-    out = []
-    if synthetic:
-        out += [f"### Synthetic acceptance, K = {args.k}", rows_table(synthetic)]
-    if adaptive:
-        out += ["### Adaptive K vs fixed K", rows_table(adaptive),
-                table(list(VERDICT_COLUMNS), [[v.get(c) for c in VERDICT_COLUMNS] for v in verdict])]
-    if by_kind:
-        cols = ("kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed", "adaptive_over_best_fixed")
-        out += ["### Per request (batch 1): speed-ups by kind, the per-request oracle",
-                table(list(cols), [[v[c] for c in cols] for v in by_kind])]
-    return out
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -219,9 +183,13 @@ def run(args: argparse.Namespace) -> dict:
                for v in verdict if v["workload"] == "mixed"]
     figures += [Figure(f"{Path(args.target).name}: per-request oracle over the best fixed K (mix, batch 1)",
                        v["oracle_over_best_fixed"], "x", "", 3) for v in by_kind if v["kind"] == "mixed"]
-    return finish(args, f"{Path(args.target).name}: speculation controls (in-process, {args.backend})",
-                  sections(args, synthetic, adaptive, verdict, by_kind)
-                  + ([f"![{plot_name}]({plot_name})"] if plot_name else []),
+    columns = ["workload", "batch", "config", "acceptance_length", "tokens_per_s", "speedup", "mismatches"]
+    return finish(args, f"{Path(args.target).name}: speculation controls (in-process, {args.backend})", [
+        f"### Synthetic acceptance, K = {args.k}" if synthetic else "", records(synthetic, columns),
+        "### Adaptive K vs fixed K" if adaptive else "", records(adaptive, columns), records(verdict, VERDICT_COLUMNS),
+        "### Per request (batch 1): speed-ups by kind, the per-request oracle" if by_kind else "",
+        records(by_kind, ["kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed",
+                          "adaptive_over_best_fixed"]), f"![{plot_name}]({plot_name})" if plot_name else ""],
                   {"target": str(args.target), "peagle": str(args.peagle), "backend": args.backend,
                    "synthetic": synthetic, "adaptive": adaptive, "adaptive_vs_best_fixed": verdict,
                    "per_request": requests, "per_kind": by_kind, "plot": plot_name,
