@@ -1,10 +1,8 @@
 """Suite `families` (docs/BENCHMARKS.md, "families"): real-width layer slices of the MoE targets on CPU
-(random weights, fp32, our decoder layers and KV cache): Qwen3-Coder-30B-A3B (1 sparse layer) and
-GPT-OSS-20B (2 layers: sliding and full) at position 4096: one decode (1 row), verify (K+1 = 8 rows)
-and prefill chunk (128 rows), alternated, wall and process-CPU ms; one expert MLP for 1 and 8 rows.
-Computed, not measured: the bytes one decode / verify step of the FULL model reads, and its bandwidth
-floor on H200 / B200 (a projection). The configs are the released config.json files, parsed by the
-checkpoint adapters. --smoke is --bytes-only (the slices need several GB even once). ~4 min, ~7 GB.
+(random fp32 weights, our decoder layers and KV cache) at position 4096: one decode (1 row), verify
+(K+1 = 8 rows) and prefill chunk (128 rows), alternated, wall and process-CPU ms; one expert MLP for 1
+and 8 rows. Computed, not measured: the bytes one decode / verify step of the FULL model reads and its
+bandwidth floor on H200 / B200 (a projection). --smoke is --bytes-only (the slices need several GB).
 """
 
 from __future__ import annotations
@@ -47,10 +45,6 @@ CONTEXT, K = 4096, 7
 DTYPE = torch.float32  # CPU compute in fp32: a bf16 trial ran 8-row expert GEMMs ~200x slower than 1-row ones
 
 
-def rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
-
-
 def timed(fns: dict, reps: int) -> dict:
     """Median wall and process-CPU ms of each fn, alternated (CPU time is less sensitive to a loaded machine)."""
     cpu: dict = {n: [] for n in fns}
@@ -71,7 +65,7 @@ def timed(fns: dict, reps: int) -> dict:
 def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     where = f"{cfg['model_type']} config"
     c = adapter_for(cfg, where).parse(cfg, where)
-    rss0 = rss_gib()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     torch.manual_seed(0)
     with torch.device("meta"):
         mods = [decoder_layer(c, i) for i in range(layers)]
@@ -103,7 +97,7 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     expert = next(m.mlp.experts[0] for m in mods if hasattr(m.mlp, "experts"))
     xs = {n: torch.randn(n, c.hidden_size, dtype=DTYPE) for n in (1, K + 1)}
     out["one_expert"] = timed({f"{n}_rows": (lambda x=x: expert(x)) for n, x in xs.items()}, reps * 4)
-    out["rss_gib_increase"] = round(rss_gib() - rss0, 3)
+    out["rss_gib_increase"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20 - rss0, 3)
     return out
 
 
