@@ -15,15 +15,14 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, free_port, plot, progress, records, stdout_to_stderr
+from peagle_trt.bench.harness import Figure, finish, plot, progress, records, serve_child, stdout_to_stderr
 from peagle_trt.bench.prompts import humaneval_prompts
-from peagle_trt.errors import ConfigError, ServeError
+from peagle_trt.errors import ConfigError
 
 METRICS = [  # (key in the AIPerf export, label, statistic)
     ("time_to_first_token", "TTFT (ms)", "avg"), ("inter_token_latency", "ITL / TPOT (ms)", "avg"),
@@ -112,24 +111,6 @@ def scrape(url: str, path: Path, stop: threading.Event) -> None:
             stop.wait(1.0)
 
 
-def serve(repo: Path, out: Path, ready_timeout_s: float = 300.0):
-    """`peagle-trt serve REPO --openai-port P` in a child process; returns (process, openai URL, metrics URL)."""
-    http, grpc, metrics, openai = (free_port() for _ in range(4))
-    cmd = [sys.executable, "-m", "peagle_trt.cli", "serve", str(repo), "--http-port", str(http), "--grpc-port",
-           str(grpc), "--metrics-port", str(metrics), "--openai-port", str(openai)]
-    with open(out / "serve.err", "w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    deadline = time.monotonic() + ready_timeout_s
-    with open(out / "serve.out", "w") as log:
-        while time.monotonic() < deadline and (line := proc.stdout.readline()):
-            log.write(line)
-            if '"ready": true' in line:
-                return proc, f"http://127.0.0.1:{openai}", f"http://127.0.0.1:{metrics}/metrics"
-    proc.terminate()
-    proc.wait(30)
-    raise ServeError(f"`peagle-trt serve {repo}` did not become ready; see {out / 'serve.err'}")
-
-
 def sweep(args, k: int, tiny: Path) -> None:
     """Build, serve and run both AIPerf workloads for one K."""
     from peagle_trt.config import SpecConfig
@@ -142,35 +123,30 @@ def sweep(args, k: int, tiny: Path) -> None:
         build_repository(tiny / "llama", tiny / "drafter-aws", repo, RepositoryOptions(
             SpecConfig("none", 0) if k == 0 else SpecConfig("peagle", k), backend="torch", max_batch=64,
             max_seq_len=2048), force=True)
-    proc, openai_url, metrics_url = serve(repo, out)
-    progress(f"K={k}: serving on {openai_url}/v1")
-    common = ["-m", "peagle", "--url", openai_url, "--endpoint-type", "chat", "--streaming",
-              "--tokenizer", str(tiny / "llama"), "--osl", str(args.osl), "--osl-stddev", "0",
-              "--extra-inputs", "ignore_eos:true", "--extra-inputs", "seed:1", "--concurrency", args.concurrency,
-              "--benchmark-duration", str(args.duration), "--benchmark-grace-period", "120",
-              "--warmup-request-count", "2", "--use-server-token-count", "--no-server-metrics", "--ui", "none",
-              "--random-seed", "1"]
     workloads = {"fixed": ["--isl", str(args.isl), "--isl-stddev", "0"],
                  "humaneval": ["--input-file", str(args.workdir / "humaneval.jsonl"),
                                "--custom-dataset-type", "single_turn"]}
-    stop = threading.Event()
-    scraper = threading.Thread(target=scrape, args=(metrics_url, out / "metrics.log", stop), daemon=True)
-    scraper.start()
-    try:
-        for name, extra in workloads.items():
-            with open(out / f"{name}.log", "w") as log:
-                rc = subprocess.run([args.aiperf, "profile", *common, *extra, "--output-artifact-dir", str(out / name)],
-                                    stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-            if rc:
-                progress(f"K={k} {name}: aiperf exited {rc}; see {out / (name + '.log')}")
-    finally:
-        stop.set()
-        scraper.join(10)
-        proc.terminate()  # SIGTERM: the server drains and exits
+    with serve_child(repo, out) as ready:
+        progress(f"K={k}: serving on {ready['openai']}")
+        common = ["-m", "peagle", "--url", ready["openai"].removesuffix("/v1"), "--endpoint-type", "chat",
+                  "--streaming", "--tokenizer", str(tiny / "llama"), "--osl", str(args.osl), "--osl-stddev", "0",
+                  "--extra-inputs", "ignore_eos:true", "--extra-inputs", "seed:1", "--concurrency", args.concurrency,
+                  "--benchmark-duration", str(args.duration), "--benchmark-grace-period", "120",
+                  "--warmup-request-count", "2", "--use-server-token-count", "--no-server-metrics", "--ui", "none",
+                  "--random-seed", "1"]
+        stop = threading.Event()
+        scraper = threading.Thread(target=scrape, args=(ready["metrics"], out / "metrics.log", stop), daemon=True)
+        scraper.start()
         try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            for name, extra in workloads.items():
+                with open(out / f"{name}.log", "w") as log:
+                    rc = subprocess.run([args.aiperf, "profile", *common, *extra, "--output-artifact-dir",
+                                         str(out / name)], stdout=log, stderr=subprocess.STDOUT).returncode
+                if rc:
+                    progress(f"K={k} {name}: aiperf exited {rc}; see {out / (name + '.log')}")
+        finally:
+            stop.set()
+            scraper.join(10)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -187,8 +163,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.smoke:  # one K, one concurrency, a short window, short outputs
-        args.ks, args.concurrency, args.duration, args.isl, args.osl = "3", "1", 3.0, 16, 8
     if not args.report_only:
         found = [shutil.which(c) for c in ([args.aiperf] if args.aiperf else [".venv-bench/bin/aiperf", "aiperf"])]
         if not any(found):

@@ -38,6 +38,9 @@ def steps(ex, b: int, context: int) -> dict:
             "draft": lambda: ex.draft_parallel(ids, aux, pending, cur, tables, K)}
 
 
+SMOKE = dict(shapes="tiny", context=16, repeats=2, warmup=1, num_calib=2)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--shapes", default="tiny,h512", help="comma-separated: tiny, h512")
     p.add_argument("--context", type=int, default=256, help="positions each request has before the step")
@@ -55,8 +58,6 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.export import ExportOptions, export_pair
     from peagle_trt.quantize import QuantizeOptions, quantize_target
 
-    if args.smoke:  # the tiny shape, a short context, a few repeats and calibration prompts
-        args.shapes, args.context, args.repeats, args.warmup, args.num_calib = "tiny", 16, 2, 1, 2
     shapes = args.shapes.split(",")
     if set(shapes) - {"tiny", "h512"} or args.context + PENDING + K > MAX_SEQ_LEN:
         raise ConfigError(f"--shapes from tiny, h512; --context <= {MAX_SEQ_LEN - PENDING - K}")

@@ -1,17 +1,8 @@
-"""`peagle-trt bench SUITE [options]`: the registry of benchmark suites and their common options.
-
-    peagle-trt bench --help                     # the suites, one line each
-    peagle-trt bench drafter --help             # one suite's options
-    peagle-trt bench scheduler --smoke --output-dir artifacts/bench
-
-    peagle-trt bench report --write             # docs/BENCHMARKS.md's headline table from docs/results.json
-
-A suite is a module of this package with `add_arguments(parser)` and `run(args) -> dict`, built on
-bench/harness.py; it is imported only when it is run (heavy optional dependencies stay out of every
-other command). Every suite writes its markdown report to stdout (and OUTPUT_DIR/bench_SUITE.md), its
-plots to OUTPUT_DIR/bench_SUITE*.png, and its results as OUTPUT_DIR/bench_SUITE.json and as the LAST
-stdout line (printed by peagle_trt/cli.py); `--record FILE` copies its headline figures into the
-results file (bench/results.py). Progress goes to stderr.
+"""`peagle-trt bench SUITE [options]` (`--help`: the suites) and `peagle-trt bench report [--write]` (the
+headline table of docs/BENCHMARKS.md from docs/results.json, bench/results.py). A suite is imported only
+when it runs (heavy optional dependencies stay out of every other command); its report goes to stdout and
+OUTPUT_DIR/bench_SUITE.md, its results to OUTPUT_DIR/bench_SUITE.json and the LAST stdout line (printed by
+peagle_trt/cli.py); `--record FILE` copies its headline figures into the results file.
 """
 
 from __future__ import annotations
@@ -89,6 +80,8 @@ def run_suite(name: str, argv: list[str]) -> dict:
     parser, module = suite_parser(name)
     args = parser.parse_args(argv)
     args.suite = name
+    if args.smoke:  # a tiny size that only proves the suite runs
+        vars(args).update(getattr(module, "SMOKE", {}))
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     results = json.loads(json.dumps(module.run(args), default=str))

@@ -1,9 +1,7 @@
 """Suite `decode` (docs/BENCHMARKS.md, "decode"): a real target (default the cached SmolLM2-135M) on this
-CPU next to transformers and the machine's roofline, one process, the same float32 weights and threads,
-contenders alternated: `decode` (batch-1 greedy tokens/s of transformers' `generate` and of our engine
-on each CPU backend; % of the bandwidth roofline), `verify` (one target forward of 1/2/4/8 rows after
-a 64-token context, ms and % of max(bytes / bandwidth, FLOPs / GEMM peak)), `batch` (8 concurrent
-requests over 1). The bandwidth and GEMM peak are the harness's measurement of the same run.
+CPU next to transformers and the roofline, one process, the same float32 weights and threads,
+contenders alternated: batch-1 decode tokens/s, one verify forward of 1/2/4/8 rows after a 64-token
+context, 8 concurrent requests over 1; the bandwidth and GEMM peak of the harness's machine measure.
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ import statistics
 import torch
 
 from peagle_trt.bench.forwards import forward
-from peagle_trt.bench.harness import Figure, alternate, finish, machine, progress, table
+from peagle_trt.bench.harness import Figure, alternate, finish, machine, model_dir, progress, table
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 ROWS, CONTEXT = (1, 2, 4, 8), 64
@@ -89,10 +87,7 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.generator import TextGenerator
     from peagle_trt.tokenizer import TextCodec
 
-    if args.target is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        args.target = str(cached_target("smollm2", progress=progress))
+    args.target = str(model_dir(args.target, "smollm2"))
     torch.set_num_threads(args.threads)
     rounds, n = (1, 8) if args.smoke else (args.rounds, args.tokens)
     mach = machine(args.smoke)

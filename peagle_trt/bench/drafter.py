@@ -17,6 +17,9 @@ from peagle_trt.errors import ConfigError
 REPEATS = {"tiny": (300, 10), "gpt-oss-20b-peagle": (7, 2)}  # head -> default repeats, warm-up
 
 
+SMOKE = dict(heads="tiny", ks="1,3", repeats=3, warmup=1, context=16)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", default="tiny,gpt-oss-20b-peagle", help=f"comma-separated, from {sorted(REPEATS)}")
     p.add_argument("--ks", default="1,3,7,11", help="comma-separated draft lengths K")
@@ -28,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.smoke:
-        args.heads, args.ks, args.repeats, args.warmup, args.context = "tiny", "1,3", 3, 1, 16
     heads, ks = args.heads.split(","), [int(k) for k in args.ks.split(",")]
     if set(heads) - set(REPEATS) or min(ks) < 1 or args.context < 3:
         raise ConfigError(f"--heads from {sorted(REPEATS)}, --ks all >= 1, --context >= 3")

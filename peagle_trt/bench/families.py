@@ -124,6 +124,9 @@ def step_bytes(cfg: dict, expert_bytes: float, attn_bytes: float, rows: int, con
             "bandwidth_floor_us (projection)": {gpu: round(total / bw * 1e6, 1) for gpu, bw in BANDWIDTH.items()}}
 
 
+SMOKE = dict(bytes_only=True, reps=1)  # the real-width slices need several GB even once
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions of each step")
     parser.add_argument("--bytes-only", action="store_true", help="only the computed bytes per step")
@@ -146,8 +149,6 @@ def sections(result: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.smoke:  # the real-width slices need several GB even once: the computed part only
-        args.bytes_only, args.reps = True, 1
     torch.set_num_threads(2)
     result = {}
     for name, (cfg, layers, fmt, expert_bytes, attn_bytes) in MODELS.items():

@@ -1,11 +1,7 @@
-"""Suites `verify-shapes` and `deterministic` (docs/BENCHMARKS.md, one section each): one float32 target
-forward (default: the cached SmolLM2-135M) of B requests x R rows each at a --context of cached
-positions per request, as a decode (R = 1) or a verify runs it, per contender (an executor and how it
-runs: CONTENDERS) and shape, every (contender, shape) once per round, all alternated; medians in ms and
-each contender's ratio to the one it is compared with. `verify-shapes`: onnxruntime over a grid of
-shapes (the cost model of adaptive K, bench/draft_length.py); `deterministic`: deterministic mode's cost
-(docs/SERVING.md), torch and onnxruntime each plain and deterministic, plus torch on one thread
-(deterministic torch runs on one thread: the contender it is compared with).
+"""Suites `verify-shapes` and `deterministic` (docs/BENCHMARKS.md, one section each), presets of this
+module (PRESETS): one float32 target forward (default: the cached SmolLM2-135M) of B requests x R rows
+each at --context cached positions per request, per contender (CONTENDERS: an executor and how it runs)
+and shape, all alternated; medians in ms and each contender's ratio to the one it is compared with.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, finish, plot, summary, table
+from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, plot, summary, table
 
 # name -> (executor, deterministic, torch on one thread, the contender it is compared with)
 CONTENDERS = {"torch": ("torch", False, False, ""), "torch 1 thread": ("torch", False, True, ""),
@@ -30,6 +26,9 @@ PRESETS = {  # suite -> its defaults
     "deterministic": dict(contenders=",".join(CONTENDERS), shapes="1x1,8x1,1x4,8x4", context=128, rounds=9,
                           figure_shapes="8x4,1x1"),
 }
+
+
+SMOKE = dict(context=16, rounds=2, shapes="1x1,2x4", figure_shapes="1x1,2x4")  # on the demo's code pair
 
 
 def forward(ex, b: int, r: int, context: int) -> Callable[[], object]:
@@ -73,15 +72,7 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.executors.onnxruntime import OrtExecutor
     from peagle_trt.executors.torch import TorchExecutor
 
-    if args.smoke:  # the demo's code pair target, a short context, two rounds
-        from peagle_trt.demo import code_pair
-
-        args.target, args.context, args.rounds, args.shapes = code_pair(), 16, 2, args.shapes.split(",")[0] + ",2x4"
-        args.figure_shapes = args.shapes
-    if args.target is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        args.target = cached_target("smollm2")
+    args.target = model_dir(args.target, "code-pair" if args.smoke else "smollm2")
     names = args.contenders.split(",")
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     target, _ = load_pair(args.target, None, SpecConfig("none", 0)).build()

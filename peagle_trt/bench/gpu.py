@@ -1,9 +1,8 @@
 """Suite `gpu` (docs/BENCHMARKS.md, "gpu"): the speculate-verify step at real shapes, random weights, torch
-executor, CUDA events: copy bandwidth (the MBU reference), drafting (parallel vs sequential), target
-decode and verify (bf16, FP8; torch references and Triton kernels), the iteration overhead and its host
-syncs, a PROJECTION of tokens/s, and issue 15's targets checked. OUTPUT_DIR (default $OUT, else
-gpu_results)/bench_gpu.json is rewritten after every section (a time-out keeps what finished).
---smoke runs tiny shapes on CPU. The drafting section is also suite `drafter` (bench/drafter.py).
+executor, CUDA events: copy bandwidth (the MBU reference), drafting (parallel vs sequential; also suite
+`drafter`, on CPU), target decode and verify (bf16, FP8; torch references and Triton kernels), the
+iteration overhead and its host syncs, a PROJECTION of tokens/s, issue 15's targets. OUTPUT_DIR (default
+$OUT, else gpu_results)/bench_gpu.json is rewritten after every section. --smoke: tiny shapes on CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
-from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, machine, plot, progress, records, summary
+from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, lines, machine, progress, records, summary
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
@@ -372,18 +371,12 @@ def report(res: dict, a) -> list[str]:
     drafts = [r for r in res.get("drafter", []) if r["head"] == res["heads"][0] and r["kernels"] == kern]
     target = [r for r in res.get("target", []) if r["kernels"] == kern]
 
-    def draw(plt):
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for b in sorted({r["batch"] for r in drafts}):
-            rs = [r for r in drafts if r["batch"] == b]
-            ax1.plot([r["k"] for r in rs], [r["parallel_ms"] for r in rs], "o-", label=f"parallel B={b}")
-            ax1.plot([r["k"] for r in rs], [r["sequential_ms"] for r in rs], "s--", label=f"sequential B={b}")
-        for w, b in sorted({(r["weights"], r["batch"]) for r in target}):
-            rs = [r for r in target if (r["weights"], r["batch"]) == (w, b)]
-            ax2.plot([r["k"] + 1 for r in rs], [r["ms"] for r in rs], "o-", label=f"{w} B={b}")
-        ax1.set(xlabel="K (draft tokens)", ylabel="ms per drafting step", title=f"drafter {res['heads'][0]}")
-        ax2.set(xlabel="rows per sequence (1 = decode)", ylabel="ms per target forward", title=res["target_shape"])
-        return fig
-
-    png = plot(a, "", draw)
+    drafting = {f"{mode} B={b}": ([r["k"] for r in drafts if r["batch"] == b],
+                                  [r[f"{mode}_ms"] for r in drafts if r["batch"] == b])
+                for b in sorted({r["batch"] for r in drafts}) for mode in ("parallel", "sequential")}
+    forwards = {f"{w} B={b}": ([r["k"] + 1 for r in target if (r["weights"], r["batch"]) == (w, b)],
+                               [r["ms"] for r in target if (r["weights"], r["batch"]) == (w, b)])
+                for w, b in sorted({(r["weights"], r["batch"]) for r in target})}
+    png = lines(a, "", [(f"drafter {res['heads'][0]}", "K (draft tokens)", "ms per drafting step", drafting),
+                        (res["target_shape"], "rows per sequence (1 = decode)", "ms per target forward", forwards)])
     return out + ([f"![{png}]({png})"] if png else [])

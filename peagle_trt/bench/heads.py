@@ -1,12 +1,8 @@
-"""Suites `heads`, `acceptance` and `step-cost` (docs/BENCHMARKS.md, one section each): a target and its two
-trained heads, P-EAGLE (one parallel drafter pass) vs EAGLE-3 (K sequential passes) vs none, in process
-with the code that serves (bench/pair.py). Phases: batch 8 per configuration (AL pooled over requests,
-per-position acceptance, T = 0.7 at --sampled-ks, held-out and long sets at --set-ks, tok/s; greedy
-outputs equal none's); batch 1 with passes alternated within rounds and the executor's forwards timed
-(where a step's time goes); --served: none and each head's best K in one tritonserver. The three suites
-are presets of this one (PRESETS): `heads` a real target through its chat template (default the cached
-SmolLM2-135M, heads passed), `acceptance` the demo's code pair on raw HumanEval code, `step-cost` the
-same pair's batch-1 phase alone.
+"""Suites `heads`, `acceptance` and `step-cost` (docs/BENCHMARKS.md, one section each), presets of this
+module (PRESETS): a target and its two trained heads, P-EAGLE vs EAGLE-3 vs none, in process with the
+code that serves (bench/pair.py): batch 8 per configuration (AL pooled, per-position acceptance, T = 0.7,
+held-out and long sets, tok/s, outputs vs none's); batch 1 with passes alternated and the executor's
+forwards timed (where a step's time goes); --served: none and each head's best K in one tritonserver.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import gc
 import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, progress, records, stdout_to_stderr, table
+from peagle_trt.bench.harness import Figure, finish, lines, model_dir, progress, records, stdout_to_stderr, table
 from peagle_trt.bench.pair import (
     Config,
     code_prompts,
@@ -41,6 +37,10 @@ PRESETS = {  # suite -> its defaults (options and the figures' targets)
     "step-cost": dict(configs="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5", batch8=False, served=False,
                       prompts=16, max_tokens=64, timing_prompts=16),
 }
+
+
+SMOKE = dict(target=None, default_target="code-pair", backend="torch", configs="none,peagle:3,eagle3:3", set_ks="3",
+             prompts=4, heldout=2, long=1, long_tokens=200, max_tokens=8, timing_prompts=2, rounds=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -112,43 +112,12 @@ def batch8_table(rows: list[dict]) -> str:
                   for r in rows])
 
 
-def drawing(rows: list[dict], b1: list[dict], title: str):
-    """Acceptance length (batch 8) and speed-up over none (batch 1 and 8) by K, per head."""
-    def draw(plt):
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for method, color in (("peagle", "tab:blue"), ("eagle3", "tab:orange")):
-            rs, bs = [r for r in rows if r["method"] == method], [r for r in b1 if r["method"] == method]
-            ax1.plot([r["K"] for r in rs], [r["humaneval"]["acceptance_length"] for r in rs], "o-", color=color,
-                     label=f"{method} greedy")
-            samp = [r for r in rs if "humaneval_t0.7" in r]
-            ax1.plot([r["K"] for r in samp], [r["humaneval_t0.7"]["acceptance_length"] for r in samp], "s--",
-                     color=color, label=f"{method} T=0.7")
-            ax2.plot([r["K"] for r in bs], [r["speedup"] for r in bs], "o-", color=color, label=f"{method} batch 1")
-            ax2.plot([r["K"] for r in rs], [r["speedup_b8"] for r in rs], "s--", color=color, label=f"{method} b8")
-        ax2.axhline(1.0, color="gray", lw=0.8)
-        ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length", title=title)
-        ax2.set(xlabel="K (draft tokens per step)", ylabel="speed-up over none (in-process)", title="Wall-clock")
-        return fig
-    return draw
-
-
 def run(args: argparse.Namespace) -> dict:
     from peagle_trt.tokenizer import TextCodec
 
-    if args.smoke:  # the code pair, none and one K per head, a few short prompts, one round
-        args.target, args.default_target, args.backend = None, "code-pair", "torch"
-        args.configs = "none,peagle:3,eagle3:3"
-        args.sampled_ks, args.set_ks = "3" if args.chat else "", "3"
-        args.prompts, args.heldout, args.long, args.long_tokens, args.max_tokens = 4, 2, 1, 200, 8
-        args.timing_prompts, args.rounds = 2, 1
-    if args.target is None and getattr(args, "default_target", "code-pair") == "smollm2":
-        from peagle_trt.convert.packaged import cached_target
-
-        args.target = cached_target("smollm2", progress=progress)
-    elif args.target is None:
-        from peagle_trt.demo import code_pair
-
-        args.target = code_pair()
+    if args.smoke:
+        args.sampled_ks = "3" if args.chat else ""
+    args.target = model_dir(args.target, getattr(args, "default_target", "code-pair"))
     heads = {m: getattr(args, m) or args.target / f"drafter-{m}" for m in ("peagle", "eagle3")}
     configs = []
     for item in args.configs.split(","):
@@ -179,7 +148,16 @@ def run(args: argparse.Namespace) -> dict:
             args.workdir.mkdir(parents=True, exist_ok=True)
             serve = served(args, [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)],
                            sets["humaneval"][:args.timing_prompts], max_seq_len, args.chat)
-    png = plot(args, "", drawing(rows, b1, f"HumanEval, {label}")) if rows else None
+    al, speed = {}, {}  # the plot's series: by K, per head
+    for m in ("peagle", "eagle3"):
+        rs, bs = [r for r in rows if r["method"] == m], [r for r in b1 if r["method"] == m]
+        sampled = [r for r in rs if "humaneval_t0.7" in r]
+        al[f"{m} greedy"] = ([r["K"] for r in rs], [r["humaneval"]["acceptance_length"] for r in rs])
+        al[f"{m} T=0.7"] = ([r["K"] for r in sampled], [r["humaneval_t0.7"]["acceptance_length"] for r in sampled])
+        speed[f"{m} batch 1"] = ([r["K"] for r in bs], [r["speedup"] for r in bs])
+        speed[f"{m} batch 8"] = ([r["K"] for r in rs], [r["speedup_b8"] for r in rs])
+    png = lines(args, "", [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al),
+                           ("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)]) if rows else None
     figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
                       getattr(args, "al_target", "")) for r in rows if r["method"] == "peagle" and r["K"] == 7]
     figures += [Figure(f"{label}, HumanEval batch 1, {r['method']} K={r['K']} over none ({where}, CPU)", r["speedup"],

@@ -11,9 +11,11 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, records, reported
+from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, progress, records, reported
+
+SMOKE = dict(max_seq_len=256, requests=6, short_tokens=4, long_prompt=100, system_tokens=70, questions=1,
+             decode_tokens=4, rounds=1)  # and 3 contiguous slots' worth of blocks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,18 +83,13 @@ def workloads(codec, args) -> tuple[list, list, list]:
 def run(args: argparse.Namespace) -> dict:
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.config import KVLayout, SpecConfig
-    from peagle_trt.convert.packaged import cached_target
     from peagle_trt.executors.onnxruntime import OrtExecutor
     from peagle_trt.models.memory import kv_memory
     from peagle_trt.runtime.scheduler import Scheduler
     from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.tokenizer import TextCodec
 
-    if args.smoke:  # a size that only proves the suite runs: 3 contiguous slots' worth of blocks
-        for name, value in (("max_seq_len", 256), ("requests", 6), ("short_tokens", 4), ("long_prompt", 100),
-                            ("system_tokens", 70), ("questions", 1), ("decode_tokens", 4), ("rounds", 1)):
-            setattr(args, name, value)
-    target_dir = Path(args.target) if args.target else cached_target("smollm2")
+    target_dir = model_dir(args.target, "smollm2")
     target, _ = load_pair(target_dir, None, SpecConfig("none", 0)).build()
     mix, questions, decode_prompt = workloads(TextCodec(target_dir), args)
 

@@ -1,6 +1,6 @@
 """Suite `serving` (docs/BENCHMARKS.md, "serving"): the same greedy requests streamed in process
-(`TextGenerator.submit`), through a real tritonserver over gRPC (`stream_generate`) and, with --openai,
-through the OpenAI frontend (/v1/completions, SSE) in front of it, on one built repository (tiny llama
+(`TextGenerator.submit`), through `peagle-trt serve`'s tritonserver over gRPC (`stream_generate`) and,
+with --openai, through its OpenAI frontend (/v1/completions, SSE), on one built repository (tiny llama
 + AWS-layout P-EAGLE drafter, K = 3, float32, CPU). Each path is a closed loop at each concurrency, the
 paths alternated within rounds: median wall, tok/s, mean TTFT (first non-empty text) and latency, the
 ratios (targets: Triton <= 1.10x in-process, OpenAI <= 1.10x Triton) and whether every path and round
@@ -15,8 +15,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,33 +27,16 @@ from peagle_trt.bench.harness import (
     alternate,
     closed_loop,
     finish,
-    free_port,
     progress,
     records,
     reported,
+    serve_child,
     stdout_to_stderr,
 )
 from peagle_trt.config import SamplingParams, SpecConfig
 
 TARGET_RATIO = 1.10
 BASE = {"triton": "inproc", "openai": "triton"}  # a path -> the one its ratios are over
-
-
-@contextlib.contextmanager
-def openai_frontend(repo: Path, grpc_url: str):
-    """The frontend in its own process (as in `peagle-trt serve`); yields its base URL."""
-    port = free_port()
-    code = ("import sys; from pathlib import Path; from peagle_trt.openai_frontend import FrontendOptions, "
-            f"OpenAIFrontend; fe = OpenAIFrontend(FrontendOptions(Path({str(repo)!r}), {grpc_url!r}, '127.0.0.1', "
-            f"{port})).start(); print('ready', flush=True); sys.stdin.read(); fe.stop()")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("the OpenAI frontend did not start")
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.stdin.close()
-        proc.wait(30)
 
 
 def senders(engine, grpc_url: str, params: SamplingParams) -> dict:
@@ -114,6 +95,9 @@ def streamed(prompts: list[str], conc: int, send, tag: str, session=contextlib.n
     return closed_loop(len(prompts), conc, one, session), recs
 
 
+SMOKE = dict(prompts=4, max_tokens=8, concurrency="1,2", repeats=1)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=64)
@@ -130,15 +114,13 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.repository import RepositoryOptions, build_repository
     from peagle_trt.serving.generator import TextGenerator
     from peagle_trt.serving.options import read_options
-    from peagle_trt.serving.server import ServeOptions, TritonServer
     from peagle_trt.tiny import CORPUS, make_all
 
-    if args.smoke:  # a few short requests, one round
-        args.prompts, args.max_tokens, args.concurrency, args.repeats = 4, 8, "1,2", 1
     if args.torch_threads > 0:  # before the server starts: its Python-backend stub inherits it
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)
         torch.set_num_threads(args.torch_threads)
     work = args.workdir or Path(tempfile.mkdtemp(prefix="bench-serving-"))
+    work.mkdir(parents=True, exist_ok=True)
     repo = work / "repo"
     with stdout_to_stderr():  # the tokenizer trainer writes to fd 1
         tiny = make_all(work / "tiny")
@@ -151,18 +133,15 @@ def run(args: argparse.Namespace) -> dict:
     engine.start()
     runs: dict[tuple[str, int], list] = {}  # (path, C) -> [(wall, recs) per round]
     try:
-        with TritonServer(ServeOptions(repo, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=180,
-                                       log_path=work / "tritonserver.log")) as server, \
-                (openai_frontend(repo, server.grpc_url) if args.openai else contextlib.nullcontext()) as url:
+        with serve_child(repo, work) as ready:  # tritonserver and the OpenAI frontend, as `peagle-trt serve`
             def http():
                 import httpx
 
-                return httpx.Client(base_url=url, timeout=600)
+                return httpx.Client(base_url=ready["openai"], timeout=600)
 
-            send = senders(engine, server.grpc_url, SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
-            sessions = {"inproc": contextlib.nullcontext, "triton": contextlib.nullcontext,
-                        "openai": http}
-            paths = ["inproc", "triton"] + (["openai"] if url else [])
+            send = senders(engine, ready["grpc"], SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
+            sessions = {"inproc": contextlib.nullcontext, "triton": contextlib.nullcontext, "openai": http}
+            paths = ["inproc", "triton"] + (["openai"] if args.openai else [])
             for name in paths:  # warm-up: first forwards, first connections, lazy imports
                 streamed(prompts, 2, send[name], f"warmup-{name}", sessions[name])
 

@@ -12,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, progress, records, stdout_to_stderr
+from peagle_trt.bench.harness import Figure, finish, lines, model_dir, records, stdout_to_stderr
 from peagle_trt.bench.pair import Config, measure, prompt_sets
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
@@ -99,27 +99,13 @@ VERDICT_COLUMNS = ["workload", "batch", "best_fixed", "adaptive_over_best_fixed"
                    "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out"]
 
 
-def drawing(synthetic: list[dict], adaptive: list[dict]):
-    """Speed-up over none against synthetic AL, per batch; adaptive and fixed K per workload and batch."""
-    def draw(plt):
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-        for b in sorted({r["batch"] for r in synthetic}):
-            pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
-            ax1.plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
-        for c in dict.fromkeys(r["config"] for r in adaptive):
-            rs = [r for r in adaptive if r["config"] == c]
-            ax2.plot([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs], "o", label=c)
-        for ax in (ax1, ax2):
-            ax.axhline(1.0, color="grey", lw=0.8)
-        ax1.set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none", title="speed vs AL")
-        ax2.set(ylabel="speed-up over none", title="adaptive K vs fixed K")
-        return fig
-    return draw
+SMOKE = dict(target=None, peagle=None, backend="torch", k=3, als="1,4", fixed_ks="1,3", prompts=1, long_tokens=200,
+             max_tokens=6, rounds=1, per_request=1)  # on the demo's code pair
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
-    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head directory (required)")
+    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head (default TARGET/drafter-peagle)")
     p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"])
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--k", type=int, default=7, help="K of the synthetic sweep and adaptive K's cap")
@@ -136,19 +122,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from peagle_trt.tokenizer import TextCodec
 
-    if args.smoke:
-        from peagle_trt.demo import code_pair
-
-        pair = code_pair()
-        args.target, args.peagle, args.backend = pair, pair / "drafter-peagle", "torch"
-        args.k, args.als, args.fixed_ks, args.prompts, args.long_tokens, args.max_tokens, args.rounds = \
-            3, "1,4", "1,3", 1, 200, 6, 1
-        args.per_request = 1
-    if args.target is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        args.target = cached_target("smollm2", progress=progress)
-    if args.peagle is None:
+    args.target = model_dir(args.target, "code-pair" if args.smoke else "smollm2")
+    args.peagle = args.peagle or args.target / "drafter-peagle"
+    if not args.peagle.is_dir():
         raise ConfigError("pass the P-EAGLE head: --peagle DIR (scripts/make_smollm2_heads.py trains one)")
     n = args.prompts
     sets = prompt_sets(TextCodec(args.target), 2 * n, 2 * n, max(1, n // 2), args.long_tokens)
@@ -176,7 +152,18 @@ def run(args: argparse.Namespace) -> dict:
             requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
                                                 for i, p in enumerate(ps)}, [1])
     by_kind = oracle(requests) if requests else []
-    plot_name = plot(args, "", drawing(synthetic, adaptive)) if synthetic or adaptive else None
+    panels = []  # speed-up over none against the synthetic AL per batch; adaptive and fixed K per cell
+    if synthetic:
+        by_batch = {b: [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]] for b in (1, 8)}
+        panels.append(("speed vs acceptance length", "mean acceptance length (synthetic)", "speed-up over none",
+                       {f"batch {b}": ([r["acceptance_length"] for r in rs], [r["speedup"] for r in rs])
+                        for b, rs in by_batch.items()}))
+    if adaptive:
+        by_config = {c: [r for r in adaptive if r["config"] == c] for c in dict.fromkeys(r["config"] for r in adaptive)}
+        panels.append(("adaptive K vs fixed K", "workload, batch", "speed-up over none",
+                       {c: ([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs])
+                        for c, rs in by_config.items()}))
+    plot_name = lines(args, "", panels) if panels else None
     verdict = verdicts(adaptive) if adaptive else []
     figures = [Figure(f"{Path(args.target).name}: adaptive K over the best fixed K, {v['workload']} batch {v['batch']}",
                       v.get("adaptive_over_best_fixed_held_out", v["adaptive_over_best_fixed"]), "x", ">= 0.97x", 3)
