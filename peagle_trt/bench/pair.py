@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from peagle_trt.bench.harness import alternate, closed_loop, free_port, progress, reported
+from peagle_trt.bench.harness import alternate, closed_loop, progress, reported, serve_child
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import RuntimeInvariantError
 
@@ -254,22 +254,19 @@ def build_all(root: Path, target: Path, configs: list[Config], **options) -> Non
 
 
 def served(args, configs: list[Config], prompts: list[str], max_seq_len: int, chat_template: bool = True) -> list[dict]:
-    """Every configuration a model of ONE tritonserver (loading one server per model once deadlocked
-    tritonserver: stubs waiting on a futex, 2026-11-23), batch-1 passes over gRPC alternated."""
+    """Every configuration a model of ONE repository served by `peagle-trt serve` (one server per model
+    once deadlocked tritonserver: stubs waiting on a futex, 2026-11-23), batch-1 passes over gRPC alternated."""
     from peagle_trt.serving.client import stream_generate
-    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     root = args.workdir / "repo"
     build_all(root, args.target, configs, backend=args.backend, max_batch=1, max_seq_len=max_seq_len)
-    serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
-                         log_path=args.workdir / "tritonserver.log")
-    with TritonServer(serve) as server:
+    with serve_child(root, args.workdir, ready_timeout_s=600) as ready:
         def runner(model: str) -> Runner:
             def go(ps: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
                 out: list = [None] * len(ps)
 
                 def one(i: int, _) -> None:
-                    out[i] = stream_generate(server.grpc_url, ps[i], params, model, chat_template=chat_template)
+                    out[i] = stream_generate(ready["grpc"], ps[i], params, model, chat_template=chat_template)
                 return closed_loop(len(ps), conc, one), out
             return go
 
