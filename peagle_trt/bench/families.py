@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, summary, table
+from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, finish, progress, summary, table
 from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
@@ -40,7 +40,7 @@ GPT_OSS_20B = {  # openai/gpt-oss-20b config.json
 # (MXFP4 experts: 4 bits + one 8-bit scale per 32 values; attention in bf16)
 MODELS = {"qwen3-coder-30b-a3b": (QWEN3_CODER_30B_A3B, 1, "fp8 experts + attention", 1.0, 1.0),
           "gpt-oss-20b": (GPT_OSS_20B, 2, "mxfp4 experts, bf16 attention", 4.25 / 8, 2.0)}
-BANDWIDTH = {"H200": 4.8e12, "B200": 8.0e12}  # HBM bytes/s, vendor datasheet figures
+BANDWIDTH = {gpu: HBM_PEAK[gpu] for gpu in ("H200", "B200")}  # the projection's GPUs
 CONTEXT, K = 4096, 7
 DTYPE = torch.float32  # CPU compute in fp32: a bf16 trial ran 8-row expert GEMMs ~200x slower than 1-row ones
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, plot, summary, table
+from peagle_trt.errors import ConfigError
 
 # name -> (executor, deterministic, torch on one thread, the contender it is compared with)
 CONTENDERS = {"torch": ("torch", False, False, ""), "torch 1 thread": ("torch", False, True, ""),
@@ -64,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=128, help="positions each request has before its rows")
     p.add_argument("--rounds", type=int, default=9, help="alternated rounds")
     p.add_argument("--warmup", type=int, default=1, help="untimed runs of each first")
+    p.add_argument("--figure-shapes", default="1x1", help="the shapes of the headline figures")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -74,6 +76,8 @@ def run(args: argparse.Namespace) -> dict:
 
     args.target = model_dir(args.target, "code-pair" if args.smoke else "smollm2")
     names = args.contenders.split(",")
+    if set(names) - set(CONTENDERS):
+        raise ConfigError(f"unknown --contenders {sorted(set(names) - set(CONTENDERS))}; from {list(CONTENDERS)}")
     shapes = [tuple(map(int, s.split("x"))) for s in args.shapes.split(",")]
     target, _ = load_pair(args.target, None, SpecConfig("none", 0)).build()
     kv = KVLayout.for_sequences(max(b for b, _ in shapes), args.context + max(r for _, r in shapes))

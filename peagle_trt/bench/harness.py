@@ -98,6 +98,9 @@ def summary(samples: list[float], scale: float = 1.0) -> dict:
 
 
 # -- the machine ---------------------------------------------------------------------------------------
+HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # GPU memory bytes/s, vendor datasheet figures
+
+
 def cpu_model() -> str:
     """The CPU's model name."""
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:

@@ -37,8 +37,6 @@ PRESETS = {  # suite -> its defaults (options and the figures' targets)
     "step-cost": dict(configs="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5", batch8=False, served=False,
                       prompts=16, max_tokens=64, timing_prompts=16),
 }
-
-
 SMOKE = dict(target=None, default_target="code-pair", backend="torch", configs="none,peagle:3,eagle3:3", set_ks="3",
              prompts=4, heldout=2, long=1, long_tokens=200, max_tokens=8, timing_prompts=2, rounds=1)
 
@@ -67,6 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
                    help="the served batch-1 phase (tritonserver)")
     p.add_argument("--workdir", type=Path, default=Path("artifacts/bench_pair"), help="served repository")
+    p.set_defaults(default_target="code-pair", al_target="", speed_target="")  # set by PRESETS
 
 
 def batch8(args, configs: list[Config], sets: dict, max_seq_len: int) -> list[dict]:
@@ -117,11 +116,13 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.smoke:
         args.sampled_ks = "3" if args.chat else ""
-    args.target = model_dir(args.target, getattr(args, "default_target", "code-pair"))
+    args.target = model_dir(args.target, args.default_target)
     heads = {m: getattr(args, m) or args.target / f"drafter-{m}" for m in ("peagle", "eagle3")}
     configs = []
     for item in args.configs.split(","):
         method, _, k = item.partition(":")
+        if method not in ("none", *heads) or (method != "none" and not k.isdigit()):
+            raise ConfigError(f"--configs: {item!r} is not none or METHOD:K with METHOD peagle or eagle3")
         if method != "none" and not heads[method].is_dir():
             raise ConfigError(f"no {method} head at {heads[method]}: pass --{method} DIR "
                               "(scripts/make_smollm2_heads.py trains them)")
@@ -159,9 +160,9 @@ def run(args: argparse.Namespace) -> dict:
     png = lines(args, "", [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al),
                            ("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)]) if rows else None
     figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
-                      getattr(args, "al_target", "")) for r in rows if r["method"] == "peagle" and r["K"] == 7]
+                      args.al_target) for r in rows if r["method"] == "peagle" and r["K"] == 7]
     figures += [Figure(f"{label}, HumanEval batch 1, {r['method']} K={r['K']} over none ({where}, CPU)", r["speedup"],
-                       "x", getattr(args, "speed_target", "")) for where, rs in (("in-process", b1), ("served", serve))
+                       "x", args.speed_target) for where, rs in (("in-process", b1), ("served", serve))
                 for r in rs if r["method"] != "none" and r["K"] == best[r["method"]]]
     columns = ["config", "acceptance_length", "tokens_per_s", "speedup", "ms_per_step", "target_ms", "drafter_ms",
                "other_ms", "mismatches"]

@@ -11,12 +11,10 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, progress, summary, table
+from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, device_clock, finish, progress, summary, table
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
-
-HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # bytes/s, vendor datasheet figures
 
 
 def roofline(gbps: float) -> float | None:
