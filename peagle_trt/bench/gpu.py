@@ -137,6 +137,7 @@ def section_drafter(a, head: str, device, dtype, kernels: str = "reference", pen
     model = build_head(head, device, dtype)
     c, rows = model.config, []
     ex = DrafterOnlyExecutor(model, max(a.batches), a.context + max(a.draft_ks) + 8, kernels)
+    parallel, sequential = ParallelDrafter(ex), SequentialDrafter(ex)
     for b in a.batches:
         seqs = [Sequence([0], SamplingParams(), i, stats=SpecStats(1)) for i in range(b)]
         aux = torch.randn(b, pending, c.num_aux * c.target_hidden_size, device=device, dtype=dtype)
@@ -144,8 +145,8 @@ def section_drafter(a, head: str, device, dtype, kernels: str = "reference", pen
         batch = DraftBatch(seqs, torch.randint(0, c.vocab_size - 1, (b, pending), device=device), aux, *full,
                            torch.arange(b, device=device))
         for k in a.draft_ks:
-            t = alternate({"parallel": lambda: ParallelDrafter(ex).propose(batch, k),
-                           "sequential": lambda: SequentialDrafter(ex).propose(batch, k)},
+            t = alternate({"parallel": lambda: parallel.propose(batch, k),
+                           "sequential": lambda: sequential.propose(batch, k)},
                           a.repeats, a.warmup, clock=device_clock)
             par, seq = summary(t["parallel"], 1e3), summary(t["sequential"], 1e3)
             rows.append({"head": head, "kernels": kernels, "batch": b, "k": k, "parallel_ms": par["median"],
