@@ -32,11 +32,37 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.prompts import function_prompts, stdlib_files
+from peagle_trt.bench.prompts import stdlib_files
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|reserved_mask|>"]
 # A plain "chat" template: the user's text as is, so a code prompt is continued as code.
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def function_prompts(n: int, seed: int, full_docstrings: float = 0.0) -> list[str]:
+    """`n` prompts shaped like code-completion tasks: a stdlib function's `def` line(s) and its
+    docstring, dedented (the drafters' training prompts; the target writes the bodies). A fraction
+    `full_docstrings` keeps the whole multi-line docstring (HumanEval-shaped prompts), the rest only
+    its first line (the corpus' shape)."""
+    found = []
+    rng = random.Random(seed + 1)
+    for path in stdlib_files():
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError, RecursionError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and len(node.body) > 1:
+                node.body = node.body[:1]  # the def line(s) and the docstring
+                node.decorator_list = []
+                full = rng.random() < full_docstrings and "\n" in ast.get_docstring(node).strip()
+                if not full:
+                    node.body[0].value = ast.Constant(ast.get_docstring(node).strip().splitlines()[0].strip())
+                text = ast.unparse(node)  # no trailing newline: see bench/pair.py's code_prompts, token healing
+                if 40 <= len(text) <= (1200 if full else 400):
+                    found.append(text)
+    random.Random(seed).shuffle(found)
+    return found[:n]
 
 
 def normalized(source: str) -> str:

@@ -1,17 +1,8 @@
-"""`peagle-trt bench SUITE [options]`: the registry of benchmark suites and their common options.
-
-    peagle-trt bench --help                     # the suites, one line each
-    peagle-trt bench drafter --help             # one suite's options
-    peagle-trt bench scheduler --smoke --output-dir artifacts/bench
-
-    peagle-trt bench report --write             # docs/BENCHMARKS.md's headline table from docs/results.json
-
-A suite is a module of this package with `add_arguments(parser)` and `run(args) -> dict`, built on
-bench/harness.py; it is imported only when it is run (heavy optional dependencies stay out of every
-other command). Every suite writes its markdown report to stdout (and OUTPUT_DIR/bench_SUITE.md), its
-plots to OUTPUT_DIR/bench_SUITE*.png, and its results as OUTPUT_DIR/bench_SUITE.json and as the LAST
-stdout line (printed by peagle_trt/cli.py); `--record FILE` copies its headline figures into the
-results file (bench/results.py). Progress goes to stderr.
+"""`peagle-trt bench SUITE [options]` (`--help`: the suites) and `peagle-trt bench report [--write]` (the
+headline table of docs/BENCHMARKS.md from docs/results.json, bench/results.py). A suite is imported only
+when it runs (heavy optional dependencies stay out of every other command); its report goes to stdout and
+OUTPUT_DIR/bench_SUITE.md, its results to OUTPUT_DIR/bench_SUITE.json and the LAST stdout line (printed by
+peagle_trt/cli.py); `--record FILE` copies its headline figures into the results file.
 """
 
 from __future__ import annotations
@@ -24,50 +15,30 @@ from pathlib import Path
 from peagle_trt.bench import results as results_file
 from peagle_trt.bench.harness import stem
 
-# suite name -> (module, one line); the order is docs/BENCHMARKS.md's
+# suite name -> (its module in this package, one line); the order is docs/BENCHMARKS.md's. Suites that
+# share a module differ by its PRESETS[name] (the defaults of their options)
 SUITES: dict[str, tuple[str, str]] = {
-    "drafter": ("peagle_trt.bench.drafter",
-                "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
-    "scheduler": ("peagle_trt.bench.scheduler",
-                  "Scheduler.step() host overhead per step with a no-op executor"),
-    "serving": ("peagle_trt.bench.serving",
-                "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
-    "backends": ("peagle_trt.bench.backends",
-                 "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),
-    "gpu": ("peagle_trt.bench.gpu",
-            "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
-    "kernels": ("peagle_trt.bench.kernels",
-                "GPU: the Triton kernels alone (CUDA events), achieved bandwidth vs the roofline (needs triton)"),
-    "aiperf": ("peagle_trt.bench.aiperf",
-               "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
-    "families": ("peagle_trt.bench.families",
-                 "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
-    "acceptance": ("peagle_trt.bench.acceptance",
-                   "suite heads on the trained code pair: acceptance length and speed-up on HumanEval"),
-    "heads": ("peagle_trt.bench.heads",
-              "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
-    "step-cost": ("peagle_trt.bench.step_cost",
-                  "trained code pair: where a decode step's time goes (target, drafter, other)"),
-    "fp8-quality": ("peagle_trt.bench.fp8_quality",
-                    "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 agreement and KL"),
-    "decode": ("peagle_trt.bench.decode",
-               "real model (SmolLM2-135M): decode and verify vs transformers and the roofline, batch 8 vs 1"),
-    "paged": ("peagle_trt.bench.paged",
-              "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
-    "speculation": ("peagle_trt.bench.speculation",
-                    "real model: speed vs synthetic acceptance length; adaptive K vs fixed K (b1, b8)"),
-    "verify-shapes": ("peagle_trt.bench.verify_shapes",
-                      "real model: one verify forward by shape (requests x rows), the cost model of adaptive K"),
-    "deterministic": ("peagle_trt.bench.deterministic",
-                      "real model: deterministic mode's cost, torch and onnxruntime, decode and verify, b1/b8"),
-    "draft-length": ("peagle_trt.bench.draft_length",
-                     "adaptive K on a simulated server: the rule vs every fixed K, noise and load controlled"),
-    "structured": ("peagle_trt.bench.structured",
-                   "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks per step, compile time"),
-    "trees": ("peagle_trt.bench.trees",
-              "trained code pair: P-EAGLE draft trees (budgets B) vs chains (K): AL, tok/s, where trees gain (b1, b8)"),
-    "curves": ("peagle_trt.bench.curves",
-               "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
+    "drafter": ("drafter", "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
+    "scheduler": ("scheduler", "Scheduler.step() host overhead per step with a no-op executor"),
+    "serving": ("serving", "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
+    "backends": ("backends", "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),
+    "gpu": ("gpu", "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
+    "kernels": ("kernels", "GPU: the Triton kernels alone (CUDA events), achieved bandwidth vs the roofline"),
+    "aiperf": ("aiperf", "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
+    "families": ("families", "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
+    "acceptance": ("heads", "trained code pair: acceptance length and speed-up on HumanEval, P-EAGLE vs EAGLE-3"),
+    "heads": ("heads", "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),
+    "step-cost": ("heads", "trained code pair: where a decode step's time goes (target, drafter, other)"),
+    "fp8-quality": ("fp8_quality", "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 and KL"),
+    "decode": ("decode", "real model: decode and verify vs transformers and the roofline, batch 8 vs 1"),
+    "paged": ("paged", "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
+    "speculation": ("speculation", "real model: speed vs synthetic acceptance length; adaptive K vs fixed K"),
+    "verify-shapes": ("forwards", "real model: one verify forward by shape (requests x rows), adaptive K's costs"),
+    "deterministic": ("forwards", "real model: deterministic mode's cost, torch and onnxruntime, decode and verify"),
+    "draft-length": ("draft_length", "adaptive K on a simulated server: the rule vs every fixed K, noise controlled"),
+    "structured": ("structured", "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks, compile"),
+    "trees": ("trees", "trained code pair: P-EAGLE draft trees (budgets B) vs chains (K): AL, tok/s (b1, b8)"),
+    "curves": ("curves", "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
 }
 
 
@@ -88,9 +59,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def suite_parser(name: str):
     """(the argparse parser of suite `name`: common + suite options, its module)."""
     module_name, line = SUITES[name]
-    module = importlib.import_module(module_name)
-    doc = (module.__doc__ or line).strip()
-    parser = argparse.ArgumentParser(prog=f"peagle-trt bench {name}", description=doc,
+    module = importlib.import_module(f"peagle_trt.bench.{module_name}")
+    parser = argparse.ArgumentParser(prog=f"peagle-trt bench {name}", description=f"{line}\n\n{module.__doc__}",
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     common = parser.add_argument_group("common options (every suite)")
     common.add_argument("--output-dir", type=Path, default=None,
@@ -100,6 +70,7 @@ def suite_parser(name: str):
     common.add_argument("--record", type=Path, default=None, metavar="RESULTS_JSON",
                         help="replace this suite's headline figures in RESULTS_JSON (docs/results.json)")
     module.add_arguments(parser)
+    parser.set_defaults(**getattr(module, "PRESETS", {}).get(name, {}))
     return parser, module
 
 
@@ -109,6 +80,8 @@ def run_suite(name: str, argv: list[str]) -> dict:
     parser, module = suite_parser(name)
     args = parser.parse_args(argv)
     args.suite = name
+    if args.smoke:  # a tiny size that only proves the suite runs
+        vars(args).update(getattr(module, "SMOKE", {}))
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     results = json.loads(json.dumps(module.run(args), default=str))

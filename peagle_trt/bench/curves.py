@@ -1,13 +1,8 @@
-"""Suite `curves` (docs/BENCHMARKS.md, "curves"): training recipes compared at equal training CPU time,
-from the learning curves `peagle-trt train` writes (curve.jsonl beside each trained head: one JSON row
-per evaluation with step, train_cpu_s, wall_s, supervised_seen, loss, top1 = held-out top-1 agreement
-per depth/position, chain_accepted_k7 = the accepted-length proxy of a K=7 chain). Nothing is trained
-or run here: `--heads [LABEL=]DIR ...` names the heads (or their curve files). The report: one table of
-every recipe at common CPU-time marks (fractions of the shortest run, linear interpolation between
-evaluations) and at its own final evaluation with the CPU time it took; one plot of position-1 top-1
-and the chain proxy against CPU hours; headline figures: the final position-1 top-1 and
-chain_accepted_k7 of the best recipe (highest final chain_accepted_k7). --smoke reads two synthetic
-curves written to a temporary directory (figures meaningless).
+"""Suite `curves` (docs/BENCHMARKS.md, "curves"): training recipes at equal training CPU time, from the
+learning curves `peagle-trt train` writes (curve.jsonl beside each head: per evaluation step,
+train_cpu_s, loss, top1 per position, chain_accepted_k7), named by `--heads [LABEL=]DIR ...`; nothing is
+trained here. Every recipe at common CPU-time marks (fractions of the shortest run, interpolated) and at
+its own end; --smoke reads two synthetic curves (figures meaningless).
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, table
+from peagle_trt.bench.harness import Figure, finish, lines, table
 from peagle_trt.errors import ConfigError
 
 KEYS = ("step", "train_cpu_s", "loss", "top1", "chain_accepted_k7")
@@ -81,17 +76,10 @@ def run(args: argparse.Namespace) -> dict:
     best = max(curves, key=lambda label: curves[label][-1]["chain_accepted_k7"])
     final = curves[best][-1]
 
-    def draw(plt):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-        for label, c in curves.items():
-            hours = [r["train_cpu_s"] / 3600 for r in c]
-            axes[0].plot(hours, [r["top1"][0] for r in c], "o-", ms=3, label=label)
-            axes[1].plot(hours, [r["chain_accepted_k7"] for r in c], "o-", ms=3, label=label)
-        axes[0].set(xlabel="training CPU hours", ylabel="held-out top-1, position 1", title="Position-1 top-1")
-        axes[1].set(xlabel="training CPU hours", ylabel="chain_accepted_k7", title="Chain proxy (K=7)")
-        return fig
-
-    plot_name = plot(args, "", draw)
+    plot_name = lines(args, "", [(title, "training CPU hours", label, {
+        name: ([r["train_cpu_s"] / 3600 for r in c], [get(r) for r in c]) for name, c in curves.items()})
+        for title, label, get in (("Position-1 top-1", "held-out top-1, position 1", GETTERS["top1_pos1"]),
+                                  ("Chain proxy (K=7)", "chain_accepted_k7", GETTERS["chain_accepted_k7"]))])
     body = [[r["recipe"], r["at"], f"{r['cpu_s'] / 3600:.2f}"] + ([f"{r['step']:.0f}", f"{r['loss']:.3f}",
             f"{r['top1_pos1']:.3f}", f"{r['chain_accepted_k7']:.2f}"] if "step" in r else ["-"] * 4) for r in rows]
     figures = [Figure(f"training curves, best recipe ({best}): final position-1 top-1", final["top1"][0], "", "", 3),

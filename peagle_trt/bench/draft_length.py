@@ -1,26 +1,9 @@
-"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule's
-own loss against every fixed K, with the machine's noise and load under control. No model runs:
-each step's cost comes from a model fit to measured SmolLM2-135M shapes on this CPU, each draft is
-accepted by its request kind's rates, and the rule (peagle_trt/speculative/draft_length.py,
-`DraftLengths`) sees only what it sees in the decoder.
-
-    peagle-trt bench draft-length [--noise 0.08] [--drift 0.1] [--seeds 3] --output-dir OUT   # ~5 s
-
-Why: on the real model the configurations differ by a few percent and this shared VM moves the same
-pass by as much between rounds (docs/BENCHMARKS.md, "speculation"), so a rule change cannot
-be judged there. Here every configuration meets the same requests, the same acceptance draws and the
-same load curve (a function of simulated time), so the ratios are the rule's doing.
-
-The model of a step (ms; b requests, k drafts each, n context tokens of all b together):
-    verify(b, k, n) = 8 + b (3.3 + 1.4 k) + 0.01 n (1 + 0.25 k)   `peagle-trt bench verify-shapes`
-    drafter pass    = 1.2 + 0.08 b + 0.3 k (+ 0.05 per deferred row)   the `draft_slots` figures
-    x load(t) = 1 + drift sin(t / 7 s), x exp(N(0, noise)) per reading
-It mirrors the decoder's (peagle_trt/speculative/decoder.py) handling of k = 0: the rows are
-deferred and drafted in one pass (with a probe token) once a request holds `probe_rows` of them.
-Heads: `weak` has the per-position acceptance of the SmolLM2 head we have (AL ~1.3-1.45), `good`
-that of a trained head (code accepts far more than prose, long-context requests least).
-Workloads: 30 requests of 96 tokens at batch 1, 90 at batch 8 (closed loop); `mixed` cycles code,
-prose and long-context (2,000 tokens) requests. Output: the table, the JSON last line.
+"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule (peagle_trt/speculative/
+draft_length.py, `DraftLengths`, seeing only what it sees in the decoder) against every fixed K on a
+simulated server, no model run: every configuration meets the same requests, acceptance draws (by
+request kind, per head in HEADS) and load curve (x 1 + drift sin(t / 7 s), x exp(N(0, noise)) per
+reading), so a ratio is the rule's own doing. Step costs (ms) model the measured SmolLM2-135M shapes;
+k = 0 defers rows to one catch-up pass with a probe token, as the decoder (speculative/decoder.py) does.
 """
 
 from __future__ import annotations
@@ -47,11 +30,11 @@ CONTEXT = {"code": 150, "prose": 100, "long": 2000}  # prompt tokens by kind
 WORKLOADS = {"code": ("code",), "prose": ("prose",), "mixed": ("code", "prose", "long")}
 
 
-def verify_ms(b: int, k: int, context: int) -> float:
+def verify_ms(b: int, k: int, context: int) -> float:  # fit to `peagle-trt bench verify-shapes`
     return 8.0 + b * (3.3 + 1.4 * k) + 0.01 * context * (1 + 0.25 * k)
 
 
-def draft_ms(b: int, k: int, deferred_rows: int = 0) -> float:
+def draft_ms(b: int, k: int, deferred_rows: int = 0) -> float:  # fit to the `draft_slots` figures
     return 1.2 + 0.08 * b + 0.3 * k + 0.05 * deferred_rows
 
 
@@ -121,7 +104,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    seeds, n1 = (1, 3) if args.smoke else (args.seeds, 30)
+    seeds, n1 = (1, 3) if args.smoke else (args.seeds, 30)  # requests at batch 1 (x3 at batch 8)
     rows = []
     for head in HEADS:
         for batch, n in ((1, n1), (8, 3 * n1)):

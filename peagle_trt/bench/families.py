@@ -1,10 +1,8 @@
 """Suite `families` (docs/BENCHMARKS.md, "families"): real-width layer slices of the MoE targets on CPU
-(random weights, fp32, our decoder layers and KV cache): Qwen3-Coder-30B-A3B (1 sparse layer) and
-GPT-OSS-20B (2 layers: sliding and full) at position 4096: one decode (1 row), verify (K+1 = 8 rows)
-and prefill chunk (128 rows), alternated, wall and process-CPU ms; one expert MLP for 1 and 8 rows.
-Computed, not measured: the bytes one decode / verify step of the FULL model reads, and its bandwidth
-floor on H200 / B200 (a projection). The configs are the released config.json files, parsed by the
-checkpoint adapters. --smoke is --bytes-only (the slices need several GB even once). ~4 min, ~7 GB.
+(random fp32 weights, our decoder layers and KV cache) at position 4096: one decode (1 row), verify
+(K+1 = 8 rows) and prefill chunk (128 rows), alternated, wall and process-CPU ms; one expert MLP for 1
+and 8 rows. Computed, not measured: the bytes one decode / verify step of the FULL model reads and its
+bandwidth floor on H200 / B200 (a projection). --smoke is --bytes-only (the slices need several GB).
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ import time
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, summary, table
+from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, finish, progress, summary, table
 from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
@@ -42,13 +40,9 @@ GPT_OSS_20B = {  # openai/gpt-oss-20b config.json
 # (MXFP4 experts: 4 bits + one 8-bit scale per 32 values; attention in bf16)
 MODELS = {"qwen3-coder-30b-a3b": (QWEN3_CODER_30B_A3B, 1, "fp8 experts + attention", 1.0, 1.0),
           "gpt-oss-20b": (GPT_OSS_20B, 2, "mxfp4 experts, bf16 attention", 4.25 / 8, 2.0)}
-BANDWIDTH = {"H200": 4.8e12, "B200": 8.0e12}  # HBM bytes/s, vendor datasheet figures
+BANDWIDTH = {gpu: HBM_PEAK[gpu] for gpu in ("H200", "B200")}  # the projection's GPUs
 CONTEXT, K = 4096, 7
 DTYPE = torch.float32  # CPU compute in fp32: a bf16 trial ran 8-row expert GEMMs ~200x slower than 1-row ones
-
-
-def rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
 
 
 def timed(fns: dict, reps: int) -> dict:
@@ -71,7 +65,7 @@ def timed(fns: dict, reps: int) -> dict:
 def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     where = f"{cfg['model_type']} config"
     c = adapter_for(cfg, where).parse(cfg, where)
-    rss0 = rss_gib()
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     torch.manual_seed(0)
     with torch.device("meta"):
         mods = [decoder_layer(c, i) for i in range(layers)]
@@ -103,7 +97,7 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     expert = next(m.mlp.experts[0] for m in mods if hasattr(m.mlp, "experts"))
     xs = {n: torch.randn(n, c.hidden_size, dtype=DTYPE) for n in (1, K + 1)}
     out["one_expert"] = timed({f"{n}_rows": (lambda x=x: expert(x)) for n, x in xs.items()}, reps * 4)
-    out["rss_gib_increase"] = round(rss_gib() - rss0, 3)
+    out["rss_gib_increase"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20 - rss0, 3)
     return out
 
 
@@ -130,6 +124,9 @@ def step_bytes(cfg: dict, expert_bytes: float, attn_bytes: float, rows: int, con
             "bandwidth_floor_us (projection)": {gpu: round(total / bw * 1e6, 1) for gpu, bw in BANDWIDTH.items()}}
 
 
+SMOKE = dict(bytes_only=True, reps=1)  # the real-width slices need several GB even once
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reps", type=int, default=5, help="timed repetitions of each step")
     parser.add_argument("--bytes-only", action="store_true", help="only the computed bytes per step")
@@ -152,8 +149,6 @@ def sections(result: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.smoke:  # the real-width slices need several GB even once: the computed part only
-        args.bytes_only, args.reps = True, 1
     torch.set_num_threads(2)
     result = {}
     for name, (cfg, layers, fmt, expert_bytes, attn_bytes) in MODELS.items():

@@ -1,8 +1,6 @@
 """Suite `fp8-quality` (docs/BENCHMARKS.md, "fp8-quality"): a ModelOpt FP8 target (default: the cached
-SmolLM2 quantized now with the built-in calibration) against its float32 source on held-out text
-(stdlib source: difflib, argparse, textwrap, json.decoder; not the calibration prompts), `--windows`
-teacher-forced windows of `--window-len` tokens through our TargetModel: top-1 agreement and KL(p||q)
-in nats per position, overall and where the fp32 model is confident (top-1 probability > 0.5).
+SmolLM2 quantized now) against its float32 source on held-out stdlib text, teacher-forced windows
+through our TargetModel: top-1 agreement and KL(p||q) per position, overall and where fp32 is confident.
 """
 
 from __future__ import annotations
@@ -57,12 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import tempfile
 
-    from peagle_trt.bench.harness import Figure, finish, table
+    from peagle_trt.bench.harness import Figure, finish, model_dir, table
 
-    if args.fp32 is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        args.fp32 = str(cached_target("smollm2"))
+    args.fp32 = str(model_dir(args.fp32, "smollm2"))
     tmp = tempfile.TemporaryDirectory(prefix="peagle-fp8-quality-")
     if args.fp8 is None:
         from peagle_trt.quantize import QuantizeOptions, quantize_target

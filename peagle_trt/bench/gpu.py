@@ -1,13 +1,8 @@
-"""Suite `gpu` (docs/BENCHMARKS.md, "gpu"): the speculate-verify step at real shapes, random weights, on
-the torch executor, timed with CUDA events (contenders alternated): `copy` (device copy bandwidth, the
-MBU reference), `drafter` (P-EAGLE parallel vs EAGLE-3 sequential, K = 1..11, batch 1/16/64, GPT-OSS-20B
-and Llama-3.1-8B P-EAGLE head shapes), `target` (Llama-3.1-8B-class decode and verify over a --context
-KV cache, bf16 and FP8 weights, custom ops on the torch references and on the Triton kernels; MBU =
-bytes read / copy bandwidth / time), `iteration` (one SpecDecoder.step minus its verify and draft
-forwards, and its host syncs), `projection` (tokens/s from those times and acceptance lengths: a
-PROJECTION, labelled). The report and issue 15's target checks: bench/gpu_report.py. --smoke runs
-tiny shapes on CPU. Writes OUTPUT_DIR/bench_gpu.json after every section (a time-out keeps what
-finished); OUTPUT_DIR defaults to $OUT, else gpu_results.
+"""Suite `gpu` (docs/BENCHMARKS.md, "gpu"): the speculate-verify step at real shapes, random weights, torch
+executor, CUDA events: copy bandwidth (the MBU reference), drafting (parallel vs sequential; also suite
+`drafter`, on CPU), target decode and verify (bf16, FP8; torch references and Triton kernels), the
+iteration overhead and its host syncs, a PROJECTION of tokens/s, issue 15's targets. OUTPUT_DIR (default
+$OUT, else gpu_results)/bench_gpu.json is rewritten after every section. --smoke: tiny shapes on CPU.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
-from peagle_trt.bench.gpu_report import report
-from peagle_trt.bench.harness import alternate, device_clock, finish, machine, progress, summary
+from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, lines, machine, progress, records, summary
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
@@ -61,24 +55,14 @@ HEADS = {  # P-EAGLE heads (aws layout). ASSUMED where the real config is unknow
 }
 ASSUMED = {"gpt-oss-20b-peagle": "intermediate 2880 and llama3 rope (theta 150000, factor 32) assumed; random",
            "llama-3.1-8b-peagle": "4 layers, intermediate 14336, draft vocab 32000 assumed (no public config)"}
-# Acceptance lengths (1 + sum of per-position rates) used by the projection when --acceptance is absent:
-# PUBLISHED figures (vLLM / AWS P-EAGLE blog, GPT-OSS-20B, MT-Bench, B200), not measured here.
+# Acceptance lengths of the projection without --acceptance: PUBLISHED, not measured here
 PUBLISHED_AL = {"peagle": {3: 2.87, 7: 3.70}, "eagle3": {3: 2.70, 7: 3.27},
                 "source": "published: vLLM/AWS P-EAGLE blog, GPT-OSS-20B MT-Bench (not measured here)"}
 
 
-def env_info(device: torch.device) -> dict:
-    info = {"device": str(device), "cuda": torch.version.cuda, "triton_kernels": cuda_kernels.available()}
-    if device.type == "cuda":
-        p = torch.cuda.get_device_properties(device)
-        info.update(gpu=p.name, sm=f"{p.major}.{p.minor}", multiprocessors=p.multi_processor_count,
-                    gpu_memory_gib=round(p.total_memory / 2**30, 1))
-    return info
-
-
-def timed(fn, device: torch.device, repeats: int, warmup: int) -> float:
-    """Median milliseconds of `fn()` (CUDA events on a GPU, perf_counter on CPU)."""
-    return summary(alternate({"fn": fn}, repeats, warmup, clock=device_clock)["fn"], 1e3)["median"]
+def ms(fn, a) -> float:
+    """Median ms of `fn()` over a.repeats runs after a.warmup (CUDA events on a GPU)."""
+    return summary(alternate({"fn": fn}, a.repeats, a.warmup, clock=device_clock)["fn"], 1e3)["median"]
 
 
 def randomize(model: nn.Module, device, dtype) -> nn.Module:
@@ -116,8 +100,8 @@ def build_head(name: str, device, dtype) -> DrafterModel:
 
 
 def to_fp8(model: TargetModel) -> None:
-    """Replace every decoder-layer nn.Linear by an FP8Linear (per-tensor E4M3, ModelOpt's layout),
-    quantized from its own weights; lm_head and embeddings stay unquantized (as `peagle-trt quantize`)."""
+    """Every decoder-layer nn.Linear becomes an FP8Linear (per-tensor E4M3, ModelOpt's layout) of its own
+    weights; lm_head and embeddings stay unquantized (as `peagle-trt quantize`)."""
     for name, m in list(model.layers.named_modules()):
         if type(m) is not nn.Linear:
             continue
@@ -135,20 +119,6 @@ def to_fp8(model: TargetModel) -> None:
         del w
 
 
-def weight_bytes(model: nn.Module) -> int:
-    """Bytes of the weights one forward reads (the embedding table only gathers a few rows)."""
-    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed_tokens" not in n)
-
-
-# -- sections ------------------------------------------------------------------------------------------
-def section_copy(a, device) -> dict:
-    n = a.copy_bytes // 4
-    src = torch.empty(n, dtype=torch.float32, device=device).normal_()
-    dst = torch.empty_like(src)
-    ms = timed(lambda: dst.copy_(src), device, a.repeats * 2, a.warmup)
-    return {"bytes": 2 * n * 4, "ms": ms, "gb_per_s": 2 * n * 4 / ms / 1e6}
-
-
 class DrafterOnlyExecutor:
     """TorchExecutor's drafting methods over a drafter and its cache (no target needed to draft)."""
 
@@ -161,32 +131,32 @@ class DrafterOnlyExecutor:
         self._ops = cuda_kernels.routed if kernels == "cuda" else contextlib.nullcontext
 
 
-def draft_batch(model, b: int, n: int, context: int, device) -> DraftBatch:
-    """B sequences with n pending rows at positions context-n .. context-1 (padding none)."""
-    c = model.config
-    seqs = [Sequence([0], SamplingParams(), i, stats=SpecStats(1)) for i in range(b)]
-    aux = torch.randn(b, n, c.num_aux * c.target_hidden_size, device=device, dtype=model.fc.weight.dtype)
-    def full(v):
-        return torch.full((b,), v, dtype=torch.long, device=device)
-
-    return DraftBatch(seqs, torch.randint(0, c.vocab_size - 1, (b, n), device=device), aux, full(n),
-                      full(context), torch.arange(b, device=device))
-
-
-def section_drafter(a, device, dtype, kernels: str, head: str) -> list[dict]:
+def section_drafter(a, head: str, device, dtype, kernels: str = "reference", pending: int = 3) -> list[dict]:
+    """One drafting step per (batch, K): P-EAGLE's one parallel pass vs EAGLE-3's K sequential passes,
+    through the real drafting classes, `pending` rows (accepted drafts + the bonus) at a.context."""
     model = build_head(head, device, dtype)
+    c, rows = model.config, []
     ex = DrafterOnlyExecutor(model, max(a.batches), a.context + max(a.draft_ks) + 8, kernels)
-    rows = []
+    parallel, sequential = ParallelDrafter(ex), SequentialDrafter(ex)
     for b in a.batches:
-        batch = draft_batch(model, b, 3, a.context, device)  # 2 accepted drafts + the bonus
+        seqs = [Sequence([0], SamplingParams(), i, stats=SpecStats(1)) for i in range(b)]
+        aux = torch.randn(b, pending, c.num_aux * c.target_hidden_size, device=device, dtype=dtype)
+        full = [torch.full((b,), v, dtype=torch.long, device=device) for v in (pending, a.context)]
+        batch = DraftBatch(seqs, torch.randint(0, c.vocab_size - 1, (b, pending), device=device), aux, *full,
+                           torch.arange(b, device=device))
         for k in a.draft_ks:
-            t = alternate({"parallel": lambda: ParallelDrafter(ex).propose(batch, k),
-                           "sequential": lambda: SequentialDrafter(ex).propose(batch, k)},
+            t = alternate({"parallel": lambda: parallel.propose(batch, k),
+                           "sequential": lambda: sequential.propose(batch, k)},
                           a.repeats, a.warmup, clock=device_clock)
-            rows.append({"head": head, "kernels": kernels, "batch": b, "k": k,
-                         "parallel_ms": summary(t["parallel"], 1e3)["median"],
-                         "sequential_ms": summary(t["sequential"], 1e3)["median"]})
-    ex = model = None  # free the head before the next section
+            par, seq = summary(t["parallel"], 1e3), summary(t["sequential"], 1e3)
+            rows.append({"head": head, "kernels": kernels, "batch": b, "k": k, "parallel_ms": par["median"],
+                         "sequential_ms": seq["median"], "parallel_spread": par["spread"],
+                         "sequential_spread": seq["spread"], "seq_over_par": seq["median"] / par["median"]})
+            progress(f"[{a.suite}] {head} B={b} K={k}: parallel {par['median']:.2f} ms, sequential "
+                     f"{seq['median']:.2f} ms")
+    for r in rows:
+        k1 = next((x["parallel_ms"] for x in rows if (x["batch"], x["k"]) == (r["batch"], 1)), None)
+        r["par_over_par_k1"] = r["parallel_ms"] / k1 if k1 else None
     return rows
 
 
@@ -198,33 +168,19 @@ def target_forward(ex, b: int, s: int, context: int, device):
 
 
 def section_target(a, ex, weights: str, copy_gbs: float, device) -> list[dict]:
+    """Decode (k = 0: one row) and verify (k + 1 rows); floor = bytes read / the copy bandwidth."""
     c, elem = ex.target_model.config, ex.target_cache.k[0].element_size()
-    wbytes = weight_bytes(ex.target_model)
+    wbytes = sum(p.numel() * p.element_size() for n, p in ex.target_model.named_parameters()
+                 if "embed_tokens" not in n)  # the embedding table only gathers a few rows
     rows = []
     for b in a.batches:
-        for k in [0] + list(a.ks):  # 0 = decode (one row)
-            ms = timed(target_forward(ex, b, k + 1, a.context, device), device, a.repeats, a.warmup)
+        for k in [0] + list(a.ks):
+            t = ms(target_forward(ex, b, k + 1, a.context, device), a)
             kv = b * c.num_layers * 2 * c.num_kv_heads * c.head_dim * (a.context + k + 1) * elem
             floor = (wbytes + kv) / (copy_gbs * 1e6) if copy_gbs else None
-            rows.append({"weights": weights, "kernels": ex.kernels, "batch": b, "k": k,
-                         "step": "decode" if k == 0 else "verify", "ms": ms, "weight_bytes": wbytes,
-                         "kv_bytes": kv, "floor_ms": floor, "mbu": floor / ms if floor else None})
+            rows.append({"weights": weights, "kernels": ex.kernels, "batch": b, "k": k, "ms": t,
+                         "floor_ms": floor, "mbu": floor / t if floor else None})
     return rows
-
-
-def sequences(ex, b: int, k: int, context: int, vocab: int) -> list[Sequence]:
-    """B decoding sequences at `context`, each holding the KV blocks of sequence i in the static
-    layout (blocks i*M .. i*M + M - 1, what target_forward's sequence indices address), so a step
-    reads and writes the same blocks as the verify timed alone."""
-    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
-    tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
-    out = []
-    for i in range(b):
-        s = Sequence([1] * context, params, i, stats=SpecStats(k), num_computed=context, cur=context,
-                     blocks=[group[i] for group in tables])
-        s.output, s.drafts = [2], [3 % vocab] * k
-        out.append(s)
-    return out
 
 
 def count_syncs(fn) -> list[str]:
@@ -240,63 +196,81 @@ def count_syncs(fn) -> list[str]:
 
 
 def section_iteration(a, ex, device) -> list[dict]:
-    rows, vocab = [], ex.target_model.config.vocab_size
-    k = a.iter_k
+    """One SpecDecoder.step minus its verify and draft forwards (timed alone), per mode and batch; each
+    sequence holds the blocks of the static layout that target_forward's indices address."""
+    rows, hidden = [], ex.target_model.config.hidden_size
+    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
     for mode in ("none", "eagle3", "peagle"):
-        spec = SpecConfig(mode, k)
+        spec = SpecConfig(mode, a.iter_k)
         decoder = SpecDecoder(ex, spec)
         for b in a.batches:
-            seqs = sequences(ex, b, spec.k, a.context, vocab)
-            step_ms = timed(lambda: decoder.step(seqs), device, a.repeats, a.warmup)
-            verify_ms = timed(target_forward(ex, b, spec.k + 1, a.context, device), device, a.repeats, a.warmup)
+            tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
+            seqs = [Sequence([1] * a.context, params, i, stats=SpecStats(spec.k), num_computed=a.context,
+                             cur=a.context, blocks=[group[i] for group in tables]) for i in range(b)]
+            for s in seqs:
+                s.output, s.drafts = [2], [3] * spec.k
+            step_ms = ms(lambda: decoder.step(seqs), a)
+            verify_ms = ms(target_forward(ex, b, spec.k + 1, a.context, device), a)
             draft_ms = 0.0
             if spec.k:
-                batch = DraftBatch(seqs, torch.zeros(b, 1, dtype=torch.long, device=device),
-                                   torch.randn(b, 1, 3 * ex.target_model.config.hidden_size, device=device,
-                                               dtype=ex.target_model.lm_head.weight.dtype),
-                                   torch.ones(b, dtype=torch.long, device=device),
-                                   torch.full((b,), a.context + 1, device=device),
+                def full(v):
+                    return torch.full((b,), v, dtype=torch.long, device=device)
+                batch = DraftBatch(seqs, full(0)[:, None], torch.randn(b, 1, 3 * hidden, device=device,
+                                   dtype=ex.target_model.lm_head.weight.dtype), full(1), full(a.context + 1),
                                    torch.arange(b, device=device))
-                draft_ms = timed(lambda: decoder.proposer.propose(batch, k), device, a.repeats, a.warmup)
+                draft_ms = ms(lambda: decoder.proposer.propose(batch, spec.k), a)
             syncs = count_syncs(lambda: decoder.step(seqs)) if device.type == "cuda" else None
             rows.append({"mode": mode, "k": spec.k, "batch": b, "kernels": ex.kernels, "step_ms": step_ms,
-                         "verify_ms": verify_ms, "draft_ms": draft_ms,
-                         "overhead_ms": step_ms - verify_ms - draft_ms,
+                         "verify_ms": verify_ms, "draft_ms": draft_ms, "overhead_ms": step_ms - verify_ms - draft_ms,
                          "host_syncs": None if syncs is None else len(syncs),
                          "sync_examples": None if syncs is None else sorted(set(syncs))[:6]})
     return rows
 
 
-def acceptance(path: Path | None) -> dict:
-    """{mode: {K: AL}} from a JSON file of per-position rates ({"peagle": {"7": [p1..p7]}, ...}) or the
-    published defaults."""
-    if path is None:
-        return PUBLISHED_AL
-    raw = json.loads(Path(path).read_text())
-    out = {m: {int(k): 1.0 + sum(rates) for k, rates in raw[m].items()} for m in ("peagle", "eagle3") if m in raw}
-    out["source"] = f"measured per-position acceptance from {Path(path).name}"
-    return out
-
-
-def section_projection(results: dict, al: dict) -> list[dict]:
-    """tokens/s = B * AL / (t_verify + t_draft + overhead); none = B / (t_decode + overhead)."""
-    iters = {(r["mode"], r["batch"]): r for r in results.get("iteration", [])}
-    verify = {(r["batch"], r["k"]): r["ms"] for r in results.get("target", [])
-              if r["weights"] == "bf16" and r["kernels"] == results["kernels_used"]}
-    drafts = {(r["batch"], r["k"]): r for r in results.get("drafter", [])  # the target's own head
-              if r["head"] == results["heads"][-1] and r["kernels"] == results["kernels_used"]}
+def section_projection(res: dict, path: Path | None) -> list[dict]:
+    """tokens/s = B * AL / (t_verify + t_draft + overhead); none: B / (t_decode + overhead). AL from a
+    JSON of per-position rates ({"peagle": {"7": [p1..p7]}, ...}) or the published defaults."""
+    al = PUBLISHED_AL
+    if path is not None:
+        raw = json.loads(Path(path).read_text())
+        al = {m: {int(k): 1.0 + sum(r) for k, r in raw[m].items()} for m in ("peagle", "eagle3") if m in raw}
+        al["source"] = f"measured per-position acceptance from {Path(path).name}"
+    res["acceptance_source"] = al["source"]
+    kern = res["kernels_used"]
+    verify = {(r["batch"], r["k"]): r["ms"] for r in res.get("target", [])
+              if r["weights"] == "bf16" and r["kernels"] == kern}
+    drafts = {(r["batch"], r["k"]): r for r in res.get("drafter", [])  # the target's own head
+              if r["head"] == res["heads"][-1] and r["kernels"] == kern}
     rows = []
-    for (mode, b), it in sorted(iters.items()):
-        ks = [0] if mode == "none" else sorted(al.get(mode, {}))
-        for k in ks:
+    for it in res.get("iteration", []):
+        mode, b = it["mode"], it["batch"]
+        for k in [0] if mode == "none" else sorted(al.get(mode, {})):
             if (b, k) not in verify or (mode != "none" and (b, k) not in drafts):
                 continue
             draft = 0.0 if mode == "none" else drafts[(b, k)]["parallel_ms" if mode == "peagle" else "sequential_ms"]
             length = 1.0 if mode == "none" else al[mode][k]
-            ms = verify[(b, k)] + draft + it["overhead_ms"]
-            rows.append({"mode": mode, "batch": b, "k": k, "acceptance_length": length,
-                         "step_ms": ms, "tokens_per_s": b * length / ms * 1e3, "label": "PROJECTION"})
+            step = verify[(b, k)] + draft + it["overhead_ms"]
+            rows.append({"mode": mode, "batch": b, "k": k, "acceptance_length": length, "step_ms": step,
+                         "tokens_per_s": b * length / step * 1e3, "label": "PROJECTION"})
     return rows
+
+
+def check_targets(res: dict) -> list[dict]:
+    """Issue 15's targets on what was measured (value None when a figure is missing)."""
+    def one(rows, **want):
+        return next((r for r in res.get(rows, []) if all(r.get(k) == v for k, v in want.items())), None)
+
+    kern, head = res["kernels_used"], res["heads"][0]
+    p1, p7 = (one("drafter", head=head, kernels=kern, batch=1, k=k) for k in (1, 7))
+    fp8 = one("target", weights="fp8", kernels=kern, batch=1, k=7)
+    it1, it64 = (one("iteration", mode="peagle", batch=b) for b in (1, 64))
+    checks = [("parallel draft K=7 / K=1 (batch 1)", p7 and p1 and p7["parallel_ms"] / p1["parallel_ms"], "<=", 1.2),
+              ("sequential K=7 / parallel K=7 (batch 1)", p7 and p7["seq_over_par"], ">=", 4.0),
+              ("FP8 verify K=7 batch 1: fraction of the bandwidth floor", fp8 and fp8["mbu"], ">=", 0.7),
+              ("iteration overhead, peagle, batch 1 (ms)", it1 and it1["overhead_ms"], "<=", 0.3),
+              ("iteration overhead, peagle, batch 64 (ms)", it64 and it64["overhead_ms"], "<=", 1.0)]
+    return [{"target": name, "goal": f"{op} {goal}", "value": None if v is None else round(v, 3),
+             "met": None if v is None else (v <= goal if op == "<=" else v >= goal)} for name, v, op, goal in checks]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -306,73 +280,104 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(a: argparse.Namespace) -> dict:
-    """--smoke: tiny shapes, few repeats (CPU ok): proves the suite runs."""
     t0 = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not a.smoke:
         raise ConfigError("no CUDA device: the GPU benchmark needs one (torch.cuda.is_available() is False); "
                           "run it on an H100/H200 (scripts/gpu_validate.sh), or pass --smoke for the CPU smoke run")
     a.output_dir = a.output_dir or Path(os.environ.get("OUT") or "gpu_results")
-    a.out = a.output_dir
+    a.output_dir.mkdir(parents=True, exist_ok=True)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     a.batches, a.ks, a.draft_ks = ((1, 2), (1, 3), (1, 3)) if a.smoke else ((1, 16, 64), (3, 7, 11), (1, 3, 7, 11))
-    a.iter_k = 3 if a.smoke else 7
-    a.context = a.context or (16 if a.smoke else 1024)
+    a.iter_k, a.context = (3, a.context or 16) if a.smoke else (7, a.context or 1024)
     a.repeats, a.warmup = (2, 1) if a.smoke else (10, 3)
-    a.copy_bytes = (4 << 20) if a.smoke else (2 << 30)
     target, heads = ("tiny", ["tiny"]) if a.smoke else ("llama-3.1-8b", ["gpt-oss-20b-peagle", "llama-3.1-8b-peagle"])
     kernel_modes = ["reference"] + (["cuda"] if device.type == "cuda" and cuda_kernels.available() else [])
-    results = {"smoke": a.smoke, "env": env_info(device), "machine": machine(a.smoke), "target_shape": target,
-               "heads": heads,
-               "assumed": {h: ASSUMED.get(h) for h in heads}, "context": a.context, "dtype": str(dtype),
-               "kernels_used": kernel_modes[-1], "kernel_modes": kernel_modes, "skipped": [], "errors": {},
-               "acceptance_source": None}
-    a.out.mkdir(parents=True, exist_ok=True)
+    env = {"device": str(device), "cuda": torch.version.cuda, "triton_kernels": cuda_kernels.available()}
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        env.update(gpu=p.name, sm=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1))
+    res = {"smoke": a.smoke, "env": env, "device": env.get("gpu", env["device"]), "machine": machine(a.smoke),
+           "target_shape": target, "heads": heads, "assumed": {h: ASSUMED.get(h) for h in heads},
+           "context": a.context, "dtype": str(dtype), "kernels_used": kernel_modes[-1],
+           "kernel_modes": kernel_modes, "skipped": [], "errors": {}}
 
-    def run(name: str, fn):
+    def section(name: str, fn) -> None:
         if time.monotonic() - t0 > a.budget_s:
-            results["skipped"].append(name)
-            progress(f"[bench gpu] {name}: skipped (budget {a.budget_s:.0f} s spent)")
-            return
+            res["skipped"].append(name)
+            return progress(f"[bench gpu] {name}: skipped (budget {a.budget_s:.0f} s spent)")
         progress(f"[bench gpu] {name} ...")
         try:
-            out = fn()
-            if out is not None:
-                results.setdefault(name.split(":")[0], []).extend(out if isinstance(out, list) else [out])
+            res.setdefault(name.split(":")[0], []).extend(fn())
         except Exception as exc:  # a failed section must not lose the others: recorded, reported
-            results["errors"][name] = f"{type(exc).__name__}: {exc}"
+            res["errors"][name] = f"{type(exc).__name__}: {exc}"
             progress(f"[bench gpu] {name} FAILED: {exc}")
         if device.type == "cuda":
             torch.cuda.empty_cache()
-        (a.out / "bench_gpu.json").write_text(json.dumps(results, indent=1, default=str))
+        (a.output_dir / "bench_gpu.json").write_text(json.dumps(res, indent=1, default=str))
 
-    run("copy", lambda: section_copy(a, device))
-    copy_gbs = results["copy"][0]["gb_per_s"] if results.get("copy") else None
+    def copy() -> list[dict]:
+        src = torch.empty(((4 << 20) if a.smoke else (2 << 30)) // 4, device=device).normal_()
+        dst = torch.empty_like(src)
+        t = ms(lambda: dst.copy_(src), a)
+        return [{"bytes": 2 * src.numel() * 4, "ms": t, "gb_per_s": 2 * src.numel() * 4 / t / 1e6}]
+
+    section("copy", copy)
+    copy_gbs = res["copy"][0]["gb_per_s"] if res.get("copy") else None
     for head in heads:
         for kern in kernel_modes:
-            run(f"drafter:{head}:{kern}", lambda: section_drafter(a, device, dtype, kern, head))
-    model = build_target(target, device, dtype)
-    drafter = build_head(heads[-1], device, dtype)
+            section(f"drafter:{head}:{kern}", lambda: section_drafter(a, head, device, dtype, kern))
+    model, drafter = build_target(target, device, dtype), build_head(heads[-1], device, dtype)
     slots, max_len = max(a.batches), a.context + 64 + (a.repeats + a.warmup) * 3 * 2
     for weights in ("bf16", "fp8"):
         if weights == "fp8":
             if device.type != "cuda":
-                results["skipped"].append("target:fp8 (CPU smoke: no FP8 matmul timing on CPU)")
+                res["skipped"].append("target:fp8 (CPU smoke: no FP8 matmul timing on CPU)")
                 break
-            run("convert:fp8", lambda: to_fp8(model))
-            if "convert:fp8" in results["errors"] or "convert:fp8" in results["skipped"]:
+            section("convert:fp8", lambda: to_fp8(model) or [])
+            if "convert:fp8" in res["errors"] or "convert:fp8" in res["skipped"]:
                 break  # never time a half-converted model under the fp8 label
         for kern in kernel_modes:
             ex = TorchExecutor(model, drafter, slots, max_len, kernels=kern)
-            run(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs, device))
+            section(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs, device))
             if weights == "bf16" and kern == kernel_modes[-1]:
-                run("iteration", lambda: section_iteration(a, ex, device))
+                section("iteration", lambda: section_iteration(a, ex, device))
             ex = None  # free this executor before the next kernels mode
-    al = acceptance(a.acceptance)
-    results["acceptance_source"] = al["source"]
-    run("projection", lambda: section_projection(results, al))
-    results["wall_s"] = round(time.monotonic() - t0, 1)
-    (a.out / "bench_gpu.json").write_text(json.dumps(results, indent=1, default=str))
-    sections, figures, summary_keys = report(results, a)
+    section("projection", lambda: section_projection(res, a.acceptance))
+    res.pop("convert", None)
+    res["wall_s"], res["targets"] = round(time.monotonic() - t0, 1), check_targets(res)
     return finish(a, f"GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if a.smoke else 'real shapes'})",
-                  sections, {**results, **summary_keys}, figures, results["machine"])
+                  report(res, a), res, [Figure(f"GPU {t['target']}", t["value"], "", t["goal"], 3)
+                                        for t in res["targets"] if t["value"] is not None], res["machine"])
+
+
+def report(res: dict, a) -> list[str]:
+    env, kern = res["env"], res["kernels_used"]
+    out = [f"device {env['device']}: {env.get('gpu', 'CPU')} (sm {env.get('sm')}), CUDA {env['cuda']}; random "
+           f"weights, {res['dtype']}; target {res['target_shape']}, heads {res['heads']}, context {res['context']}; "
+           f"custom ops: {res['kernel_modes']}; assumed: {[v for v in res['assumed'].values() if v]}",
+           "### Targets (issue 15)", records(res["targets"], ["target", "goal", "value", "met"]),
+           "### Drafting step, parallel (one pass) vs sequential (K passes), ms",
+           records(res.get("drafter", []), ["head", "kernels", "batch", "k", "parallel_ms", "sequential_ms",
+                                            "seq_over_par"]),
+           "### Target forward: decode (k = 0) and verify (k + 1 rows), ms and MBU",
+           records(res.get("target", []), ["weights", "kernels", "batch", "k", "ms", "floor_ms", "mbu"]),
+           "### Iteration overhead: one SpecDecoder.step minus its verify and draft forwards, ms",
+           records(res.get("iteration", []), ["mode", "k", "batch", "step_ms", "verify_ms", "draft_ms",
+                                              "overhead_ms", "host_syncs", "sync_examples"]),
+           f"### PROJECTION: end-to-end tokens/s (acceptance: {res.get('acceptance_source')})",
+           records(res.get("projection", []), ["mode", "batch", "k", "acceptance_length", "step_ms", "tokens_per_s"]),
+           "\n".join([f"- skipped: {s}" for s in res["skipped"]] + [f"- FAILED {k}: {v}" for k, v in
+                                                                     res["errors"].items()])]
+    drafts = [r for r in res.get("drafter", []) if r["head"] == res["heads"][0] and r["kernels"] == kern]
+    target = [r for r in res.get("target", []) if r["kernels"] == kern]
+
+    drafting = {f"{mode} B={b}": ([r["k"] for r in drafts if r["batch"] == b],
+                                  [r[f"{mode}_ms"] for r in drafts if r["batch"] == b])
+                for b in sorted({r["batch"] for r in drafts}) for mode in ("parallel", "sequential")}
+    forwards = {f"{w} B={b}": ([r["k"] + 1 for r in target if (r["weights"], r["batch"]) == (w, b)],
+                               [r["ms"] for r in target if (r["weights"], r["batch"]) == (w, b)])
+                for w, b in sorted({(r["weights"], r["batch"]) for r in target})}
+    png = lines(a, "", [(f"drafter {res['heads'][0]}", "K (draft tokens)", "ms per drafting step", drafting),
+                        (res["target_shape"], "rows per sequence (1 = decode)", "ms per target forward", forwards)])
+    return out + ([f"![{png}]({png})"] if png else [])

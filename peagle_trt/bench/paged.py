@@ -1,12 +1,9 @@
-"""Suite `paged` (docs/BENCHMARKS.md, "paged"): what the paged KV cache buys on the real model (default
-the cached SmolLM2-135M), target only, onnxruntime, greedy, outputs checked identical across contenders:
-  capacity  a fixed KV budget (--budget-mib of 32-position blocks) serving a mix of chat and long-context
-            requests (3:1): `contiguous` (budget / slot bytes requests at once, as per-request slots of
-            max_seq_len allow) vs `paged` (requests hold the blocks their tokens need): peak running,
-            wall, tokens/s, preemptions;
-  prefix    requests sharing a --system-tokens system prompt: time to first token with prefix reuse
-            and without, alternated request by request;
-  block     batch-1 decode with blocks of 32 vs one block of 1024 per request, alternated.
+"""Suite `paged` (docs/BENCHMARKS.md, "paged"): what the paged KV cache buys on the real model (default the
+cached SmolLM2-135M), target only, onnxruntime, greedy, outputs compared across contenders: `capacity`
+(a fixed KV budget of 32-position blocks serving a 3:1 mix of chat and long-context requests:
+contiguous per-request slots vs paged blocks: peak running, tokens/s, preemptions), `prefix` (TTFT of
+requests sharing a system prompt, with prefix reuse and without, alternated request by request),
+`block` (batch-1 decode with blocks of 32 vs one block of 1024 per request, alternated).
 """
 
 from __future__ import annotations
@@ -15,9 +12,10 @@ import argparse
 import statistics
 import time
 
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, reported, table
+from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, progress, records, reported
 
-BLOCK = 32
+SMOKE = dict(max_seq_len=256, requests=6, short_tokens=4, long_prompt=100, system_tokens=70, questions=1,
+             decode_tokens=4, rounds=1)  # and 3 contiguous slots' worth of blocks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,44 +33,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
 
 
-def _executor(target, kv, threads: int):
-    from peagle_trt.executors.onnxruntime import OrtExecutor
-
-    return OrtExecutor.from_models(target, None, None, kv, threads=threads)
-
-
-def _scheduler(ex, max_batch: int, prefix_caching: bool = True):
-    from peagle_trt.config import SpecConfig
-    from peagle_trt.runtime.scheduler import Scheduler
-    from peagle_trt.speculative.decoder import SpecDecoder
-
-    return Scheduler(SpecDecoder(ex, SpecConfig("none", 0)), max_batch=max_batch, prefill_chunk=256,
-                     prefix_caching=prefix_caching)
-
-
-def _serve(sched, work: list[tuple[list[int], int]]) -> dict:
+def serve(sched, work: list[tuple[list[int], int]]) -> dict:
     """All of `work` (prompt ids, max_tokens) queued at once, stepped to the end."""
     from peagle_trt.config import SamplingParams
     from peagle_trt.runtime.scheduler import Request
 
-    outputs: dict[int, list[int]] = {}
-
-    def collect(i):
-        return lambda out: outputs.setdefault(i, []).extend(out.new_token_ids)
-
+    outputs: dict[int, list[int]] = {i: [] for i in range(len(work))}
     for i, (prompt, n) in enumerate(work):
-        sched.add(Request(str(i), prompt, SamplingParams(max_tokens=n, ignore_eos=True), collect(i)))
+        sched.add(Request(str(i), prompt, SamplingParams(max_tokens=n, ignore_eos=True),
+                          lambda out, i=i: outputs[i].extend(out.new_token_ids)))
     peak, t0 = 0, time.perf_counter()
     while sched.has_work:
         sched.step()
         peak = max(peak, len(sched.running))
-    wall = time.perf_counter() - t0
-    tokens = sum(map(len, outputs.values()))
+    wall, tokens = time.perf_counter() - t0, sum(map(len, outputs.values()))
     return {"peak_running": peak, "wall_s": round(wall, 2), "tokens": tokens, "tokens_per_s": round(tokens / wall, 1),
-            "preemptions": sched.blocks.stats.preemptions, "outputs": [outputs[i] for i in range(len(work))]}
+            "preemptions": sched.blocks.stats.preemptions, "outputs": list(outputs.values())}
 
 
-def _ttft(sched, prompt: list[int]) -> float:
+def ttft(sched, prompt: list[int]) -> float:
     from peagle_trt.config import SamplingParams
     from peagle_trt.runtime.scheduler import Request
 
@@ -94,98 +73,82 @@ def workloads(codec, args) -> tuple[list, list, list]:
     sources = [p.read_text(errors="replace") for p in stdlib_files()[::40]]
     longs = [ids[:args.long_prompt] for ids in (codec.encode_prompt(s, False) for s in sources)
              if len(ids) >= args.long_prompt]
-    mix = []
-    for i in range(args.requests):
-        if i % 4 == 3:
-            mix.append((longs[(i // 4) % len(longs)], args.short_tokens))
-        else:
-            mix.append((chats[i % len(chats)], args.short_tokens))
+    mix = [(longs[(i // 4) % len(longs)] if i % 4 == 3 else chats[i % len(chats)], args.short_tokens)
+           for i in range(args.requests)]
     system = codec.encode_prompt(sources[0] * 4, False)[:args.system_tokens]
     questions = [system + codec.encode_prompt(r["prompt"], False)[:48] for r in rows[:args.questions + 1]]
     return mix, questions, chats[0][:64]
 
 
 def run(args: argparse.Namespace) -> dict:
-    from pathlib import Path
-
     from peagle_trt.checkpoint import load_pair
     from peagle_trt.config import KVLayout, SpecConfig
-    from peagle_trt.convert.packaged import cached_target
+    from peagle_trt.executors.onnxruntime import OrtExecutor
     from peagle_trt.models.memory import kv_memory
+    from peagle_trt.runtime.scheduler import Scheduler
+    from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.tokenizer import TextCodec
 
-    if args.smoke:  # a size that only proves the suite runs: 3 contiguous slots' worth of blocks
-        for name, value in (("max_seq_len", 256), ("requests", 6), ("short_tokens", 4), ("long_prompt", 100),
-                            ("system_tokens", 70), ("questions", 1), ("decode_tokens", 4), ("rounds", 1)):
-            setattr(args, name, value)
-    target_dir = Path(args.target) if args.target else cached_target("smollm2")
+    target_dir = model_dir(args.target, "smollm2")
     target, _ = load_pair(target_dir, None, SpecConfig("none", 0)).build()
-    codec = TextCodec(target_dir)
-    mix, questions, decode_prompt = workloads(codec, args)
+    mix, questions, decode_prompt = workloads(TextCodec(target_dir), args)
+
+    def scheduler(kv, max_batch: int = 1, prefix_caching: bool = True):  # kv: a KVLayout or an executor
+        ex = kv if hasattr(kv, "target") else OrtExecutor.from_models(target, None, None, kv, threads=args.threads)
+        return Scheduler(SpecDecoder(ex, SpecConfig("none", 0)), max_batch=max_batch, prefill_chunk=256,
+                         prefix_caching=prefix_caching)
+
     max_len = args.max_seq_len + 1
+    slot_blocks = KVLayout.for_sequences(1, max_len).max_blocks
     per_block = kv_memory(target.config, None, KVLayout.for_sequences(1, max_len), 4).bytes_per_block
-    blocks = args.budget_mib * 2 ** 20 // per_block
-    if args.smoke:
-        blocks = 3 * KVLayout.for_sequences(1, max_len).max_blocks + 2
-    slots = blocks // KVLayout.for_sequences(1, max_len).max_blocks
-    progress(f"capacity: {blocks} blocks of {BLOCK} ({args.budget_mib} MiB, {per_block / 1024:.0f} KiB per block): "
-             f"{slots} contiguous slots of {max_len} positions")
-    kv = KVLayout(blocks, max_len, args.max_batch, BLOCK)
-    ex = _executor(target, kv, args.threads)
-    capacity = {}
-    for name, batch in (("contiguous", max(slots, 1)), ("paged", args.max_batch)):
-        progress(f"capacity: {name} (max_batch {batch})")
-        capacity[name] = _serve(_scheduler(ex, batch), mix)
+    blocks = 3 * slot_blocks + 2 if args.smoke else args.budget_mib * 2 ** 20 // per_block
+    slots = blocks // slot_blocks
+    progress(f"capacity: {blocks} blocks ({per_block / 1024:.0f} KiB each): {slots} contiguous slots of {max_len}")
+    shared = OrtExecutor.from_models(target, None, None, KVLayout(blocks, max_len, args.max_batch, 32),
+                                     threads=args.threads)  # one budget for both contenders
+    capacity = {name: serve(scheduler(shared, batch), mix)
+                for name, batch in (("contiguous", max(slots, 1)), ("paged", args.max_batch))}
     same = capacity["paged"].pop("outputs") == capacity["contiguous"].pop("outputs")
 
     progress(f"prefix: {len(questions) - 1} requests sharing {args.system_tokens} tokens")
-    kv_p = KVLayout.for_sequences(2, max_len)
-    with_reuse, without = _scheduler(_executor(target, kv_p, args.threads), 1), \
-        _scheduler(_executor(target, kv_p, args.threads), 1, prefix_caching=False)
-    _ttft(with_reuse, questions[0])  # warms the prefix cache
-    _ttft(without, questions[0])  # the same warm-up work for the other contender
-    def ask(sched):
-        it = iter(questions[1:])  # each contender asks the same questions in order, one per round
-        return lambda: _ttft(sched, next(it))
-
-    ttft = alternate({"reuse": ask(with_reuse), "recompute": ask(without)}, len(questions) - 1, warmup=0,
-                     clock=reported)
-    hit = with_reuse.blocks.metrics()
+    prefix = {"reuse": scheduler(KVLayout.for_sequences(2, max_len)),
+              "recompute": scheduler(KVLayout.for_sequences(2, max_len), prefix_caching=False)}
+    asked = {}
+    for name, sched in prefix.items():
+        ttft(sched, questions[0])  # warms the prefix cache (the same work for the other contender)
+        asked[name] = iter(questions[1:])  # each contender asks the same questions in order, one per round
+    ttfts = alternate({name: lambda name=name: ttft(prefix[name], next(asked[name])) for name in prefix},
+                      len(questions) - 1, warmup=0, clock=reported)
+    hit = prefix["reuse"].blocks.metrics()
 
     progress("block: batch-1 decode, blocks of 32 vs one block of 1024 per request")
-    block_kv = {"blocks of 32": KVLayout.for_sequences(1, 1024),
-                   "one block of 1024": KVLayout.for_sequences(1, 1024, block_size=1024)}
-    decoders = {name: _scheduler(_executor(target, lay, args.threads), 1) for name, lay in block_kv.items()}
+    decoders = {"blocks of 32": scheduler(KVLayout.for_sequences(1, 1024)),
+                "one block of 1024": scheduler(KVLayout.for_sequences(1, 1024, block_size=1024))}
     outs = {}
-
-    def decode(name):
-        def go() -> None:
-            outs[name] = _serve(decoders[name], [(decode_prompt, args.decode_tokens)])["outputs"]
-        return go
-
-    times = alternate({name: decode(name) for name in decoders}, args.rounds)
+    times = alternate({name: lambda name=name: outs.__setitem__(
+        name, serve(decoders[name], [(decode_prompt, args.decode_tokens)])["outputs"]) for name in decoders},
+        args.rounds)
     same = same and outs["blocks of 32"] == outs["one block of 1024"]
 
+    def med(v):
+        return statistics.median(v)
+
     rows = [{"phase": "capacity", "contender": name, **v} for name, v in capacity.items()]
-    rows += [{"phase": "prefix", "contender": name, "ttft_ms": round(statistics.median(v) * 1e3, 1)}
-             for name, v in ttft.items()]
-    rows += [{"phase": "block", "contender": name,
-              "tokens_per_s": round(args.decode_tokens / statistics.median(v), 2)} for name, v in times.items()]
+    rows += [{"phase": "prefix", "contender": name, "ttft_ms": round(med(v) * 1e3, 1)} for name, v in ttfts.items()]
+    rows += [{"phase": "block", "contender": name, "tokens_per_s": round(args.decode_tokens / med(v), 2)}
+             for name, v in times.items()]
     paged, contiguous = capacity["paged"], capacity["contiguous"]
     ratio = {"capacity_peak_ratio": round(paged["peak_running"] / contiguous["peak_running"], 2),
              "capacity_throughput_ratio": round(paged["tokens_per_s"] / contiguous["tokens_per_s"], 2),
-             "prefix_ttft_speedup": round(statistics.median(ttft["recompute"]) / statistics.median(ttft["reuse"]), 2),
-             "block_32_speedup": round(statistics.median(times["one block of 1024"])
-                                       / statistics.median(times["blocks of 32"]), 3)}
-    header = ["phase", "contender", "peak running", "wall s", "tokens/s", "preemptions", "TTFT ms"]
-    text = table(header, [[r["phase"], r["contender"], r.get("peak_running"), r.get("wall_s"),
-                           r.get("tokens_per_s"), r.get("preemptions"), r.get("ttft_ms")] for r in rows])
+             "prefix_ttft_speedup": round(med(ttfts["recompute"]) / med(ttfts["reuse"]), 2),
+             "block_32_speedup": round(med(times["one block of 1024"]) / med(times["blocks of 32"]), 3)}
     figures = [Figure("SmolLM2-135M paged KV: requests at once over contiguous slots, same budget",
                       ratio["capacity_peak_ratio"], "x", "", 1),
                Figure("SmolLM2-135M prefix reuse: TTFT speed-up (shared system prompt)",
                       ratio["prefix_ttft_speedup"], "x", "", 1)]
-    return finish(args, "Paged KV cache and prefix reuse",
-                  [text, f"ratios: {ratio}; outputs identical across contenders: {same}"], {
+    return finish(args, "Paged KV cache and prefix reuse", [
+        records(rows, ["phase", "contender", "peak_running", "wall_s", "tokens_per_s", "preemptions", "ttft_ms"], 1),
+        f"ratios: {ratio}; outputs identical across contenders: {same}"], {
             "target": str(target_dir), "budget_mib": args.budget_mib, "blocks": blocks, "block_bytes": per_block,
             "contiguous_slots": slots, "max_seq_len": args.max_seq_len,
             "prefix_hit_tokens": hit["prefix_hit_tokens"], "prefix_queried_tokens": hit["prefix_queried_tokens"],

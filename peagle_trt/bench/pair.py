@@ -1,17 +1,11 @@
-"""A target and its drafter heads, measured with the code that serves: what the suites `heads`,
-`acceptance`, `step-cost`, `speculation`, `structured` and `trees` share (each a thin module on this one).
+"""A target and its drafter heads measured with the code that serves: what the suites of bench/heads.py,
+bench/speculation.py, bench/structured.py and bench/trees.py share.
 
-A configuration (`Config`: a name, a SpecConfig, the head directory) runs in process through
-TextGenerator (chat template or raw text, scheduler, speculative decoder, torch or onnxruntime
-executor), or served by tritonserver (every configuration a model of one repository, `served`).
-`measure` alternates the configurations' passes within rounds (bench/harness.py) per (workload,
-batch; a workload may have its own SamplingParams, e.g. structured output) and gives one row per
-cell: acceptance pooled over requests (`pooled`), tok/s of the median pass, speed-up over the first
-configuration (none), and how many outputs differ from its (greedy: 0, the gate); with `timers`
-also where a step's time goes (the executor's forwards, and whatever else the caller times into
-the same dict, e.g. the grammar's masks); with `around` each timed pass runs inside `around(name)`
-(a context manager: what the caller counts during a configuration's passes, e.g. trees' paths).
-`acceptance_phase` is the batch-8 acceptance table of `heads`/`acceptance`; `drawing` its figure.
+A configuration (`Config`) runs in process through TextGenerator (chat template or raw text, scheduler,
+speculative decoder, torch or onnxruntime executor), or served by one tritonserver (`served`). `measure`
+alternates the configurations' passes within rounds per (workload, batch) and gives one row per cell:
+acceptance pooled over requests, tok/s of the median pass, speed-up over the first configuration, how
+many outputs differ from its (greedy: 0, the gate), and with `timers` where a step's time goes.
 """
 
 from __future__ import annotations
@@ -27,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from peagle_trt.bench.harness import alternate, closed_loop, free_port, progress, reported
+from peagle_trt.bench.harness import alternate, closed_loop, progress, reported, serve_child
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import RuntimeInvariantError
 
@@ -47,34 +41,28 @@ class Config:
         return "".join(c if c.isalnum() else "_" for c in self.name)
 
 
-def head_configs(heads: dict[str, Path], ks: dict[str, list[int]]) -> list[Config]:
-    """none, then each head (method -> directory) at each of its K."""
-    return [Config("none", SpecConfig("none", 0), None)] + [
-        Config(f"{m} K={k}", SpecConfig(m, k), heads[m]) for m in heads for k in ks.get(m, [])]
-
-
 def int_list(text: str) -> list[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
 
 
 # -- prompts ---------------------------------------------------------------------------------------
-def prompt_sets(args, codec) -> dict[str, list[str]]:
-    """Chat requests: HumanEval (`args.humaneval`), held-out instructions (`args.heldout`, modules the
-    heads never saw), long (`args.long` module sources of `args.long_tokens` tokens)."""
+def prompt_sets(codec, humaneval: int, heldout: int, long: int, long_tokens: int) -> dict[str, list[str]]:
+    """Chat requests: HumanEval's first `humaneval`, `heldout` held-out instructions (modules the heads
+    never saw), `long` module sources of `long_tokens` tokens."""
     from peagle_trt.bench.prompts import humaneval_prompts
     from peagle_trt.train.instructions import instructions, split_of, stdlib_modules
 
-    human = [HUMANEVAL_REQUEST.format(prompt=p["prompt"]) for p in humaneval_prompts()[:args.humaneval]]
+    human = [HUMANEVAL_REQUEST.format(prompt=p["prompt"]) for p in humaneval_prompts()[:humaneval]]
     held = [r["prompt"] for r in instructions("heldout", seed=0) if r["kind"] not in ("long", "essay")]
     long_prompts = []
     for name, path in stdlib_modules():
-        if split_of(name) != "heldout" or len(long_prompts) >= args.long:
+        if split_of(name) != "heldout" or len(long_prompts) >= long:
             continue
         ids = codec.tok(path.read_text(encoding="utf-8", errors="replace"), add_special_tokens=False)["input_ids"]
-        if len(ids) >= args.long_tokens:
-            source = codec.tok.decode(ids[:args.long_tokens]).rsplit("\n", 1)[0]
+        if len(ids) >= long_tokens:
+            source = codec.tok.decode(ids[:long_tokens]).rsplit("\n", 1)[0]
             long_prompts.append(LONG_REQUEST.format(name=name, source=source))
-    return {"humaneval": human, "heldout": held[:args.heldout], "long": long_prompts}
+    return {"humaneval": human, "heldout": held[:heldout], "long": long_prompts}
 
 
 def code_prompts(tok, n: int, max_tokens: int) -> list[str]:
@@ -266,22 +254,19 @@ def build_all(root: Path, target: Path, configs: list[Config], **options) -> Non
 
 
 def served(args, configs: list[Config], prompts: list[str], max_seq_len: int, chat_template: bool = True) -> list[dict]:
-    """Every configuration a model of ONE tritonserver (loading one server per model once deadlocked
-    tritonserver: stubs waiting on a futex, 2026-11-23), batch-1 passes over gRPC alternated."""
+    """Every configuration a model of ONE repository served by `peagle-trt serve` (one server per model
+    once deadlocked tritonserver: stubs waiting on a futex, 2026-11-23), batch-1 passes over gRPC alternated."""
     from peagle_trt.serving.client import stream_generate
-    from peagle_trt.serving.server import ServeOptions, TritonServer
 
     root = args.workdir / "repo"
     build_all(root, args.target, configs, backend=args.backend, max_batch=1, max_seq_len=max_seq_len)
-    serve = ServeOptions(root, "127.0.0.1", free_port(), free_port(), free_port(), ready_timeout_s=600,
-                         log_path=args.workdir / "tritonserver.log")
-    with TritonServer(serve) as server:
+    with serve_child(root, args.workdir, ready_timeout_s=600) as ready:
         def runner(model: str) -> Runner:
             def go(ps: list[str], params: SamplingParams, conc: int) -> tuple[float, list[dict]]:
                 out: list = [None] * len(ps)
 
                 def one(i: int, _) -> None:
-                    out[i] = stream_generate(server.grpc_url, ps[i], params, model, chat_template=chat_template)
+                    out[i] = stream_generate(ready["grpc"], ps[i], params, model, chat_template=chat_template)
                 return closed_loop(len(ps), conc, one), out
             return go
 
@@ -289,58 +274,3 @@ def served(args, configs: list[Config], prompts: list[str], max_seq_len: int, ch
         for go in runners.values():  # warm-up
             go(prompts[:1], SamplingParams(max_tokens=8), 1)
         return alternated(configs, runners, {"served": prompts}, 1, args)
-
-
-# -- the acceptance table of `heads` and `acceptance` ----------------------------------------------------
-def acceptance_phase(args, configs: list[Config], sets: dict, max_seq_len: int, chat_template: bool) -> list[dict]:
-    """Per configuration (one at a time), batch 8 on HumanEval: AL pooled, per-position acceptance,
-    tok/s; T = 0.7 at `args.sampled_ks`; held-out and long sets at `args.set_ks`; outputs vs none's."""
-    greedy = SamplingParams(max_tokens=args.max_tokens)
-    sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
-    rows, ref = [], {}
-    for c in configs:
-        gen, k = generator(args, c, 8, max_seq_len), c.spec.k
-        run_batch(gen, sets["humaneval"][:8], SamplingParams(max_tokens=8), 8, chat_template)  # warm-up
-        wall, res = run_batch(gen, sets["humaneval"], greedy, 8, chat_template)
-        tokens = sum(len(r["token_ids"]) for r in res)
-        row: dict = {"config": c.name, "method": c.spec.mode, "K": k,
-                     "humaneval": {**pooled(res, k), "tokens": tokens, "wall_s": round(wall, 2),
-                                   "tokens_per_s_b8": round(tokens / wall, 2)}}
-        outputs = {"humaneval": [r["token_ids"] for r in res]}
-        if k in args.sampled_ks:
-            row["humaneval_t0.7"] = pooled(run_batch(gen, sets["humaneval"], sampled, 8, chat_template)[1], k)
-        for name in ("heldout", "long"):
-            if sets.get(name) and (not k or k in args.set_ks):
-                _, res = run_batch(gen, sets[name], greedy, 8 if name == "heldout" else 2, chat_template)
-                row[name], outputs[name] = pooled(res, k), [r["token_ids"] for r in res]
-        ref = ref or outputs
-        row["mismatches"] = sum(a != b for name, outs in outputs.items() for a, b in zip(outs, ref[name]))
-        row["speedup_b8"] = round(row["humaneval"]["tokens_per_s_b8"] / rows[0]["humaneval"]["tokens_per_s_b8"]
-                                  if rows else 1.0, 3)
-        rows.append(row)
-        progress(f"[{args.suite}] {c.name}: AL {row['humaneval']['acceptance_length']:.2f} "
-                 f"({row['humaneval']['tokens_per_s_b8']:.1f} tok/s b8), mismatches {row['mismatches']}")
-        del gen
-        gc.collect()
-    return rows
-
-
-def drawing(rows: list[dict], b1: list[dict], title: str):
-    """Acceptance length and speed-up over none by K, per head (for harness.plot)."""
-    def draw(plt):
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for method, color, name in (("peagle", "tab:blue", "P-EAGLE"), ("eagle3", "tab:orange", "EAGLE-3")):
-            rs, bs = [r for r in rows if r["method"] == method], [r for r in b1 if r["method"] == method]
-            ax1.plot([r["K"] for r in rs], [r["humaneval"]["acceptance_length"] for r in rs], "o-", color=color,
-                     label=f"{name} greedy")
-            samp = [r for r in rs if "humaneval_t0.7" in r]
-            if samp:
-                ax1.plot([r["K"] for r in samp], [r["humaneval_t0.7"]["acceptance_length"] for r in samp], "s--",
-                         color=color, label=f"{name} T=0.7")
-            ax2.plot([r["K"] for r in bs], [r["speedup"] for r in bs], "o-", color=color, label=f"{name} batch 1")
-            ax2.plot([r["K"] for r in rs], [r["speedup_b8"] for r in rs], "s--", color=color, label=f"{name} batch 8")
-        ax2.axhline(1.0, color="gray", lw=0.8)
-        ax1.set(xlabel="K (draft tokens per step)", ylabel="acceptance length", title=title)
-        ax2.set(xlabel="K (draft tokens per step)", ylabel="speed-up over none (in-process)", title="Wall-clock")
-        return fig
-    return draw

@@ -1,10 +1,7 @@
 """Suite `scheduler` (docs/BENCHMARKS.md, "scheduler"): the host cost of one `Scheduler.step()` with a
-no-op executor (forwards return views of preallocated zero tensors, V = 64, H = 8), so only the
-Python/host work around the models is timed: scheduler bookkeeping, SpecDecoder.step, the KV block
-bookkeeping and ParallelDrafter.propose. Exactly --accept drafts are accepted per step (the target's
-argmax is 0 below row A, 1 at row A; drafts are token 0). Configurations: peagle K=7 at --batches,
-and at batch 64 peagle K=3, none, K=7 with 0 and all drafts accepted. Target: <= 0.3 ms per step at
-batch 64 (peagle, K = 7).
+no-op executor (forwards return views of preallocated zero tensors), so only the host work around the
+models is timed: scheduler bookkeeping, SpecDecoder.step, KV block bookkeeping, ParallelDrafter.propose.
+Exactly --accept drafts are accepted per step. Target: <= 0.3 ms per step at batch 64 (peagle, K = 7).
 """
 
 from __future__ import annotations
@@ -95,12 +92,7 @@ def run_config(mode: str, k: int, batch: int, accept: int, steps: int, warmup: i
             "tokens_per_step": round(tokens / steps / batch, 3)}
 
 
-def rows_table(rows: list[dict]) -> str:
-    return table(
-        ["mode", "K", "batch", "acc/step", "median ms", "p90 ms", "µs/request", "tok/req/step"],
-        [[r["mode"], r["k"], r["batch"], r["accepted_per_step"], f"{r['median_ms']:.3f}", f"{r['p90_ms']:.3f}",
-          f"{r['per_request_us']:.1f}", f"{r['tokens_per_step']:.2f}"]
-         for r in rows])
+SMOKE = dict(steps=5, warmup=2, batches="1,4")
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -112,9 +104,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 
 @torch.no_grad()  # scoped: a suite run in-process (tests, `peagle-trt bench`) leaves grad mode as it was
 def run(args: argparse.Namespace) -> dict:
-    big = 64  # the batch of the target and of the context configurations
-    if args.smoke:  # a few steps at batches 1 and 4
-        args.steps, args.warmup, args.batches, big = 5, 2, "1,4", 4
+    big = 4 if args.smoke else 64  # the batch of the target and of the context configurations
 
     configs = [("peagle", 7, b, args.accept) for b in map(int, args.batches.split(","))]
     configs += [("peagle", 3, big, args.accept), ("none", 0, big, 0),
@@ -127,7 +117,9 @@ def run(args: argparse.Namespace) -> dict:
     main_row = next((r for r in rows if r["mode"] == "peagle" and r["k"] == 7 and r["batch"] == big
                      and r["accepted_per_step"] == min(args.accept, 7)), None)
     sections = [f"{args.steps} timed steps after {args.warmup} warm-up, greedy, ignore_eos, V={VOCAB}, H={HIDDEN}",
-                rows_table(rows)]
+                table(["mode", "K", "batch", "acc/step", "median ms", "p90 ms", "µs/request", "tok/req/step"],
+                      [[r[c] for c in ("mode", "k", "batch", "accepted_per_step", "median_ms", "p90_ms",
+                                       "per_request_us", "tokens_per_step")] for r in rows])]
     figures = [Figure(f"scheduler step, batch {big}, peagle K=7 (host only)", main_row["median_ms"], "ms",
                       f"<= {TARGET_MS} ms", 3)] if main_row else []
     return finish(args, "Scheduler.step() host overhead, no-op executor", sections,

@@ -1,12 +1,8 @@
 """Suite `speculation` (docs/BENCHMARKS.md, "speculation"): a real target and a P-EAGLE head in process
-through the code that serves (bench/pair.py: TextGenerator, onnxruntime), batch 1 and 8. Parts: `synthetic` (K drafts
-accepted by vLLM's synthetic rule at mean acceptance length --als, vs none: speed as a function of AL;
-output is NOT the target's), `adaptive` (none, fixed K in --fixed-ks and adaptive K on HumanEval,
-held-out instructions and a mix; greedy outputs equal none's), `per-request` (each request alone:
-speed-ups by kind and the per-request oracle, the most a rule holding one k per request could gain).
-Per (workload, batch) the configurations alternate within --rounds rounds; the figure is the median
-pass; adaptive vs the best fixed K is the median of within-round ratios, the best fixed K picked
-in-sample and from the other rounds (`verdicts`).
+(bench/pair.py), batch 1 and 8, configurations alternated within rounds. Parts: `synthetic` (K drafts
+accepted by vLLM's synthetic rule at mean acceptance lengths --als: speed as a function of AL; output is
+NOT the target's), `adaptive` (none, fixed K and adaptive K on HumanEval, held-out instructions and a
+mix; `verdicts`), `per-request` (each request alone: speed-ups by kind and the per-request `oracle`).
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import statistics
 import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, progress, stdout_to_stderr, table
+from peagle_trt.bench.harness import Figure, finish, lines, model_dir, records, stdout_to_stderr
 from peagle_trt.bench.pair import Config, measure, prompt_sets
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
@@ -35,11 +31,6 @@ def passes(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batch
     """bench/pair.py's alternated passes, one configuration per spec (the P-EAGLE head unless none)."""
     configs = [Config(name_of(s), s, None if s.mode == "none" else args.peagle) for s in specs]
     return measure(args, configs, workloads, batches, args.long_tokens + 256)
-
-
-def rows_table(rows: list[dict]) -> str:
-    cols = ["workload", "batch", "config", "acceptance_length", "tokens_per_s", "speedup", "mismatches"]
-    return table(cols, [[r.get(c) for c in cols] for r in rows])
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -104,58 +95,17 @@ def oracle(rows: list[dict]) -> list[dict]:
     return out
 
 
-VERDICT_COLUMNS = ("workload", "batch", "best_fixed", "adaptive_over_best_fixed", "per_round",
-                   "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out")
+VERDICT_COLUMNS = ["workload", "batch", "best_fixed", "adaptive_over_best_fixed", "per_round",
+                   "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out"]
 
 
-def drawing(synthetic: list[dict], adaptive: list[dict]):
-    """One panel per part run: speed-up vs synthetic AL; adaptive and fixed K per workload."""
-    def draw(plt):
-        parts = [p for p in (synthetic, adaptive) if p]
-        fig, axes = plt.subplots(1, len(parts), figsize=(5.5 * len(parts), 4), squeeze=False)
-        axes = list(axes[0])
-        if synthetic:
-            ax = axes.pop(0)
-            for b in sorted({r["batch"] for r in synthetic}):
-                pts = [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]]
-                ax.plot([r["acceptance_length"] for r in pts], [r["speedup"] for r in pts], "o-", label=f"batch {b}")
-            ax.axhline(1.0, color="grey", lw=0.8)
-            ax.set(xlabel="mean acceptance length (synthetic)", ylabel="speed-up over none",
-                   title="speed vs acceptance length")
-        if adaptive:
-            ax = axes.pop(0)
-            cells = sorted({(r["workload"], r["batch"]) for r in adaptive})
-            configs = list(dict.fromkeys(r["config"] for r in adaptive))
-            width = 0.8 / len(configs)
-            for i, c in enumerate(configs):
-                ys = [next((r["speedup"] for r in adaptive if (r["workload"], r["batch"], r["config"]) == (w, b, c)),
-                           0) for w, b in cells]
-                ax.bar([j + i * width for j in range(len(cells))], ys, width, label=c)
-            ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cells))], [f"{w}\nb{b}" for w, b in cells])
-            ax.axhline(1.0, color="grey", lw=0.8)
-            ax.set(ylabel="speed-up over none", title="adaptive K vs fixed K")
-        return fig
-    return draw
-
-
-def sections(args, synthetic: list[dict], adaptive: list[dict], verdict: list[dict], by_kind: list[dict]) -> list:
-    """The suite's markdown: one section per part run."""
-    out = []
-    if synthetic:
-        out += [f"### Synthetic acceptance, K = {args.k}", rows_table(synthetic)]
-    if adaptive:
-        out += ["### Adaptive K vs fixed K", rows_table(adaptive),
-                table(list(VERDICT_COLUMNS), [[v.get(c) for c in VERDICT_COLUMNS] for v in verdict])]
-    if by_kind:
-        cols = ("kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed", "adaptive_over_best_fixed")
-        out += ["### Per request (batch 1): speed-ups by kind, the per-request oracle",
-                table(list(cols), [[v[c] for c in cols] for v in by_kind])]
-    return out
+SMOKE = dict(target=None, peagle=None, backend="torch", k=3, als="1,4", fixed_ks="1,3", prompts=1, long_tokens=200,
+             max_tokens=6, rounds=1, per_request=1)  # on the demo's code pair
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
-    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head directory (required)")
+    p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head (default TARGET/drafter-peagle)")
     p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"])
     p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--k", type=int, default=7, help="K of the synthetic sweep and adaptive K's cap")
@@ -172,23 +122,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from peagle_trt.tokenizer import TextCodec
 
-    if args.smoke:
-        from peagle_trt.demo import code_pair
-
-        pair = code_pair()
-        args.target, args.peagle, args.backend = pair, pair / "drafter-peagle", "torch"
-        args.k, args.als, args.fixed_ks, args.prompts, args.long_tokens, args.max_tokens, args.rounds = \
-            3, "1,4", "1,3", 1, 200, 6, 1
-        args.per_request = 1
-    if args.target is None:
-        from peagle_trt.convert.packaged import cached_target
-
-        args.target = cached_target("smollm2", progress=progress)
-    if args.peagle is None:
+    args.target = model_dir(args.target, "code-pair" if args.smoke else "smollm2")
+    args.peagle = args.peagle or args.target / "drafter-peagle"
+    if not args.peagle.is_dir():
         raise ConfigError("pass the P-EAGLE head: --peagle DIR (scripts/make_smollm2_heads.py trains one)")
     n = args.prompts
-    sets = prompt_sets(argparse.Namespace(humaneval=2 * n, heldout=2 * n, long=max(1, n // 2),
-                                          long_tokens=args.long_tokens), TextCodec(args.target))
+    sets = prompt_sets(TextCodec(args.target), 2 * n, 2 * n, max(1, n // 2), args.long_tokens)
     mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
     t0 = time.perf_counter()
     synthetic, adaptive, requests = [], [], []
@@ -209,21 +148,35 @@ def run(args: argparse.Namespace) -> dict:
                                               "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
         if "per-request" in args.parts:
             m = args.per_request
-            alone = prompt_sets(argparse.Namespace(humaneval=m, heldout=m, long=m, long_tokens=args.long_tokens),
-                                TextCodec(args.target))
+            alone = prompt_sets(TextCodec(args.target), m, m, m, args.long_tokens)
             requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
                                                 for i, p in enumerate(ps)}, [1])
     by_kind = oracle(requests) if requests else []
-    plot_name = plot(args, "", drawing(synthetic, adaptive)) if synthetic or adaptive else None
+    panels = []  # speed-up over none against the synthetic AL per batch; adaptive and fixed K per cell
+    if synthetic:
+        by_batch = {b: [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]] for b in (1, 8)}
+        panels.append(("speed vs acceptance length", "mean acceptance length (synthetic)", "speed-up over none",
+                       {f"batch {b}": ([r["acceptance_length"] for r in rs], [r["speedup"] for r in rs])
+                        for b, rs in by_batch.items()}))
+    if adaptive:
+        by_config = {c: [r for r in adaptive if r["config"] == c] for c in dict.fromkeys(r["config"] for r in adaptive)}
+        panels.append(("adaptive K vs fixed K", "workload, batch", "speed-up over none",
+                       {c: ([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs])
+                        for c, rs in by_config.items()}))
+    plot_name = lines(args, "", panels) if panels else None
     verdict = verdicts(adaptive) if adaptive else []
     figures = [Figure(f"{Path(args.target).name}: adaptive K over the best fixed K, {v['workload']} batch {v['batch']}",
                       v.get("adaptive_over_best_fixed_held_out", v["adaptive_over_best_fixed"]), "x", ">= 0.97x", 3)
                for v in verdict if v["workload"] == "mixed"]
     figures += [Figure(f"{Path(args.target).name}: per-request oracle over the best fixed K (mix, batch 1)",
                        v["oracle_over_best_fixed"], "x", "", 3) for v in by_kind if v["kind"] == "mixed"]
-    return finish(args, f"{Path(args.target).name}: speculation controls (in-process, {args.backend})",
-                  sections(args, synthetic, adaptive, verdict, by_kind)
-                  + ([f"![{plot_name}]({plot_name})"] if plot_name else []),
+    columns = ["workload", "batch", "config", "acceptance_length", "tokens_per_s", "speedup", "mismatches"]
+    return finish(args, f"{Path(args.target).name}: speculation controls (in-process, {args.backend})", [
+        f"### Synthetic acceptance, K = {args.k}" if synthetic else "", records(synthetic, columns),
+        "### Adaptive K vs fixed K" if adaptive else "", records(adaptive, columns), records(verdict, VERDICT_COLUMNS),
+        "### Per request (batch 1): speed-ups by kind, the per-request oracle" if by_kind else "",
+        records(by_kind, ["kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed",
+                          "adaptive_over_best_fixed"]), f"![{plot_name}]({plot_name})" if plot_name else ""],
                   {"target": str(args.target), "peagle": str(args.peagle), "backend": args.backend,
                    "synthetic": synthetic, "adaptive": adaptive, "adaptive_vs_best_fixed": verdict,
                    "per_request": requests, "per_kind": by_kind, "plot": plot_name,

@@ -1,12 +1,8 @@
 """Suite `trees` (docs/BENCHMARKS.md, "trees"): P-EAGLE draft trees vs chains (docs/SERVING.md, "Draft
-trees"), in process (bench/pair.py, onnxruntime executor: graphs made in memory), greedy, HumanEval
-prompts as raw text, every request --max-tokens long (ignore_eos): none, chains of each K in --ks and
-trees of each budget B in --budgets (depth: the largest K; the step's top-1 chain as the spine), the
-configurations' passes alternated within --rounds rounds per batch in --batch. Per cell: acceptance
-length (pooled), tokens/s, speed-up over none, AL and tokens/s over the longest chain, draft nodes per
-step, outputs that differ from none's (greedy: 0), and where the gain comes from: the depth at which a
-step's accepted path left the top-1 chain (decoder.py's `walk` watched during the timed passes).
-Default: the demo's code pair (tests/data/code-pair); SmolLM2 with --target DIR --drafter HEAD.
+trees") in process (bench/pair.py), greedy, HumanEval prompts as raw text, every request --max-tokens
+long: none, chains of each K in --ks and trees of each budget B in --budgets (depth: the largest K),
+alternated within rounds per batch; per cell AL, tok/s, both over the longest chain, draft nodes per
+step, mismatches with none, and the depth at which the accepted path left the top-1 chain.
 """
 
 from __future__ import annotations
@@ -17,7 +13,9 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, finish, plot, table
+from peagle_trt.bench.harness import Figure, finish, lines, model_dir, table
+
+SMOKE = dict(prompts=2, max_tokens=8, rounds=1, budgets="8", batch="1,2")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -69,12 +67,7 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.config import SamplingParams, SpecConfig
     from peagle_trt.tokenizer import TextCodec
 
-    if args.target is None:
-        from peagle_trt.demo import code_pair
-
-        args.target = code_pair()
-    if args.smoke:
-        args.prompts, args.max_tokens, args.rounds, args.budgets, args.batch = 2, 8, 1, "8", "1,2"
+    args.target = model_dir(args.target, "code-pair")
     drafter, ks, budgets = args.drafter or args.target / "drafter-peagle", int_list(args.ks), int_list(args.budgets)
     depth = max(ks)
     chain = f"chain K={depth}"
@@ -102,18 +95,6 @@ def run(args: argparse.Namespace) -> dict:
             r["left_the_chain_at_depth"] = {d: n / args.rounds for (c, d), n in sorted(left.items()) if c == name}
         rows += cell
 
-    def draw(plt):
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        for b in sorted({r["batch"] for r in rows}):
-            rs = [r for r in rows if r["batch"] == b]
-            ax1.plot([r["config"] for r in rs], [r["acceptance_length"] for r in rs], "o-", label=f"batch {b}")
-            ax2.plot([r["config"] for r in rs], [r["speedup"] for r in rs], "o-", label=f"batch {b}")
-        ax1.set(ylabel="acceptance length", title="Acceptance")
-        ax2.set(ylabel="tokens/s over none", title="Wall-clock")
-        for ax in (ax1, ax2):
-            ax.tick_params(axis="x", labelsize=7, rotation=30)
-        return fig
-
     where = f"{args.target.name}, {args.backend}"
     figures = []
     for b in int_list(args.batch):
@@ -124,7 +105,13 @@ def run(args: argparse.Namespace) -> dict:
                                   best_al["al_over_chain"], "x", ">= 1.3x"))
         figures.append(Figure(f"draft trees ({where}), batch {b}: {fastest['config']} tok/s over {chain}",
                               fastest["speed_over_chain"], "x", ">= 1.15x"))
-    png = plot(args, "", draw)
+    panels = []
+    for title, label, key in (("Acceptance", "acceptance length", "acceptance_length"),
+                              ("Wall-clock", "tokens/s over none", "speedup")):
+        series = {b: [r for r in rows if r["batch"] == b] for b in int_list(args.batch)}
+        panels.append((title, "configuration", label,
+                       {f"batch {b}": ([r["config"] for r in rs], [r[key] for r in rs]) for b, rs in series.items()}))
+    png = lines(args, "", panels)
     return finish(args, f"Draft trees vs chains ({where}), medians of {args.rounds} rounds", [
         table(["batch", "config", "nodes/step", "AL", "AL x chain", "tok/s", "x none", "tok/s x chain", "mismatches",
                "left the top-1 chain at depth (steps)"],
