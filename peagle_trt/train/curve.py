@@ -96,6 +96,25 @@ def chain_acceptance(top1: list[float], k: int) -> float:
     return round(total, 4)
 
 
+def continued(earlier: list[dict], rows: list[dict]) -> list[dict]:
+    """The curve of a warm-started head as one history: the earlier head's curve (its curve.jsonl),
+    then this run's rows with steps, CPU seconds and supervised elements counted on from the earlier
+    run's end and `run` numbered on (this run's step-0 row, the warm head's own evaluation, stays: it
+    shows what the warm start kept)."""
+    if not earlier:
+        return rows
+    last, run = earlier[-1], earlier[-1].get("run", 0) + 1
+    shift = {"step": last["step"], "train_cpu_s": last["train_cpu_s"], "supervised_seen": last["supervised_seen"]}
+    return earlier + [{**r, **{k: round(r[k] + v, 1) if k == "train_cpu_s" else r[k] + v for k, v in shift.items()},
+                       "run": run} for r in rows]
+
+
+def read_rows(head_dir: Path) -> list[dict]:
+    """The rows of the curve.jsonl beside a head ([] when it has none)."""
+    path = Path(head_dir) / "curve.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
 def write_curve(out_dir: Path, rows: list[dict], title: str) -> None:
     """curve.jsonl (one row per evaluation) and curve.png (per-depth top-1 against CPU hours)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -113,7 +132,10 @@ def write_curve(out_dir: Path, rows: list[dict], title: str) -> None:
     for d in range(min(depths, 6)):
         ax.plot(hours, [r["top1"][d] if d < len(r["top1"]) else None for r in rows], marker=".",
                 label=f"position {d + 1}")
-    ax.set_xlabel("training CPU hours (process time, all threads)")
+    for a, b in zip(rows, rows[1:]):  # a warm start (`continued`): where the next run began
+        if b.get("run", 0) != a.get("run", 0):
+            ax.axvline(b["train_cpu_s"] / 3600, color="grey", ls=":", lw=1)
+    ax.set_xlabel("training CPU hours (process time, all threads; dotted: a warm start)")
     ax.set_ylabel("held-out top-1 agreement with the target")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)

@@ -211,7 +211,8 @@ def run(cfg, progress) -> dict:
     cache.save()
     title = (f"{cfg.method} head, depth {cfg.depths}, lr {cfg.lr}, batch {cfg.batch}"
              + (f", depth 0 only for {cfg.curriculum} steps" if cfg.curriculum else ""))
-    write_head(cfg.output, head, config, draft_ids, cfg, curve=(curve, title) if held is not None else None)
+    history_rows = C.continued(C.read_rows(cfg.init_from) if cfg.init_from else [], curve)  # one history
+    write_head(cfg.output, head, config, draft_ids, cfg, curve=(history_rows, title) if held is not None else None)
     return {"output": str(cfg.output), "method": cfg.method, "layout": cfg.layout, "steps": step,
             "resumed_at": start, "final_loss": round(history[-1], 5) if history else None,
             "mean_loss_last10": round(sum(history[-10:]) / max(1, len(history[-10:])), 5) if history else None,
