@@ -36,6 +36,10 @@ from peagle_trt.errors import ConfigError, RequestError, RuntimeInvariantError
 from peagle_trt.speculative.json_schema import check_schema
 
 _LOCATION = re.compile(r"\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
+# xgrammar 0.2.8 writes a string with minLength / maxLength as characters of this class, which lets
+# raw control characters (U+0000..U+001F but CR, LF) into the JSON string: invalid JSON. Its own
+# string rule excludes them; so does the class it is replaced with (no escapes, as before).
+_LENGTH_CHARS, _JSON_CHARS = r'[^\"\\\r\n]', r'[^\0-\x1f\"\\]'
 _WHAT = {"json": "JSON schema", "regex": "regex", "choice": "choice", "grammar": "grammar", "json_object": "JSON"}
 
 
@@ -90,7 +94,8 @@ class Grammars:
         try:
             if kind == "json":
                 check_schema(json.loads(spec))
-                return compiler.compile_json_schema(spec, any_whitespace=False, strict_mode=True)
+                text = str(xgr.Grammar.from_json_schema(spec, any_whitespace=False, strict_mode=True))
+                return compiler.compile_grammar(text.replace(_LENGTH_CHARS, _JSON_CHARS))
             if kind == "json_object":  # OpenAI's JSON mode: an object (the builtin JSON grammar takes any value)
                 return compiler.compile_json_schema('{"type":"object"}', any_whitespace=False, strict_mode=False)
             if kind == "regex":
