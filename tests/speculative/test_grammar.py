@@ -103,9 +103,12 @@ def check_valid(name: str, ids: list[int], tok) -> None:
         assert isinstance(value, dict)
 
 
-@pytest.mark.parametrize("mode,k", [("none", 1), ("peagle", 3), ("eagle3", 3)])
-def test_constrained_speculation_equals_constrained_target_only(tiny, grammars, oracle, mode, k):
+@pytest.mark.parametrize("mode,k,candidates", [("none", 1, 8), ("peagle", 3, 8), ("peagle", 3, 1), ("eagle3", 3, 8)])
+def test_constrained_speculation_equals_constrained_target_only(tiny, grammars, oracle, mode, k, candidates):
+    """candidates: the drafter's top ones per depth a constrained request drafts from (1: its top-1
+    chain, cut at the first draft the grammar refuses)."""
     d = decoder(tiny, mode, k)
+    d.draft_candidates = candidates
     for name in OUTPUTS:
         seq = generate(d, PROMPT, constrained(name), grammars=grammars)
         assert seq.output == oracle(name), (name, mode, k)
@@ -193,7 +196,7 @@ def test_a_failed_batch_step_rolls_the_matchers_back(tiny, grammars, oracle):
     sched = Scheduler(d, prefill_chunk=16, grammars=grammars)
     outputs: dict = {}
     victim = Request("victim", [7, 8, 9, 10], SamplingParams(max_tokens=20, ignore_eos=True), collect(outputs))
-    faulty = FaultyExecutor(d.ex, "draft_parallel", 3,
+    faulty = FaultyExecutor(d.ex, ("draft_parallel", "draft_parallel_top"), 3,  # alone / beside constrained ones
                             lambda: victim.seq.blocks[0][0] if victim in sched.running else None)
     d.ex = d.proposer.ex = faulty
     for name in ("tool_get_weather", "regex"):
@@ -267,6 +270,21 @@ def test_fill_drops_drafts_past_an_invalid_one_and_past_the_end(grammars, tiny):
     assert state.accepted == 0 and state.advance(ids) is None and state.advance([EOS]) == 1
     state.sync(ids[:1])  # a failed step undone: the matcher follows the output back
     assert state.accepted == 1 and state.fill(ids[1:], bitmask, 0) == len(ids) - 1
+
+
+def test_drafts_follow_the_grammar_and_stop_at_its_end(grammars, tiny):
+    """GrammarState.draft: per depth the first candidate the grammar allows after the drafts before
+    it; a depth with none allowed, or the end token, ends the chain; the matcher stays put."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny["llama"])
+    ids = tok.encode("beta", add_special_tokens=False)
+    bad = tok.encode("zzz", add_special_tokens=False)[0]
+    state = GrammarState(grammars.compile(OUTPUTS["choice"]).result(), frozenset({EOS}))
+    assert state.draft([[bad, t] for t in ids] + [[EOS], [7], [8]]) == ids + [EOS]  # masked, up to the end
+    assert state.draft([[ids[0]], [bad], [ids[-1]]]) == ids[:1]  # no allowed candidate: the chain ends
+    assert state.accepted == 0 and state.draft([[bad, 7]]) == []
+    assert state.advance(ids[:1]) is None and state.draft([[t] for t in ids[1:]]) == ids[1:]
 
 
 BAD = {
@@ -353,6 +371,10 @@ class RandomDrafter:
 
     def propose(self, batch, k):
         return torch.randint(0, V, (len(batch.seqs), k), generator=self.rng)
+
+    def propose_top(self, batch, k, width):  # random candidates: the grammar drafts the first it allows
+        ids = torch.randint(0, V, (len(batch.seqs), k, width), generator=self.rng)
+        return ids, -torch.arange(width, dtype=torch.float32).expand(ids.shape)
 
 
 def constrained_chi_square(k: int, runs: int) -> tuple[float, float, int]:
