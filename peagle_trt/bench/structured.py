@@ -4,9 +4,9 @@ the generator, scheduler and speculative decoder the server runs, free vs constr
 (--regex; default: indented code lines) or a JSON schema (--schema FILE), none vs --mode at --k,
 the configurations' passes alternated within --rounds rounds after a warm-up (medians). Per cell:
 tokens/s, acceptance length, speed-up over none, outputs that differ from none's (greedy: 0), ms
-per step and the grammar's share of it (GrammarState's drafting and verify work timed; the commit's
-`advance` not). The constrained P-EAGLE run also goes with its drafts unmasked (`draft_candidates`
-1: the drafter's top-1 chain, cut where the grammar refuses it). Beside it:
+per step and the grammar's share of it (GrammarState's drafting, verify and commit work timed). The
+constrained P-EAGLE run also goes with its drafts unmasked (`draft_candidates` 1: the drafter's
+top-1 chain, cut where the grammar refuses it). Beside it:
 the grammar's compile time (cold: the tokenizer's tables included; cached; a second schema) and the
 masks of one verify step at batch 8 x (K + 1) rows (fill the bitmasks, apply them; medians).
 Default: the demo's code pair, raw text; SmolLM2 with --target DIR --drafter HEAD --schema FILE --chat.
@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def masks_timed(bucket: dict):
-    """Meanwhile, the seconds of GrammarState's drafts and verify picks add up in bucket["masks"]."""
+    """Meanwhile, the seconds of GrammarState's drafts, verify picks and commits add up in bucket["masks"]."""
     from peagle_trt.speculative.grammar import GrammarState
 
     def wrap(inner):
@@ -56,7 +56,7 @@ def masks_timed(bucket: dict):
         return timed_call
 
     with contextlib.ExitStack() as stack:
-        for name in ("draft", "pick", "take", "settle"):
+        for name in ("draft", "pick", "take", "advance"):
             stack.enter_context(mock.patch.object(GrammarState, name, wrap(getattr(GrammarState, name))))
         yield
 

@@ -218,8 +218,6 @@ class SpecDecoder:
                 e = [s.drafts[j] for j in path] + [token_at(len(path))]
             else:  # greedy, or exactly the target's distribution: one sample per emitted token
                 path, e = walk(s.drafts, trees[i], token_at)
-            if s.grammar is not None:
-                s.grammar.settle()  # the walk's picks back: committing advances the matcher
             s.stats.target_forwards += 1
             if ns[i]:  # the tree's size and depth (a chain: both k)
                 s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
@@ -333,7 +331,8 @@ class SpecDecoder:
             self.lengths.draft_cost.record(len(batch.seqs), max(k, 1), time.perf_counter() - since)
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
-        """Append emitted tokens, stopping at an end id, max_tokens or the maximum length."""
+        """Append emitted tokens, stopping at an end id, max_tokens or the maximum length (a
+        constrained request's matcher took the verify walk's tokens: GrammarState.advance)."""
         room = min(s.params.max_tokens - len(s.output), self.max_seq_len - len(s.prompt) - len(s.output))
         stop_at = next((j for j, t in enumerate(emitted) if t in s.stop_ids), None) if s.stop_ids else None
         if stop_at is not None and stop_at < room:

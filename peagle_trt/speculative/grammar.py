@@ -16,8 +16,9 @@ matcher per request; a constrained request's drafts and its verify rows follow t
                   committed tokens and the drafts before it: greedy takes the row's own argmax when
                   the grammar allows it (then it IS the constrained argmax: no mask is built), else
                   the row gets its bitmask (disallowed tokens -> -inf) and is argmaxed or sampled.
-                  Only the rows the verify walk reads are masked. `settle` undoes the walk's picks;
-                  `advance` takes committed tokens; `sync` puts the matcher back at a (restored) output.
+                  Only the rows the verify walk reads are masked. `advance` takes the committed
+                  tokens (the walk's picks, taken already, and the first token of a prefill); `sync`
+                  puts the matcher back at a (restored) output.
   apply_masks     logits of disallowed tokens -> -inf, in place (numpy on CPU, xgrammar's kernel elsewhere).
   fill            the bitmasks of every verify row at once (bench/structured.py's per-step cost of
                   masking all K + 1 rows, the way the step did before `pick`).
@@ -129,7 +130,7 @@ class GrammarState:
         self.matcher = _xgr().GrammarMatcher(compiled, override_stop_tokens=sorted(stop_ids) or None)
         self.vocab_size = compiled.tokenizer_info.vocab_size
         self.accepted = 0
-        self.walked = 0  # tokens the verify walk's picks took (settle() takes them back)
+        self.walked = 0  # tokens the verify walk's picks took, not yet committed (advance() commits them)
         self._row_mask = _xgr().allocate_token_bitmask(1, self.vocab_size)  # [1, W], refilled per masked row
 
     def draft(self, candidates) -> list[int]:
@@ -191,12 +192,6 @@ class GrammarState:
                 raise RuntimeInvariantError(f"the grammar refused draft {t}, which it had allowed")
             self.walked += 1
 
-    def settle(self) -> None:
-        """Take back the verify walk's picks (the committed ones come back through `advance`)."""
-        if self.walked:
-            self.matcher.rollback(self.walked)
-        self.walked = 0
-
     def fill(self, drafts: list[int], bitmask: torch.Tensor, row: int) -> int:
         """Bitmask rows row .. row+n for the verify rows [last, d_1..d_n]; returns n, the drafts
         kept: those before the first invalid one, up to the one that ends the grammar."""
@@ -214,14 +209,19 @@ class GrammarState:
         return n
 
     def advance(self, tokens: list[int]) -> int | None:
-        """Take committed tokens; returns how many of them end the grammar (up to its end token),
-        None when it has not ended."""
+        """Take committed tokens: the verify walk's, which the matcher took already (picks past them,
+        cut at commit, are taken back), then any others; returns how many of them end the grammar
+        (up to its end token), None when it has not ended."""
+        m, walked, self.walked = self.matcher, self.walked, 0
+        if walked > len(tokens):
+            m.rollback(walked - len(tokens))
+            walked = len(tokens)
         for j, t in enumerate(tokens):
-            if not self.matcher.accept_token(t):
+            if j >= walked and not m.accept_token(t):
                 raise RuntimeInvariantError(f"the grammar refused committed token {t} (after {self.accepted} "
                                             "tokens): masks and commits disagree")
             self.accepted += 1
-            if self.matcher.is_terminated():
+            if j + 1 >= walked and m.is_terminated():  # a walked end token is the last walked token
                 return j + 1
         return None
 
