@@ -76,5 +76,9 @@ def test_a_bad_schema_is_a_400_with_the_reason_and_the_worker_goes_on(deployment
         r = c.post("/v1/chat/completions", json={**body, "response_format": bad})
         assert r.status_code == 400, r.text
         assert "invalid JSON schema" in r.text and "objekt" in r.text, r.text
+        # Dynamo's frontend refuses vLLM's structured_outputs itself (docs/SERVING.md)
+        refused = c.post("/v1/chat/completions", json={**body, "structured_outputs": {"regex": "[0-9]+"}})
+        assert refused.status_code == 400 and "structured_outputs" in refused.text, refused.text
         ok = c.post("/v1/chat/completions", json={**body, "response_format": {"type": "json_object"}})
     assert ok.status_code == 200, ok.text
+    assert ok.json()["choices"][0]["message"]["content"].startswith("{")  # forwarded: an object
