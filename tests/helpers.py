@@ -99,6 +99,13 @@ class ScriptedDrafter:
             out.append(drafts)
         return torch.tensor(out, dtype=torch.long).reshape(len(out), k)
 
+    def propose_top(self, batch, k, width):
+        """Its drafts as each position's best candidate, then the ids after them (log-probs falling):
+        a grammar then drafts the first of them it allows."""
+        drafts = self.propose(batch, k)  # [B, k]
+        ids = (drafts[..., None] + torch.arange(width)) % self.vocab  # [B, k, W]
+        return ids, -torch.arange(width, dtype=torch.float32).expand(ids.shape)
+
 
 def reference_outputs(decoder_none: SpecDecoder, prompts: list[list[int]], n: int) -> dict:
     return {tuple(p): generate(decoder_none, p, greedy(n)).output for p in prompts}

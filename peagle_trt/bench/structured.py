@@ -4,7 +4,9 @@ the generator, scheduler and speculative decoder the server runs, free vs constr
 (--regex; default: indented code lines) or a JSON schema (--schema FILE), none vs --mode at --k,
 the configurations' passes alternated within --rounds rounds after a warm-up (medians). Per cell:
 tokens/s, acceptance length, speed-up over none, outputs that differ from none's (greedy: 0), ms
-per step and the grammar's share of it (decoder.py's verify_masks + apply_masks timed). Beside it:
+per step and the grammar's share of it (GrammarState's drafting, verify and commit work timed). The
+constrained P-EAGLE run also goes with its drafts unmasked (`draft_candidates` 1: the drafter's
+top-1 chain, cut where the grammar refuses it). Beside it:
 the grammar's compile time (cold: the tokenizer's tables included; cached; a second schema) and the
 masks of one verify step at batch 8 x (K + 1) rows (fill the bitmasks, apply them; medians).
 Default: the demo's code pair, raw text; SmolLM2 with --target DIR --drafter HEAD --schema FILE --chat.
@@ -41,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 @contextlib.contextmanager
 def masks_timed(bucket: dict):
-    """Meanwhile, the seconds of decoder.py's verify_masks and apply_masks add up in bucket["masks"]."""
-    from peagle_trt.speculative import decoder
+    """Meanwhile, the seconds of GrammarState's drafts, verify picks and commits add up in bucket["masks"]."""
+    from peagle_trt.speculative.grammar import GrammarState
 
     def wrap(inner):
         def timed_call(*a):
@@ -53,8 +55,9 @@ def masks_timed(bucket: dict):
                 bucket["masks"] = bucket.get("masks", 0.0) + time.perf_counter() - t0
         return timed_call
 
-    with mock.patch.object(decoder, "verify_masks", wrap(decoder.verify_masks)), \
-            mock.patch.object(decoder, "apply_masks", wrap(decoder.apply_masks)):
+    with contextlib.ExitStack() as stack:
+        for name in ("draft", "pick", "take", "advance"):
+            stack.enter_context(mock.patch.object(GrammarState, name, wrap(getattr(GrammarState, name))))
         yield
 
 
@@ -111,7 +114,14 @@ def run(args: argparse.Namespace) -> dict:
     codec = TextCodec(args.target)
     costs = grammar_costs(args, codec, structured, 3 if args.smoke else 20)
     spec = f"{args.mode} K={args.k}"
-    configs = [Config("none", SpecConfig("none", 0), None), Config(spec, SpecConfig(args.mode, args.k), drafter)]
+    unmasked = f"{spec}, drafts unmasked"
+    configs = [Config("none", SpecConfig("none", 0), None), Config(spec, SpecConfig(args.mode, args.k), drafter),
+               Config(unmasked, SpecConfig(args.mode, args.k), drafter)]
+
+    def around(name: str):  # the unmasked configuration drafts the drafter's top-1 chain
+        from peagle_trt.speculative.decoder import SpecDecoder
+
+        return mock.patch.object(SpecDecoder, "draft_candidates", 1) if name == unmasked else contextlib.nullcontext()
     params = {"free": SamplingParams(max_tokens=args.max_tokens),
               kind: SamplingParams(max_tokens=args.max_tokens, structured=structured)}
     max_seq_len = len(codec.encode_prompt(args.prompt, chat_template=args.chat)) + args.max_tokens + 2 * args.k + 16
@@ -119,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     with masks_timed(bucket):
         for b in int_list(args.batch):
             rows += measure(args, configs, {w: [args.prompt] * b for w in params}, [b], max_seq_len, args.chat,
-                            timers=bucket, params=params)
+                            timers=bucket, params=params, around=around)
     for r in rows:
         r.setdefault("masks_ms", 0.0)
         r["masks_share"] = round(r["masks_ms"] / r["ms_per_step"], 4) if r["ms_per_step"] else None

@@ -15,7 +15,9 @@ and detokenizes; this engine sees token ids only (`dynamo.common.backend.LLMEngi
               calls cleanup, which lets the requests still running finish (up to
               `WorkerOptions.drain_timeout_s`) before it stops the stepping thread
   kv_event_sources()  the paged cache's prefix events, published as Dynamo KV events (events.py)
-A request that fails alone ends with finish_reason "error: ..." (the others go on). A scheduler
+Bad input (RequestError: a bad grammar, a limit) is raised as Dynamo's InvalidArgument before
+the stream starts: the frontend answers a 400 with its reason (any other exception: a 500 without
+it). A request that fails alone later ends with finish_reason "error: ..." (the others go on). A scheduler
 that fails as a whole ends every request so, and the worker leaves at once: it signals itself
 SIGTERM (Dynamo unregisters it: the router stops sending) and `peagle-trt dynamo worker` then
 exits with code 2 and the reason; never registered-but-broken.
@@ -34,6 +36,7 @@ from typing import Any
 
 from dynamo.common.backend.engine import EngineConfig, LLMEngine, LlmRegistration
 from dynamo.common.backend.publisher import PushSource
+from dynamo.llm.exceptions import InvalidArgument
 
 from peagle_trt.config import SamplingParams, StructuredOutput
 from peagle_trt.dynamo.events import KvEventRelay
@@ -131,17 +134,9 @@ class PeagleEngine(LLMEngine):
             raise ServeError(f"this peagle-trt worker cannot serve: its scheduler failed ({gen and gen.step_error})")
         prompt = list(request["token_ids"])
         try:
-            params = sampling(request, max(gen.options.max_seq_len - len(prompt), 1))
-        except ConfigError as exc:  # a bad sampling value: the client's mistake, said as such
-            raise RequestError(str(exc)) from exc
-        if params.structured is not None:  # a bad grammar is refused before the stream starts
-            await asyncio.to_thread(_compiled, gen.scheduler.grammars, params.structured)
-        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
-
-        def on_output(out: RequestOutput) -> None:
-            loop.call_soon_threadsafe(queue.put_nowait, out)
-
-        uid = gen.scheduler.add(Request(context.id(), prompt, params, on_output, context.is_stopped))  # RequestError
+            uid, queue = await self._admit(gen, request, prompt, context)
+        except RequestError as exc:  # the frontend answers Dynamo's InvalidArgument with a 400 and its text
+            raise InvalidArgument(str(exc)) from None
         self._uids[context.id()] = uid
         sent, finished = 0, False
         try:
@@ -159,6 +154,21 @@ class PeagleEngine(LLMEngine):
             if not finished:  # the caller left (or the frontend stopped it): free its blocks now
                 gen.cancel(uid)
                 log.info("request %s cancelled after %d tokens", context.id(), sent)
+
+    async def _admit(self, gen: TextGenerator, request: dict, prompt: list[int], context) -> tuple[int, asyncio.Queue]:
+        """Queue one request: its uid and the queue its outputs arrive on; RequestError for bad input."""
+        try:
+            params = sampling(request, max(gen.options.max_seq_len - len(prompt), 1))
+        except ConfigError as exc:  # a bad sampling value: the client's mistake, said as such
+            raise RequestError(str(exc)) from exc
+        if params.structured is not None:  # a bad grammar is refused before the stream starts
+            await asyncio.to_thread(_compiled, gen.scheduler.grammars, params.structured)
+        loop, queue = asyncio.get_running_loop(), asyncio.Queue()
+
+        def on_output(out: RequestOutput) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, out)
+
+        return gen.scheduler.add(Request(context.id(), prompt, params, on_output, context.is_stopped)), queue
 
     def _final(self, out: RequestOutput, prompt_tokens: int, completion_tokens: int) -> dict:
         reason = FINISH.get(out.finish_reason, "error")

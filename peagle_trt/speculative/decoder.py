@@ -14,9 +14,10 @@ sequences with fewer drafts are padding (position -1). With k = 0 the step is pl
 target row, one token; the drafter then gets that step's rows later (`Sequence.undrafted`).
 Greedy output equals the target's own greedy output token for token; sampled output has the
 target's distribution (speculative/verify.py). Requests may join (prefill) and leave between steps.
-A constrained request (structured output) carries a grammar matcher: its verify rows are masked
-with the grammar state after its committed tokens plus the drafts before each row, drafts that
-could never be accepted are not verified (speculative/grammar.py).
+A constrained request (structured output) carries a grammar matcher (speculative/grammar.py): it
+drafts a chain of the drafter's best candidates the grammar allows (`draft_candidates` per depth),
+and each verify row its walk reads is under the grammar after its committed tokens plus the drafts
+before the row (greedy: the row's argmax when allowed, else the masked row's).
 The hot path keeps the batch in tensors: verification is one argmax/compare over [B, K+1] and the
 drafter gets the verify outputs as they are (`DraftBatch`), with no per-sequence tensor work.
 """
@@ -35,7 +36,7 @@ from peagle_trt.ops.reference import pack_tree_mask
 from peagle_trt.speculative.draft_length import DraftLengths
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
-from peagle_trt.speculative.grammar import GrammarState, apply_masks, first_token_mask, verify_masks
+from peagle_trt.speculative.grammar import GrammarState, first_token_mask
 from peagle_trt.speculative.sampling import make_generator, probabilities, sample
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of, walk
@@ -99,6 +100,10 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 class SpecDecoder:
+    # a constrained request's drafts: per depth, the first of the drafter's top candidates the
+    # grammar allows (1: the drafter's own top-1 chain, cut at the first draft the grammar refuses)
+    draft_candidates: int = 256
+
     def __init__(self, executor: Executor, spec: SpecConfig, eos_ids: tuple[int, ...] = (), proposer=None):
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
         self.k = spec.k
@@ -184,8 +189,6 @@ class SpecDecoder:
             return
         t0 = time.perf_counter()  # the verify's cost for the adaptive rule: this step up to its drafting
         ex, dev = self.ex, self.ex.device
-        allowed = verify_masks(seqs)  # [B, k+1, W] token bitmasks of constrained requests (chains: their
-        # drafts past an invalid one or the grammar's end dropped); None: no request constrained
         trees = [s.parents[:len(s.drafts)] or chain(len(s.drafts)) for s in seqs]  # parents of each node
         levels = [depths(t) for t in trees]  # depth (1 ..) of each node
         ns = [len(t) for t in trees]
@@ -200,23 +203,21 @@ class SpecDecoder:
             pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)] ancestor bits
         tables = self.tables(seqs)  # [G, B, M]
         logits, aux = ex.target(tokens, positions, tables, tree_mask=mask)  # [B, n+1, V], [B, n+1, A]
-        if allowed is not None:
-            apply_masks(logits, allowed)  # disallowed tokens -> -inf (greedy and sampled alike)
         # 2. accept: from the root, the target's token at each row (argmax, or a sample of its
-        #    distribution), then to the child holding it; the first token without one ends the step
+        #    distribution; a constrained request's under its grammar), then to the child holding it;
+        #    the first token without one ends the step
         target_ids = argmax(logits).tolist()  # [B, n+1]
         self.lengths.steps_at_k[n] += 1
         emitted, rows = [], []  # per sequence: its tokens, the verify rows they pair with (root + path)
         for i, s in enumerate(seqs):
+            token_at = self._row_token(s, logits[i], target_ids[i])  # row -> the target's token there
             if self.synthetic is not None and ns[i]:  # benchmarks (chains): accept by the configured rates
                 path = list(range(self._synthetic_accepts(ns[i])))
-                e = [s.drafts[j] for j in path] + ([target_ids[i][len(path)]] if s.params.greedy else verify(
-                    [], logits[i, len(path):len(path) + 1], s.params, s.generator))
-            elif s.params.greedy:
-                path, e = walk(s.drafts, trees[i], target_ids[i].__getitem__)
-            else:  # exactly the target's distribution: one sample per emitted token
-                path, e = walk(s.drafts, trees[i], lambda r, i=i, s=s: int(sample(
-                    probabilities(logits[i, r:r + 1], s.params), s.generator)))
+                if s.grammar is not None:  # its matcher walks the accepted drafts to the row after them
+                    s.grammar.take(s.drafts[:len(path)])
+                e = [s.drafts[j] for j in path] + [token_at(len(path))]
+            else:  # greedy, or exactly the target's distribution: one sample per emitted token
+                path, e = walk(s.drafts, trees[i], token_at)
             s.stats.target_forwards += 1
             if ns[i]:  # the tree's size and depth (a chain: both k)
                 s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
@@ -246,6 +247,18 @@ class SpecDecoder:
             self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[live] if
                                      len(live) < len(seqs) else aux, cur[live] if len(live) < len(seqs) else cur,
                                      tables[:, live] if len(live) < len(seqs) else tables)
+
+    @staticmethod
+    def _row_token(s: Sequence, logits: torch.Tensor, argmax_ids: list[int]):
+        """row -> the target's token at verify row `row` of `s` (logits [n+1, V], their argmaxes): the
+        argmax (greedy) or a sample of the row's distribution; for a constrained request under its
+        grammar after the rows before (GrammarState.pick: called in the walk's order)."""
+        def of(row: torch.Tensor) -> int:  # a row [1, V]: its argmax, or a sample of its distribution
+            return int(argmax(row)[0]) if s.params.greedy else int(sample(probabilities(row, s.params), s.generator))
+
+        if s.grammar is not None:
+            return lambda r: s.grammar.pick(logits[r:r + 1], argmax_ids[r] if s.params.greedy else None, of)
+        return argmax_ids.__getitem__ if s.params.greedy else lambda r: of(logits[r:r + 1])
 
     def _draft_after_verify(self, seqs: list[Sequence], emitted: list[list[int]], aux: torch.Tensor,
                             cur: torch.Tensor, tables: torch.Tensor) -> None:
@@ -296,25 +309,30 @@ class SpecDecoder:
         if k is None:
             k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
         budget, static = self.spec.tree_budget_for_batch(self.batch), self.spec.static_tree
-        if k and (budget or static):  # a tree from each position's top candidates (speculative/tree.py)
+        guided = self.draft_candidates if any(s.grammar is not None for s in batch.seqs) else 1
+        if k and (budget or static or guided > 1):  # each position's top candidates (speculative/tree.py)
             nodes = static_nodes(tuple(p for p in static if len(p) <= k)) if static else None
             width = max(r for _, r in nodes) + 1 if static else budget
-            top_ids, top_logp = self.proposer.propose_top(batch, k, width)  # [B, k, W] each
-            top_ids, top_logp = top_ids.tolist(), top_logp.float().cpu().numpy()
+            top_ids, top_logp = self.proposer.propose_top(batch, k, max(width, guided))  # [B, k, W'] each
+            top_ids, top_logp = top_ids.cpu().numpy(), top_logp.float().cpu().numpy()
             for i, s in enumerate(batch.seqs):
-                if s.grammar is not None:  # a constrained request drafts a chain: its masks follow one path
-                    s.drafts, s.parents = [row[0] for row in top_ids[i][:k]], ()
+                if s.grammar is not None:  # a chain of the best candidates its grammar allows
+                    s.drafts, s.parents = s.grammar.draft(top_ids[i, :k, :guided]), ()
+                elif width:
+                    s.drafts, s.parents = tokens_of(nodes or best_tree(top_logp[i][:, :width], budget, k, spine=k),
+                                                    top_ids[i, :, :width].tolist())
                 else:
-                    s.drafts, s.parents = tokens_of(nodes or best_tree(top_logp[i], budget, k, spine=k), top_ids[i])
+                    s.drafts, s.parents = top_ids[i, :k, 0].tolist(), ()
         else:
             drafts = self.proposer.propose(batch, max(k, 1)).tolist()
-            for s, d in zip(batch.seqs, drafts):
-                s.drafts, s.parents = d[:k], ()
+            for s, d in zip(batch.seqs, drafts):  # a constrained request's: cut at the first its grammar refuses
+                s.drafts, s.parents = d[:k] if s.grammar is None else s.grammar.draft([[t] for t in d[:k]]), ()
         if since is not None:
             self.lengths.draft_cost.record(len(batch.seqs), max(k, 1), time.perf_counter() - since)
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
-        """Append emitted tokens, stopping at an end id, max_tokens or the maximum length."""
+        """Append emitted tokens, stopping at an end id, max_tokens or the maximum length (a
+        constrained request's matcher took the verify walk's tokens: GrammarState.advance)."""
         room = min(s.params.max_tokens - len(s.output), self.max_seq_len - len(s.prompt) - len(s.output))
         stop_at = next((j for j, t in enumerate(emitted) if t in s.stop_ids), None) if s.stop_ids else None
         if stop_at is not None and stop_at < room:

@@ -3,7 +3,9 @@
 xgrammar ignores some keywords (the output could break them) and compiles a `$ref` cycle with no
 base case into a grammar no finite output satisfies (the request would run to max_tokens). So a
 schema is refused (RequestError, a 400) when it
-  - uses a keyword the grammar does not enforce (`UNSUPPORTED`), at any schema position;
+  - uses a keyword the grammar does not enforce (`UNSUPPORTED`), at any schema position; or what
+    xgrammar 0.2.8 drops with a warning: an `allOf` of more than one schema (it compiles to any
+    JSON value), `minLength` / `maxLength` beside `pattern` or `format` (the lengths are ignored);
   - has a `$ref` outside the document (only "#" and "#/..." pointers resolve) or to nothing;
   - admits no finite instance: every way through it returns to itself (a `$ref` to itself, or
     through required properties, non-empty arrays, allOf), found as a least fixpoint over its
@@ -33,6 +35,14 @@ def check_schema(schema) -> None:
         if bad:
             raise RequestError(f"the JSON schema uses {bad}, which structured output does not enforce; remove "
                                "them (or express the constraint with enum / anyOf / pattern)")
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+            raise RequestError("the JSON schema has an allOf of several schemas, which structured output does not "
+                               "enforce; merge them into one schema")
+        lengths = [k for k in ("minLength", "maxLength") if k in node]
+        if lengths and ("pattern" in node or "format" in node):
+            raise RequestError(f"the JSON schema combines {lengths} with a pattern or format in one string, and "
+                               "structured output would not enforce the lengths; put them in the pattern "
+                               "(e.g. ^[a-z]{2,4}$)")
         ref = node.get("$ref")
         if ref is not None:
             _resolve(schema, ref)

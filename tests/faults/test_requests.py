@@ -78,20 +78,20 @@ def test_nan_prone_temperatures_in_a_mixed_batch_keep_every_greedy_request_exact
 
 # -- step failures ---------------------------------------------------------------------------------
 class FaultyExecutor:
-    """Wraps an executor; `method` raises from its `at`-th call that involves the victim's first
-    KV block on, every time (a persistent fault of that request)."""
+    """Wraps an executor; `method` (a name, or several) raises from its `at`-th call that involves
+    the victim's first KV block on, every time (a persistent fault of that request)."""
 
-    def __init__(self, inner, method: str, at: int, victim_block):
+    def __init__(self, inner, method: str | tuple[str, ...], at: int, victim_block):
         self.inner, self.method, self.at, self.victim_block = inner, method, at, victim_block
         self.calls = 0
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
-        if name != self.method:
+        if name not in (self.method if isinstance(self.method, tuple) else (self.method,)):
             return attr
 
         def faulty(*args, **kwargs):
-            tables = args[2] if name == "target" else args[4]  # target(tokens, pos, tables, ..), draft_parallel
+            tables = args[2] if name == "target" else args[4]  # target(tokens, pos, tables, ..), draft_parallel(_top)
             if self.victim_block() in tables[0, :, 0].tolist():
                 self.calls += 1
                 if self.calls >= self.at:

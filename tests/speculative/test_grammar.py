@@ -79,6 +79,9 @@ def oracle(tiny, grammars):
     return run
 
 
+REFUSED = {"all_of_merge": "allOf of several", "string_length": "minLength"}  # not enforced by xgrammar: a 400
+
+
 def constrained(name: str, n: int = N) -> SamplingParams:
     return SamplingParams(max_tokens=n, structured=OUTPUTS[name])
 
@@ -100,9 +103,12 @@ def check_valid(name: str, ids: list[int], tok) -> None:
         assert isinstance(value, dict)
 
 
-@pytest.mark.parametrize("mode,k", [("none", 1), ("peagle", 3), ("eagle3", 3)])
-def test_constrained_speculation_equals_constrained_target_only(tiny, grammars, oracle, mode, k):
+@pytest.mark.parametrize("mode,k,candidates", [("none", 1, 8), ("peagle", 3, 8), ("peagle", 3, 1), ("eagle3", 3, 8)])
+def test_constrained_speculation_equals_constrained_target_only(tiny, grammars, oracle, mode, k, candidates):
+    """candidates: the drafter's top ones per depth a constrained request drafts from (1: its top-1
+    chain, cut at the first draft the grammar refuses)."""
     d = decoder(tiny, mode, k)
+    d.draft_candidates = candidates
     for name in OUTPUTS:
         seq = generate(d, PROMPT, constrained(name), grammars=grammars)
         assert seq.output == oracle(name), (name, mode, k)
@@ -190,7 +196,7 @@ def test_a_failed_batch_step_rolls_the_matchers_back(tiny, grammars, oracle):
     sched = Scheduler(d, prefill_chunk=16, grammars=grammars)
     outputs: dict = {}
     victim = Request("victim", [7, 8, 9, 10], SamplingParams(max_tokens=20, ignore_eos=True), collect(outputs))
-    faulty = FaultyExecutor(d.ex, "draft_parallel", 3,
+    faulty = FaultyExecutor(d.ex, ("draft_parallel", "draft_parallel_top"), 3,  # alone / beside constrained ones
                             lambda: victim.seq.blocks[0][0] if victim in sched.running else None)
     d.ex = d.proposer.ex = faulty
     for name in ("tool_get_weather", "regex"):
@@ -215,13 +221,40 @@ def test_onnxruntime_backend_constrained_speculation_equals_target_only(tiny, gr
         assert generate(spec_d, PROMPT, constrained(name), grammars=grammars).output == want, name
 
 
-def test_fixture_schemas_compile_and_their_instances_validate(grammars):
-    """Every fixture schema compiles; a matcher walks an output the schema accepts."""
+def test_every_fixture_schema_compiles_and_its_output_validates(tiny, grammars):
+    """Every fixture schema compiles, or is refused with the reason when the grammar would not
+    enforce it (REFUSED); the tiny target's constrained output (random weights: any byte the
+    grammar allows, control characters included) parses and validates when it ends by the grammar."""
+    from transformers import AutoTokenizer
+
+    tok, d, ended = AutoTokenizer.from_pretrained(tiny["llama"]), decoder(tiny, "none", 1), 0
     assert len(SCHEMAS) >= 30
     for name, schema in SCHEMAS.items():
-        compiled = grammars.compile(StructuredOutput.from_dict({"json": schema})).result()
-        assert compiled.grammar is not None, name
         jsonschema.Draft202012Validator.check_schema(schema)
+        structured = StructuredOutput.from_dict({"json": schema})
+        if name in REFUSED:
+            with pytest.raises(RequestError, match=REFUSED[name]):
+                grammars.compile(structured).result()
+            continue
+        seq = generate(d, PROMPT, SamplingParams(max_tokens=96, structured=structured), grammars=grammars)
+        if seq.finish_reason == "stop":
+            ended += 1
+            jsonschema.validate(json.loads(tok.decode(seq.output[:-1])), schema)
+    assert ended >= 20, ended
+
+
+def test_a_length_limited_string_takes_no_raw_control_character(tiny, grammars):
+    """xgrammar 0.2.8 writes a string with maxLength as characters that include raw U+0000..U+001F
+    (invalid JSON: seen through Dynamo's frontend); grammar.py's class excludes them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny["llama"])
+    m = xgr.GrammarMatcher(grammars.compile(OUTPUTS["tool_get_weather"]).result())
+    assert all(m.accept_token(t) for t in tok.encode('{"city": "P', add_special_tokens=False))
+    for c in ("\x00", "\x1c", "\t"):
+        assert not m.accept_token(tok.convert_tokens_to_ids(tok.tokenize(c)[0])), repr(c)
+    assert all(m.accept_token(t) for t in tok.encode('aris", "unit": "celsius"}', add_special_tokens=False))
+    assert m.accept_token(EOS) and m.is_terminated()
 
 
 def test_fill_drops_drafts_past_an_invalid_one_and_past_the_end(grammars, tiny):
@@ -237,6 +270,21 @@ def test_fill_drops_drafts_past_an_invalid_one_and_past_the_end(grammars, tiny):
     assert state.accepted == 0 and state.advance(ids) is None and state.advance([EOS]) == 1
     state.sync(ids[:1])  # a failed step undone: the matcher follows the output back
     assert state.accepted == 1 and state.fill(ids[1:], bitmask, 0) == len(ids) - 1
+
+
+def test_drafts_follow_the_grammar_and_stop_at_its_end(grammars, tiny):
+    """GrammarState.draft: per depth the first candidate the grammar allows after the drafts before
+    it; a depth with none allowed, or the end token, ends the chain; the matcher stays put."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny["llama"])
+    ids = tok.encode("beta", add_special_tokens=False)
+    bad = tok.encode("zzz", add_special_tokens=False)[0]
+    state = GrammarState(grammars.compile(OUTPUTS["choice"]).result(), frozenset({EOS}))
+    assert state.draft([[bad, t] for t in ids] + [[EOS], [7], [8]]) == ids + [EOS]  # masked, up to the end
+    assert state.draft([[ids[0]], [bad], [ids[-1]]]) == ids[:1]  # no allowed candidate: the chain ends
+    assert state.accepted == 0 and state.draft([[bad, 7]]) == []
+    assert state.advance(ids[:1]) is None and state.draft([[t] for t in ids[1:]]) == ids[1:]
 
 
 BAD = {
@@ -323,6 +371,10 @@ class RandomDrafter:
 
     def propose(self, batch, k):
         return torch.randint(0, V, (len(batch.seqs), k), generator=self.rng)
+
+    def propose_top(self, batch, k, width):  # random candidates: the grammar drafts the first it allows
+        ids = torch.randint(0, V, (len(batch.seqs), k, width), generator=self.rng)
+        return ids, -torch.arange(width, dtype=torch.float32).expand(ids.shape)
 
 
 def constrained_chi_square(k: int, runs: int) -> tuple[float, float, int]:
