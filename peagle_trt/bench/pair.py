@@ -27,7 +27,7 @@ from peagle_trt.errors import RuntimeInvariantError
 
 HUMANEVAL_REQUEST = "Complete the following Python function:\n\n```python\n{prompt}```"
 LONG_REQUEST = "Here is the Python module `{name}`:\n\n```python\n{source}\n```\n\nSummarize what this module does."
-FORWARDS = ("target", "draft_parallel", "drafter")  # the executor methods `timers` times
+FORWARDS = ("target", "draft_parallel", "draft_parallel_top", "drafter")  # the executor methods `timers` times
 
 
 @dataclass(frozen=True)
@@ -206,7 +206,7 @@ def step_cost(passes: list[dict]) -> dict:
         return round(statistics.median(fn(p) / max(p.get("target_calls", 0), 1) * 1e3 for p in passes), 3)
 
     step, target = med(lambda p: p["wall"]), med(lambda p: p.get("target", 0.0))
-    drafter = med(lambda p: p.get("draft_parallel", 0.0) + p.get("drafter", 0.0))
+    drafter = med(lambda p: sum(p.get(n, 0.0) for n in FORWARDS[1:]))
     masks = med(lambda p: p.get("masks", 0.0))
     return {"ms_per_step": step, "target_ms": target, "drafter_ms": drafter,
             **({"masks_ms": masks} if any("masks" in p for p in passes) else {}),

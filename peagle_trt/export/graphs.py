@@ -242,7 +242,8 @@ def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.
     w.op(DRAFT_SAMPLE, logits, d2t, domain=DOMAIN, outputs=["draft_ids"], name=DRAFT_SAMPLE,
          **plugin_attrs())
     w.output("draft_ids", TensorProto.INT64, ["batch", "drafts"])
-    top_logp, top = w.op("TopK", w.op("LogSoftmax", logits, axis=-1), w.op("Shape", width), axis=-1, outputs=2)
+    top_n = w.op("Min", w.op("Shape", width), w.ints(int(model.lm_head.weight.shape[0])))  # W, at most V_d
+    top_logp, top = w.op("TopK", w.op("LogSoftmax", logits, axis=-1), top_n, axis=-1, outputs=2)
     w.op("Identity", top_logp, outputs=["top_logp"])
     w.op("Add", top, w.op("Gather", d2t, top, axis=0), outputs=["top_ids"])  # draft -> target ids
     w.output("top_ids", TensorProto.INT64, ["batch", "drafts", "width"])

@@ -129,6 +129,9 @@ def test_ort_parallel_drafts_equal_torch(exported):
         for row in range(2):  # ids equal, or parting at a near-tie of torch's log-probs (crossbackend.py)
             check_greedy_streams(a_logp[row], a[row, :, 0].tolist(), b[row].tolist(), 2 * LOGIT_TOL, min(k, 2))
         cur = cur + 2
+    v_d = drafter.lm_head.weight.shape[0]  # a width past the draft vocabulary: all of it, ranked
+    ids, logp = ort_ex.draft_parallel_top(pending, aux, n, cur, slots, K, v_d + 50)
+    assert ids.shape == logp.shape == (2, K, v_d) and (logp[..., :-1] >= logp[..., 1:]).all()
     det = OrtExecutor(out, deterministic=True)  # row-invariant: k = 1 and K's first row computed alike
     first = det.draft_parallel(pending, aux, n, cur, slots, K)[:, :1]  # causal rows: k = 1 is K's first
     assert det.draft_parallel(pending, aux, n, cur, slots, 1).tolist() == first.tolist()
