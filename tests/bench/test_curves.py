@@ -30,6 +30,9 @@ def test_interpolation_and_bad_input(tmp_path):
     mid = at(rows, 25.0)
     assert mid["step"] == 25 and mid["loss"] == 3.5 and mid["top1_pos1"] == pytest.approx(0.25)
     assert at(rows, 150.0) is None  # never extrapolated
+    warm = rows + [{"step": 100, "train_cpu_s": 100.0, "loss": None, "top1": [0.4], "chain_accepted_k7": 2.0, "run": 1},
+                   {"step": 200, "train_cpu_s": 200.0, "loss": 1.0, "top1": [0.6], "chain_accepted_k7": 3.0, "run": 1}]
+    assert at(warm, 150.0)["loss"] == 1.0 and at(warm, 150.0)["top1_pos1"] == pytest.approx(0.5)  # a warm start
     (tmp_path / "curve.jsonl").write_text('{"step": 1}\n')
     with pytest.raises(ConfigError, match="without"):
         read_curve(tmp_path)
