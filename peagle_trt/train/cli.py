@@ -23,7 +23,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--layout", default="aws", choices=["aws", "speculators"], help="output layout (default aws)")
     t.add_argument("--data", type=Path, help="JSONL of prompts (the target answers them now) or of the "
                    "target's answers (prompt_ids/response_ids rows of train/distill.py)")
-    t.add_argument("--text", type=Path, action="append", default=[], help="plain text file (repeatable)")
+    t.add_argument("--text", type=Path, action="append", default=[],
+                   help="plain text file (repeatable); beside --data, extra training data: the target's "
+                        "distributions over it in pieces of up to 1024 tokens (teacher-forced, no generation)")
     t.add_argument("--text-list", type=Path, help="a file listing plain text files, one path a line")
     t.add_argument("--regen-max-tokens", type=int, default=128, help="response tokens regenerated per prompt")
     t.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy responses (default)")
@@ -38,8 +40,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--max-context", type=int, default=None,
                    help="--data: keep only the last N prompt tokens before each response")
     t.add_argument("--feature-cache", type=Path, default=None,
-                   help="file keeping the target's pass over the --data sequences (float16), reused by later "
-                        "runs on the same data and target (e.g. a P-EAGLE and an EAGLE-3 head)")
+                   help="file keeping the target's pass over whole sequences (float16, by content), reused by "
+                        "later runs on the same target (e.g. a P-EAGLE and an EAGLE-3 head; a run on more data "
+                        "passes only the new sequences)")
     t.add_argument("--fc-norm", action="store_true",
                    help="one RMSNorm per target tap before fc (taps whose scales differ widely, e.g. SmolLM2's)")
     t.add_argument("--freeze-embeddings", action="store_true",

@@ -6,7 +6,9 @@ Sources:
                  and only response tokens are supervised (as in the P-EAGLE paper, original responses
                  are discarded).
   plain text     files (or a file listing files); tokenized, joined with EOS, cut into windows;
-                 every position supervised.
+                 every position supervised. Beside JSONL data the text is extra training data,
+                 teacher-forced (the target's distributions over it: one prefill, no generation),
+                 cut into pieces of TEXT_PIECE tokens (`joined`); only JSONL sequences are held out.
 The draft vocabulary is the `draft_vocab` most frequent tokens of the training responses (ties
 by prompt frequency, then id), sorted by id: d2t[i] = draft_ids[i] - i (offsets, target_id =
 draft_id + d2t[draft_id]), t2d = membership mask over the target vocabulary.
@@ -17,6 +19,7 @@ Tests: tests/train/test_train_run.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +28,8 @@ import torch
 
 from peagle_trt.errors import ConfigError
 from peagle_trt.train.forward import SeqFeatures
+
+TEXT_PIECE = 1024  # tokens per piece of text trained beside JSONL data (about an answer's length)
 
 
 @dataclass(frozen=True)
@@ -45,12 +50,24 @@ def read_text_files(paths: list[Path]) -> list[str]:
     return texts
 
 
-def text_corpus(tokenizer, paths: list[Path], eos_id: int) -> Corpus:
+def text_corpus(tokenizer, paths: list[Path], eos_id: int, piece: int | None = None) -> Corpus:
+    """One stream of the files' tokens sampled in windows, or (`piece`) whole pieces of that many
+    tokens (the tail shorter than a piece is dropped), each a sequence of its own."""
     ids: list[int] = []
     for text in read_text_files(paths):
         ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
     stream = torch.tensor(ids, dtype=torch.long)
-    return Corpus([stream], [torch.ones_like(stream, dtype=torch.bool)], windowed=True)
+    if piece is None:
+        return Corpus([stream], [torch.ones_like(stream, dtype=torch.bool)], windowed=True)
+    pieces = [stream[a:a + piece] for a in range(0, len(stream) - piece + 1, piece)]
+    if not pieces:
+        raise ConfigError(f"the training text has {len(stream)} tokens, fewer than one piece of {piece}")
+    return Corpus(pieces, [torch.ones_like(p, dtype=torch.bool) for p in pieces], windowed=False)
+
+
+def joined(a: Corpus, b: Corpus) -> Corpus:
+    """Both corpora's sequences (neither windowed)."""
+    return Corpus(a.sequences + b.sequences, a.masks + b.masks, windowed=False)
 
 
 def read_prompts(path: Path) -> list:
@@ -218,9 +235,10 @@ def target_features(target, ids: torch.Tensor, supervised: torch.Tensor, draft_i
 class FeatureCache:
     """The target's pass over whole corpus sequences, made on first use and kept in float16
     (normed hidden + taps: 2 bytes x (H + A) per token), so the frozen target runs once per
-    sequence, not once per epoch. Windows of a text stream (key None) are not kept. With a
-    `path`, the cache is read from and saved to that file (`save`), so several heads trained
-    on the same data and target share one pass; a file made from other data is not used."""
+    sequence, not once per epoch; kept by the sequence's content (`seq_key`). Windows of a text
+    stream (key None) are not kept. With a `path`, the cache is read from and saved to that file
+    (`save`), so several heads trained on the same target share one pass, and a run on more data
+    passes only the new sequences; a file made with another target is not used."""
 
     def __init__(self, target, draft_ids: torch.Tensor, path: Path | None = None, fingerprint: str = ""):
         self.target, self.draft_ids, self.path, self.fingerprint = target, draft_ids, path, fingerprint
@@ -236,10 +254,11 @@ class FeatureCache:
     def get(self, key: int | None, ids: torch.Tensor, supervised: torch.Tensor) -> SeqFeatures:
         if key is None:
             return target_features(self.target, ids, supervised, self.draft_ids)
-        if key not in self.kept:
+        content = seq_key(ids)
+        if content not in self.kept:
             normed, aux = target_pass(self.target, ids)
-            self.kept[key] = (normed.half(), aux.half())
-        normed, aux = self.kept[key]
+            self.kept[content] = (normed.half(), aux.half())
+        normed, aux = self.kept[content]
         return features(self.target, ids, supervised, normed, aux, self.draft_ids)
 
     def fill(self, corpus: Corpus, seq_len: int, progress, save_every: int = 400) -> None:
@@ -247,11 +266,12 @@ class FeatureCache:
         fill resumes), so training steps and concurrent runs sharing the file only read it."""
         if corpus.windowed:
             return
-        todo = [i for i in range(len(corpus.sequences)) if i not in self.kept]
-        for n, i in enumerate(todo, start=1):
-            normed, aux = target_pass(self.target, corpus.sequences[i][:seq_len])
-            self.kept[i] = (normed.half(), aux.half())
-            progress(f"target features: {len(self.kept)}/{len(corpus.sequences)} sequences", final=n == len(todo))
+        cut = [seq[:seq_len] for seq in corpus.sequences]
+        todo = [ids for ids in cut if seq_key(ids) not in self.kept]
+        for n, ids in enumerate(todo, start=1):
+            normed, aux = target_pass(self.target, ids)
+            self.kept[seq_key(ids)] = (normed.half(), aux.half())
+            progress(f"target features: {len(cut) - len(todo) + n}/{len(cut)} sequences", final=n == len(todo))
             if n % save_every == 0:
                 self.save()
         self.save()
@@ -266,15 +286,15 @@ class FeatureCache:
         self.loaded = len(self.kept)
 
 
-def corpus_fingerprint(corpus: Corpus, target_dir: Path, seq_len: int) -> str:
-    """What the target's pass depends on: the target's weights file, the sequences (cut to seq_len)."""
-    import hashlib
+def seq_key(ids: torch.Tensor) -> str:
+    """A sequence's key in the feature cache: a hash of its token ids."""
+    return hashlib.sha1(ids.cpu().numpy().astype("int64").tobytes()).hexdigest()[:20]
 
-    h = hashlib.sha256()
+
+def target_fingerprint(target_dir: Path) -> str:
+    """What every cached pass depends on besides its tokens: the target's weights files."""
+    h = hashlib.sha256(b"features by content v2|")
     for f in sorted(Path(target_dir).glob("*.safetensors")):
         st = f.stat()
         h.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns}".encode())
-    h.update(str(seq_len).encode())
-    for seq in corpus.sequences:
-        h.update(seq[:seq_len].numpy().tobytes() + b"|")
     return h.hexdigest()

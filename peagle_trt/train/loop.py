@@ -123,16 +123,21 @@ def run(cfg, progress) -> dict:
                                       f"target {cfg.target}")
     codec = TextCodec(cfg.target)
     mask_id = find_mask_token(codec, cfg.mask_token_id, tc.vocab_size) if cfg.method == "peagle" else None
-    if cfg.text:
-        eos = codec.eos_ids[0] if codec.eos_ids else 0
-        corpus = D.text_corpus(codec.tok, list(cfg.text), eos)
-        held_corpus = None
-    else:
+    held_corpus = None
+    if cfg.data is not None:
         corpus = D.prompt_corpus(target, codec, cfg.data, cfg.regen_max_tokens, cfg.regen_temperature,
                                  cfg.seed, cfg.chat_template, progress, cfg.max_context)
         train_idx, held_idx = C.split(len(corpus.sequences), cfg.held_out_every)
         train_idx = train_idx[:cfg.train_sequences]  # None: all
         corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
+    if cfg.text:  # alone: windows of one stream; beside --data: pieces, extra training sequences
+        eos = codec.eos_ids[0] if codec.eos_ids else 0
+        piece = None if cfg.data is None else min(cfg.seq_len, D.TEXT_PIECE)
+        text = D.text_corpus(codec.tok, list(cfg.text), eos, piece)
+        if cfg.data is not None:
+            progress(f"training on {len(corpus.sequences)} answers and {len(text.sequences)} text pieces "
+                     f"of {piece} tokens", final=True)
+        corpus = text if cfg.data is None else D.joined(corpus, text)
     if cfg.init_from is not None:  # a warm start keeps its head's draft vocabulary, whatever the data
         draft_ids = head_draft_ids(cfg.init_from, tc.vocab_size)
     else:
@@ -141,8 +146,7 @@ def run(cfg, progress) -> dict:
     if cfg.init_from is not None:
         warm_start(head, cfg.init_from)
         progress(f"warm start from the head in {cfg.init_from}", final=True)
-    cache = D.FeatureCache(target, draft_ids, cfg.feature_cache,
-                           D.corpus_fingerprint(corpus, cfg.target, cfg.seq_len) if cfg.feature_cache else "")
+    cache = D.FeatureCache(target, draft_ids, cfg.feature_cache, D.target_fingerprint(cfg.target))
     if cache.loaded:
         progress(f"target features of {cache.loaded} sequences read from {cfg.feature_cache}", final=True)
     if cfg.feature_cache:

@@ -1,7 +1,8 @@
 """Self-distillation (train/distill.py) and the training-data paths it feeds: answers written as
 requests finish, a resumed run skips what is done, a spent budget keeps finished answers only;
 `train --data` reads distilled rows without answering again; the target's pass is cached
-(in memory and in a shared file) without changing the features; frozen embeddings ship no table."""
+(in memory and in a shared file, by content) without changing the features; text trains beside the
+answers as extra pieces (held out from the answers only); frozen embeddings ship no table."""
 
 from __future__ import annotations
 
@@ -68,6 +69,29 @@ def test_train_reads_distilled_rows_and_shares_the_feature_cache(tiny, tmp_path)
     b = train(TrainConfig(output=tmp_path / "b", **base), lambda line, final=False: lines.append(line))
     assert any("read from" in line for line in lines)  # the second run used the file
     assert a["final_loss"] == b["final_loss"]  # and the features were the same
+
+
+def test_text_beside_answers_adds_pieces_and_reuses_the_cached_answers(tiny, tmp_path):
+    data = tmp_path / "answers.jsonl"
+    distill(tiny["llama"], [dict(r, max_tokens=10) for r in _rows(6)], data, backend="torch", batch=3,
+            max_len=256)
+    text = tmp_path / "t.txt"
+    text.write_text("\n".join(CORPUS * 6))
+    cache = tmp_path / "features.pt"
+    base = dict(target=tiny["llama"], data=data, steps=2, batch=2, seq_len=64, depths=2, draft_vocab=200,
+                max_context=16, taps=(1, 3, 5), log_every=100, feature_cache=cache, held_out_every=3, eval_every=1)
+    answers = train(TrainConfig(output=tmp_path / "a", **base), lambda *a, **k: None)
+    lines = []
+    both = train(TrainConfig(output=tmp_path / "b", text=(text,), **base),
+                 lambda line, final=False: lines.append(line))
+    assert answers["train_sequences"] == 4 and answers["held_out_sequences"] == 2
+    pieces = both["train_sequences"] - 4
+    assert pieces > 1 and both["held_out_sequences"] == 2  # held out from the answers only
+    assert any(f"4 answers and {pieces} text pieces of 64 tokens" in line for line in lines)
+    assert any("read from" in line for line in lines)  # the answers' passes came from the file
+    filled = [line for line in lines if line.startswith("target features:")]
+    assert filled and filled[-1].startswith(f"target features: {4 + pieces}/{4 + pieces}")
+    assert len(torch.load(cache, weights_only=True)["kept"]) == 4 + pieces  # only the pieces were new
 
 
 def test_cached_features_equal_the_full_forward(tiny):

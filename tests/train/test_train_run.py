@@ -99,7 +99,7 @@ def test_jsonl_prompts_regenerated_by_the_target_via_cli(tiny, tmp_path, capsys)
 
 
 def test_bad_input_gets_a_clear_error(tiny, text_file, tmp_path):
-    with pytest.raises(ConfigError, match="exactly one data source"):
+    with pytest.raises(ConfigError, match="pass a data source"):
         train(TrainConfig(target=tiny["llama"], output=tmp_path / "x"), _quiet)
     with pytest.raises(ConfigError, match="--taps"):
         train(_cfg(tiny, text_file, tmp_path / "y", taps=(1, 2, 99)), _quiet)
