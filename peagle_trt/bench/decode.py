@@ -41,19 +41,11 @@ def model_costs(target) -> dict:
 
 
 def engine_decode(engine, n: int, batch: int = 1):
-    """Our engine: `batch` requests of `n` tokens at once, stepped to the end."""
+    """Our engine: `batch` requests of `n` tokens at once, stepped to the end (bench/pair.py's run_batch)."""
+    from peagle_trt.bench.pair import run_batch
     from peagle_trt.config import SamplingParams
 
-    params = SamplingParams(max_tokens=n, ignore_eos=True)
-
-    def run():
-        done = []
-        for i in range(batch):
-            engine.submit(f"bench-{i}", PROMPT, params, lambda e: done.append(e) if e.finished else None,
-                          chat_template=True)
-        while len(done) < batch:
-            engine.scheduler.step()
-    return run
+    return lambda: run_batch(engine, [PROMPT] * batch, SamplingParams(max_tokens=n, ignore_eos=True), batch)
 
 
 def hf_calls(model, ids: list[int], long_ids: list[int], n: int) -> tuple:
