@@ -1,8 +1,8 @@
 """Suite `aiperf` (docs/BENCHMARKS.md, "aiperf"): AIPerf (NVIDIA's LLM load generator) against `peagle-trt
 serve --openai-port` on the tiny models: per K in --ks (0: no speculation; else P-EAGLE, torch, CPU) two
 streaming sweeps over --concurrency on /v1/chat/completions, `fixed` (--isl tokens in, --osl out) and
-`humaneval`; TTFT, ITL, tok/s, req/s from AIPerf's exports (WORKDIR/runs), the acceptance length from
-our Prometheus counters sampled every second and as AIPerf reads it from each response. AIPerf lives
+`humaneval`; TTFT, ITL, tok/s, req/s and the acceptance length (AIPerf's mean over requests of each
+response's metrics.speculative_decoding) from AIPerf's exports (WORKDIR/runs). AIPerf lives
 in its own venv (its pins conflict with ours): `python3 -m venv .venv-bench && .venv-bench/bin/pip
 install aiperf==0.13.0`. The K run one after the other (the load generator owns the timing).
 """
@@ -10,14 +10,10 @@ install aiperf==0.13.0`. The K run one after the other (the load generator owns 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import shutil
 import subprocess
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 from peagle_trt.bench.harness import Figure, finish, plot, progress, records, serve_child, stdout_to_stderr
@@ -30,31 +26,6 @@ METRICS = [  # (key in the AIPerf export, label, statistic)
     ("output_token_throughput", "output tokens/s (total)", "avg"), ("request_throughput", "requests/s", "avg")]
 
 
-def samples(path: Path) -> list[tuple[float, dict[str, float]]]:
-    """The scraper's `# t=EPOCH` blocks of Prometheus lines, series keyed by name (labels dropped: one model)."""
-    out: list[tuple[float, dict[str, float]]] = []
-    for line in path.read_text().splitlines() if path.is_file() else []:
-        if line.startswith("# t="):
-            out.append((float(line[4:]), {}))
-        elif out and line and not line.startswith("#"):
-            series, value = line.rsplit(" ", 1)
-            out[-1][1][series.split("{", 1)[0]] = float(value)
-    return [s for s in out if "peagle_draft_steps_total" in s[1]]
-
-
-def acceptance(series, start: str, end: str) -> float | None:
-    """1 + accepted drafts / draft steps between the samples around an AIPerf run (UTC ISO stamps)."""
-    def epoch(stamp: str) -> float:
-        return datetime.datetime.fromisoformat(stamp).replace(tzinfo=datetime.timezone.utc).timestamp()
-
-    before, after = [s for t, s in series if t <= epoch(start)], [s for t, s in series if t >= epoch(end)]
-    if not before or not after:
-        return None
-    steps, accepted = (after[0][k] - before[-1][k]
-                       for k in ("peagle_draft_steps_total", "peagle_accepted_drafts_total"))
-    return round(1.0 + accepted / steps, 4) if steps > 0 else None
-
-
 def collect(work: Path) -> list[dict]:
     """One row per AIPerf export under WORK/runs/kK/WORKLOAD[/concurrency_C]/."""
     rows = []
@@ -65,14 +36,13 @@ def collect(work: Path) -> list[dict]:
         kdir = export.parents[2] if swept else export.parents[1]
         conc = int(export.parent.name.split("_")[1]) if swept else next(
             p["concurrency"] for p in run["input_config"]["phases"] if p["kind"] == "profiling")
-        spec = run.get("spec_decode_acceptance_length")  # AIPerf's mean over requests (Prometheus pools steps)
+        spec = run.get("spec_decode_acceptance_length")  # AIPerf's mean over requests
         row = {"k": int(kdir.name[1:]), "workload": export.parts[-3] if swept else export.parts[-2],
                "concurrency": conc, "requests": int(run["request_count"]["avg"]),
                "errors": sum(e.get("count", 0) for e in run.get("error_summary") or []),
                "osl_mismatch": int((run.get("osl_mismatch_count") or {}).get("avg", 0)),
                "duration_s": round(run["benchmark_duration"]["avg"], 2),
-               "acceptance_length": acceptance(samples(kdir / "metrics.log"), run["start_time"], run["end_time"]),
-               "aiperf_acceptance_length": round(spec["avg"], 4) if spec else None,
+               "acceptance_length": round(spec["avg"], 4) if spec else None,
                "ttft_p50": round(run["time_to_first_token"]["p50"], 3)}
         rows.append(row | {key: round(run[key][stat], 3) if key in run else None for key, _, stat in METRICS})
     return rows
@@ -95,20 +65,6 @@ def drawing(rows: list[dict], key: str, label: str):
         ax.set_title(f"{label} vs concurrency (AIPerf, OpenAI endpoint)", fontsize=9)
         return fig
     return draw
-
-
-def scrape(url: str, path: Path, stop: threading.Event) -> None:
-    """Our Prometheus counters (peagle_*) once a second into `path`, as `# t=EPOCH` blocks, until `stop`."""
-    with open(path, "w") as f:
-        while not stop.is_set():
-            f.write(f"# t={time.time():.6f}\n")
-            try:
-                with urllib.request.urlopen(url, timeout=5) as resp:
-                    f.writelines(x + "\n" for x in resp.read().decode().splitlines() if x.startswith("peagle_"))
-            except OSError:
-                pass
-            f.flush()
-            stop.wait(1.0)
 
 
 def sweep(args, k: int, tiny: Path) -> None:
@@ -134,19 +90,15 @@ def sweep(args, k: int, tiny: Path) -> None:
                   "--benchmark-duration", str(args.duration), "--benchmark-grace-period", "120",
                   "--warmup-request-count", "2", "--use-server-token-count", "--no-server-metrics", "--ui", "none",
                   "--random-seed", "1"]
-        stop = threading.Event()
-        scraper = threading.Thread(target=scrape, args=(ready["metrics"], out / "metrics.log", stop), daemon=True)
-        scraper.start()
-        try:
-            for name, extra in workloads.items():
-                with open(out / f"{name}.log", "w") as log:
-                    rc = subprocess.run([args.aiperf, "profile", *common, *extra, "--output-artifact-dir",
-                                         str(out / name)], stdout=log, stderr=subprocess.STDOUT).returncode
-                if rc:
-                    progress(f"K={k} {name}: aiperf exited {rc}; see {out / (name + '.log')}")
-        finally:
-            stop.set()
-            scraper.join(10)
+        for name, extra in workloads.items():
+            with open(out / f"{name}.log", "w") as log:
+                rc = subprocess.run([args.aiperf, "profile", *common, *extra, "--output-artifact-dir",
+                                     str(out / name)], stdout=log, stderr=subprocess.STDOUT).returncode
+            if rc:
+                progress(f"K={k} {name}: aiperf exited {rc}; see {out / (name + '.log')}")
+
+
+SMOKE = dict(ks="3", concurrency="1", duration=3.0, isl=16, osl=8)  # one K, one point, short
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -158,31 +110,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per concurrency point")
     p.add_argument("--isl", type=int, default=128, help="input tokens of the fixed workload")
     p.add_argument("--osl", type=int, default=64, help="output tokens of both workloads")
-    p.add_argument("--report-only", action="store_true", help="only read WORKDIR/runs and report")
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of the servers (see `serving`)")
 
 
 def run(args: argparse.Namespace) -> dict:
-    if not args.report_only:
-        found = [shutil.which(c) for c in ([args.aiperf] if args.aiperf else [".venv-bench/bin/aiperf", "aiperf"])]
-        if not any(found):
-            raise ConfigError("AIPerf not found: make its venv with `python3 -m venv .venv-bench && "
-                              ".venv-bench/bin/pip install aiperf==0.13.0` (its pins conflict with ours), or pass "
-                              "--aiperf PATH")
-        args.aiperf = next(f for f in found if f)
-        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the servers inherit it
-        tiny = args.workdir / "tiny"
-        (args.workdir / "runs").mkdir(parents=True, exist_ok=True)
-        if not (tiny / "llama").is_dir():
-            from peagle_trt.tiny import make_all
+    found = [shutil.which(c) for c in ([args.aiperf] if args.aiperf else [".venv-bench/bin/aiperf", "aiperf"])]
+    if not any(found):
+        raise ConfigError("AIPerf not found: make its venv with `python3 -m venv .venv-bench && "
+                          ".venv-bench/bin/pip install aiperf==0.13.0` (its pins conflict with ours), or pass "
+                          "--aiperf PATH")
+    args.aiperf = next(f for f in found if f)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the servers inherit it
+    tiny = args.workdir / "tiny"
+    (args.workdir / "runs").mkdir(parents=True, exist_ok=True)
+    if not (tiny / "llama").is_dir():
+        from peagle_trt.tiny import make_all
 
-            with stdout_to_stderr():
-                make_all(tiny)
-        (args.workdir / "humaneval.jsonl").write_text("".join(
-            json.dumps({"type": "single_turn", "text": p["prompt"], "output_length": args.osl}) + "\n"
-            for p in humaneval_prompts()))
-        for k in args.ks.split(","):
-            sweep(args, int(k), tiny)
+        with stdout_to_stderr():
+            make_all(tiny)
+    (args.workdir / "humaneval.jsonl").write_text("".join(
+        json.dumps({"type": "single_turn", "text": p["prompt"], "output_length": args.osl}) + "\n"
+        for p in humaneval_prompts()))
+    for k in args.ks.split(","):
+        sweep(args, int(k), tiny)
     rows = collect(args.workdir)
     if not rows:
         raise ConfigError(f"no AIPerf results under {args.workdir}/runs (see the runs' *.log files)")
@@ -197,13 +147,12 @@ def run(args: argparse.Namespace) -> dict:
                and r["output_token_throughput"] is not None and base.get(("humaneval", top))]
     columns = ["workload", "k", "concurrency", "requests", "errors", "time_to_first_token", "ttft_p50",
                "inter_token_latency", "output_token_throughput_per_user", "output_token_throughput",
-               "request_throughput", "acceptance_length", "aiperf_acceptance_length"]
+               "request_throughput", "acceptance_length"]
     return finish(args, "AIPerf against the OpenAI endpoint (tiny models, CPU)", [
-        "ms, tok/s, req/s; acceptance_length: pooled, our Prometheus counters; aiperf_acceptance_length: its "
-        "mean per request; empty: no samples",
+        "ms, tok/s, req/s; acceptance_length: AIPerf's mean per request (empty: none reported)",
         records(sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])), columns, 2),
         (f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
          f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs"),
         "\n".join(f"![{p}]({p})" for p in plots if p)],
-        {"report_only": args.report_only, "ks": sorted({r["k"] for r in rows}),
+        {"ks": sorted({r["k"] for r in rows}),
          "concurrency": sorted({r["concurrency"] for r in rows}), "rows": rows}, figures)

@@ -18,7 +18,7 @@ import torch
 
 from peagle_trt import tiny
 from peagle_trt.bench.forwards import forward
-from peagle_trt.bench.harness import Figure, alternate, finish, progress, records, stdout_to_stderr, summary
+from peagle_trt.bench.harness import Figure, alternate, finish, progress, records, stdout_to_stderr, summary, timed
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
 
@@ -68,10 +68,8 @@ def run(args: argparse.Namespace) -> dict:
     options = ExportOptions(SpecConfig("peagle", K), max_batch=SLOTS, max_seq_len=MAX_SEQ_LEN)
 
     def stage(shape: str, name: str, fn) -> None:
-        t0 = time.perf_counter()
         with stdout_to_stderr():  # the tokenizer trainer and ModelOpt print on fd 1
-            fn()
-        stages.append({"shape": shape, "stage": name, "wall_s": round(time.perf_counter() - t0, 2)})
+            stages.append({"shape": shape, "stage": name, "wall_s": round(timed(fn), 2)})
 
     with tempfile.TemporaryDirectory(prefix="bench-backends-") as tmp:
         for shape in shapes:

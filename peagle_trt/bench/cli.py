@@ -18,7 +18,7 @@ from peagle_trt.bench.harness import stem
 # suite name -> (its module in this package, one line); the order is docs/BENCHMARKS.md's. Suites that
 # share a module differ by its PRESETS[name] (the defaults of their options)
 SUITES: dict[str, tuple[str, str]] = {
-    "drafter": ("drafter", "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
+    "drafter": ("gpu", "drafter forward on CPU: P-EAGLE parallel pass vs EAGLE-3 sequential passes, by K"),
     "scheduler": ("scheduler", "Scheduler.step() host overhead per step with a no-op executor"),
     "serving": ("serving", "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
     "backends": ("backends", "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),

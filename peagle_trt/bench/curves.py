@@ -12,7 +12,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, lines, table
+from peagle_trt.bench.harness import Figure, finish, lines, records
 from peagle_trt.errors import ConfigError
 
 KEYS = ("step", "train_cpu_s", "loss", "top1", "chain_accepted_k7")
@@ -86,14 +86,13 @@ def run(args: argparse.Namespace) -> dict:
         name: ([r["train_cpu_s"] / 3600 for r in c], [get(r) for r in c]) for name, c in curves.items()})
         for title, label, get in (("Position-1 top-1", "held-out top-1, position 1", GETTERS["top1_pos1"]),
                                   ("Chain proxy (K=7)", "chain_accepted_k7", GETTERS["chain_accepted_k7"]))])
-    body = [[r["recipe"], r["at"], f"{r['cpu_s'] / 3600:.2f}"] + ([f"{r['step']:.0f}", f"{r['loss']:.3f}",
-            f"{r['top1_pos1']:.3f}", f"{r['chain_accepted_k7']:.2f}"] if "step" in r else ["-"] * 4) for r in rows]
     figures = [Figure(f"training curves, best recipe ({best}): final position-1 top-1", final["top1"][0], "", "", 3),
                Figure(f"training curves, best recipe ({best}): final chain_accepted_k7",
                       final["chain_accepted_k7"], "")]
     return finish(args, f"Training curves at equal CPU time ({len(curves)} recipes"
                   f"{', SMOKE: synthetic curves' if args.smoke else ''})",
-                  [table(["recipe", "at", "CPU h", "step", "loss", "top-1 pos 1", "chain K=7"], body),
+                  [records([{**r, "cpu_h": r["cpu_s"] / 3600} for r in rows],
+                           ["recipe", "at", "cpu_h", "step", "loss", "top1_pos1", "chain_accepted_k7"]),
                    f"![{plot_name}]({plot_name})" if plot_name else ""],
                   {"recipes": {label: {"path": path, "evaluations": len(curves[label]), "final": curves[label][-1]}
                                for label, path in specs},

@@ -12,7 +12,7 @@ import statistics
 import torch
 
 from peagle_trt.bench.forwards import forward
-from peagle_trt.bench.harness import Figure, alternate, finish, machine, model_dir, progress, table
+from peagle_trt.bench.harness import Figure, alternate, finish, machine, model_dir, progress, records
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 ROWS, CONTEXT = (1, 2, 4, 8), 64
@@ -41,19 +41,11 @@ def model_costs(target) -> dict:
 
 
 def engine_decode(engine, n: int, batch: int = 1):
-    """Our engine: `batch` requests of `n` tokens at once, stepped to the end."""
+    """Our engine: `batch` requests of `n` tokens at once, stepped to the end (bench/pair.py's run_batch)."""
+    from peagle_trt.bench.pair import run_batch
     from peagle_trt.config import SamplingParams
 
-    params = SamplingParams(max_tokens=n, ignore_eos=True)
-
-    def run():
-        done = []
-        for i in range(batch):
-            engine.submit(f"bench-{i}", PROMPT, params, lambda e: done.append(e) if e.finished else None,
-                          chat_template=True)
-        while len(done) < batch:
-            engine.scheduler.step()
-    return run
+    return lambda: run_batch(engine, [PROMPT] * batch, SamplingParams(max_tokens=n, ignore_eos=True), batch)
 
 
 def hf_calls(model, ids: list[int], long_ids: list[int], n: int) -> tuple:
@@ -106,39 +98,34 @@ def run(args: argparse.Namespace) -> dict:
                        rounds)
     step_bytes = costs["weight_bytes"] + costs["kv_bytes_per_pos"] * (len(ids) + n // 2)
     tps = {name: n / statistics.median(t) for name, t in decode.items()}
-    decode_rows = {name: {"tokens_per_s": v, "roofline_pct": 100 * v * step_bytes / bw,
-                          "x_transformers": v / tps["transformers"]} for name, v in tps.items()}
+    decode_rows = [{"decode, batch 1": name, "tokens_per_s": round(v, 2),
+                    "x_transformers": round(v / tps["transformers"], 2),
+                    "roofline_pct": round(100 * v * step_bytes / bw)} for name, v in tps.items()]
     progress("[decode] verify rows")
-    verify = {}
+    verify = []  # per row count: the roofline and each contender's ms and share of it
     for m in ROWS:
         t = alternate({**{name: forward(ex, 1, m, CONTEXT) for name, ex in executors.items()},
                        "transformers": hf_verify(m)}, rounds)
         roof = max((costs["weight_bytes"] + costs["kv_bytes_per_pos"] * (CONTEXT + m)) / bw,
                    2 * costs["gemm_params"] * m / peak)
-        verify[str(m)] = {"roofline_ms": 1e3 * roof, **{name: {"ms": 1e3 * statistics.median(v),
-                                                               "roofline_pct": 100 * roof / statistics.median(v)}
-                                                        for name, v in t.items()}}
+        verify.append({"rows": m, "roofline_ms": round(1e3 * roof, 1), **{
+            f"{name} ms (% roofline)": f"{1e3 * statistics.median(v):.1f} ({100 * roof / statistics.median(v):.0f}%)"
+            for name, v in t.items()}})
     progress("[decode] batch 1 vs batch 8")
-    batch = {}
+    batch = []
     for b, e in engines.items():
         t = alternate({1: engine_decode(e, n, 1), 8: engine_decode(e, n, 8)}, rounds)
         b1, b8 = n / statistics.median(t[1]), 8 * n / statistics.median(t[8])
-        batch[b] = {"b1_tokens_per_s": b1, "b8_tokens_per_s": b8, "ratio": b8 / b1}
-    names = [k for k in verify["1"] if k != "roofline_ms"]
-    default = decode_rows["ours (onnxruntime)"]
+        batch.append({"backend": b, "b1_tokens_per_s": round(b1, 2), "b8_tokens_per_s": round(b8, 2),
+                      "ratio": round(b8 / b1, 2)})
+    default = decode_rows[-1]  # ours (onnxruntime)
     return finish(args, "SmolLM2-135M decode on CPU: ours vs transformers vs the roofline", [
         f"{args.threads} threads; {rounds} rounds; {step_bytes / 1e6:.0f} MB read per decode step",
-        table(["decode, batch 1", "tokens/s", "x transformers", "% of roofline"],
-              [[name, f"{r['tokens_per_s']:.2f}", f"{r['x_transformers']:.2f}", f"{r['roofline_pct']:.0f}%"]
-               for name, r in decode_rows.items()]),
-        table(["verify rows", "roofline ms", *(f"{k} ms (% roofline)" for k in names)],
-              [[m, f"{v['roofline_ms']:.1f}", *(f"{v[k]['ms']:.1f} ({v[k]['roofline_pct']:.0f}%)" for k in names)]
-               for m, v in verify.items()]),
-        table(["backend", "batch 1 tokens/s", "batch 8 tokens/s", "ratio"],
-              [[b, f"{r['b1_tokens_per_s']:.2f}", f"{r['b8_tokens_per_s']:.2f}", f"{r['ratio']:.2f}"]
-               for b, r in batch.items()])],
+        records(decode_rows, list(decode_rows[0]), 2), records(verify, list(verify[0]), 1),
+        records(batch, list(batch[0]), 2)],
         {"threads": args.threads, "rounds": rounds, "tokens": n, "prompt_tokens": len(ids), "model": costs,
-         "step_bytes": step_bytes, "decode": decode_rows, "verify": verify, "batch": batch},
+         "step_bytes": step_bytes, "decode": {r["decode, batch 1"]: r for r in decode_rows}, "verify": verify,
+         "batch": batch},
         [Figure("SmolLM2-135M decode, batch 1: ours (onnxruntime) over transformers' generate",
                 default["x_transformers"], "x", ">= 1.5x", 1),
          Figure("SmolLM2-135M decode, batch 1: ours (onnxruntime), share of the bandwidth roofline",

@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, finish, progress, summary, table
+from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, finish, progress, records, summary
 from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
@@ -121,7 +121,7 @@ def step_bytes(cfg: dict, expert_bytes: float, attn_bytes: float, rows: int, con
     return {"rows": rows, "experts_touched_per_layer": round(touched, 2),
             "weights_gib": round((c.num_layers * per_layer + lm_head) / 2 ** 30, 3),
             "kv_gib": round(kv / 2 ** 30, 4), "total_gib": round(total / 2 ** 30, 3),
-            "bandwidth_floor_us (projection)": {gpu: round(total / bw * 1e6, 1) for gpu, bw in BANDWIDTH.items()}}
+            **{f"{gpu}_floor_us (projection)": round(total / bw * 1e6, 1) for gpu, bw in BANDWIDTH.items()}}
 
 
 SMOKE = dict(bytes_only=True, reps=1)  # the real-width slices need several GB even once
@@ -134,18 +134,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def sections(result: dict) -> list[str]:
     """The markdown tables: the measured CPU slices, then the computed bytes per step."""
-    slices = [[name, f"{r['cpu_slice']['layers_in_slice']}", what, f"{t['wall_ms']:.1f}", f"{t['cpu_ms']:.1f}"]
+    slices = [{"model": name, "layers": r["cpu_slice"]["layers_in_slice"], "step": what, **t}
               for name, r in result.items() if r["cpu_slice"]
               for what, t in [*r["cpu_slice"]["step"].items(),
                               *((f"one expert, {k}", v) for k, v in r["cpu_slice"]["one_expert"].items())]]
-    out = ["### Layer slices, measured (median ms)", table(["model", "layers", "step", "wall ms", "CPU ms"], slices)]
-    return (out if slices else []) + [
-        "### Bytes per decode / verify step of the full model, computed (batch 1)",
-        table(["model", "format", "rows", "experts / layer", "weights GiB", "KV GiB", "total GiB",
-               *(f"{gpu} floor µs (projection)" for gpu in BANDWIDTH)],
-              [[name, r["expert_format"], b["rows"], *map(str, (b["experts_touched_per_layer"], b["weights_gib"],
-                b["kv_gib"], b["total_gib"], *b["bandwidth_floor_us (projection)"].values()))]
-               for name, r in result.items() for b in r["full_model_bytes_per_step"]])]
+    steps = [{"model": name, "format": r["expert_format"], **b}
+             for name, r in result.items() for b in r["full_model_bytes_per_step"]]
+    return ["### Layer slices, measured (median ms)" if slices else "",
+            records(slices, ["model", "layers", "step", "wall_ms", "cpu_ms"], 1),
+            "### Bytes per decode / verify step of the full model, computed (batch 1)",
+            records(steps, list(steps[0]), 4)]
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, plot, summary, table
+from peagle_trt.bench.harness import Figure, alternate, finish, lines, model_dir, records, summary
 from peagle_trt.errors import ConfigError
 
 # name -> (executor, deterministic, torch on one thread, the contender it is compared with)
@@ -108,21 +108,10 @@ def run(args: argparse.Namespace) -> dict:
     if not ratios:  # one contender: its milliseconds
         figures = [Figure(f"verify forward, {b} request{'s' * (b > 1)} x {r} row{'s' * (r > 1)} ({where})",
                           row[names[0]], "ms", "", 1) for b, r, row in picked]
-
-    def draw(plt):
-        fig, ax = plt.subplots(figsize=(max(6, len(rows)), 4))
-        width = 0.8 / len(names)
-        for i, c in enumerate(names):
-            ax.bar([j + width * i for j in range(len(rows))], [row[c] for row in rows], width, label=c)
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(rows))], [f"{b}x{r}" for b, r in shapes], fontsize=8)
-        ax.set(xlabel="requests x rows each", ylabel="ms per forward (median)")
-        return fig
-
-    png = plot(args, "", draw)
-    cells = [[row["shape"]] + [f"{row[c]:.1f}" + (f" ({row[f'{c} over {CONTENDERS[c][3]}']:.2f}x)"
-                                                  if f"{c} over {CONTENDERS[c][3]}" in row else "") for c in names]
-             for row in rows]
+    png = lines(args, "", [("One target forward", "requests x rows each", "ms per forward (median)",
+                            {c: ([f"{b}x{r}" for b, r in shapes], [row[c] for row in rows]) for c in names})])
     return finish(args, f"One target forward by shape and contender, context {args.context}, medians of "
-                  f"{args.rounds} rounds (ms; in brackets: over the contender it is compared with)",
-                  [table(["forward", *names], cells), f"![ms per forward]({png})" if png else ""],
+                  f"{args.rounds} rounds (ms; X over Y: the ratio to the contender it is compared with)",
+                  [records(rows, ["shape", *names, *(f"{c} over {CONTENDERS[c][3]}" for c in ratios)]),
+                   f"![ms per forward]({png})" if png else ""],
                   {"target": str(args.target), "context": args.context, "rounds": args.rounds, "rows": rows}, figures)

@@ -55,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     import tempfile
 
-    from peagle_trt.bench.harness import Figure, finish, model_dir, table
+    from peagle_trt.bench.harness import Figure, finish, model_dir, records
 
     args.fp32 = str(model_dir(args.fp32, "smollm2"))
     tmp = tempfile.TemporaryDirectory(prefix="peagle-fp8-quality-")
@@ -68,33 +68,23 @@ def run(args: argparse.Namespace) -> dict:
     windows, length = (1, 64) if args.smoke else (args.windows, args.window_len)
     t0 = time.perf_counter()
     ref, fp8 = load(args.fp32), load(args.fp8)
-    agree, kl, confident_agree, confident_kl, n = [], [], [], [], 0
+    same, kl, confident = [], [], []  # per position: top-1 agrees, KL(p || q) in nats, fp32's top-1 p > 0.5
     for ids in held_out_ids(args.fp32, windows, length):
         p_log = torch.log_softmax(logits_of(ref, ids), -1)  # [T, V]
         q_log = torch.log_softmax(logits_of(fp8, ids), -1)  # [T, V]
-        same = p_log.argmax(-1) == q_log.argmax(-1)  # [T]
-        div = (p_log.exp() * (p_log - q_log)).sum(-1)  # [T] KL(p || q), nats
-        confident = p_log.max(-1).values.exp() > 0.5  # [T]
-        agree.append(same.float()), kl.append(div)
-        confident_agree.append(same[confident].float()), confident_kl.append(div[confident])
-        n += len(ids)
-    agree, kl = torch.cat(agree), torch.cat(kl)
-    confident_agree, confident_kl = torch.cat(confident_agree), torch.cat(confident_kl)
-    results = {
-        "positions": n, "text": "+".join(MODULES), "windows": windows, "window_len": length,
-        "top1_agreement": round(float(agree.mean()), 4),
-        "mean_kl_nats": round(float(kl.mean()), 5),
-        "p95_kl_nats": round(float(kl.quantile(0.95)), 5),
-        "confident_positions": int(confident_agree.numel()),
-        "confident_top1_agreement": round(float(confident_agree.mean()), 4),
-        "confident_mean_kl_nats": round(float(confident_kl.mean()), 5),
-        "threads": args.threads, "seconds": round(time.perf_counter() - t0, 1)}
+        same.append((p_log.argmax(-1) == q_log.argmax(-1)).float())
+        kl.append((p_log.exp() * (p_log - q_log)).sum(-1))
+        confident.append(p_log.max(-1).values.exp() > 0.5)
+    same, kl, confident = torch.cat(same), torch.cat(kl), torch.cat(confident)
     tmp.cleanup()
-    return finish(args, "FP8 (ModelOpt) against float32 on held-out text", [table(
-        ["positions", "top-1 agreement", "mean KL (nats)", "p95 KL", "confident positions",
-         "confident top-1", "confident mean KL"],
-        [[n, results["top1_agreement"], results["mean_kl_nats"], results["p95_kl_nats"],
-          results["confident_positions"], results["confident_top1_agreement"],
-          results["confident_mean_kl_nats"]]], digits=5)], results,
-        [Figure("FP8 vs float32 top-1 agreement (SmolLM2-135M, held-out text)", 100 * results["top1_agreement"], "%",
-                "", 1), Figure("FP8 vs float32 mean KL (SmolLM2-135M)", results["mean_kl_nats"], "nats", "", 4)])
+    results = {"positions": len(same), "top1_agreement": round(float(same.mean()), 4),
+               "mean_kl_nats": round(float(kl.mean()), 5), "p95_kl_nats": round(float(kl.quantile(0.95)), 5),
+               "confident_positions": int(confident.sum()),
+               "confident_top1_agreement": round(float(same[confident].mean()), 4),
+               "confident_mean_kl_nats": round(float(kl[confident].mean()), 5)}
+    return finish(args, "FP8 (ModelOpt) against float32 on held-out text", [records([results], list(results), 5)],
+                  {**results, "text": "+".join(MODULES), "windows": windows, "window_len": length,
+                   "threads": args.threads, "seconds": round(time.perf_counter() - t0, 1)},
+                  [Figure("FP8 vs float32 top-1 agreement (SmolLM2-135M, held-out text)",
+                          100 * results["top1_agreement"], "%", "", 1),
+                   Figure("FP8 vs float32 mean KL (SmolLM2-135M)", results["mean_kl_nats"], "nats", "", 4)])

@@ -1,8 +1,10 @@
-"""Suite `gpu` (docs/BENCHMARKS.md, "gpu"): the speculate-verify step at real shapes, random weights, torch
-executor, CUDA events: copy bandwidth (the MBU reference), drafting (parallel vs sequential; also suite
-`drafter`, on CPU), target decode and verify (bf16, FP8; torch references and Triton kernels), the
-iteration overhead and its host syncs, a PROJECTION of tokens/s, issue 15's targets. OUTPUT_DIR (default
-$OUT, else gpu_results)/bench_gpu.json is rewritten after every section. --smoke: tiny shapes on CPU.
+"""Suites `gpu` and `drafter` (docs/BENCHMARKS.md, one section each): the speculate-verify step at real
+shapes, random weights, torch executor, CUDA events. `gpu`: copy bandwidth (the MBU reference),
+drafting (parallel vs sequential), target decode and verify (bf16, FP8; torch references and Triton
+kernels), the iteration overhead and its host syncs, a PROJECTION of tokens/s from published
+acceptance lengths, issue 15's targets; OUTPUT_DIR (default $OUT, else gpu_results)/bench_gpu.json is
+rewritten after every section; --smoke: tiny shapes on CPU. `drafter`: the drafting section alone on
+CPU, batch 1, fp32, on --heads (`tiny` and the GPT-OSS-20B P-EAGLE shape, ASSUMED where noted).
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
-from peagle_trt.bench.harness import Figure, alternate, device_clock, finish, lines, machine, progress, records, summary
+from peagle_trt.bench.harness import (
+    Figure,
+    alternate,
+    device_clock,
+    finish,
+    lines,
+    machine,
+    median_ms,
+    progress,
+    records,
+    summary,
+)
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
@@ -55,14 +68,17 @@ HEADS = {  # P-EAGLE heads (aws layout). ASSUMED where the real config is unknow
 }
 ASSUMED = {"gpt-oss-20b-peagle": "intermediate 2880 and llama3 rope (theta 150000, factor 32) assumed; random",
            "llama-3.1-8b-peagle": "4 layers, intermediate 14336, draft vocab 32000 assumed (no public config)"}
-# Acceptance lengths of the projection without --acceptance: PUBLISHED, not measured here
-PUBLISHED_AL = {"peagle": {3: 2.87, 7: 3.70}, "eagle3": {3: 2.70, 7: 3.27},
-                "source": "published: vLLM/AWS P-EAGLE blog, GPT-OSS-20B MT-Bench (not measured here)"}
+# Acceptance lengths of the projection: PUBLISHED, not measured here
+PUBLISHED_AL = {"peagle": {3: 2.87, 7: 3.70}, "eagle3": {3: 2.70, 7: 3.27}}
+AL_SOURCE = "published: vLLM/AWS P-EAGLE blog, GPT-OSS-20B MT-Bench (not measured here)"
+DRAFTER_REPEATS = {"tiny": (300, 10), "gpt-oss-20b-peagle": (7, 2)}  # suite `drafter`: head -> repeats, warm-up
+PRESETS = {"drafter": dict(context=512)}
+SMOKE = dict(heads="tiny", ks="1,3", repeats=3, warmup=1, context=16)  # `drafter`; `gpu` sets its own sizes
 
 
 def ms(fn, a) -> float:
     """Median ms of `fn()` over a.repeats runs after a.warmup (CUDA events on a GPU)."""
-    return summary(alternate({"fn": fn}, a.repeats, a.warmup, clock=device_clock)["fn"], 1e3)["median"]
+    return median_ms(fn, a.repeats, a.warmup, device_clock)
 
 
 def randomize(model: nn.Module, device, dtype) -> nn.Module:
@@ -227,15 +243,9 @@ def section_iteration(a, ex, device) -> list[dict]:
     return rows
 
 
-def section_projection(res: dict, path: Path | None) -> list[dict]:
-    """tokens/s = B * AL / (t_verify + t_draft + overhead); none: B / (t_decode + overhead). AL from a
-    JSON of per-position rates ({"peagle": {"7": [p1..p7]}, ...}) or the published defaults."""
+def section_projection(res: dict) -> list[dict]:
+    """tokens/s = B * AL / (t_verify + t_draft + overhead); none: B / (t_decode + overhead); AL published."""
     al = PUBLISHED_AL
-    if path is not None:
-        raw = json.loads(Path(path).read_text())
-        al = {m: {int(k): 1.0 + sum(r) for k, r in raw[m].items()} for m in ("peagle", "eagle3") if m in raw}
-        al["source"] = f"measured per-position acceptance from {Path(path).name}"
-    res["acceptance_source"] = al["source"]
     kern = res["kernels_used"]
     verify = {(r["batch"], r["k"]): r["ms"] for r in res.get("target", [])
               if r["weights"] == "bf16" and r["kernels"] == kern}
@@ -274,12 +284,46 @@ def check_targets(res: dict) -> list[dict]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget-s", type=float, default=300.0, help="skip the sections that start later")
+    p.add_argument("--budget-s", type=float, default=300.0, help="gpu: skip the sections that start later")
     p.add_argument("--context", type=int, default=None, help="KV positions already cached (default 1024)")
-    p.add_argument("--acceptance", type=Path, default=None, help="per-position rates JSON of a trained pair")
+    p.add_argument("--heads", default="tiny,gpt-oss-20b-peagle", help=f"drafter: from {sorted(DRAFTER_REPEATS)}")
+    p.add_argument("--ks", default="1,3,7,11", help="drafter: comma-separated draft lengths K")
+    p.add_argument("--repeats", type=int, default=None, help="drafter: timed runs per (head, K, mode); default: "
+                   + ", ".join(f"{h} {r}" for h, (r, _) in DRAFTER_REPEATS.items()))
+    p.add_argument("--warmup", type=int, default=None, help="drafter: warm-up runs per (head, K, mode)")
+    p.add_argument("--threads", type=int, default=None, help="drafter: torch threads (default: all cores)")
+
+
+def run_drafter(args: argparse.Namespace) -> dict:
+    """Suite `drafter`: the drafting section at batch 1 on CPU, fp32, per head."""
+    heads, ks = args.heads.split(","), [int(k) for k in args.ks.split(",")]
+    if set(heads) - set(DRAFTER_REPEATS) or min(ks) < 1 or args.context < 3:
+        raise ConfigError(f"--heads from {sorted(DRAFTER_REPEATS)}, --ks all >= 1, --context >= 3")
+    torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
+    rows = []
+    with torch.inference_mode():
+        for h in heads:
+            repeats, warmup = DRAFTER_REPEATS[h]
+            warmup = warmup if args.warmup is None else args.warmup
+            a = argparse.Namespace(batches=(1,), draft_ks=ks, context=args.context, suite=args.suite,
+                                   repeats=args.repeats or repeats, warmup=warmup)
+            rows += section_drafter(a, h, torch.device("cpu"), torch.float32)
+    k = max(k for k in ks if k <= 7)
+    figures = [Figure(f"drafting step, {r['head']} head, P-EAGLE K={k} over K=1", r["par_over_par_k1"], "x", "<= 1.5x")
+               for r in rows if r["k"] == k and r["par_over_par_k1"]]
+    figures += [Figure(f"drafting step, {r['head']} head, K={k}: EAGLE-3 over P-EAGLE", r["seq_over_par"], "x")
+                for r in rows if r["k"] == k]
+    return finish(args, "Drafter forward: P-EAGLE parallel vs EAGLE-3 sequential", [
+        f"Drafting step, batch 1, context {args.context}, 3 pending rows: median ms",
+        records(rows, ["head", "k", "parallel_ms", "sequential_ms", "seq_over_par", "par_over_par_k1"])],
+        {"context": args.context, "batch": 1, "dtype": "float32", "rows": rows,
+         "heads": {h: {"config": {k: str(v) for k, v in HEADS[h].items()}, "assumed": ASSUMED.get(h)} for h in heads}},
+        figures)
 
 
 def run(a: argparse.Namespace) -> dict:
+    if a.suite == "drafter":
+        return run_drafter(a)
     t0 = time.monotonic()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cpu" and not a.smoke:
@@ -343,7 +387,7 @@ def run(a: argparse.Namespace) -> dict:
             if weights == "bf16" and kern == kernel_modes[-1]:
                 section("iteration", lambda: section_iteration(a, ex, device))
             ex = None  # free this executor before the next kernels mode
-    section("projection", lambda: section_projection(res, a.acceptance))
+    section("projection", lambda: section_projection(res))
     res.pop("convert", None)
     res["wall_s"], res["targets"] = round(time.monotonic() - t0, 1), check_targets(res)
     return finish(a, f"GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if a.smoke else 'real shapes'})",
@@ -365,7 +409,7 @@ def report(res: dict, a) -> list[str]:
            "### Iteration overhead: one SpecDecoder.step minus its verify and draft forwards, ms",
            records(res.get("iteration", []), ["mode", "k", "batch", "step_ms", "verify_ms", "draft_ms",
                                               "overhead_ms", "host_syncs", "sync_examples"]),
-           f"### PROJECTION: end-to-end tokens/s (acceptance: {res.get('acceptance_source')})",
+           f"### PROJECTION: end-to-end tokens/s (acceptance: {AL_SOURCE})",
            records(res.get("projection", []), ["mode", "batch", "k", "acceptance_length", "step_ms", "tokens_per_s"]),
            "\n".join([f"- skipped: {s}" for s in res["skipped"]] + [f"- FAILED {k}: {v}" for k, v in
                                                                      res["errors"].items()])]

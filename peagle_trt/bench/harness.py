@@ -89,6 +89,12 @@ def alternate(contenders: dict[str, Callable[[], object]], rounds: int, warmup: 
     return samples
 
 
+def median_ms(fn: Callable[[], object], rounds: int, warmup: int = 1,
+              clock: Callable[[Callable[[], object]], float] = timed) -> float:
+    """Median milliseconds of `fn()` over `rounds` timed calls after `warmup` untimed ones."""
+    return summary(alternate({"fn": fn}, rounds, warmup, clock)["fn"], 1e3)["median"]
+
+
 def summary(samples: list[float], scale: float = 1.0) -> dict:
     """Median, min, max and spread ((max - min) / median) of `samples` x `scale`."""
     xs = sorted(x * scale for x in samples)

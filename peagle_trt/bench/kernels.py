@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, device_clock, finish, progress, summary, table
+from peagle_trt.bench.harness import HBM_PEAK, Figure, device_clock, finish, median_ms, progress, records
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
@@ -26,7 +26,7 @@ def roofline(gbps: float) -> float | None:
 
 def bench(fn, iters: int) -> float:
     """Median ms of fn() (CUDA events) over `iters` runs after 3 warm-up runs."""
-    return summary(alternate({"fn": fn}, iters, warmup=3, clock=device_clock)["fn"], 1e3)["median"]
+    return median_ms(fn, iters, 3, device_clock)
 
 
 def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE):
@@ -92,11 +92,8 @@ def run(args: argparse.Namespace) -> dict:
                       "share of the HBM peak", big["roofline"], "", "", 3)] if big["roofline"] is not None else []
     return finish(args, f"Triton kernels on {device} ({args.dtype}{', FP8 KV cache' if args.fp8 else ''}), median "
                   f"of {args.iters} iterations", [
-                      table(["op", "batch", "rows", "context", "ms", "KV GB/s", "of roofline"],
-                            [[r["op"], r["batch"], r["rows"], r["context"], f"{r['ms']:.4f}", f"{r['kv_gbps']:.1f}",
-                              r["roofline"]] for r in attn]),
-                      table(["op", "rows", "vocab", "ms", "GB/s", "of roofline"],
-                            [[r["op"], r["rows"], r["vocab"], f"{r['ms']:.4f}", f"{r['gbps']:.1f}", r["roofline"]]
-                             for r in results if r["op"] == "draft_sample"])],
+                      records(attn, ["op", "batch", "rows", "context", "ms", "kv_gbps", "roofline"], 4),
+                      records([r for r in results if r["op"] == "draft_sample"],
+                              ["op", "rows", "vocab", "ms", "gbps", "roofline"], 4)],
                   {"device": device, "dtype": args.dtype, "fp8_cache": args.fp8, "iters": args.iters,
                    "results": results}, figures)

@@ -9,8 +9,8 @@ requests sharing a system prompt, with prefix reuse and without, alternated requ
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
+from statistics import median
 
 from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, progress, records, reported
 
@@ -125,23 +125,21 @@ def run(args: argparse.Namespace) -> dict:
     decoders = {"blocks of 32": scheduler(KVLayout.for_sequences(1, 1024)),
                 "one block of 1024": scheduler(KVLayout.for_sequences(1, 1024, block_size=1024))}
     outs = {}
-    times = alternate({name: lambda name=name: outs.__setitem__(
-        name, serve(decoders[name], [(decode_prompt, args.decode_tokens)])["outputs"]) for name in decoders},
-        args.rounds)
+
+    def decode(name: str) -> None:
+        outs[name] = serve(decoders[name], [(decode_prompt, args.decode_tokens)])["outputs"]
+
+    times = alternate({name: lambda name=name: decode(name) for name in decoders}, args.rounds)
     same = same and outs["blocks of 32"] == outs["one block of 1024"]
-
-    def med(v):
-        return statistics.median(v)
-
     rows = [{"phase": "capacity", "contender": name, **v} for name, v in capacity.items()]
-    rows += [{"phase": "prefix", "contender": name, "ttft_ms": round(med(v) * 1e3, 1)} for name, v in ttfts.items()]
-    rows += [{"phase": "block", "contender": name, "tokens_per_s": round(args.decode_tokens / med(v), 2)}
+    rows += [{"phase": "prefix", "contender": name, "ttft_ms": round(median(v) * 1e3, 1)} for name, v in ttfts.items()]
+    rows += [{"phase": "block", "contender": name, "tokens_per_s": round(args.decode_tokens / median(v), 2)}
              for name, v in times.items()]
     paged, contiguous = capacity["paged"], capacity["contiguous"]
     ratio = {"capacity_peak_ratio": round(paged["peak_running"] / contiguous["peak_running"], 2),
              "capacity_throughput_ratio": round(paged["tokens_per_s"] / contiguous["tokens_per_s"], 2),
-             "prefix_ttft_speedup": round(med(ttfts["recompute"]) / med(ttfts["reuse"]), 2),
-             "block_32_speedup": round(med(times["one block of 1024"]) / med(times["blocks of 32"]), 3)}
+             "prefix_ttft_speedup": round(median(ttfts["recompute"]) / median(ttfts["reuse"]), 2),
+             "block_32_speedup": round(median(times["one block of 1024"]) / median(times["blocks of 32"]), 3)}
     figures = [Figure("SmolLM2-135M paged KV: requests at once over contiguous slots, same budget",
                       ratio["capacity_peak_ratio"], "x", "", 1),
                Figure("SmolLM2-135M prefix reuse: TTFT speed-up (shared system prompt)",

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 from peagle_trt.bench.harness import alternate, closed_loop, progress, reported, serve_child
 from peagle_trt.config import SamplingParams, SpecConfig
@@ -133,21 +134,25 @@ def generator(args, c: Config, slots: int, max_seq_len: int):
                                           backend=args.backend, threads=getattr(args, "threads", None))
 
 
-def timed_forwards(ex, bucket: dict) -> None:
-    """Wrap the executor's forwards: their seconds and calls add up in `bucket`."""
+@contextlib.contextmanager
+def timing(bucket: dict, owner, names: tuple[str, ...], key: str | None = None):
+    """Meanwhile, every call of the methods `names` of `owner` (an object or a class; those it has)
+    adds its seconds to bucket[key or the method's name] and 1 to bucket[the name + "_calls"]."""
 
     def wrap(name: str, inner: Callable) -> Callable:
-        def wrapper(*a, **kw):
+        def timed_call(*a, **kw):
             t0 = time.perf_counter()
             try:
                 return inner(*a, **kw)
             finally:
-                bucket[name] = bucket.get(name, 0.0) + time.perf_counter() - t0
+                bucket[key or name] = bucket.get(key or name, 0.0) + time.perf_counter() - t0
                 bucket[name + "_calls"] = bucket.get(name + "_calls", 0) + 1
-        return wrapper
+        return timed_call
 
-    for name in (n for n in FORWARDS if hasattr(ex, n)):
-        setattr(ex, name, wrap(name, getattr(ex, name)))
+    with contextlib.ExitStack() as stack:
+        for name in (n for n in names if hasattr(owner, n)):
+            stack.enter_context(mock.patch.object(owner, name, wrap(name, getattr(owner, name))))
+        yield
 
 
 # -- alternated passes ----------------------------------------------------------------------------------
@@ -222,17 +227,18 @@ def measure(args, configs: list[Config], workloads: dict[str, list[str]], batche
     rows = []
     for batch in batches:
         gens = {c.name: generator(args, c, batch, max_seq_len) for c in configs}
-        if timers is not None:
-            for g in gens.values():
-                timed_forwards(g.scheduler.decoder.ex, timers)
+        forwards = contextlib.ExitStack()
+        for g in gens.values() if timers is not None else ():
+            forwards.enter_context(timing(timers, g.scheduler.decoder.ex, FORWARDS))
         warm = [(next(iter(workloads.values())), SamplingParams())] + [(workloads[w], s)
                                                                         for w, s in (params or {}).items()]
         for gen in gens.values():  # warm-up: sessions, allocations (and a workload's own params: its grammar)
             for prompts, s in warm:
                 run_batch(gen, prompts[:1], dataclasses.replace(s, max_tokens=4), 1, chat_template)
         runners = {n: (lambda p, s, b, g=g: run_batch(g, p, s, b, chat_template)) for n, g in gens.items()}
-        rows += alternated(configs, runners, workloads, batch, args,
-                           None if timers is None else {n: timers for n in gens}, params, around)
+        with forwards:
+            rows += alternated(configs, runners, workloads, batch, args,
+                               None if timers is None else {n: timers for n in gens}, params, around)
         gens.clear()
         gc.collect()
     return rows

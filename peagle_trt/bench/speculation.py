@@ -19,18 +19,10 @@ from peagle_trt.errors import ConfigError
 from peagle_trt.speculative_config import synthetic_rates_for_length
 
 
-def name_of(spec: SpecConfig) -> str:
-    if spec.mode == "none":
-        return "none"
-    if spec.synthetic_rates:
-        return f"synthetic AL {1 + sum(spec.synthetic_rates):g}"
-    return f"adaptive (K<={spec.k})" if spec.adaptive else f"K={spec.k}"
-
-
-def passes(args, specs: list[SpecConfig], workloads: dict[str, list[str]], batches: list[int]) -> list[dict]:
-    """bench/pair.py's alternated passes, one configuration per spec (the P-EAGLE head unless none)."""
-    configs = [Config(name_of(s), s, None if s.mode == "none" else args.peagle) for s in specs]
-    return measure(args, configs, workloads, batches, args.long_tokens + 256)
+def passes(args, specs: dict[str, SpecConfig], workloads: dict[str, list[str]], batch: int) -> list[dict]:
+    """bench/pair.py's alternated passes, one configuration per named spec (the P-EAGLE head unless none)."""
+    configs = [Config(name, s, None if s.mode == "none" else args.peagle) for name, s in specs.items()]
+    return measure(args, configs, workloads, [batch], args.long_tokens + 256)
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
@@ -131,39 +123,35 @@ def run(args: argparse.Namespace) -> dict:
     mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
     t0 = time.perf_counter()
     synthetic, adaptive, requests = [], [], []
+    swept = {"none": SpecConfig("none", 0)}  # the synthetic sweep: K drafts accepted at a mean length
+    for al in map(float, args.als.split(",")):
+        rates = synthetic_rates_for_length(al, args.k)
+        swept[f"synthetic AL {al:g}"] = SpecConfig("peagle", args.k, synthetic_rates=rates)
     # none, adaptive, then the fixed K: adaptive's passes sit right after none's in each round
-    compared = [SpecConfig("none", 0), SpecConfig("peagle", args.k, adaptive=True)] + \
-        [SpecConfig("peagle", int(k)) for k in args.fixed_ks.split(",")]
+    compared = {"none": SpecConfig("none", 0), f"adaptive (K<={args.k})": SpecConfig("peagle", args.k, adaptive=True)}
+    compared |= {f"K={k}": SpecConfig("peagle", int(k)) for k in args.fixed_ks.split(",")}
     with stdout_to_stderr():
-        if "synthetic" in args.parts:
-            specs = [SpecConfig("none", 0)] + [
-                SpecConfig("peagle", args.k, synthetic_rates=synthetic_rates_for_length(float(al), args.k))
-                for al in args.als.split(",")]
-            synthetic = passes(args, specs, {"humaneval": sets["humaneval"][:n]}, [1]) + \
-                passes(args, specs, {"humaneval": sets["humaneval"][:2 * n]}, [8])
-        if "adaptive" in args.parts:
-            adaptive = passes(args, compared, {"humaneval": sets["humaneval"][:n], "heldout": sets["heldout"][:n],
-                                             "mixed": mixed[:n + 1]}, [1])
-            adaptive += passes(args, compared, {"humaneval": sets["humaneval"][:2 * n],
-                                              "heldout": sets["heldout"][:2 * n], "mixed": mixed}, [8])
+        for b, m in ((1, n), (8, 2 * n)):  # batch, requests per workload
+            if "synthetic" in args.parts:
+                synthetic += passes(args, swept, {"humaneval": sets["humaneval"][:m]}, b)
+            if "adaptive" in args.parts:
+                workloads = {"humaneval": sets["humaneval"][:m], "heldout": sets["heldout"][:m],
+                             "mixed": mixed[:m if b == 8 else n + 1]}
+                adaptive += passes(args, compared, workloads, b)
         if "per-request" in args.parts:
             m = args.per_request
             alone = prompt_sets(TextCodec(args.target), m, m, m, args.long_tokens)
             requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
-                                                for i, p in enumerate(ps)}, [1])
+                                               for i, p in enumerate(ps)}, 1)
     by_kind = oracle(requests) if requests else []
-    panels = []  # speed-up over none against the synthetic AL per batch; adaptive and fixed K per cell
-    if synthetic:
-        by_batch = {b: [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]] for b in (1, 8)}
-        panels.append(("speed vs acceptance length", "mean acceptance length (synthetic)", "speed-up over none",
-                       {f"batch {b}": ([r["acceptance_length"] for r in rs], [r["speedup"] for r in rs])
-                        for b, rs in by_batch.items()}))
-    if adaptive:
-        by_config = {c: [r for r in adaptive if r["config"] == c] for c in dict.fromkeys(r["config"] for r in adaptive)}
-        panels.append(("adaptive K vs fixed K", "workload, batch", "speed-up over none",
-                       {c: ([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs])
-                        for c, rs in by_config.items()}))
-    plot_name = lines(args, "", panels) if panels else None
+    by_al = {f"batch {b}": [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]] for b in (1, 8)}
+    by_config = {c: [r for r in adaptive if r["config"] == c] for c in compared}
+    panels = [("speed vs acceptance length", "mean acceptance length (synthetic)", "speed-up over none",
+               {b: ([r["acceptance_length"] for r in rs], [r["speedup"] for r in rs]) for b, rs in by_al.items()}),
+              ("adaptive K vs fixed K", "workload, batch", "speed-up over none",
+               {c: ([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs])
+                for c, rs in by_config.items()})]
+    plot_name = lines(args, "", panels) if synthetic or adaptive else None
     verdict = verdicts(adaptive) if adaptive else []
     figures = [Figure(f"{Path(args.target).name}: adaptive K over the best fixed K, {v['workload']} batch {v['batch']}",
                       v.get("adaptive_over_best_fixed_held_out", v["adaptive_over_best_fixed"]), "x", ">= 0.97x", 3)

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import time
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, alternate, finish, summary, table, timed
+from peagle_trt.bench.harness import Figure, alternate, finish, records, summary, timed
 
 CODE_LINES = r"\n( {4,8}[^\n]{0,60}\n){1,4}"
 CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
@@ -39,26 +38,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", default="1", help="comma-separated batch sizes (copies of the prompt at once)")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
     p.add_argument("--rounds", type=int, default=3, help="rounds; the figures are medians over them")
-
-
-@contextlib.contextmanager
-def masks_timed(bucket: dict):
-    """Meanwhile, the seconds of GrammarState's drafts, verify picks and commits add up in bucket["masks"]."""
-    from peagle_trt.speculative.grammar import GrammarState
-
-    def wrap(inner):
-        def timed_call(*a):
-            t0 = time.perf_counter()
-            try:
-                return inner(*a)
-            finally:
-                bucket["masks"] = bucket.get("masks", 0.0) + time.perf_counter() - t0
-        return timed_call
-
-    with contextlib.ExitStack() as stack:
-        for name in ("draft", "pick", "take", "advance"):
-            stack.enter_context(mock.patch.object(GrammarState, name, wrap(getattr(GrammarState, name))))
-        yield
 
 
 def grammar_costs(args, codec, structured, repeats: int) -> dict:
@@ -97,8 +76,9 @@ def grammar_costs(args, codec, structured, repeats: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.pair import Config, int_list, measure
+    from peagle_trt.bench.pair import Config, int_list, measure, timing
     from peagle_trt.config import SamplingParams, SpecConfig, StructuredOutput
+    from peagle_trt.speculative.grammar import GrammarState
     from peagle_trt.tokenizer import TextCodec
 
     if args.target is None:
@@ -126,7 +106,7 @@ def run(args: argparse.Namespace) -> dict:
               kind: SamplingParams(max_tokens=args.max_tokens, structured=structured)}
     max_seq_len = len(codec.encode_prompt(args.prompt, chat_template=args.chat)) + args.max_tokens + 2 * args.k + 16
     rows, bucket = [], {}
-    with masks_timed(bucket):
+    with timing(bucket, GrammarState, ("draft", "pick", "take", "advance"), key="masks"):  # drafts, verify, commit
         for b in int_list(args.batch):
             rows += measure(args, configs, {w: [args.prompt] * b for w in params}, [b], max_seq_len, args.chat,
                             timers=bucket, params=params, around=around)
@@ -142,15 +122,9 @@ def run(args: argparse.Namespace) -> dict:
                Figure(f"structured output ({where}): compile, cold (tokenizer tables included)",
                       costs["compile_cold_s"], "s")]
     return finish(args, f"Structured output under speculation ({where}), medians of {args.rounds} rounds", [
-        table(["batch", "config", "output", "tokens/request", "tok/s", "AL", "x none", "mismatches", "ms/step",
-               "masks ms/step", "masks share"],
-              [[r["batch"], r["config"], r["workload"], r["tokens"] // r["batch"], f"{r['tokens_per_s']:.1f}",
-                f"{r['acceptance_length']:.2f}", f"{r['speedup']:.2f}", r["mismatches"], f"{r['ms_per_step']:.2f}",
-                f"{r['masks_ms']:.3f}", f"{100 * (r['masks_share'] or 0):.1f}%"] for r in rows]),
-        table(["compile cold", "cached", "a second schema", "masks of one step, batch 8 x (K + 1) rows"],
-              [[f"{costs['compile_cold_s']:.3f} s", f"{1e6 * costs['compile_cached_s']:.0f} us",
-                f"{1e3 * costs['compile_second_schema_s']:.2f} ms",
-                f"{costs['masks_b8_fill_ms'] + costs['masks_b8_apply_ms']:.2f} ms ({costs['masks_b8_rows']} rows: fill "
-                f"{costs['masks_b8_fill_ms']:.2f} + apply {costs['masks_b8_apply_ms']:.2f})"]])],
+        records(rows, ["batch", "config", "workload", "tokens", "tokens_per_s", "acceptance_length", "speedup",
+                       "mismatches", "ms_per_step", "masks_ms", "masks_share"]),
+        "Grammar costs: compile (cold: the tokenizer's tables included; cached; a second schema), seconds; the "
+        "masks of one verify step at batch 8 x (K + 1) rows, ms", records([costs], list(costs), 6)],
         {"target": str(args.target), "drafter": str(drafter), "grammar": kind, "prompt": args.prompt,
          "chat": args.chat, "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": rows, **costs}, figures)

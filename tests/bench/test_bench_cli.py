@@ -45,8 +45,8 @@ def test_suite_output_contract(tmp_path, capsys):
     assert results == json.loads((tmp_path / "bench_scheduler.json").read_text())
     assert results["smoke"] is True and {r["batch"] for r in results["rows"]} == {1, 4}
     report = (tmp_path / "bench_scheduler.md").read_text()
-    assert report.startswith("## Scheduler.step() host overhead") and "| mode | K | batch |" in report
-    assert "| mode | K | batch |" in "\n".join(out[:-1])  # the same report on stdout, before the JSON
+    assert report.startswith("## Scheduler.step() host overhead") and "| mode | k | batch |" in report
+    assert "| mode | k | batch |" in "\n".join(out[:-1])  # the same report on stdout, before the JSON
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
