@@ -5,7 +5,8 @@
                    -> draft the next k in one drafter forward (or k, in eagle3 mode)
 
 The drafts of a sequence form a tree (speculative/tree.py: `Sequence.parents`; empty: a chain of
-k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates.
+k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates
+(the budget per drafting call: tree_budget.py, fixed, by batch size, or adaptive).
 Every verify runs the tree path: rows by depth with an ancestor mask; a chain is the tree with
 one child per node (its accepted rows are already in place, nothing moves).
 
