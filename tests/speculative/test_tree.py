@@ -3,7 +3,9 @@ best ancestor-closed set, static trees parse as vLLM's, and greedy output with t
 shapes and budgets is the target's own, token for token, on the torch and onnxruntime executors,
 with the trained code pair (its head accepts real drafts, so accepted paths leave the chain and
 their KV moves), in batch mixes of trees, chains and plain decoding, through the paged scheduler
-under block pressure. Sampling with trees: tests/speculative/test_sampling.py."""
+under block pressure; the adaptive budget (speculative/tree_budget.py): its choices on synthetic
+costs and acceptance, and greedy identity while it switches between chains and trees. Sampling
+with trees: tests/speculative/test_sampling.py."""
 
 from __future__ import annotations
 
