@@ -33,6 +33,9 @@ Why measured acceptance, not the drafter's path probabilities: P-EAGLE's per-pos
 probabilities are marginals over the unknown tokens before them, far below the acceptance of a
 node whose ancestors were accepted (speculative/tree.py), so they would need a calibration that
 the readings above already are, for every budget at once.
+Adaptive K is refused alongside (config.py): both rules pick a step's verify rows from the one
+cost table, and a joint (k, budget) choice, with adaptive K's plain steps and probes, is not
+modelled; a K schedule caps k under either.
 """
 
 from __future__ import annotations
