@@ -108,8 +108,9 @@ class SpecConfig:
     (speculative_config.py refuses it outside benchmarks unless forced). Draft trees
     (speculative/tree.py): `tree_budget` B > 0 verifies the B most probable prefixes of depth <= k
     instead of a chain of k, `tree_schedule` sets B by batch size like `k_schedule` (0: the chain),
-    `static_tree` the rank paths of vLLM's speculative_token_tree (K = its depth). Parsed from vLLM's
-    JSON by peagle_trt/speculative_config.py."""
+    `static_tree` the rank paths of vLLM's speculative_token_tree (K = its depth); `adaptive_tree`
+    picks each step's budget up to those, or the chain (speculative/tree_budget.py). Parsed from
+    vLLM's JSON by peagle_trt/speculative_config.py."""
     mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
     num_spec_tokens: int = 7  # K, the most draft tokens per step
     k_schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last batch size, K)
@@ -118,6 +119,7 @@ class SpecConfig:
     tree_budget: int = 0  # nodes of a draft tree per request and step (0: a chain of k)
     tree_schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last batch size, budget)
     static_tree: tuple[tuple[int, ...], ...] = ()  # rank paths, parents first (vLLM speculative_token_tree)
+    adaptive_tree: bool = False  # per step, the budget (<= the configured one) or chain of the most tokens per second
 
     def __post_init__(self):
         if self.mode not in SPEC_MODES:
@@ -151,6 +153,13 @@ class SpecConfig:
         return 0 if self.mode == "none" else self.num_spec_tokens
 
     def _check_tree(self) -> None:
+        if self.adaptive_tree and (self.static_tree or not self.tree):
+            raise ConfigError("adaptive tree sizing picks each step's budget up to draft_tree_budget (or its "
+                              "per-batch-size schedule): give one of those, not a static tree")
+        if self.adaptive_tree and self.adaptive:
+            raise ConfigError("adaptive tree sizing and adaptive K both pick a step's verify rows: use one (the "
+                              "tree rule chooses between the K chain and trees; adaptive K between chains of 0..K; "
+                              "a K schedule caps the depth under either)")
         if not self.tree:
             return
         if self.mode == "none" or self.adaptive or self.synthetic_rates:

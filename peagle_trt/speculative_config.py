@@ -7,13 +7,18 @@ does not have is refused too (a typo must not pass in silence).
      "num_speculative_tokens_per_batch_size": [[1, 1, 7], [2, 4, 5], [5, 64, 3]],
      "adaptive_num_speculative_tokens": true}
 
+    {"method": "eagle3", "num_speculative_tokens": 4, "parallel_drafting": true,
+     "draft_tree_budget": 16, "adaptive_draft_tree_budget": true}
+
 Implemented: method (eagle / eagle3), num_speculative_tokens, parallel_drafting (P-EAGLE), model
 (the drafter directory, when --drafter is not given), num_speculative_tokens_per_batch_size (3-item
 entries), rejection_sample_method ("standard"; "synthetic" with synthetic_acceptance_rates or
 _length, for benchmarks), draft_sample_method ("greedy"), speculative_token_tree (a static draft tree
 of rank paths; num_speculative_tokens = its nodes, as in vLLM). Ours: adaptive_num_speculative_tokens,
 draft_tree_budget (the B most probable prefixes of depth <= K per step) and
-draft_tree_budget_per_batch_size (the budget by batch size, entries as the K schedule's; 0: the chain).
+draft_tree_budget_per_batch_size (the budget by batch size, entries as the K schedule's; 0: the chain),
+adaptive_draft_tree_budget (each step's budget, the chain or a tree of up to the budget or the
+schedule's, by measured tokens per second; not with adaptive K).
 The table of every key and what it does here: README.md, "Speculative config".
 `resolve(flag_text, purpose)` picks the flag, else the environment variable, and logs which.
 """
@@ -74,7 +79,7 @@ IMPLEMENTED = ("method", "num_speculative_tokens", "parallel_drafting", "model",
                "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
                "draft_sample_method", "use_heterogeneous_vocab", "enable_adaptive_verification",
                "adaptive_num_speculative_tokens", "speculative_token_tree", "draft_tree_budget",
-               "draft_tree_budget_per_batch_size")
+               "draft_tree_budget_per_batch_size", "adaptive_draft_tree_budget")
 
 
 @dataclass(frozen=True)
@@ -136,13 +141,16 @@ def parse(text: str, source: str = "flag") -> ParsedSpec:
     adaptive = obj.get("adaptive_num_speculative_tokens", False)
     if not isinstance(adaptive, bool):
         raise ConfigError(f"{where}: adaptive_num_speculative_tokens must be true or false, got {adaptive!r}")
+    adaptive_tree = obj.get("adaptive_draft_tree_budget", False)
+    if not isinstance(adaptive_tree, bool):
+        raise ConfigError(f"{where}: adaptive_draft_tree_budget must be true or false, got {adaptive_tree!r}")
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
         raise ConfigError(f"{where}: model must be a drafter directory path, got {model!r}")
     tree_schedule = _schedule(obj.get("draft_tree_budget_per_batch_size"), where, "budget")
     spec = SpecConfig("peagle" if obj.get("parallel_drafting") else "eagle3", k,
                       _schedule(obj.get("num_speculative_tokens_per_batch_size"), where), adaptive,
-                      _synthetic(obj, k, where), budget, tree_schedule, paths)
+                      _synthetic(obj, k, where), budget, tree_schedule, paths, adaptive_tree)
     return ParsedSpec(spec, model, source)
 
 
@@ -178,6 +186,8 @@ def to_vllm(spec: SpecConfig) -> dict:
         out["draft_tree_budget"] = spec.tree_budget
     if spec.tree_schedule:
         out["draft_tree_budget_per_batch_size"] = [list(e) for e in spec.tree_schedule]
+    if spec.adaptive_tree:
+        out["adaptive_draft_tree_budget"] = True
     return out
 
 
@@ -248,7 +258,7 @@ def for_built(built: SpecConfig, parsed: ParsedSpec) -> SpecConfig:
         raise ConfigError("\"model\" cannot change at serve time: the drafter is the repository's")
     if not spec.tree:  # the build's draft tree, if any
         return dataclasses.replace(spec, tree_budget=built.tree_budget, tree_schedule=built.tree_schedule,
-                                   static_tree=built.static_tree)
+                                   static_tree=built.static_tree, adaptive_tree=built.adaptive_tree)
     if spec.max_nodes > built.max_nodes:
         raise ConfigError(f"the draft tree verifies up to {spec.max_nodes} tokens per step but the repository was "
                           f"built for {built.max_nodes}; shrink the tree or rebuild with it")

@@ -1,8 +1,10 @@
 """Suite `trees` (docs/BENCHMARKS.md, "trees"): P-EAGLE draft trees vs chains (docs/SERVING.md, "Draft
 trees") in process (bench/pair.py), greedy, HumanEval prompts as raw text, every request --max-tokens
-long: none, chains of each K in --ks and trees of each budget B in --budgets (depth: the largest K),
+long: none, chains of each K in --ks, trees of each budget B in --budgets (depth: the largest K) and
+the adaptive budget up to the largest B (speculative/tree_budget.py: per step the chain or a tree),
 alternated within rounds per batch; per cell AL, tok/s, both over the longest chain, draft nodes per
-step, mismatches with none, and the depth at which the accepted path left the top-1 chain.
+step, the request-steps by budget (0: the chain), mismatches with none, and the depth at which the
+accepted path left the top-1 chain.
 """
 
 from __future__ import annotations
@@ -32,9 +34,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def watching(left: Counter, nodes: Counter):
     """(around(name) for pair.measure, the patch of decoder.walk): during `name`'s passes, per step
-    the draft nodes (nodes[name, "nodes"], nodes[name, "steps"]) and the depth at which the accepted
-    path left the top-1 chain (left[name, depth]; a node's first child in the tree is its top-1)."""
+    the draft nodes (nodes[name, "nodes"], nodes[name, "steps"]), its budget (nodes[name, "budget",
+    b]; 0: a chain) and the depth at which the accepted path left the top-1 chain (left[name, depth];
+    a node's first child in the tree is its top-1)."""
     from peagle_trt.speculative import decoder
+    from peagle_trt.speculative.tree import chain
 
     running, walk = [None], decoder.walk
 
@@ -43,6 +47,7 @@ def watching(left: Counter, nodes: Counter):
         if running[0] is not None and parents:
             nodes[running[0], "nodes"] += len(parents)
             nodes[running[0], "steps"] += 1
+            nodes[running[0], "budget", 0 if parents == chain(len(parents)) else len(parents)] += 1
             node = -1
             for depth, n in enumerate(path, 1):
                 if n != parents.index(node):
@@ -73,7 +78,9 @@ def run(args: argparse.Namespace) -> dict:
     chain = f"chain K={depth}"
     configs = ([Config("none", SpecConfig("none", 0), None)]
                + [Config(f"chain K={k}", SpecConfig("peagle", k), drafter) for k in ks]
-               + [Config(f"tree B={b}", SpecConfig("peagle", depth, tree_budget=b), drafter) for b in budgets])
+               + [Config(f"tree B={b}", SpecConfig("peagle", depth, tree_budget=b), drafter) for b in budgets]
+               + [Config(f"tree adaptive B<={max(budgets)}",
+                         SpecConfig("peagle", depth, tree_budget=max(budgets), adaptive_tree=True), drafter)])
     prompts = [p["prompt"] for p in humaneval_prompts()[:args.prompts]]
     codec = TextCodec(args.target)
     longest = max(len(codec.encode_prompt(p, chat_template=False)) for p in prompts)
@@ -93,6 +100,8 @@ def run(args: argparse.Namespace) -> dict:
             r["al_over_chain"] = round(r["acceptance_length"] / base["acceptance_length"], 3)
             r["speed_over_chain"] = round(r["tokens_per_s"] / base["tokens_per_s"], 3)
             r["left_the_chain_at_depth"] = {d: n / args.rounds for (c, d), n in sorted(left.items()) if c == name}
+            r["steps_at_budget"] = {k[2]: n / args.rounds for k, n in sorted(nodes.items())
+                                    if k[0] == name and k[1] == "budget"}
         rows += cell
 
     where = f"{args.target.name}, {args.backend}"
@@ -114,10 +123,11 @@ def run(args: argparse.Namespace) -> dict:
     png = lines(args, "", panels)
     return finish(args, f"Draft trees vs chains ({where}), medians of {args.rounds} rounds", [
         table(["batch", "config", "nodes/step", "AL", "AL x chain", "tok/s", "x none", "tok/s x chain", "mismatches",
-               "left the top-1 chain at depth (steps)"],
+               "request-steps by budget", "left the top-1 chain at depth (steps)"],
               [[r["batch"], r["config"], f"{r['nodes_per_step']:.1f}" if r["nodes_per_step"] else "",
                 f"{r['acceptance_length']:.2f}", f"{r['al_over_chain']:.2f}", f"{r['tokens_per_s']:.1f}",
                 f"{r['speedup']:.2f}", f"{r['speed_over_chain']:.2f}", r["mismatches"],
+                ", ".join(f"{b}: {n:g}" for b, n in r["steps_at_budget"].items()),
                 ", ".join(f"{d}: {n:g}" for d, n in r["left_the_chain_at_depth"].items())
                 + (f" of {r['steps']}" if r["left_the_chain_at_depth"] else "")] for r in rows]),
         f"![AL and speed-up]({png})" if png else ""],

@@ -143,7 +143,7 @@ class TritonPythonModel:
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
         self.generator = TextGenerator.load(model_dir, options, paths)
-        self.k = options.speculation.k
+        self.k, self.max_nodes = options.speculation.k, options.speculation.max_nodes  # K, a tree's most nodes
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
         self.generator.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
@@ -248,8 +248,9 @@ class TritonPythonModel:
                                        "prompt tokens looked up in the prefix cache").Metric(labels=labels)
         self.m_waiting = family("peagle_requests_waiting", gauge, "queued requests").Metric(labels=labels)
         self.m_k = family("peagle_num_spec_tokens_per_step", pb.MetricFamily.HISTOGRAM,
-                          "drafts verified per step (K schedule / adaptive K; 0 = a plain decoding step)"
-                          ).Metric(labels=labels, buckets=[float(k) for k in range(self.k + 1)])
+                          "drafts verified per step (K schedule / adaptive K; a draft tree's nodes, its budget; "
+                          "0 = a plain decoding step)"
+                          ).Metric(labels=labels, buckets=[float(k) for k in range(self.max_nodes + 1)])
         self._last_k: dict = {}
         self.m_blocks_total.set(self.generator.scheduler.blocks.num_blocks)
         self._last_blocks = {"kv_preemptions": 0, "prefix_hit_tokens": 0, "prefix_queried_tokens": 0}

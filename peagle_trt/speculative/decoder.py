@@ -5,7 +5,8 @@
                    -> draft the next k in one drafter forward (or k, in eagle3 mode)
 
 The drafts of a sequence form a tree (speculative/tree.py: `Sequence.parents`; empty: a chain of
-k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates.
+k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates
+(the budget per drafting call: tree_budget.py, fixed, by batch size, or adaptive).
 Every verify runs the tree path: rows by depth with an ancestor mask; a chain is the tree with
 one child per node (its accepted rows are already in place, nothing moves).
 
@@ -40,6 +41,7 @@ from peagle_trt.speculative.grammar import GrammarState, first_token_mask
 from peagle_trt.speculative.sampling import make_generator, probabilities, sample
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of, walk
+from peagle_trt.speculative.tree_budget import TreeBudgets
 from peagle_trt.speculative.verify import verify
 
 
@@ -111,7 +113,9 @@ class SpecDecoder:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
         self.lengths = DraftLengths(spec)
-        self._time_verify = spec.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
+        self.budgets = TreeBudgets(spec, self.lengths.verify_cost, self.lengths.draft_cost)
+        self.adaptive = spec.adaptive or spec.adaptive_tree  # a rule reads the steps' costs
+        self._time_verify = self.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
         self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
         # headroom: a verify writes up to span + 1 positions from the last committed one
@@ -208,7 +212,9 @@ class SpecDecoder:
         #    the first token without one ends the step
         target_ids = argmax(logits).tolist()  # [B, n+1]
         self.lengths.steps_at_k[n] += 1
+        self.budgets.steps_at_budget[n if mask is not None else 0] += 1
         emitted, rows = [], []  # per sequence: its tokens, the verify rows they pair with (root + path)
+        taken = []  # (k, nodes, accepted path) of the requests that drafted the rule's tree or chain
         for i, s in enumerate(seqs):
             token_at = self._row_token(s, logits[i], target_ids[i])  # row -> the target's token there
             if self.synthetic is not None and ns[i]:  # benchmarks (chains): accept by the configured rates
@@ -222,12 +228,16 @@ class SpecDecoder:
             if ns[i]:  # the tree's size and depth (a chain: both k)
                 s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
                 self.lengths.record(s.stats, max(levels[i]), len(e) - 1)
+                if s.grammar is None and self.synthetic is None:
+                    taken.append((max(levels[i]), ns[i], path))
             self._commit(s, e)
             emitted.append(e)
             rows.append([0] + [j + 1 for j in path])
         if self._time_verify:
             self.lengths.verify_cost.record(len(seqs), n, time.perf_counter() - t0)
-        self._time_verify = self.spec.adaptive
+        self._time_verify = self.adaptive
+        if self.spec.adaptive_tree:
+            self.budgets.record(taken)
         # 3. off a chain, the accepted rows' target KV moves to slots cur + 1 .. (where the next
         #    verify reads it) and their taps to rows 1 ..; other rows are stale, overwritten later
         moved = [i for i, r in enumerate(rows) if r[-1] != len(r) - 1 and not seqs[i].finished]
@@ -293,7 +303,7 @@ class SpecDecoder:
         num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
         batch = DraftBatch(seqs, ints([e + [0] * (aux.shape[1] - len(e)) for e in emitted], dev), aux, num,
                            cur + num, tables)
-        self._draft(batch, k, since=t0 if self.spec.adaptive else None)
+        self._draft(batch, k, since=t0 if self.adaptive else None)
 
     def _synthetic_accepts(self, k: int) -> int:
         """Drafts accepted under the configured unconditional rates r (P(first i accepted) = r_i)."""
@@ -308,7 +318,8 @@ class SpecDecoder:
             return
         if k is None:
             k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
-        budget, static = self.spec.tree_budget_for_batch(self.batch), self.spec.static_tree
+        # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_budget.py)
+        budget, static = self.budgets.choose(len(batch.seqs), self.batch, k), self.spec.static_tree
         guided = self.draft_candidates if any(s.grammar is not None for s in batch.seqs) else 1
         if k and (budget or static or guided > 1):  # each position's top candidates (speculative/tree.py)
             nodes = static_nodes(tuple(p for p in static if len(p) <= k)) if static else None
@@ -327,8 +338,8 @@ class SpecDecoder:
             drafts = self.proposer.propose(batch, max(k, 1)).tolist()
             for s, d in zip(batch.seqs, drafts):  # a constrained request's: cut at the first its grammar refuses
                 s.drafts, s.parents = d[:k] if s.grammar is None else s.grammar.draft([[t] for t in d[:k]]), ()
-        if since is not None:
-            self.lengths.draft_cost.record(len(batch.seqs), max(k, 1), time.perf_counter() - since)
+        if since is not None:  # keyed by rows per request: a chain's k, a tree's nodes
+            self.lengths.draft_cost.record(len(batch.seqs), max(budget or k, 1), time.perf_counter() - since)
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
         """Append emitted tokens, stopping at an end id, max_tokens or the maximum length (a

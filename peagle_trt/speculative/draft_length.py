@@ -132,12 +132,10 @@ class DraftLengths:
         top = min(cap, self.verify_cost.frontier(b))  # untried k are tried upwards, one at a time
         gain = expected_tokens(stats, self.global_stats, top).sum(axis=0)  # [top + 1]
         cost = np.array([_at(verify, c) + (_at(draft, c) if c else 0.0) for c in range(top + 1)])
-        rate = gain / cost  # expected tokens per second of each c
-        order = [int(c) for c in np.argsort(-rate, kind="stable")]  # best first
+        # a near tie keeps this batch size's last k: switching has costs the rule does not see
+        # (leaving k = 0 drafts every deferred row)
         last = self.last.get(b)
-        if last is not None and last <= top and rate[last] >= (1 - HOLD) * rate[order[0]]:
-            order.remove(last)  # a near tie keeps this batch size's last k: switching has costs the
-            order.insert(0, last)  # rule does not see (leaving k = 0 drafts every deferred row)
+        order = ranked(gain / cost, last if last is not None and last <= top else None)
         if order[0]:
             self.probe_rows = PROBE_ROWS
         self.choices += 1
@@ -150,6 +148,16 @@ class DraftLengths:
 
     def record(self, stats: SpecStats, k: int, accepted: int) -> None:
         self.global_stats.record_step(k, accepted)
+
+
+def ranked(rate: np.ndarray, last: int | None) -> list[int]:
+    """Indices of `rate` (expected tokens per second), best first; `last` (the previous choice)
+    first while within HOLD of the best."""
+    order = [int(c) for c in np.argsort(-rate, kind="stable")]
+    if last is not None and rate[last] >= (1 - HOLD) * rate[order[0]]:
+        order.remove(last)
+        order.insert(0, last)
+    return order
 
 
 def expected_tokens(stats: list[SpecStats], server: SpecStats, cap: int) -> np.ndarray:

@@ -75,10 +75,12 @@ def test_rejection_sampling_with_temperature(k=2):
 
 
 @pytest.mark.parametrize("tree", [{"tree_budget": 3}, {"tree_budget": 6},
-                                  {"static_tree": ((0,), (1,), (0, 0), (2,), (1, 0))}])
+                                  {"static_tree": ((0,), (1,), (0, 0), (2,), (1, 0))},
+                                  {"tree_budget": 6, "adaptive_tree": True}])
 def test_tree_sampling_preserves_target_distribution(tree):
     """Trees (several children per node, repeated tokens among siblings) at T = 1 and 0.7: the
-    target's token sampled at each node, then the matching child: exactly the target's law."""
+    target's token sampled at each node, then the matching child: exactly the target's law (with
+    the adaptive budget too: chains and trees of 3 or 6 nodes from step to step)."""
     k = max(len(p) for p in tree.get("static_tree", ((0, 0),)))
     for temperature in (1.0, 0.7):
         stat, df = chi_square_of_first_tokens(k, runs=5000, temperature=temperature, **tree)

@@ -34,7 +34,7 @@ def test_every_vllm_key_has_a_rule():
     ours = set(IGNORED) | set(REFUSED) | set(IMPLEMENTED)
     assert VLLM_KEYS <= ours
     # our own keys, and speculative_token_tree (vLLM's tree attention took it, PR #20401; since removed)
-    assert ours - VLLM_KEYS == {"adaptive_num_speculative_tokens", "draft_tree_budget",
+    assert ours - VLLM_KEYS == {"adaptive_num_speculative_tokens", "draft_tree_budget", "adaptive_draft_tree_budget",
                                 "draft_tree_budget_per_batch_size", "speculative_token_tree"}
 
 

@@ -3,7 +3,9 @@ best ancestor-closed set, static trees parse as vLLM's, and greedy output with t
 shapes and budgets is the target's own, token for token, on the torch and onnxruntime executors,
 with the trained code pair (its head accepts real drafts, so accepted paths leave the chain and
 their KV moves), in batch mixes of trees, chains and plain decoding, through the paged scheduler
-under block pressure. Sampling with trees: tests/speculative/test_sampling.py."""
+under block pressure; the adaptive budget (speculative/tree_budget.py): its choices on synthetic
+costs and acceptance, and greedy identity while it switches between chains and trees. Sampling
+with trees: tests/speculative/test_sampling.py."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ from peagle_trt.executors.onnxruntime import OrtExecutor
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
 from peagle_trt.speculative.decoder import SpecDecoder
+from peagle_trt.speculative.draft_length import REFRESH, CostTable
 from peagle_trt.speculative.tree import best_tree, depths, parse_static, static_nodes, tokens_of, walk
+from peagle_trt.speculative.tree_budget import PRIOR_WEIGHT, TreeBudgets
 from peagle_trt.tokenizer import TextCodec
 from tests.helpers import MarkovExecutor, collect, new_sequence
 
@@ -105,7 +109,18 @@ def test_speculative_config_trees():
                  '"draft_tree_budget_per_batch_size": [[1, 2, 12], [3, 64, 0]]}').spec
     assert [spec.tree_budget_for_batch(b) for b in (1, 2, 3, 99)] == [12, 12, 0, 0] and spec.max_nodes == 12
     assert parse(json.dumps(speculative_config.to_vllm(spec))).spec == spec
+    spec = parse('{"num_speculative_tokens": 2, "draft_tree_budget": 16, "adaptive_draft_tree_budget": true}').spec
+    assert spec.adaptive_tree and spec.max_nodes == 16
+    assert parse(json.dumps(speculative_config.to_vllm(spec))).spec == spec
+    built = SpecConfig("peagle", 2, tree_budget=16, adaptive_tree=True)  # serve-time keys without a tree: the build's
+    serve = parse('{"parallel_drafting": true, "num_speculative_tokens": 2}')
+    assert speculative_config.for_built(built, serve) == built
     for text, why in (
+            ('{"adaptive_draft_tree_budget": true}', "draft_tree_budget"),
+            ('{"adaptive_draft_tree_budget": 1, "draft_tree_budget": 8}', "true or false"),
+            ('{"adaptive_draft_tree_budget": true, "speculative_token_tree": "[(0,), (1,)]"}', "not a static tree"),
+            ('{"adaptive_draft_tree_budget": true, "draft_tree_budget": 8, "adaptive_num_speculative_tokens": true}',
+             "use one"),
             ('{"speculative_token_tree": "[(0,), (1,)]", "num_speculative_tokens": 3}', "must be equal"),
             ('{"speculative_token_tree": [[0]]}', "must be a string"),
             ('{"draft_tree_budget": 0}', r"\[1, 64\]"),
@@ -114,6 +129,73 @@ def test_speculative_config_trees():
             ('{"draft_tree_budget_per_batch_size": [[2, 4, 8]]}', "start at 1")):
         with pytest.raises(ConfigError, match=why):
             parse(text)
+
+
+# -- adaptive budgets (speculative/tree_budget.py) ----------------------------------------------
+
+def budgets_with(verify: dict[int, float], extra: dict[int, float], k: int = 2, cap: int = 16) -> TreeBudgets:
+    """A rule for one request at depth k with verify seconds by rows and, per budget, the drafts a
+    tree of that many nodes accepts beyond the chain (20 steps at the cap, the chain accepting 1)."""
+    rule = TreeBudgets(SpecConfig("peagle", k, tree_budget=cap, adaptive_tree=True), CostTable(), CostTable())
+    for rows, seconds in verify.items():
+        rule.verify_cost.record(1, rows, seconds)
+        rule.draft_cost.record(1, rows, 0.1)
+    for step in range(20):  # paths of node indices: the spine's first node, then what the budget adds
+        gained = [n for n in sorted(extra) if step < 20 * extra[n]]  # budgets whose sibling was accepted
+        path = [0] + ([min(gained) - 1] if gained else [])
+        rule.record([(k, cap, path)])
+    return rule
+
+
+def test_adaptive_budget_takes_the_chain_when_rows_are_dear_and_a_tree_when_siblings_pay():
+    accepts = {8: 0.5, 16: 0.6}  # a tree of 8 adds half a token per step, 16 a little more
+    cheap = budgets_with({2: 1.0, 4: 1.0, 8: 1.02, 16: 1.3}, accepts)
+    assert cheap.choose(1, 1, 2) == 8  # rows nearly free up to 8: (2 + 0.5 * 20/24) / 1.12 beats 2 / 1.1
+    dear = budgets_with({2: 1.0, 16: 2.0}, accepts)  # 8 rows: interpolated, 1.43 s
+    assert dear.choose(1, 1, 2) == 0
+    useless = budgets_with({2: 1.0, 4: 1.0, 8: 1.02, 16: 1.3}, {})  # nothing beyond the chain: no tree
+    assert useless.choose(1, 1, 2) == 0
+    e = cheap.expected_tokens(cheap.readings[2], [2, 4, 8, 16], 2)
+    assert e == pytest.approx([2.0, 2.0, 2 + 10 / (20 + PRIOR_WEIGHT), 2 + 12 / (20 + PRIOR_WEIGHT)])
+
+
+def test_one_step_measures_every_smaller_budget_and_the_chain():
+    rule = TreeBudgets(SpecConfig("peagle", 2, tree_budget=8, adaptive_tree=True), CostTable(), CostTable())
+    rule.record([(2, 8, [0, 3, 5]), (2, 8, [0, 1]), (2, 2, [0])])  # two trees of 8 nodes, a chain of 2
+    tree, chain = rule.readings[2]
+    assert (tree.nodes, tree.requests, tree.chain) == (8, 2, 1 + 2)  # along the spine: 1 and 2 accepted
+    assert tree.extra.tolist() == [-3, -1, 0, 0, 1, 1, 2, 2, 2]  # beyond the chain with the first n nodes
+    assert (chain.nodes, chain.requests, chain.chain) == (2, 1, 1)
+
+
+def test_adaptive_budget_explores_the_cap_and_respects_the_schedule():
+    spec = SpecConfig("peagle", 2, tree_schedule=((1, 1, 16), (2, 8, 4)), adaptive_tree=True)
+    rule = TreeBudgets(spec, CostTable(), CostTable())
+    assert rule.choose(1, 1, 2) == 0  # a batch size never verified: the chain first
+    rule.verify_cost.record(1, 2, 1.0)
+    assert rule.choose(1, 1, 2) == 16  # no step at the cap yet: one measures every budget below
+    rule.record([(2, 16, [0, 1])])  # the chain accepted both: no tree adds anything
+    assert rule.choose(1, 1, 2) == 0
+    rule.record([(2, 16, [2])] * 4)  # the top-1's sibling (node 2), in every tree from 3 nodes up
+    rule.verify_cost.record(3, 2, 1.0)
+    assert rule.choose(3, 3, 2) == 4  # three running: a tree pays, up to the schedule's cap 4
+    assert rule.choose(3, 3, 0) == 0  # nothing drafted: nothing to build
+    fixed = TreeBudgets(SpecConfig("peagle", 2, tree_schedule=((1, 1, 16), (2, 8, 4))), CostTable(), CostTable())
+    assert [fixed.choose(1, b, 2) for b in (1, 2, 9)] == [16, 4, 4]  # fixed: the schedule's
+
+
+def test_adaptive_budget_holds_near_ties_and_refreshes_the_runner_up():
+    def rule(last: int, verify16: float) -> int:
+        budgets = budgets_with({2: 1.0, 16: verify16}, {16: 0.5}, cap=16)
+        budgets.last[1] = last
+        return budgets.choose(1, 1, 2)
+
+    # E: 2 for the chain, 2 + 10 / 24 = 2.42 for 16 rows; cost 1.1 for the chain
+    assert rule(0, 1.26) == 0 and rule(16, 1.26) == 16  # 16 at 2.42 / 1.36 within 3% of 2 / 1.1: kept
+    assert rule(0, 1.1) == 16 and rule(16, 1.5) == 0  # clearly better / worse: switched
+    budgets = budgets_with({2: 1.0, 4: 1.0, 8: 1.02, 16: 1.3}, {8: 0.5})
+    picks = [budgets.choose(1, 1, 2) for _ in range(2 * REFRESH)]
+    assert [i for i, c in enumerate(picks) if c != 8] == [REFRESH - 1, 2 * REFRESH - 1]
 
 
 # -- greedy: the target's own output -----------------------------------------------------------
@@ -200,13 +282,15 @@ def test_a_batch_mixing_trees_chains_and_plain_steps(pair):
     assert [s.output for s in seqs] == refs
 
 
-def test_scheduler_under_block_pressure_with_tree_budget_by_batch_size(pair):
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_scheduler_under_block_pressure_with_tree_budget_by_batch_size(pair, adaptive):
     """Requests arriving and leaving over a small paged cache (preemptions): the tree budget and K
-    follow the batch size (a tree alone, a chain at 2, plain decoding at 3, a small tree above)."""
+    follow the batch size (a tree alone, a chain at 2, plain decoding at 3, a small tree above);
+    adaptive: the budget is each step's choice up to those (chains and trees in one run)."""
     target, drafter, prompts, refs = pair
     spec = SpecConfig("peagle", 4, k_schedule=((1, 2, 4), (3, 3, 0), (4, 64, 4)),
-                      tree_schedule=((1, 1, 8), (2, 2, 0), (3, 64, 5)))
-    kv = KVLayout(num_blocks=36, max_len=160, max_batch=6, block_size=8, max_rows=16)
+                      tree_schedule=((1, 1, 16), (2, 2, 0), (3, 64, 10)), adaptive_tree=adaptive)
+    kv = KVLayout(num_blocks=36, max_len=160, max_batch=6, block_size=8, max_rows=20)
     sched = Scheduler(SpecDecoder(TorchExecutor(target, drafter, kv), spec), prefill_chunk=16)
     outputs: dict = {}
     load = [(i % 3, 12 + 7 * i) for i in range(6)]
@@ -221,6 +305,22 @@ def test_scheduler_under_block_pressure_with_tree_budget_by_batch_size(pair):
     for n, (p, m) in enumerate(load):
         assert outputs[str(n)]["ids"] == refs[p][:min(m, N)], n
     assert sched.blocks.used_blocks == 0
+    steps = sched.decoder.budgets.steps_at_budget
+    assert steps[0] > 0 and steps[16] > 0 and steps[10] > 0  # chains and trees of both schedules' caps
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnxruntime"])
+def test_greedy_adaptive_budgets_equal_target_only(pair, backend):
+    """The rule's choices (chains, trees of 16, 8 or 4 nodes from one step to the next, on this
+    machine's timings) change no token."""
+    target, drafter, prompts, refs = pair
+    spec = SpecConfig("peagle", 2, tree_budget=16, adaptive_tree=True)
+    ex = Moves(executor(backend, target, drafter, spec, KVLayout.for_sequences(1, 512)))
+    dec = SpecDecoder(ex, spec)
+    for prompt, ref in zip(prompts, refs):
+        assert generate(dec, prompt, SamplingParams(max_tokens=N, ignore_eos=True)).output == ref
+    assert dec.budgets.steps_at_budget[0] > 0 and dec.budgets.steps_at_budget[16] > 0  # the chain, the cap explored
+    assert dec.lengths.verify_cost.curve(1) and dec.budgets.readings[2]
 
 
 def test_trees_refuse_windowed_targets():
