@@ -228,7 +228,7 @@ class SpecDecoder:
             if ns[i]:  # the tree's size and depth (a chain: both k)
                 s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
                 self.lengths.record(s.stats, max(levels[i]), len(e) - 1)
-                if s.grammar is None and self.synthetic is None:
+                if self.spec.adaptive_tree and s.grammar is None and self.synthetic is None:
                     taken.append((max(levels[i]), ns[i], path))
             self._commit(s, e)
             emitted.append(e)

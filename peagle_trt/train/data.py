@@ -266,11 +266,11 @@ class FeatureCache:
         fill resumes), so training steps and concurrent runs sharing the file only read it."""
         if corpus.windowed:
             return
-        cut = [seq[:seq_len] for seq in corpus.sequences]
-        todo = [ids for ids in cut if seq_key(ids) not in self.kept]
-        for n, ids in enumerate(todo, start=1):
+        cut = {seq_key(seq[:seq_len]): seq[:seq_len] for seq in corpus.sequences}  # equal sequences pass once
+        todo = [(key, ids) for key, ids in cut.items() if key not in self.kept]
+        for n, (key, ids) in enumerate(todo, start=1):
             normed, aux = target_pass(self.target, ids)
-            self.kept[seq_key(ids)] = (normed.half(), aux.half())
+            self.kept[key] = (normed.half(), aux.half())
             progress(f"target features: {len(cut) - len(todo) + n}/{len(cut)} sequences", final=n == len(todo))
             if n % save_every == 0:
                 self.save()
