@@ -71,6 +71,8 @@ def main() -> None:
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
     ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
     ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
+    ap.add_argument("--kinds", default="", help="distill: only these instruction kinds, in this order "
+                    "(e.g. complete,write: the coding requests first); default every kind, shuffled")
     ap.add_argument("--cpu-budget-s", type=float, default=3600,
                     help="training: CPU seconds per head (process time; the cosine schedule spans them)")
     ap.add_argument("--init-from", type=Path, default=None,
@@ -81,7 +83,7 @@ def main() -> None:
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
     from peagle_trt.train.distill import distill
-    from peagle_trt.train.instructions import instructions, source_files
+    from peagle_trt.train.instructions import MAX_TOKENS, instructions, source_files
 
     target = cached_target("smollm2")
     args.work.mkdir(parents=True, exist_ok=True)
@@ -89,7 +91,13 @@ def main() -> None:
     report: dict = {"target": str(target)}
     t0 = time.time()
     if args.stage in ("all", "distill"):
-        rows = instructions("train", seed=0, limit=args.limit)
+        rows = instructions("train", seed=0)
+        if args.kinds:
+            kinds = args.kinds.split(",")
+            if unknown := set(kinds) - set(MAX_TOKENS):
+                ap.error(f"--kinds: {sorted(unknown)} not among {sorted(MAX_TOKENS)}")
+            rows = sorted((r for r in rows if r["kind"] in kinds), key=lambda r: kinds.index(r["kind"]))
+        rows = rows[:args.limit]
         report["distill"] = distill(target, rows, answers, backend="onnxruntime", batch=32, max_len=3072,
                                     budget_s=args.budget_s, progress=note)
     n = sum(1 for line in answers.read_text().splitlines() if line.strip())

@@ -6,8 +6,9 @@ of keys/values of the earlier groups plus itself under the (anchor, depth) mask 
 
   group 0   the depth-0 (real) rows of the segment: token x_{a+1}, hidden fc(taps g_a), causal
   P-EAGLE   one more group with every deeper element: mask token + fc(mask_hidden)
-  EAGLE-3   one group per depth d: token x_{p+1} (the true next token) and, as hidden, the
-            pre-norm output of the same chain's element at depth d-1 (training-time test)
+  EAGLE-3   one group per depth d: token x_{p+1} (the true next token) and, as hidden, what the
+            same chain's element at depth d-1 feeds back (`DrafterModel.feedback`: its pre-norm
+            output, or the post-norm one for norm_output heads), the training-time test
 
 Loss: KL(p_target || softmax(draft logits)) over the draft vocabulary per supervised element,
 summed and divided by the caller's normaliser (the batch's supervised count), so per-segment
@@ -123,7 +124,7 @@ def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torc
             outs.append(x)
             order.append(deep)
     else:  # EAGLE-3 training-time test: depth by depth, feeding back the previous depth's output
-        prev_anchor, prev_x = pos0, x0
+        prev_anchor, prev_x = pos0, model.feedback(x0)
         for depth in range(1, int(sub.depth.max()) + 1):
             idx = torch.nonzero(sub.depth == depth).flatten()
             d = sub.select(idx)
@@ -135,7 +136,7 @@ def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torc
             banks, keys = _extend(banks, kv), all_keys
             outs.append(x)
             order.append(idx)
-            prev_anchor, prev_x = d.anchor, x
+            prev_anchor, prev_x = d.anchor, model.feedback(x)
     perm = torch.cat(order)
     return sub.select(perm), torch.cat(outs), charged[perm]
 

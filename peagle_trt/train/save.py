@@ -78,7 +78,7 @@ def write_head(output: Path, head, config, draft_ids: torch.Tensor, cfg, curve: 
         config_json = {"speculators_model_type": cfg.method, "architectures": [
             "PeagleSpeculator" if cfg.method == "peagle" else "Eagle3Speculator"],
             "transformer_layer_config": layer_config(c), **common,
-            "norm_before_fc": False, "norm_output": True,
+            "norm_before_fc": c.norm_before_fc, "norm_output": c.norm_output,
             "embed_requires_grad": cfg.method == "peagle" and not cfg.freeze_embeddings,
             "speculators_config": {"algorithm": cfg.method, "default_proposal_method": "greedy",
                                    "proposal_methods": [{"proposal_type": "greedy",

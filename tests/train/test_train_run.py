@@ -38,7 +38,8 @@ def _quiet(line, final=False):
     pass
 
 
-@pytest.mark.parametrize("method,layout", [("peagle", "aws"), ("peagle", "speculators"), ("eagle3", "aws")])
+@pytest.mark.parametrize("method,layout", [("peagle", "aws"), ("peagle", "speculators"), ("eagle3", "aws"),
+                                           ("eagle3", "speculators")])
 def test_short_run_writes_a_loadable_head(tiny, text_file, tmp_path, method, layout):
     out = tmp_path / "head"
     result = train(_cfg(tiny, text_file, out, method=method, layout=layout, segments=2), _quiet)
@@ -49,6 +50,9 @@ def test_short_run_writes_a_loadable_head(tiny, text_file, tmp_path, method, lay
     assert ckpt.config.supports_parallel == (method == "peagle")
     assert ckpt.config.aux_layer_ids == (1, 3, 5) and ckpt.config.draft_vocab_size == 200
     assert ckpt.config.trained_depth == 4
+    # served as trained: the training-time test feeds back the pre-norm state, so must the loaded head
+    # (a speculators config once said norm_output and the served EAGLE-3 fed back norm(x))
+    assert (ckpt.config.norm_output, ckpt.config.norm_before_fc) == (False, False)
     spec = SpecConfig(method, 3)
     target, drafter = load_pair(tiny["llama"], out, spec).build()
     ref = SpecDecoder(TorchExecutor(target, None, 1, 256, deterministic=True), SpecConfig("none", 0))
