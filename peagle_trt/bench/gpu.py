@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
+from peagle_trt.bench.decode import model_costs
 from peagle_trt.bench.forwards import forward
 from peagle_trt.bench.harness import (
     Figure,
@@ -29,6 +30,7 @@ from peagle_trt.bench.harness import (
     lines,
     machine,
     median_ms,
+    options,
     progress,
     records,
     series,
@@ -179,15 +181,12 @@ def section_drafter(a, head: str, device, dtype, kernels: str = "reference", pen
 
 def section_target(a, ex, weights: str, copy_gbs: float) -> list[dict]:
     """Decode (k = 0: one row) and verify (k + 1 rows); floor = bytes read / the copy bandwidth."""
-    c, elem = ex.target_model.config, ex.target_cache.k[0].element_size()
-    wbytes = sum(p.numel() * p.element_size() for n, p in ex.target_model.named_parameters()
-                 if "embed_tokens" not in n)  # the embedding table only gathers a few rows
-    rows = []
+    costs, rows = model_costs(ex.target_model), []
     for b in a.batches:
         for k in [0] + list(a.ks):
             t = ms(forward(ex, b, k + 1, a.context), a)
-            kv = b * c.num_layers * 2 * c.num_kv_heads * c.head_dim * (a.context + k + 1) * elem
-            floor = (wbytes + kv) / (copy_gbs * 1e6) if copy_gbs else None
+            read = costs["weight_bytes"] + b * costs["kv_bytes_per_pos"] * (a.context + k + 1)
+            floor = read / (copy_gbs * 1e6) if copy_gbs else None
             rows.append({"weights": weights, "kernels": ex.kernels, "batch": b, "k": k, "ms": t,
                          "floor_ms": floor, "mbu": floor / t if floor else None})
     return rows
@@ -279,13 +278,9 @@ def check_targets(res: dict) -> list[dict]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="gpu: skip the sections that start later")
-    p.add_argument("--context", type=int, default=None, help="KV positions already cached (default 1024)")
     p.add_argument("--heads", default="tiny,gpt-oss-20b-peagle", help=f"drafter: from {sorted(DRAFTER_REPEATS)}")
     p.add_argument("--ks", default="1,3,7,11", help="drafter: comma-separated draft lengths K")
-    p.add_argument("--repeats", type=int, default=None, help="drafter: timed runs per (head, K, mode); default: "
-                   + ", ".join(f"{h} {r}" for h, (r, _) in DRAFTER_REPEATS.items()))
-    p.add_argument("--warmup", type=int, default=None, help="drafter: warm-up runs per (head, K, mode)")
-    p.add_argument("--threads", type=int, default=None, help="drafter: torch threads (default: all cores)")
+    options(p, context=None, repeats=None, warmup=None, threads=None)  # None: gpu 1024; drafter: DRAFTER_REPEATS
 
 
 def run_drafter(args: argparse.Namespace) -> dict:
