@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, finish, lines, options, records, series
+from peagle_trt.bench.harness import Figure, finish, lines, options, series, table
 
 SMOKE = dict(prompts=2, max_tokens=8, rounds=1, budgets="8", batch="1,2")
 
@@ -110,15 +110,14 @@ def run(args: argparse.Namespace) -> dict:
     panels = [(title, "configuration", label, series(rows, "config", key, lambda r: f"batch {r['batch']}"))
               for title, label, key in (("Acceptance", "acceptance length", "acceptance_length"),
                                         ("Wall-clock", "tokens/s over none", "speedup"))]
-
-    def listed(counts: dict) -> str:
-        return ", ".join(f"{k}: {n:g}" for k, n in counts.items())
-
-    shown = [{**r, "request-steps by budget": listed(r["steps_at_budget"]),
-              "left the top-1 chain at depth": listed(r["left_the_chain_at_depth"])} for r in rows]
     return finish(args, f"Draft trees vs chains ({where}), medians of {args.rounds} rounds", [
-        records(shown, ["batch", "config", "nodes_per_step", "acceptance_length", "al_over_chain", "tokens_per_s",
-                        "speedup", "speed_over_chain", "mismatches", "steps", "request-steps by budget",
-                        "left the top-1 chain at depth"], 2),
+        table(["batch", "config", "nodes/step", "AL", "AL x chain", "tok/s", "x none", "tok/s x chain", "mismatches",
+               "request-steps by budget", "left the top-1 chain at depth (steps)"],
+              [[r["batch"], r["config"], f"{r['nodes_per_step']:.1f}" if r["nodes_per_step"] else "",
+                f"{r['acceptance_length']:.2f}", f"{r['al_over_chain']:.2f}", f"{r['tokens_per_s']:.1f}",
+                f"{r['speedup']:.2f}", f"{r['speed_over_chain']:.2f}", r["mismatches"],
+                ", ".join(f"{b}: {n:g}" for b, n in r["steps_at_budget"].items()),
+                ", ".join(f"{d}: {n:g}" for d, n in r["left_the_chain_at_depth"].items())
+                + (f" of {r['steps']}" if r["left_the_chain_at_depth"] else "")] for r in rows]),
         lines(args, "", panels)],
         {"drafter": str(drafter), "rows": rows}, figures)
