@@ -1,10 +1,9 @@
 """Suite `aiperf` (docs/BENCHMARKS.md, "aiperf"): AIPerf (NVIDIA's LLM load generator) against `peagle-trt
-serve --openai-port` on the tiny models: per K in --ks (0: no speculation; else P-EAGLE, torch, CPU) two
-streaming sweeps over --concurrency on /v1/chat/completions, `fixed` (--isl tokens in, --osl out) and
-`humaneval`; TTFT, ITL, tok/s, req/s and the acceptance length (AIPerf's mean over requests of each
-response's metrics.speculative_decoding) from AIPerf's exports (WORKDIR/runs). AIPerf lives
-in its own venv (its pins conflict with ours): `python3 -m venv .venv-bench && .venv-bench/bin/pip
-install aiperf==0.13.0`. The K run one after the other (the load generator owns the timing).
+serve --openai-port` on the tiny models, per K in --ks (0: no speculation; else P-EAGLE, torch, CPU), one
+after the other: two streaming sweeps over --concurrency on /v1/chat/completions, `fixed` (--isl in,
+--osl out) and `humaneval`; TTFT, ITL, tok/s, req/s and AIPerf's mean acceptance length, from its
+exports (WORKDIR/runs). AIPerf lives in its own venv (its pins conflict with ours): `python3 -m venv
+.venv-bench && .venv-bench/bin/pip install aiperf==0.13.0`.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, plot, progress, records, serve_child, stdout_to_stderr
+from peagle_trt.bench.harness import Figure, finish, lines, progress, records, series, serve_child, stdout_to_stderr
 from peagle_trt.bench.prompts import humaneval_prompts
 from peagle_trt.errors import ConfigError
 
@@ -46,25 +45,6 @@ def collect(work: Path) -> list[dict]:
                "ttft_p50": round(run["time_to_first_token"]["p50"], 3)}
         rows.append(row | {key: round(run[key][stat], 3) if key in run else None for key, _, stat in METRICS})
     return rows
-
-
-def drawing(rows: list[dict], key: str, label: str):
-    """One metric against concurrency, one line per K and workload."""
-    def draw(plt):
-        fig, ax = plt.subplots(figsize=(5.5, 3.6))
-        for i, k in enumerate(sorted({r["k"] for r in rows})):
-            for workload, style in (("fixed", "-"), ("humaneval", "--")):
-                pts = sorted((r["concurrency"], r[key]) for r in rows
-                             if (r["k"], r["workload"]) == (k, workload) and r[key] is not None)
-                if pts:
-                    ax.plot(*zip(*pts), style, marker="o", color=f"C{i}", label=f"K={k} {workload}")
-        concs = sorted({r["concurrency"] for r in rows})
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(concs, [str(c) for c in concs])
-        ax.set(xlabel="concurrency", ylabel=label)
-        ax.set_title(f"{label} vs concurrency (AIPerf, OpenAI endpoint)", fontsize=9)
-        return fig
-    return draw
 
 
 def sweep(args, k: int, tiny: Path) -> None:
@@ -136,8 +116,10 @@ def run(args: argparse.Namespace) -> dict:
     rows = collect(args.workdir)
     if not rows:
         raise ConfigError(f"no AIPerf results under {args.workdir}/runs (see the runs' *.log files)")
-    plots = [plot(args, key, drawing(rows, key, label))
-             for key, label, _ in METRICS + [("acceptance_length", "acceptance length (tokens/step)", "")]]
+    rows.sort(key=lambda r: (r["k"], r["workload"], r["concurrency"]))
+    plots = [lines(args, key, [("AIPerf, OpenAI endpoint", "concurrency", label, series(
+        [r for r in rows if r[key] is not None], "concurrency", key, lambda r: f"K={r['k']} {r['workload']}"))],
+        log2x=True) for key, label, _ in METRICS + [("acceptance_length", "acceptance length (tokens/step)", "")]]
     bad = [r for r in rows if r["errors"] or r["osl_mismatch"]]
     top = max(r["concurrency"] for r in rows)
     base = {(r["workload"], r["concurrency"]): r["output_token_throughput"] for r in rows if r["k"] == 0}
@@ -153,6 +135,6 @@ def run(args: argparse.Namespace) -> dict:
         records(sorted(rows, key=lambda r: (r["workload"], r["k"], r["concurrency"])), columns, 2),
         (f"failed or truncated: {sum(r['errors'] for r in bad)} errors, {sum(r['osl_mismatch'] for r in bad)} "
          f"requests with fewer output tokens than asked, in {len(bad)} of {len(rows)} runs"),
-        "\n".join(f"![{p}]({p})" for p in plots if p)],
+        *plots],
         {"ks": sorted({r["k"] for r in rows}),
          "concurrency": sorted({r["concurrency"] for r in rows}), "rows": rows}, figures)

@@ -1,10 +1,9 @@
 """Suite `backends` (docs/BENCHMARKS.md, "backends"): on CPU, per shape (Llama target + AWS-layout P-EAGLE
-drafter, random seeded weights: `tiny`, hidden 64, and `h512`, hidden 512, 8 layers, vocab 4096): the
-FP8 quantize time (ModelOpt PTQ; its import timed once, alone), the ONNX export time of the fp32 and FP8
-targets (K = 7), and one step of each kind on the torch executor vs the onnxruntime executor (batch 1
-and 4, each request at --context positions): decode (1 row), verify (K+1 rows), draft (4 pending + K-1
-mask rows). The backends run one block after the other unless --interleave: alternated run by run on 2
-cores each library's spinning thread pool slows the other. FP8 on CPU is emulated: not a GPU forecast.
+drafter, random weights: `tiny`, hidden 64; `h512`, hidden 512, 8 layers, vocab 4096): the FP8 quantize
+time (ModelOpt; its import timed alone), the ONNX export of the fp32 and FP8 targets, and decode, verify
+(K+1 rows) and draft steps, torch vs onnxruntime executor, batch 1 and 4 at --context. The backends run
+one block after the other unless --interleave (on 2 cores each one's spinning thread pool slows the
+other). FP8 on CPU is emulated: not a GPU forecast.
 """
 
 from __future__ import annotations
@@ -109,5 +108,5 @@ def run(args: argparse.Namespace) -> dict:
         f"### Step time, median ms (context {args.context}, K = {K}, {args.threads} threads each, "
         f"{'interleaved' if args.interleave else 'blocked'})",
         records(rows, ["shape", "precision", "op", "batch", "torch_ms", "ort_ms", "ort_over_torch"], 2)],
-        {"context": args.context, "k": K, "pending": PENDING, "threads": args.threads, "stages": stages,
+        {"k": K, "pending": PENDING, "stages": stages,
          "order": "interleaved" if args.interleave else "blocked", "steps": rows}, figures)

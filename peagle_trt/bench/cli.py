@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import time
 from pathlib import Path
 
 from peagle_trt.bench import results as results_file
-from peagle_trt.bench.harness import stem
+from peagle_trt.bench.harness import model_dir, stem
 
 # suite name -> (its module in this package, one line); the order is docs/BENCHMARKS.md's. Suites that
 # share a module differ by its PRESETS[name] (the defaults of their options)
@@ -82,9 +83,12 @@ def run_suite(name: str, argv: list[str]) -> dict:
     args.suite = name
     if args.smoke:  # a tiny size that only proves the suite runs
         vars(args).update(getattr(module, "SMOKE", {}))
+    if "target" in vars(args):
+        args.target = model_dir(args.target)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
-    results = json.loads(json.dumps(module.run(args), default=str))
+    t0 = time.perf_counter()
+    results = json.loads(json.dumps({**module.run(args), "total_s": round(time.perf_counter() - t0, 1)}, default=str))
     if args.output_dir is not None:
         (args.output_dir / f"{stem(name)}.json").write_text(json.dumps(results, indent=1) + "\n")
     if args.record is not None:

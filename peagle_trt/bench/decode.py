@@ -12,16 +12,14 @@ import statistics
 import torch
 
 from peagle_trt.bench.forwards import forward
-from peagle_trt.bench.harness import Figure, alternate, finish, machine, model_dir, progress, records
+from peagle_trt.bench.harness import Figure, alternate, finish, machine, options, progress, records
 
 PROMPT = "Write a Python function that checks whether a number is prime."
 ROWS, CONTEXT = (1, 2, 4, 8), 64
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="converted target directory (default: the cached SmolLM2-135M-Instruct)")
-    p.add_argument("--threads", type=int, default=2, help="CPU threads for torch and onnxruntime")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds (medians over them)")
+    options(p, target="smollm2", threads=2, rounds=3)
     p.add_argument("--tokens", type=int, default=32, help="tokens generated per decode run")
     p.add_argument("--max-seq-len", type=int, default=1024, help="KV positions per slot of our engines")
 
@@ -79,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.serving.generator import TextGenerator
     from peagle_trt.tokenizer import TextCodec
 
-    args.target = str(model_dir(args.target, "smollm2"))
+    args.target = str(args.target)
     torch.set_num_threads(args.threads)
     rounds, n = (1, 8) if args.smoke else (args.rounds, args.tokens)
     mach = machine(args.smoke)
@@ -123,7 +121,7 @@ def run(args: argparse.Namespace) -> dict:
         f"{args.threads} threads; {rounds} rounds; {step_bytes / 1e6:.0f} MB read per decode step",
         records(decode_rows, list(decode_rows[0]), 2), records(verify, list(verify[0]), 1),
         records(batch, list(batch[0]), 2)],
-        {"threads": args.threads, "rounds": rounds, "tokens": n, "prompt_tokens": len(ids), "model": costs,
+        {"rounds": rounds, "tokens": n, "prompt_tokens": len(ids), "model": costs,
          "step_bytes": step_bytes, "decode": {r["decode, batch 1"]: r for r in decode_rows}, "verify": verify,
          "batch": batch},
         [Figure("SmolLM2-135M decode, batch 1: ours (onnxruntime) over transformers' generate",

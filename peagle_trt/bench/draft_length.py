@@ -1,9 +1,8 @@
-"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule (peagle_trt/speculative/
-draft_length.py, `DraftLengths`, seeing only what it sees in the decoder) against every fixed K on a
-simulated server, no model run: every configuration meets the same requests, acceptance draws (by
-request kind, per head in HEADS) and load curve (x 1 + drift sin(t / 7 s), x exp(N(0, noise)) per
-reading), so a ratio is the rule's own doing. Step costs (ms) model the measured SmolLM2-135M shapes;
-k = 0 defers rows to one catch-up pass with a probe token, as the decoder (speculative/decoder.py) does.
+"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule (speculative/draft_length.py,
+seeing only what it sees in the decoder) against every fixed K on a simulated server, no model run: every
+configuration meets the same requests, acceptance draws (by request kind, per head in HEADS) and load
+curve (x 1 + drift sin(t / 7 s), x exp(N(0, noise)) per reading); step costs (ms) model the measured
+SmolLM2-135M shapes; k = 0 defers rows to one catch-up pass with a probe token, as the decoder does.
 """
 
 from __future__ import annotations
@@ -121,6 +120,6 @@ def run(args: argparse.Namespace) -> dict:
     worst = min(rows, key=lambda r: r["adaptive_over_best_fixed"])
     return finish(args, "Adaptive K on a simulated server (ratios to the best fixed K)",
                   [table(cols, [[r[c] for c in cols] for r in rows])],
-                  {"noise": args.noise, "drift": args.drift, "seeds": seeds, "rows": rows},
+                  {"seeds": seeds, "rows": rows},
                   [Figure("adaptive K over the best fixed K, simulated server, worst cell",
                           worst["adaptive_over_best_fixed"], "x", ">= 0.97x", 3)])

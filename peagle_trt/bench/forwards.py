@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt.bench.harness import Figure, alternate, finish, lines, model_dir, records, summary
+from peagle_trt.bench.harness import Figure, alternate, finish, lines, options, records, summary
 from peagle_trt.errors import ConfigError
 
 # name -> (executor, deterministic, torch on one thread, the contender it is compared with)
@@ -29,16 +29,16 @@ PRESETS = {  # suite -> its defaults
 }
 
 
-SMOKE = dict(context=16, rounds=2, shapes="1x1,2x4", figure_shapes="1x1,2x4")  # on the demo's code pair
+SMOKE = dict(target="code-pair", context=16, rounds=2, shapes="1x1,2x4", figure_shapes="1x1,2x4")
 
 
 def forward(ex, b: int, r: int, context: int) -> Callable[[], object]:
     """One target forward of executor `ex` as a verify runs it: `b` requests x `r` rows each at positions
     context .. context + r - 1, request i in blocks i*M .. (i + 1)*M - 1 of every KV group."""
-    m = ex.kv.max_blocks
-    tokens = torch.randint(0, 100, (b, r))
-    positions = (context + torch.arange(r)).expand(b, -1).contiguous()
-    tables = torch.arange(b * m).view(1, b, m).expand(len(ex.windows), -1, -1).contiguous()  # [G, B, M]
+    m, device = ex.kv.max_blocks, ex.device
+    tokens = torch.randint(0, 100, (b, r), device=device)
+    positions = (context + torch.arange(r, device=device)).expand(b, -1).contiguous()
+    tables = torch.arange(b * m, device=device).view(1, b, m).expand(len(ex.windows), -1, -1).contiguous()
     return lambda: ex.target(tokens, positions, tables)
 
 
@@ -59,12 +59,9 @@ def shape_name(b: int, r: int) -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default=None, help="target dir (default: the cached SmolLM2)")
+    options(p, target="smollm2", context=128, rounds=9, warmup=1)
     p.add_argument("--contenders", default="onnxruntime", help=f"comma-separated, from {list(CONTENDERS)}")
     p.add_argument("--shapes", default="1x1", help="comma-separated REQUESTSxROWS")
-    p.add_argument("--context", type=int, default=128, help="positions each request has before its rows")
-    p.add_argument("--rounds", type=int, default=9, help="alternated rounds")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs of each first")
     p.add_argument("--figure-shapes", default="1x1", help="the shapes of the headline figures")
 
 
@@ -74,7 +71,6 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.executors.onnxruntime import OrtExecutor
     from peagle_trt.executors.torch import TorchExecutor
 
-    args.target = model_dir(args.target, "code-pair" if args.smoke else "smollm2")
     names = args.contenders.split(",")
     if set(names) - set(CONTENDERS):
         raise ConfigError(f"unknown --contenders {sorted(set(names) - set(CONTENDERS))}; from {list(CONTENDERS)}")
@@ -112,6 +108,5 @@ def run(args: argparse.Namespace) -> dict:
                             {c: ([f"{b}x{r}" for b, r in shapes], [row[c] for row in rows]) for c in names})])
     return finish(args, f"One target forward by shape and contender, context {args.context}, medians of "
                   f"{args.rounds} rounds (ms; X over Y: the ratio to the contender it is compared with)",
-                  [records(rows, ["shape", *names, *(f"{c} over {CONTENDERS[c][3]}" for c in ratios)]),
-                   f"![ms per forward]({png})" if png else ""],
-                  {"target": str(args.target), "context": args.context, "rounds": args.rounds, "rows": rows}, figures)
+                  [records(rows, ["shape", *names, *(f"{c} over {CONTENDERS[c][3]}" for c in ratios)]), png],
+                  {"rows": rows}, figures)

@@ -1,10 +1,9 @@
 """Suites `gpu` and `drafter` (docs/BENCHMARKS.md, one section each): the speculate-verify step at real
-shapes, random weights, torch executor, CUDA events. `gpu`: copy bandwidth (the MBU reference),
-drafting (parallel vs sequential), target decode and verify (bf16, FP8; torch references and Triton
-kernels), the iteration overhead and its host syncs, a PROJECTION of tokens/s from published
-acceptance lengths, issue 15's targets; OUTPUT_DIR (default $OUT, else gpu_results)/bench_gpu.json is
-rewritten after every section; --smoke: tiny shapes on CPU. `drafter`: the drafting section alone on
-CPU, batch 1, fp32, on --heads (`tiny` and the GPT-OSS-20B P-EAGLE shape, ASSUMED where noted).
+shapes, random weights, torch executor, CUDA events. `gpu`: copy bandwidth (the MBU reference), drafting
+(parallel vs sequential), decode and verify (bf16, FP8; torch references and Triton kernels), the
+iteration overhead and its host syncs, a PROJECTION of tokens/s from published acceptance lengths,
+issue 15's targets; OUTPUT_DIR (default $OUT, else gpu_results)/bench_gpu.json is rewritten after every
+section; --smoke: tiny shapes on CPU. `drafter`: drafting alone on CPU, batch 1, fp32, per --heads.
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
+from peagle_trt.bench.decode import model_costs
+from peagle_trt.bench.forwards import forward
 from peagle_trt.bench.harness import (
     Figure,
     alternate,
@@ -29,8 +30,10 @@ from peagle_trt.bench.harness import (
     lines,
     machine,
     median_ms,
+    options,
     progress,
     records,
+    series,
     summary,
 )
 from peagle_trt.checkpoint.drafter import DrafterConfig
@@ -78,7 +81,7 @@ SMOKE = dict(heads="tiny", ks="1,3", repeats=3, warmup=1, context=16)  # `drafte
 
 def ms(fn, a) -> float:
     """Median ms of `fn()` over a.repeats runs after a.warmup (CUDA events on a GPU)."""
-    return median_ms(fn, a.repeats, a.warmup, device_clock)
+    return median_ms(fn, a.repeats, a.warmup)
 
 
 def randomize(model: nn.Module, device, dtype) -> nn.Module:
@@ -176,24 +179,14 @@ def section_drafter(a, head: str, device, dtype, kernels: str = "reference", pen
     return rows
 
 
-def target_forward(ex, b: int, s: int, context: int, device):
-    tokens = torch.randint(0, 100, (b, s), device=device)
-    positions = context + torch.arange(s, device=device)[None].expand(b, -1)  # [B, S]
-    seqs = torch.arange(b, device=device)  # sequence indices: the static block layout (models/kv_cache.py)
-    return lambda: ex.target(tokens, positions, seqs)
-
-
-def section_target(a, ex, weights: str, copy_gbs: float, device) -> list[dict]:
+def section_target(a, ex, weights: str, copy_gbs: float) -> list[dict]:
     """Decode (k = 0: one row) and verify (k + 1 rows); floor = bytes read / the copy bandwidth."""
-    c, elem = ex.target_model.config, ex.target_cache.k[0].element_size()
-    wbytes = sum(p.numel() * p.element_size() for n, p in ex.target_model.named_parameters()
-                 if "embed_tokens" not in n)  # the embedding table only gathers a few rows
-    rows = []
+    costs, rows = model_costs(ex.target_model), []
     for b in a.batches:
         for k in [0] + list(a.ks):
-            t = ms(target_forward(ex, b, k + 1, a.context, device), a)
-            kv = b * c.num_layers * 2 * c.num_kv_heads * c.head_dim * (a.context + k + 1) * elem
-            floor = (wbytes + kv) / (copy_gbs * 1e6) if copy_gbs else None
+            t = ms(forward(ex, b, k + 1, a.context), a)
+            read = costs["weight_bytes"] + b * costs["kv_bytes_per_pos"] * (a.context + k + 1)
+            floor = read / (copy_gbs * 1e6) if copy_gbs else None
             rows.append({"weights": weights, "kernels": ex.kernels, "batch": b, "k": k, "ms": t,
                          "floor_ms": floor, "mbu": floor / t if floor else None})
     return rows
@@ -213,7 +206,7 @@ def count_syncs(fn) -> list[str]:
 
 def section_iteration(a, ex, device) -> list[dict]:
     """One SpecDecoder.step minus its verify and draft forwards (timed alone), per mode and batch; each
-    sequence holds the blocks of the static layout that target_forward's indices address."""
+    sequence holds the blocks of the static layout that `forward` addresses."""
     rows, hidden = [], ex.target_model.config.hidden_size
     params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
     for mode in ("none", "eagle3", "peagle"):
@@ -226,7 +219,7 @@ def section_iteration(a, ex, device) -> list[dict]:
             for s in seqs:
                 s.output, s.drafts = [2], [3] * spec.k
             step_ms = ms(lambda: decoder.step(seqs), a)
-            verify_ms = ms(target_forward(ex, b, spec.k + 1, a.context, device), a)
+            verify_ms = ms(forward(ex, b, spec.k + 1, a.context), a)
             draft_ms = 0.0
             if spec.k:
                 def full(v):
@@ -285,13 +278,9 @@ def check_targets(res: dict) -> list[dict]:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="gpu: skip the sections that start later")
-    p.add_argument("--context", type=int, default=None, help="KV positions already cached (default 1024)")
     p.add_argument("--heads", default="tiny,gpt-oss-20b-peagle", help=f"drafter: from {sorted(DRAFTER_REPEATS)}")
     p.add_argument("--ks", default="1,3,7,11", help="drafter: comma-separated draft lengths K")
-    p.add_argument("--repeats", type=int, default=None, help="drafter: timed runs per (head, K, mode); default: "
-                   + ", ".join(f"{h} {r}" for h, (r, _) in DRAFTER_REPEATS.items()))
-    p.add_argument("--warmup", type=int, default=None, help="drafter: warm-up runs per (head, K, mode)")
-    p.add_argument("--threads", type=int, default=None, help="drafter: torch threads (default: all cores)")
+    options(p, context=None, repeats=None, warmup=None, threads=None)  # None: gpu 1024; drafter: DRAFTER_REPEATS
 
 
 def run_drafter(args: argparse.Namespace) -> dict:
@@ -383,7 +372,7 @@ def run(a: argparse.Namespace) -> dict:
                 break  # never time a half-converted model under the fp8 label
         for kern in kernel_modes:
             ex = TorchExecutor(model, drafter, slots, max_len, kernels=kern)
-            section(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs, device))
+            section(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs))
             if weights == "bf16" and kern == kernel_modes[-1]:
                 section("iteration", lambda: section_iteration(a, ex, device))
             ex = None  # free this executor before the next kernels mode
@@ -414,14 +403,10 @@ def report(res: dict, a) -> list[str]:
            "\n".join([f"- skipped: {s}" for s in res["skipped"]] + [f"- FAILED {k}: {v}" for k, v in
                                                                      res["errors"].items()])]
     drafts = [r for r in res.get("drafter", []) if r["head"] == res["heads"][0] and r["kernels"] == kern]
-    target = [r for r in res.get("target", []) if r["kernels"] == kern]
-
-    drafting = {f"{mode} B={b}": ([r["k"] for r in drafts if r["batch"] == b],
-                                  [r[f"{mode}_ms"] for r in drafts if r["batch"] == b])
-                for b in sorted({r["batch"] for r in drafts}) for mode in ("parallel", "sequential")}
-    forwards = {f"{w} B={b}": ([r["k"] + 1 for r in target if (r["weights"], r["batch"]) == (w, b)],
-                               [r["ms"] for r in target if (r["weights"], r["batch"]) == (w, b)])
-                for w, b in sorted({(r["weights"], r["batch"]) for r in target})}
-    png = lines(a, "", [(f"drafter {res['heads'][0]}", "K (draft tokens)", "ms per drafting step", drafting),
-                        (res["target_shape"], "rows per sequence (1 = decode)", "ms per target forward", forwards)])
-    return out + ([f"![{png}]({png})"] if png else [])
+    drafting = {**series(drafts, "k", "parallel_ms", lambda r: f"parallel B={r['batch']}"),
+                **series(drafts, "k", "sequential_ms", lambda r: f"sequential B={r['batch']}")}
+    forwards = series([r for r in res.get("target", []) if r["kernels"] == kern], lambda r: r["k"] + 1, "ms",
+                      lambda r: f"{r['weights']} B={r['batch']}")
+    return out + [lines(a, "", [(f"drafter {res['heads'][0]}", "K (draft tokens)", "ms per drafting step", drafting),
+                                (res["target_shape"], "rows per sequence (1 = decode)", "ms per target forward",
+                                 forwards)])]

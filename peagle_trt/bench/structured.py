@@ -1,15 +1,10 @@
 """Suite `structured` (docs/BENCHMARKS.md, "structured"): structured output under speculation, in
-process on CPU (bench/pair.py, torch executor): one prompt (--batch copies of it at a time) through
-the generator, scheduler and speculative decoder the server runs, free vs constrained by a regex
-(--regex; default: indented code lines) or a JSON schema (--schema FILE), none vs --mode at --k,
-the configurations' passes alternated within --rounds rounds after a warm-up (medians). Per cell:
-tokens/s, acceptance length, speed-up over none, outputs that differ from none's (greedy: 0), ms
-per step and the grammar's share of it (GrammarState's drafting, verify and commit work timed). The
-constrained P-EAGLE run also goes with its drafts unmasked (`draft_candidates` 1: the drafter's
-top-1 chain, cut where the grammar refuses it). Beside it:
-the grammar's compile time (cold: the tokenizer's tables included; cached; a second schema) and the
-masks of one verify step at batch 8 x (K + 1) rows (fill the bitmasks, apply them; medians).
-Default: the demo's code pair, raw text; SmolLM2 with --target DIR --drafter HEAD --schema FILE --chat.
+process on CPU (bench/pair.py, torch executor): --batch copies of one prompt, free vs constrained by
+a regex (--regex; default: indented code lines) or a JSON schema (--schema FILE), none vs --mode at
+--k, and constrained with the drafts unmasked (`draft_candidates` 1: the top-1 chain, cut where the
+grammar refuses it), passes alternated within --rounds. Per cell: tokens/s, acceptance length,
+speed-up over none, mismatches with none, ms per step and the grammar's share of it. Beside it: the
+grammar's compile time (cold, cached, a second schema) and the masks of one verify step at batch 8.
 """
 
 from __future__ import annotations
@@ -20,14 +15,14 @@ import json
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, alternate, finish, records, summary, timed
+from peagle_trt.bench.harness import Figure, alternate, finish, options, records, summary, timed
 
 CODE_LINES = r"\n( {4,8}[^\n]{0,60}\n){1,4}"
 CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
+SMOKE = dict(max_tokens=8, rounds=1, batch="1")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=Path, default=None, help="target dir (default: the demo's code pair)")
     p.add_argument("--drafter", type=Path, default=None, help="drafter head (default: TARGET/drafter-MODE)")
     p.add_argument("--schema", type=Path, default=None, help="a JSON schema file (instead of --regex)")
     p.add_argument("--regex", default=CODE_LINES, help="the regex the output must match (default: code lines)")
@@ -35,9 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="send the prompt through the chat template (default: raw)")
     p.add_argument("--mode", default="peagle", choices=["peagle", "eagle3"], help="the drafter's method")
     p.add_argument("--k", type=int, default=5, help="draft tokens per step")
-    p.add_argument("--batch", default="1", help="comma-separated batch sizes (copies of the prompt at once)")
-    p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
-    p.add_argument("--rounds", type=int, default=3, help="rounds; the figures are medians over them")
+    options(p, target="code-pair", batch="1", max_tokens=64, rounds=3)
 
 
 def grammar_costs(args, codec, structured, repeats: int) -> dict:
@@ -81,12 +74,6 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.speculative.grammar import GrammarState
     from peagle_trt.tokenizer import TextCodec
 
-    if args.target is None:
-        from peagle_trt.demo import code_pair
-
-        args.target = code_pair()
-    if args.smoke:
-        args.max_tokens, args.rounds, args.batch = 8, 1, "1"
     args.backend, drafter = "torch", args.drafter or args.target / f"drafter-{args.mode}"
     kind = "JSON schema" if args.schema else "regex"
     structured = StructuredOutput.from_dict({"json": json.loads(args.schema.read_text())} if args.schema
@@ -126,5 +113,4 @@ def run(args: argparse.Namespace) -> dict:
                        "mismatches", "ms_per_step", "masks_ms", "masks_share"]),
         "Grammar costs: compile (cold: the tokenizer's tables included; cached; a second schema), seconds; the "
         "masks of one verify step at batch 8 x (K + 1) rows, ms", records([costs], list(costs), 6)],
-        {"target": str(args.target), "drafter": str(drafter), "grammar": kind, "prompt": args.prompt,
-         "chat": args.chat, "max_tokens": args.max_tokens, "rounds": args.rounds, "rows": rows, **costs}, figures)
+        {"drafter": str(drafter), "grammar": kind, "rows": rows, **costs}, figures)

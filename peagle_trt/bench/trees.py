@@ -1,10 +1,9 @@
 """Suite `trees` (docs/BENCHMARKS.md, "trees"): P-EAGLE draft trees vs chains (docs/SERVING.md, "Draft
-trees") in process (bench/pair.py), greedy, HumanEval prompts as raw text, every request --max-tokens
-long: none, chains of each K in --ks, trees of each budget B in --budgets (depth: the largest K) and
-the adaptive budget up to the largest B (speculative/tree_budget.py: per step the chain or a tree),
-alternated within rounds per batch; per cell AL, tok/s, both over the longest chain, draft nodes per
-step, the request-steps by budget (0: the chain), mismatches with none, and the depth at which the
-accepted path left the top-1 chain.
+trees") in process (bench/pair.py), greedy, raw HumanEval prompts, every request --max-tokens long:
+none, chains of each K in --ks, trees of each budget in --budgets (depth: the largest K) and the
+adaptive budget (speculative/tree_budget.py), alternated per batch; per cell AL and tok/s (also over
+the longest chain), draft nodes per step, request-steps by budget (0: the chain), mismatches with
+none, and the depth at which the accepted path left the top-1 chain.
 """
 
 from __future__ import annotations
@@ -15,21 +14,16 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, finish, lines, model_dir, table
+from peagle_trt.bench.harness import Figure, finish, lines, options, series, table
 
 SMOKE = dict(prompts=2, max_tokens=8, rounds=1, budgets="8", batch="1,2")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", type=Path, default=None, help="target dir (default: the demo's code pair)")
     p.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
     p.add_argument("--ks", default="4,7", help="comma-separated chain lengths K (trees: depth = the largest)")
     p.add_argument("--budgets", default="8,16,32", help="comma-separated tree budgets B (draft nodes per step)")
-    p.add_argument("--batch", default="1,8", help="comma-separated batch sizes (requests at once)")
-    p.add_argument("--prompts", type=int, default=8, help="HumanEval prompts per pass")
-    p.add_argument("--max-tokens", type=int, default=96, help="tokens generated per request")
-    p.add_argument("--rounds", type=int, default=5, help="rounds; the figures are medians over them")
-    p.add_argument("--backend", default="onnxruntime", choices=["onnxruntime", "torch"], help="the executor")
+    options(p, target="code-pair", batch="1,8", prompts=8, max_tokens=96, rounds=5, backend="onnxruntime")
 
 
 def watching(left: Counter, nodes: Counter):
@@ -72,7 +66,6 @@ def run(args: argparse.Namespace) -> dict:
     from peagle_trt.config import SamplingParams, SpecConfig
     from peagle_trt.tokenizer import TextCodec
 
-    args.target = model_dir(args.target, "code-pair")
     drafter, ks, budgets = args.drafter or args.target / "drafter-peagle", int_list(args.ks), int_list(args.budgets)
     depth = max(ks)
     chain = f"chain K={depth}"
@@ -114,13 +107,9 @@ def run(args: argparse.Namespace) -> dict:
                                   best_al["al_over_chain"], "x", ">= 1.3x"))
         figures.append(Figure(f"draft trees ({where}), batch {b}: {fastest['config']} tok/s over {chain}",
                               fastest["speed_over_chain"], "x", ">= 1.15x"))
-    panels = []
-    for title, label, key in (("Acceptance", "acceptance length", "acceptance_length"),
-                              ("Wall-clock", "tokens/s over none", "speedup")):
-        series = {b: [r for r in rows if r["batch"] == b] for b in int_list(args.batch)}
-        panels.append((title, "configuration", label,
-                       {f"batch {b}": ([r["config"] for r in rs], [r[key] for r in rs]) for b, rs in series.items()}))
-    png = lines(args, "", panels)
+    panels = [(title, "configuration", label, series(rows, "config", key, lambda r: f"batch {r['batch']}"))
+              for title, label, key in (("Acceptance", "acceptance length", "acceptance_length"),
+                                        ("Wall-clock", "tokens/s over none", "speedup"))]
     return finish(args, f"Draft trees vs chains ({where}), medians of {args.rounds} rounds", [
         table(["batch", "config", "nodes/step", "AL", "AL x chain", "tok/s", "x none", "tok/s x chain", "mismatches",
                "request-steps by budget", "left the top-1 chain at depth (steps)"],
@@ -130,6 +119,5 @@ def run(args: argparse.Namespace) -> dict:
                 ", ".join(f"{b}: {n:g}" for b, n in r["steps_at_budget"].items()),
                 ", ".join(f"{d}: {n:g}" for d, n in r["left_the_chain_at_depth"].items())
                 + (f" of {r['steps']}" if r["left_the_chain_at_depth"] else "")] for r in rows]),
-        f"![AL and speed-up]({png})" if png else ""],
-        {"target": str(args.target), "drafter": str(drafter), "prompts": args.prompts, "max_tokens": args.max_tokens,
-         "rounds": args.rounds, "rows": rows}, figures)
+        lines(args, "", panels)],
+        {"drafter": str(drafter), "rows": rows}, figures)
