@@ -250,8 +250,10 @@ def warm_start(head: TrainHead, path) -> None:
                 raise CheckpointError(f"--init-from {path}: {name} has shape {tuple(tensors[name].shape)}, "
                                       f"this run's head {tuple(value.shape)}")
             new[name] = tensors[name].to(value.dtype)
-        elif name in ("embed_tokens.weight", "d2t"):
-            new[name] = value  # the target's embeddings (frozen-embedding heads ship none); d2t: the same head's
+        elif name in ("embed_tokens.weight", "d2t") or (name == "mask_hidden" and not head.parallel):
+            # the target's embeddings (frozen-embedding heads ship none); d2t: the same head's; a
+            # sequential head's mask_hidden: an unused buffer its layout does not ship
+            new[name] = value
         else:
             raise CheckpointError(f"--init-from {path}: {name} is missing (a head of another shape: same --layers "
                                   "and --intermediate-size as the head)")

@@ -102,15 +102,17 @@ def test_cpu_budget_ends_the_run_and_warm_start_continues(tiny, answers, tmp_pat
               lambda *a, **k: None)
 
 
-def test_a_warm_start_continues_its_heads_curve(tiny, answers, tmp_path):
-    train(_cfg(tiny, answers, tmp_path / "a", steps=3), lambda *a, **k: None)
+@pytest.mark.parametrize("method,layout", [("peagle", "aws"), ("eagle3", "speculators")])
+def test_a_warm_start_continues_its_heads_curve(tiny, answers, tmp_path, method, layout):
+    kw = dict(method=method, layout=layout)
+    train(_cfg(tiny, answers, tmp_path / "a", steps=3, **kw), lambda *a, **k: None)
     earlier = [json.loads(line) for line in (tmp_path / "a" / "curve.jsonl").read_text().splitlines()]
-    train(_cfg(tiny, answers, tmp_path / "b", steps=3, init_from=tmp_path / "a"), lambda *a, **k: None)
+    train(_cfg(tiny, answers, tmp_path / "b", steps=3, init_from=tmp_path / "a", **kw), lambda *a, **k: None)
     rows = [json.loads(line) for line in (tmp_path / "b" / "curve.jsonl").read_text().splitlines()]
     assert rows[:len(earlier)] == earlier and [r.get("run", 0) for r in rows] == [0, 0, 1, 1]
     assert [r["step"] for r in rows] == [0, 3, 3, 6]  # steps, CPU and data counted on from the first run's end
     cpu = [r["train_cpu_s"] for r in rows]
-    assert cpu == sorted(cpu) and cpu[2] == cpu[1] and cpu[3] > cpu[2]
+    assert cpu == sorted(cpu) and cpu[2] == cpu[1]  # (3 tiny steps may round to +0.0 CPU s)
     assert rows[2]["supervised_seen"] == rows[1]["supervised_seen"] < rows[3]["supervised_seen"]
     assert rows[2]["top1"] == pytest.approx(rows[1]["top1"], abs=1e-3)  # the warm head evaluates as it ended
 
