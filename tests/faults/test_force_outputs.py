@@ -107,6 +107,17 @@ def test_force_replaces_a_previous_output_and_only_that(pair, tmp_path, capsys):
     assert snapshot(repo) == before
 
 
+def test_force_replaces_an_onnxruntime_repository(pair, tmp_path, capsys):
+    """An onnxruntime model keeps its export's own manifest.json inside it: the build's file, listed,
+    so a second build replaces the repository (the demo's second run once stopped here)."""
+    target, drafter = pair
+    repo = tmp_path / "repo"
+    for _ in range(2):
+        code, result = run_build(capsys, target, drafter, repo, "--backend", "onnxruntime")
+        assert code == 0, result
+    assert (repo / "peagle" / "1" / "artifacts" / "onnx" / "manifest.json").is_file()
+
+
 @pytest.mark.parametrize("kind", ["file", "symlink"])
 def test_force_over_a_regular_file_or_link_is_refused_and_leaves_no_stray(pair, tmp_path, capsys, kind):
     target, drafter = pair
