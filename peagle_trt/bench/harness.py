@@ -346,6 +346,9 @@ def lines(args: argparse.Namespace, suffix: str, panels: list[tuple[str, str, st
             for label, (xs, ys) in series.items():
                 ax.plot(xs, ys, "o-", label=label)
             ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
+            if any(isinstance(x, str) for xs, _ in series.values() for x in xs):  # named configurations
+                ax.tick_params(axis="x", labelrotation=30)
+                plt.setp(ax.get_xticklabels(), ha="right")
             if log2x:
                 ax.set_xscale("log", base=2)
         return fig
