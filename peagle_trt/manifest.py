@@ -29,8 +29,9 @@ def sha256(path: Path, chunk: int = 1 << 20) -> str:
 
 
 def write_manifest(root: Path, info: dict) -> dict:
-    files = {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*"))  # nested manifests too (an
-             if p.is_file() and p != root / MANIFEST and "__pycache__" not in p.parts}  # export's, in a model)
+    # every file but this manifest itself: a nested one (an export's, inside a model) is listed too
+    files = {str(p.relative_to(root)): sha256(p) for p in sorted(root.rglob("*"))
+             if p.is_file() and p != root / MANIFEST and "__pycache__" not in p.parts}
     manifest = {"format": 1, "peagle_trt_version": __version__,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **info, "files": files}
     (root / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
