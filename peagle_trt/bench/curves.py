@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> dict:
                   f"{', SMOKE: synthetic curves' if args.smoke else ''})",
                   [records([{**r, "cpu_h": r["cpu_s"] / 3600} for r in rows],
                            ["recipe", "at", "cpu_h", "step", "loss", "top1_pos1", "chain_accepted_k7"]),
-                   f"![{plot_name}]({plot_name})" if plot_name else ""],
+                   plot_name],
                   {"recipes": {label: {"path": path, "evaluations": len(curves[label]), "final": curves[label][-1]}
                                for label, path in specs},
                    "marks_cpu_s": marks, "best": best, "rows": rows}, figures)

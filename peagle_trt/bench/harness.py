@@ -16,7 +16,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import queue
 import socket
 import statistics
 import subprocess
@@ -74,6 +73,11 @@ def options(parser: argparse.ArgumentParser, **defaults) -> None:
     for name, default in defaults.items():
         settings = dict(OPTIONS[name], help=OPTIONS[name]["help"] + " (default: %(default)s)")
         parser.add_argument("--" + name.replace("_", "-"), default=default, **settings)
+
+
+def int_list(text) -> list[int]:
+    """The integers of a comma-separated option: "1,8" -> [1, 8], "" -> []."""
+    return [int(x) for x in str(text).split(",") if x.strip()]
 
 
 def model_dir(path) -> Path:
@@ -176,17 +180,14 @@ def closed_loop(n: int, conc: int, run_one: Callable[[int, object], None],
     """`min(conc, n)` client threads take requests 0..n-1 in order, one at a time each; `run_one(i,
     ctx)` runs request i with its thread's `session()` value. Returns the wall seconds; re-raises
     the first error once every thread has stopped."""
-    todo: queue.Queue = queue.Queue()
-    for i in range(n):
-        todo.put(i)
-    errors: list[BaseException] = []
+    todo, taking, errors = iter(range(n)), threading.Lock(), []
 
     def worker() -> None:
         with session() as ctx:
             while not errors:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
+                with taking:
+                    i = next(todo, None)
+                if i is None:
                     return
                 try:
                     run_one(i, ctx)
@@ -298,33 +299,6 @@ def stem(suite: str) -> str:
     return "bench_" + suite.replace("-", "_")
 
 
-def plot(args: argparse.Namespace, suffix: str, draw: Callable) -> str | None:
-    """`draw(plt)` makes one figure (every panel then gets a grid and its legend, the layout is
-    tightened), saved as OUTPUT_DIR/bench_SUITE[_suffix].png. Returns the file name, or None (no
-    --output-dir, matplotlib missing, or drawing failed: a warning on stderr)."""
-    if getattr(args, "output_dir", None) is None:
-        return None
-    name = f"{stem(args.suite)}{'_' + suffix if suffix else ''}.png"
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig = draw(plt)
-        for ax in fig.axes:
-            ax.grid(alpha=0.3)
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(Path(args.output_dir) / name, dpi=110)
-        plt.close(fig)
-    except Exception as exc:  # a plot is optional: warn, never abort the run
-        progress(f"[bench] warning: plot {name} not written ({type(exc).__name__}: {exc})")
-        return None
-    return name
-
-
 def series(rows: list[dict], x, y, label: Callable[[dict], str]) -> dict[str, tuple[list, list]]:
     """The series of a `lines` panel from `rows`: per label(row), the rows' x and y values in order (x,
     y: keys of a row, or functions of one)."""
@@ -338,21 +312,39 @@ def series(rows: list[dict], x, y, label: Callable[[dict], str]) -> dict[str, tu
 
 def lines(args: argparse.Namespace, suffix: str, panels: list[tuple[str, str, str, dict]],
           log2x: bool = False) -> str | None:
-    """`plot` of one panel per (title, x label, y label, {series label: (xs, ys)}), each series a line
-    (x on a log-2 axis with `log2x`)."""
-    def draw(plt):
+    """One figure of one panel per (title, x label, y label, {series label: (xs, ys)}), each series a line
+    (x on a log-2 axis with `log2x`; named configurations rotated), saved as
+    OUTPUT_DIR/bench_SUITE[_suffix].png. Returns the file name, or None (no --output-dir, matplotlib
+    missing, or drawing failed: a warning on stderr)."""
+    if getattr(args, "output_dir", None) is None:
+        return None
+    name = f"{stem(args.suite)}{'_' + suffix if suffix else ''}.png"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
         fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
-        for ax, (title, xlabel, ylabel, series) in zip(axes[0], panels):
-            for label, (xs, ys) in series.items():
+        for ax, (title, xlabel, ylabel, lines_) in zip(axes[0], panels):
+            for label, (xs, ys) in lines_.items():
                 ax.plot(xs, ys, "o-", label=label)
             ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
-            if any(isinstance(x, str) for xs, _ in series.values() for x in xs):  # named configurations
+            ax.grid(alpha=0.3)
+            if lines_:
+                ax.legend(fontsize=7)
+            if any(isinstance(x, str) for xs, _ in lines_.values() for x in xs):  # named configurations
                 ax.tick_params(axis="x", labelrotation=30)
                 plt.setp(ax.get_xticklabels(), ha="right")
             if log2x:
                 ax.set_xscale("log", base=2)
-        return fig
-    return plot(args, suffix, draw)
+        fig.tight_layout()
+        fig.savefig(Path(args.output_dir) / name, dpi=110)
+        plt.close(fig)
+    except Exception as exc:  # a plot is optional: warn, never abort the run
+        progress(f"[bench] warning: plot {name} not written ({type(exc).__name__}: {exc})")
+        return None
+    return name
 
 
 def finish(args: argparse.Namespace, title: str, sections: list[str], results: dict,
