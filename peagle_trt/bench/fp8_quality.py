@@ -11,6 +11,9 @@ from pathlib import Path
 
 import torch
 
+from peagle_trt.bench.harness import Figure, finish, model_dir, options, records
+from peagle_trt.errors import ConfigError
+
 MODULES = ("difflib", "argparse", "textwrap", "json.decoder")
 
 
@@ -22,7 +25,7 @@ def held_out_ids(target, windows: int, length: int) -> list[list[int]]:
     text = "".join(inspect.getsource(importlib.import_module(m)) for m in MODULES)
     ids = TextCodec(target).tok(text)["input_ids"]
     if len(ids) < windows * length:
-        raise SystemExit(f"only {len(ids)} tokens of held-out text; lower --windows or --window-len")
+        raise ConfigError(f"only {len(ids)} tokens of held-out text; lower --windows or --window-len")
     return [ids[i * length:(i + 1) * length] for i in range(windows)]
 
 
@@ -48,13 +51,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "calibration, into a temporary directory)")
     parser.add_argument("--windows", type=int, default=4, help="held-out windows (--smoke: 1)")
     parser.add_argument("--window-len", type=int, default=512, help="tokens per window (--smoke: 64)")
-    parser.add_argument("--threads", type=int, default=2)
+    options(parser, threads=2)
 
 
 def run(args: argparse.Namespace) -> dict:
     import tempfile
-
-    from peagle_trt.bench.harness import Figure, finish, model_dir, records
 
     args.fp32 = str(model_dir(args.fp32))
     tmp = tempfile.TemporaryDirectory(prefix="peagle-fp8-quality-")

@@ -27,6 +27,7 @@ from peagle_trt.bench.harness import (
     alternate,
     device_clock,
     finish,
+    int_list,
     lines,
     machine,
     median_ms,
@@ -77,11 +78,6 @@ AL_SOURCE = "published: vLLM/AWS P-EAGLE blog, GPT-OSS-20B MT-Bench (not measure
 DRAFTER_REPEATS = {"tiny": (300, 10), "gpt-oss-20b-peagle": (7, 2)}  # suite `drafter`: head -> repeats, warm-up
 PRESETS = {"drafter": dict(context=512)}
 SMOKE = dict(heads="tiny", ks="1,3", repeats=3, warmup=1, context=16)  # `drafter`; `gpu` sets its own sizes
-
-
-def ms(fn, a) -> float:
-    """Median ms of `fn()` over a.repeats runs after a.warmup (CUDA events on a GPU)."""
-    return median_ms(fn, a.repeats, a.warmup)
 
 
 def randomize(model: nn.Module, device, dtype) -> nn.Module:
@@ -184,7 +180,7 @@ def section_target(a, ex, weights: str, copy_gbs: float) -> list[dict]:
     costs, rows = model_costs(ex.target_model), []
     for b in a.batches:
         for k in [0] + list(a.ks):
-            t = ms(forward(ex, b, k + 1, a.context), a)
+            t = median_ms(forward(ex, b, k + 1, a.context), a.repeats, a.warmup)
             read = costs["weight_bytes"] + b * costs["kv_bytes_per_pos"] * (a.context + k + 1)
             floor = read / (copy_gbs * 1e6) if copy_gbs else None
             rows.append({"weights": weights, "kernels": ex.kernels, "batch": b, "k": k, "ms": t,
@@ -218,8 +214,8 @@ def section_iteration(a, ex, device) -> list[dict]:
                              cur=a.context, blocks=[group[i] for group in tables]) for i in range(b)]
             for s in seqs:
                 s.output, s.drafts = [2], [3] * spec.k
-            step_ms = ms(lambda: decoder.step(seqs), a)
-            verify_ms = ms(forward(ex, b, spec.k + 1, a.context), a)
+            step_ms = median_ms(lambda: decoder.step(seqs), a.repeats, a.warmup)
+            verify_ms = median_ms(forward(ex, b, spec.k + 1, a.context), a.repeats, a.warmup)
             draft_ms = 0.0
             if spec.k:
                 def full(v):
@@ -227,7 +223,7 @@ def section_iteration(a, ex, device) -> list[dict]:
                 batch = DraftBatch(seqs, full(0)[:, None], torch.randn(b, 1, 3 * hidden, device=device,
                                    dtype=ex.target_model.lm_head.weight.dtype), full(1), full(a.context + 1),
                                    torch.arange(b, device=device))
-                draft_ms = ms(lambda: decoder.proposer.propose(batch, spec.k), a)
+                draft_ms = median_ms(lambda: decoder.proposer.propose(batch, spec.k), a.repeats, a.warmup)
             syncs = count_syncs(lambda: decoder.step(seqs)) if device.type == "cuda" else None
             rows.append({"mode": mode, "k": spec.k, "batch": b, "kernels": ex.kernels, "step_ms": step_ms,
                          "verify_ms": verify_ms, "draft_ms": draft_ms, "overhead_ms": step_ms - verify_ms - draft_ms,
@@ -285,7 +281,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run_drafter(args: argparse.Namespace) -> dict:
     """Suite `drafter`: the drafting section at batch 1 on CPU, fp32, per head."""
-    heads, ks = args.heads.split(","), [int(k) for k in args.ks.split(",")]
+    heads, ks = args.heads.split(","), int_list(args.ks)
     if set(heads) - set(DRAFTER_REPEATS) or min(ks) < 1 or args.context < 3:
         raise ConfigError(f"--heads from {sorted(DRAFTER_REPEATS)}, --ks all >= 1, --context >= 3")
     torch.set_num_threads(args.threads or len(os.sched_getaffinity(0)))
@@ -352,7 +348,7 @@ def run(a: argparse.Namespace) -> dict:
     def copy() -> list[dict]:
         src = torch.empty(((4 << 20) if a.smoke else (2 << 30)) // 4, device=device).normal_()
         dst = torch.empty_like(src)
-        t = ms(lambda: dst.copy_(src), a)
+        t = median_ms(lambda: dst.copy_(src), a.repeats, a.warmup)
         return [{"bytes": 2 * src.numel() * 4, "ms": t, "gb_per_s": 2 * src.numel() * 4 / t / 1e6}]
 
     section("copy", copy)

@@ -11,18 +11,19 @@ import argparse
 import gc
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, lines, options, progress, records, series, stdout_to_stderr, table
-from peagle_trt.bench.pair import (
-    Config,
-    code_prompts,
-    generator,
+from peagle_trt.bench.harness import (
+    Figure,
+    finish,
     int_list,
-    measure,
-    pooled,
-    prompt_sets,
-    run_batch,
-    served,
+    lines,
+    options,
+    progress,
+    records,
+    series,
+    stdout_to_stderr,
+    table,
 )
+from peagle_trt.bench.pair import Config, code_prompts, generator, head, measure, pooled, prompt_sets, run_batch, served
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
@@ -109,15 +110,13 @@ def run(args: argparse.Namespace) -> dict:
 
     if args.smoke:
         args.sampled_ks = "3" if args.chat else ""
-    heads = {m: getattr(args, m) or args.target / f"drafter-{m}" for m in ("peagle", "eagle3")}
-    configs = []
+    heads, configs = {}, []
     for item in args.configs.split(","):
         method, _, k = item.partition(":")
-        if method not in ("none", *heads) or (method != "none" and not k.isdigit()):
+        if method not in ("none", "peagle", "eagle3") or (method != "none" and not k.isdigit()):
             raise ConfigError(f"--configs: {item!r} is not none or METHOD:K with METHOD peagle or eagle3")
-        if method != "none" and not heads[method].is_dir():
-            raise ConfigError(f"no {method} head at {heads[method]}: pass --{method} DIR "
-                              "(scripts/make_smollm2_heads.py trains them)")
+        if method != "none":
+            heads[method] = head(args, method, getattr(args, method))
         configs.append(Config("none", SpecConfig("none", 0), None) if method == "none"
                        else Config(f"{method} K={k}", SpecConfig(method, int(k)), heads[method]))
     args.sampled_ks = args.sampled_ks if args.sampled_ks == "all" else int_list(args.sampled_ks)

@@ -22,7 +22,7 @@ from unittest import mock
 
 from peagle_trt.bench.harness import alternate, closed_loop, progress, reported, serve_child
 from peagle_trt.config import SamplingParams, SpecConfig
-from peagle_trt.errors import RuntimeInvariantError
+from peagle_trt.errors import ConfigError, RuntimeInvariantError
 
 HUMANEVAL_REQUEST = "Complete the following Python function:\n\n```python\n{prompt}```"
 LONG_REQUEST = "Here is the Python module `{name}`:\n\n```python\n{source}\n```\n\nSummarize what this module does."
@@ -40,8 +40,12 @@ class Config:
         return "".join(c if c.isalnum() else "_" for c in self.name)
 
 
-def int_list(text: str) -> list[int]:
-    return [int(x) for x in str(text).split(",") if x.strip()]
+def head(args, method: str, path: Path | None) -> Path:
+    """A trained head: `path`, else TARGET/drafter-METHOD (where the demo pairs keep theirs)."""
+    path = path or args.target / f"drafter-{method}"
+    if not path.is_dir():
+        raise ConfigError(f"no {method} head at {path}: pass its directory (scripts/make_smollm2_heads.py trains them)")
+    return path
 
 
 # -- prompts ---------------------------------------------------------------------------------------
@@ -161,9 +165,10 @@ def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dic
                args, timers: dict | None = None, params: dict[str, SamplingParams] | None = None,
                around: Callable[[str], contextlib.AbstractContextManager] | None = None) -> list[dict]:
     """Per workload, every configuration's pass (`runners[name](prompts, params[workload], batch)`;
-    default params: greedy, `args.max_tokens`) alternated within `args.rounds` rounds; one row per
-    configuration (see the module's docstring)."""
-    rows = []
+    default params: greedy, `args.max_tokens`) alternated within `args.rounds` rounds, inside
+    `around(name)`; one row per configuration (see the module's docstring). `timers`: the bucket
+    `timing` fills during a pass (emptied before each)."""
+    rows, around = [], around or (lambda _: contextlib.nullcontext())
     for wname, prompts in workloads.items():
         wparams = (params or {}).get(wname, SamplingParams(max_tokens=args.max_tokens))
         results: dict = {}
@@ -172,11 +177,11 @@ def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dic
         def one(c: Config, prompts=prompts) -> Callable[[], float]:
             def go() -> float:
                 if timers is not None:
-                    timers[c.name].clear()
-                with (around or (lambda _: contextlib.nullcontext()))(c.name):
+                    timers.clear()
+                with around(c.name):
                     wall, results[c.name] = runners[c.name](prompts, wparams, batch)
                 if timers is not None:
-                    per_pass[c.name].append(dict(timers[c.name], wall=wall))
+                    per_pass[c.name].append(dict(timers, wall=wall))
                 return wall
             return go
 
@@ -235,8 +240,7 @@ def measure(args, configs: list[Config], workloads: dict[str, list[str]], batche
                 run_batch(gen, prompts[:1], dataclasses.replace(s, max_tokens=4), 1, chat_template)
         runners = {n: (lambda p, s, b, g=g: run_batch(g, p, s, b, chat_template)) for n, g in gens.items()}
         with forwards:
-            rows += alternated(configs, runners, workloads, batch, args,
-                               None if timers is None else {n: timers for n in gens}, params, around)
+            rows += alternated(configs, runners, workloads, batch, args, timers, params, around)
         gens.clear()
         gc.collect()
     return rows

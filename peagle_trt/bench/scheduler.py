@@ -10,7 +10,7 @@ import argparse
 
 import torch
 
-from peagle_trt.bench.harness import Figure, finish, progress, records, summary, timed
+from peagle_trt.bench.harness import Figure, finish, int_list, progress, records, summary, timed
 from peagle_trt.config import KVLayout, SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler
 from peagle_trt.speculative.decoder import SpecDecoder
@@ -101,7 +101,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
 @torch.no_grad()  # scoped: a suite run in-process (tests, `peagle-trt bench`) leaves grad mode as it was
 def run(args: argparse.Namespace) -> dict:
     big = 4 if args.smoke else 64  # the batch of the target and of the context configurations
-    configs = [("peagle", 7, b, args.accept) for b in map(int, args.batches.split(","))]
+    configs = [("peagle", 7, b, args.accept) for b in int_list(args.batches)]
     configs += [("peagle", 3, big, args.accept), ("none", 0, big, 0), ("peagle", 7, big, 0), ("peagle", 7, big, 7)]
     rows = []
     for mode, k, b, acc in configs:

@@ -26,6 +26,7 @@ from peagle_trt.bench.harness import (
     alternate,
     closed_loop,
     finish,
+    int_list,
     options,
     progress,
     records,
@@ -122,20 +123,18 @@ def run(args: argparse.Namespace) -> dict:
         build_repository(tiny["llama"], tiny["aws"], repo,
                          RepositoryOptions(SpecConfig("peagle", 3), max_batch=args.max_batch, max_seq_len=512))
     prompts = [f"{CORPUS[i % len(CORPUS)]} Request {i}: continue." for i in range(args.prompts)]
-    concs = [int(c) for c in args.concurrency.split(",")]
+    concs = int_list(args.concurrency)
     engine = TextGenerator.load(*read_options(repo))
     engine.start()
     runs: dict[tuple[str, int], list] = {}  # (path, C) -> [(wall, recs) per round]
+    paths = ["inproc", "triton"] + (["openai"] if args.openai else [])
     try:
         with serve_child(repo, work) as ready:  # tritonserver and the OpenAI frontend, as `peagle-trt serve`
-            def http():
-                import httpx
-
-                return httpx.Client(base_url=ready["openai"], timeout=600)
+            import httpx
 
             send = senders(engine, ready["grpc"], SamplingParams(max_tokens=args.max_tokens, ignore_eos=True))
-            sessions = {"inproc": contextlib.nullcontext, "triton": contextlib.nullcontext, "openai": http}
-            paths = ["inproc", "triton"] + (["openai"] if args.openai else [])
+            sessions = {name: contextlib.nullcontext for name in paths}
+            sessions["openai"] = lambda: httpx.Client(base_url=ready["openai"], timeout=600)
             for name in paths:  # warm-up: first forwards, first connections, lazy imports
                 streamed(prompts, 2, send[name], f"warmup-{name}", sessions[name])
 

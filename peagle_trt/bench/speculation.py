@@ -11,10 +11,9 @@ import argparse
 import statistics
 from pathlib import Path
 
-from peagle_trt.bench.harness import Figure, finish, lines, options, records, series, stdout_to_stderr
-from peagle_trt.bench.pair import Config, measure, prompt_sets
+from peagle_trt.bench.harness import Figure, finish, int_list, lines, options, records, series, stdout_to_stderr
+from peagle_trt.bench.pair import Config, head, measure, prompt_sets
 from peagle_trt.config import SpecConfig
-from peagle_trt.errors import ConfigError
 from peagle_trt.speculative_config import synthetic_rates_for_length
 
 
@@ -100,9 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     from peagle_trt.tokenizer import TextCodec
 
-    args.peagle = args.peagle or args.target / "drafter-peagle"
-    if not args.peagle.is_dir():
-        raise ConfigError("pass the P-EAGLE head: --peagle DIR (scripts/make_smollm2_heads.py trains one)")
+    args.peagle = head(args, "peagle", args.peagle)
     n = args.prompts
     sets = prompt_sets(TextCodec(args.target), 2 * n, 2 * n, max(1, n // 2), args.long_tokens)
     mixed = [p for trio in zip(sets["humaneval"], sets["heldout"], sets["long"] * n) for p in trio][:2 * n]
@@ -113,7 +110,7 @@ def run(args: argparse.Namespace) -> dict:
         swept[f"synthetic AL {al:g}"] = SpecConfig("peagle", args.k, synthetic_rates=rates)
     # none, adaptive, then the fixed K: adaptive's passes sit right after none's in each round
     compared = {"none": SpecConfig("none", 0), f"adaptive (K<={args.k})": SpecConfig("peagle", args.k, adaptive=True)}
-    compared |= {f"K={k}": SpecConfig("peagle", int(k)) for k in args.fixed_ks.split(",")}
+    compared |= {f"K={k}": SpecConfig("peagle", k) for k in int_list(args.fixed_ks)}
     with stdout_to_stderr():
         for b, m in ((1, n), (8, 2 * n)):  # batch, requests per workload
             if "synthetic" in args.parts:

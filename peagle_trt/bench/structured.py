@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, alternate, finish, options, records, summary, timed
+from peagle_trt.bench.harness import Figure, alternate, finish, int_list, options, records, summary, timed
 
 CODE_LINES = r"\n( {4,8}[^\n]{0,60}\n){1,4}"
 CODE_PROMPT = 'def is_empty(self):\n    """Return True if the queue is empty."""'
@@ -69,12 +69,12 @@ def grammar_costs(args, codec, structured, repeats: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.pair import Config, int_list, measure, timing
+    from peagle_trt.bench.pair import Config, head, measure, timing
     from peagle_trt.config import SamplingParams, SpecConfig, StructuredOutput
     from peagle_trt.speculative.grammar import GrammarState
     from peagle_trt.tokenizer import TextCodec
 
-    args.backend, drafter = "torch", args.drafter or args.target / f"drafter-{args.mode}"
+    args.backend, drafter = "torch", head(args, args.mode, args.drafter)
     kind = "JSON schema" if args.schema else "regex"
     structured = StructuredOutput.from_dict({"json": json.loads(args.schema.read_text())} if args.schema
                                             else {"regex": args.regex})

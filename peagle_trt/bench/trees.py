@@ -14,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 from unittest import mock
 
-from peagle_trt.bench.harness import Figure, finish, lines, options, series, table
+from peagle_trt.bench.harness import Figure, finish, int_list, lines, options, series, table
 
 SMOKE = dict(prompts=2, max_tokens=8, rounds=1, budgets="8", batch="1,2")
 
@@ -61,12 +61,12 @@ def watching(left: Counter, nodes: Counter):
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.pair import Config, int_list, measure
+    from peagle_trt.bench.pair import Config, head, measure
     from peagle_trt.bench.prompts import humaneval_prompts
     from peagle_trt.config import SamplingParams, SpecConfig
     from peagle_trt.tokenizer import TextCodec
 
-    drafter, ks, budgets = args.drafter or args.target / "drafter-peagle", int_list(args.ks), int_list(args.budgets)
+    drafter, ks, budgets = head(args, "peagle", args.drafter), int_list(args.ks), int_list(args.budgets)
     depth = max(ks)
     chain = f"chain K={depth}"
     configs = ([Config("none", SpecConfig("none", 0), None)]
