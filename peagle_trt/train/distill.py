@@ -103,7 +103,7 @@ def read_done(out: Path) -> set[str]:
 
 def distill(target_dir: Path, rows: list[dict], out: Path, backend: str = "onnxruntime", batch: int = 16,
             max_len: int = 3072, budget_s: float | None = None, temperature: float = 0.0, seed: int = 0,
-            progress=None) -> dict:
+            progress=None, threads: int | None = None) -> dict:
     """Append the target's answers to `rows` to the JSONL file `out` (see the module docstring)."""
     from peagle_trt.tokenizer import TextCodec
 
@@ -120,7 +120,7 @@ def distill(target_dir: Path, rows: list[dict], out: Path, backend: str = "onnxr
         todo.append((row, ids))
     t0 = time.monotonic()
     deadline = t0 + budget_s if budget_s else None
-    executor = target_executor(target_dir, backend, batch, max_len)
+    executor = target_executor(target_dir, backend, batch, max_len, threads)
     out.parent.mkdir(parents=True, exist_ok=True)
     tokens = [0]
     with out.open("a", encoding="utf-8") as f:

@@ -5,6 +5,7 @@ set of the benchmarks (`peagle-trt bench heads`).
     rows = instructions("train", seed=0)     # [{"id", "kind", "prompt", "max_tokens"}, ...]
     rows = instructions("heldout", seed=0)   # other modules: never trained on
     files = source_files(400_000)             # training-split module sources, ~400K tokens (teacher-forced)
+    rows = instructions("train", source="packages")  # the same, from installed third-party packages
 
 Kinds (each row is one user turn; the target's chat template is applied by the caller):
   write      "Write a Python function `sig` that <first docstring line>."   code
@@ -16,6 +17,9 @@ Kinds (each row is one user turn; the target's chat template is applied by the c
   long       a whole module's source (2K-6K characters... up to ~2.5K tokens), "summarize it"
              (long context; answers are ordinary)
   essay      "Write a complete, documented module that <module docstring>"  long answers
+Sources: "stdlib" (the installed standard library) or "packages" (PACKAGES: installed pure-Python
+third-party packages, pinned by constraints.txt; more functions to write and complete once the
+standard library's are all answered).
 Split by module: a module belongs to `heldout` when the crc32 of its dotted name is 0 mod 10, so
 the held-out set shares no function, docstring or module with the training set. HumanEval is never
 a source here (it is test data).
@@ -36,13 +40,29 @@ MAX_TOKENS = {"write": 256, "complete": 256, "explain": 256, "docstring": 200, "
               "summarize": 128, "long": 256, "essay": 1200}
 
 
+SOURCES = ("stdlib", "packages")
+PACKAGES = ("numpy", "sympy", "networkx", "jinja2", "click", "requests", "rich", "pygments", "packaging",
+            "jsonschema", "markdown_it", "httpx", "attr", "dateutil", "fsspec", "pyparsing", "huggingface_hub",
+            "setuptools", "pip", "yaml", "tqdm", "typer", "mpmath", "matplotlib", "scipy")
+
+
 def stdlib_modules() -> list[tuple[str, Path]]:
     """(dotted name, path) of the standard library's Python modules (tests, site-packages, private
     and __main__ modules excluded), sorted by name."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+    return _modules(Path(sysconfig.get_paths()["stdlib"]))
+
+
+def package_modules() -> list[tuple[str, Path]]:
+    """(dotted name, path) of the installed PACKAGES' Python modules (those not installed are
+    skipped; the same exclusions as the standard library's), sorted by name."""
+    purelib = Path(sysconfig.get_paths()["purelib"])
+    return sorted(m for pkg in PACKAGES if (purelib / pkg).is_dir() for m in _modules(purelib, purelib / pkg))
+
+
+def _modules(root: Path, under: Path | None = None) -> list[tuple[str, Path]]:
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "turtledemo"}
     out = []
-    for path in root.rglob("*.py"):
+    for path in (under or root).rglob("*.py"):
         parts = path.relative_to(root).with_suffix("").parts
         if skip & set(parts) or any(p.startswith("_") and p != "__init__" for p in parts) or "__main__" in parts:
             continue
@@ -126,12 +146,15 @@ def _module_rows(name: str, path: Path, rng: random.Random) -> list[dict]:
             for i, (kind, text) in enumerate(rows)]
 
 
-def instructions(split: str = "train", seed: int = 0, limit: int | None = None) -> list[dict]:
-    """The rows of one split, shuffled with `seed` (the same seed gives the same list)."""
+def instructions(split: str = "train", seed: int = 0, limit: int | None = None,
+                 source: str = "stdlib") -> list[dict]:
+    """The rows of one split of one source, shuffled with `seed` (the same seed gives the same list)."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {SPLITS}")
+    if source not in SOURCES:
+        raise ValueError(f"source {source!r}: expected one of {SOURCES}")
     rows = []
-    for name, path in stdlib_modules():
+    for name, path in (stdlib_modules() if source == "stdlib" else package_modules()):
         if split_of(name) == split:
             rows += _module_rows(name, path, random.Random(f"{seed}:{name}"))
     random.Random(seed).shuffle(rows)

@@ -46,3 +46,16 @@ def test_source_files_come_from_training_modules_only():
     assert all(split[f] == "train" and f.stat().st_size >= 2000 for f in files)
     assert 60_000 < sum(f.stat().st_size for f in files) / 3.2 < 60_000 + max(f.stat().st_size for f in files)
     assert source_files(60_000, seed=1) != files
+
+
+def test_package_instructions_come_from_the_named_installed_packages(monkeypatch):
+    from peagle_trt.train import instructions as I
+
+    monkeypatch.setattr(I, "PACKAGES", ("click", "jinja2", "not_installed_anywhere"))
+    rows = {s: I.instructions(s, seed=0, source="packages") for s in I.SPLITS}
+    modules = {s: {r["id"].rsplit(":", 1)[0] for r in r_} for s, r_ in rows.items()}
+    assert {m.split(".")[0] for ms in modules.values() for m in ms} == {"click", "jinja2"}
+    assert all(split_of(m) == s for s, ms in modules.items() for m in ms)
+    assert {r["kind"] for r in rows["train"]} >= {"write", "complete"}
+    with pytest.raises(ValueError, match="source 'site'"):
+        I.instructions("train", source="site")
