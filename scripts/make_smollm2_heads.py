@@ -66,12 +66,14 @@ def run(cmd: list[str]) -> dict:
 
 
 def main() -> None:
+    from peagle_trt.train.instructions import MAX_TOKENS, SOURCES, instructions, source_files
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("work", type=Path)
     ap.add_argument("--stage", choices=STAGES + ("all",), default="all")
     ap.add_argument("--budget-s", type=float, default=3600, help="distill: stop admitting after this long")
     ap.add_argument("--limit", type=int, default=None, help="distill: only the first N instructions")
-    ap.add_argument("--source", choices=("stdlib", "packages"), default="stdlib",
+    ap.add_argument("--source", choices=SOURCES, default="stdlib",
                     help="distill: instructions from the standard library or from installed packages")
     ap.add_argument("--kinds", default="", help="distill: only these instruction kinds, in this order "
                     "(e.g. complete,write: the coding requests first); default every kind, shuffled")
@@ -87,7 +89,6 @@ def main() -> None:
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
     from peagle_trt.train.distill import distill
-    from peagle_trt.train.instructions import MAX_TOKENS, instructions, source_files
 
     target = cached_target("smollm2")
     args.work.mkdir(parents=True, exist_ok=True)
