@@ -11,7 +11,8 @@ them there); (2) peagle: a P-EAGLE head (one parallel pass, trained depth 5, COD
 its first 250 steps, --init-from to continue from a head such as the shipped one) and (3) eagle3: an
 EAGLE-3 head (sequential), each with `peagle-trt train` on the same answers for --cpu-budget-s CPU
 seconds; the draft vocabulary (8192) comes from the answers; beside the answers, teacher-forced
-Python source (--source-tokens of the training split's module sources, `train --text-list`: the
+Python source (--source-tokens of the training split's standard-library module sources and
+--package-source-tokens of the installed packages', `train --text-list`: the
 target's distributions over real code, a prefill per 1024-token piece, no generation); the target's
 pass over the data is computed once and shared (--feature-cache, kept by content); per-tap norms
 before fc (SmolLM2's deeper taps carry activations up to ~25K, rms ~65, against ~3 for the first);
@@ -86,6 +87,8 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="training: torch device (cpu, cuda)")
     ap.add_argument("--source-tokens", type=int, default=420_000,
                     help="training: about this many tokens of standard-library source beside the answers (0: none)")
+    ap.add_argument("--package-source-tokens", type=int, default=0,
+                    help="training: and this many of the installed packages' source (training-split modules)")
     args = ap.parse_args()
     from peagle_trt.convert.packaged import cached_target
     from peagle_trt.train.distill import distill
@@ -107,7 +110,9 @@ def main() -> None:
                                     budget_s=args.budget_s, progress=note, threads=args.threads)
     n = sum(1 for line in answers.read_text().splitlines() if line.strip())
     sources = args.work / "source-files.txt"
-    sources.write_text("".join(f"{p}\n" for p in source_files(args.source_tokens)) if args.source_tokens else "")
+    files = source_files(args.source_tokens) if args.source_tokens else []
+    files += source_files(args.package_source_tokens, source="packages") if args.package_source_tokens else []
+    sources.write_text("".join(f"{p}\n" for p in files))
     for method, layout in (("peagle", "aws"), ("eagle3", "speculators")):
         if args.stage not in ("all", method):
             continue
@@ -115,7 +120,7 @@ def main() -> None:
                "--method", method, "--layout", layout, "--output", str(args.work / f"drafter-{method}"),
                "--cpu-budget-s", str(args.cpu_budget_s), "--checkpoint-dir", str(args.work / f"ckpt-{method}"),
                "--feature-cache", str(args.work / "features.pt"), "--device", args.device, "--force", *COMMON]
-        if args.source_tokens:
+        if files:
             cmd += ["--text-list", str(sources)]
         if method == "peagle":
             cmd += PEAGLE + (["--init-from", str(args.init_from)] if args.init_from else [])

@@ -6,6 +6,7 @@ set of the benchmarks (`peagle-trt bench heads`).
     rows = instructions("heldout", seed=0)   # other modules: never trained on
     files = source_files(400_000)             # training-split module sources, ~400K tokens (teacher-forced)
     rows = instructions("train", source="packages")  # the same, from installed third-party packages
+    files = source_files(400_000, source="packages")
 
 Kinds (each row is one user turn; the target's chat template is applied by the caller):
   write      "Write a Python function `sig` that <first docstring line>."   code
@@ -161,11 +162,14 @@ def instructions(split: str = "train", seed: int = 0, limit: int | None = None,
     return rows[:limit] if limit is not None else rows
 
 
-def source_files(approx_tokens: int, seed: int = 0, min_bytes: int = 2000) -> list[Path]:
-    """Training-split module sources (files of at least `min_bytes`, shuffled with `seed`) until
-    about `approx_tokens` tokens (3.2 bytes a token): real Python for `train --text` beside the
-    answers, from the same modules as the training instructions."""
-    mods = [(name, path) for name, path in stdlib_modules() if split_of(name) == "train"]
+def source_files(approx_tokens: int, seed: int = 0, min_bytes: int = 2000, source: str = "stdlib") -> list[Path]:
+    """Training-split module sources of one source (files of at least `min_bytes`, shuffled with
+    `seed`) until about `approx_tokens` tokens (3.2 bytes a token): real Python for `train --text`
+    beside the answers, from the same modules as the training instructions."""
+    if source not in SOURCES:
+        raise ValueError(f"source {source!r}: expected one of {SOURCES}")
+    modules = stdlib_modules() if source == "stdlib" else package_modules()
+    mods = [(name, path) for name, path in modules if split_of(name) == "train"]
     random.Random(seed).shuffle(mods)
     files, tokens = [], 0.0
     for _, path in mods:

@@ -59,3 +59,8 @@ def test_package_instructions_come_from_the_named_installed_packages(monkeypatch
     assert {r["kind"] for r in rows["train"]} >= {"write", "complete"}
     with pytest.raises(ValueError, match="source 'site'"):
         I.instructions("train", source="site")
+    split = {path: split_of(name) for name, path in I.package_modules()}
+    files = I.source_files(30_000, source="packages")
+    assert files and all(split[f] == "train" and f.stat().st_size >= 2000 for f in files)
+    with pytest.raises(ValueError, match="source 'site'"):
+        I.source_files(1000, source="site")
