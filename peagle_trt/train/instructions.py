@@ -60,6 +60,13 @@ def package_modules() -> list[tuple[str, Path]]:
     return sorted(m for pkg in PACKAGES if (purelib / pkg).is_dir() for m in _modules(purelib, purelib / pkg))
 
 
+def source_modules(source: str) -> list[tuple[str, Path]]:
+    """(dotted name, path) of one of SOURCES' modules; a clear ValueError for any other name."""
+    if source not in SOURCES:
+        raise ValueError(f"source {source!r}: expected one of {SOURCES}")
+    return stdlib_modules() if source == "stdlib" else package_modules()
+
+
 def _modules(root: Path, under: Path | None = None) -> list[tuple[str, Path]]:
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "turtledemo"}
     out = []
@@ -152,10 +159,8 @@ def instructions(split: str = "train", seed: int = 0, limit: int | None = None,
     """The rows of one split of one source, shuffled with `seed` (the same seed gives the same list)."""
     if split not in SPLITS:
         raise ValueError(f"split {split!r}: expected one of {SPLITS}")
-    if source not in SOURCES:
-        raise ValueError(f"source {source!r}: expected one of {SOURCES}")
     rows = []
-    for name, path in (stdlib_modules() if source == "stdlib" else package_modules()):
+    for name, path in source_modules(source):
         if split_of(name) == split:
             rows += _module_rows(name, path, random.Random(f"{seed}:{name}"))
     random.Random(seed).shuffle(rows)
@@ -166,10 +171,7 @@ def source_files(approx_tokens: int, seed: int = 0, min_bytes: int = 2000, sourc
     """Training-split module sources of one source (files of at least `min_bytes`, shuffled with
     `seed`) until about `approx_tokens` tokens (3.2 bytes a token): real Python for `train --text`
     beside the answers, from the same modules as the training instructions."""
-    if source not in SOURCES:
-        raise ValueError(f"source {source!r}: expected one of {SOURCES}")
-    modules = stdlib_modules() if source == "stdlib" else package_modules()
-    mods = [(name, path) for name, path in modules if split_of(name) == "train"]
+    mods = [(name, path) for name, path in source_modules(source) if split_of(name) == "train"]
     random.Random(seed).shuffle(mods)
     files, tokens = [], 0.0
     for _, path in mods:
