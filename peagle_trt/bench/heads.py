@@ -1,8 +1,9 @@
 """Suites `heads`, `acceptance` and `step-cost` (docs/BENCHMARKS.md, one section each), presets of this
 module (PRESETS): a target and its two trained heads, P-EAGLE vs EAGLE-3 vs none, in process with the
 code that serves (bench/pair.py): batch 8 per configuration (AL pooled, per-position acceptance, T = 0.7,
-held-out and long sets, tok/s, outputs vs none's); batch 1 with passes alternated and the executor's
-forwards timed (where a step's time goes); --served: none and each head's best K in one tritonserver.
+held-out and long sets, outputs vs none's); batch 1 with passes alternated and the executor's forwards
+timed (where a step's time goes); then none and each head's best batch-1 K alternated at batch 8 (tok/s)
+and, with --served, in one tritonserver at batch 1.
 """
 
 from __future__ import annotations
@@ -63,18 +64,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def batch8(args, configs: list[Config], sets: dict, max_seq_len: int) -> list[dict]:
-    """Per configuration (one at a time), batch 8 on HumanEval: AL pooled, per-position acceptance,
-    tok/s; T = 0.7 at args.sampled_ks; held-out and long sets at args.set_ks; outputs vs none's."""
+    """Per configuration (one at a time), batch 8 on HumanEval: AL pooled, per-position acceptance;
+    T = 0.7 at args.sampled_ks; held-out and long sets at args.set_ks; outputs vs none's. Not timed:
+    one configuration after another is no speed measurement (the alternated phases are)."""
     greedy = SamplingParams(max_tokens=args.max_tokens)
     sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
     rows, ref = [], {}
     for c in configs:
         gen, k = generator(args, c, 8, max_seq_len), c.spec.k
         run_batch(gen, sets["humaneval"][:8], SamplingParams(max_tokens=8), 8, args.chat)  # warm-up
-        wall, res = run_batch(gen, sets["humaneval"], greedy, 8, args.chat)
-        tokens = sum(len(r["token_ids"]) for r in res)
-        row: dict = {"config": c.name, "method": c.spec.mode, "K": k, "humaneval": {
-            **pooled(res, k), "tokens": tokens, "wall_s": round(wall, 2), "tokens_per_s_b8": round(tokens / wall, 2)}}
+        _, res = run_batch(gen, sets["humaneval"], greedy, 8, args.chat)
+        row: dict = {"config": c.name, "method": c.spec.mode, "K": k, "humaneval": pooled(res, k)}
         outputs = {"humaneval": [r["token_ids"] for r in res]}
         if k in args.sampled_ks or (k and args.sampled_ks == "all"):
             row["humaneval_t0.7"] = pooled(run_batch(gen, sets["humaneval"], sampled, 8, args.chat)[1], k)
@@ -84,7 +84,6 @@ def batch8(args, configs: list[Config], sets: dict, max_seq_len: int) -> list[di
                 row[name], outputs[name] = pooled(res, k), [r["token_ids"] for r in res]
         ref = ref or outputs
         row["mismatches"] = sum(a != b for name, outs in outputs.items() for a, b in zip(outs, ref[name]))
-        row["speedup_b8"] = round(tokens / wall / rows[0]["humaneval"]["tokens_per_s_b8"] if rows else 1.0, 3)
         rows.append(row)
         progress(f"[{args.suite}] {c.name}: AL {row['humaneval']['acceptance_length']:.2f}, mismatches "
                  f"{row['mismatches']}")
@@ -97,11 +96,9 @@ def batch8_table(rows: list[dict]) -> str:
     def al(r, key):
         return f"{r[key]['acceptance_length']:.2f}" if key in r else ""
 
-    return table(["method", "K", "AL HumanEval", "AL T=0.7", "AL held-out", "AL long", "per-position", "tok/s b8",
-                  "x none", "mismatches"],
+    return table(["method", "K", "AL HumanEval", "AL T=0.7", "AL held-out", "AL long", "per-position", "mismatches"],
                  [[r["method"], r["K"], *(al(r, k) for k in ("humaneval", "humaneval_t0.7", "heldout", "long")),
-                   " ".join(f"{p:.2f}" for p in r["humaneval"]["accept_rate_per_pos"]),
-                   f"{r['humaneval']['tokens_per_s_b8']:.1f}", f"{r['speedup_b8']:.2f}", r["mismatches"]]
+                   " ".join(f"{p:.2f}" for p in r["humaneval"]["accept_rate_per_pos"]), r["mismatches"]]
                   for r in rows])
 
 
@@ -136,24 +133,26 @@ def run(args: argparse.Namespace) -> dict:
                      args.chat, timers={})
         best = {m: max((r for r in b1 if r["method"] == m), key=lambda r: r["tokens_per_s"])["K"]
                 for m in ("peagle", "eagle3") if any(r["method"] == m for r in b1)}
+        fastest = [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)]  # none and each head's best K
+        b8 = measure(args, fastest, {"humaneval": sets["humaneval"][:16]}, [8], max_seq_len, args.chat) \
+            if args.batch8 else []
         if args.served:
             args.workdir.mkdir(parents=True, exist_ok=True)
-            serve = served(args, [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)],
-                           sets["humaneval"][:args.timing_prompts], max_seq_len, args.chat)
+            serve = served(args, fastest, sets["humaneval"][:args.timing_prompts], max_seq_len, args.chat)
     spec = [r for r in rows if r["method"] != "none"]  # the plot's series: by K, per head
     al = {**series(spec, "K", lambda r: r["humaneval"]["acceptance_length"], lambda r: f"{r['method']} greedy"),
           **series([r for r in spec if "humaneval_t0.7" in r], "K", lambda r: r["humaneval_t0.7"]["acceptance_length"],
                    lambda r: f"{r['method']} T=0.7")}
     speed = {**series([r for r in b1 if r["method"] != "none"], "K", "speedup", lambda r: f"{r['method']} batch 1"),
-             **series(spec, "K", "speedup_b8", lambda r: f"{r['method']} batch 8")}
+             **series([r for r in b8 if r["method"] != "none"], "K", "speedup", lambda r: f"{r['method']} batch 8")}
     png = lines(args, "", [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al),
                            ("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)]) if rows else None
     figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
                       args.al_target) for r in rows if r["method"] == "peagle" and r["K"] == 7]
-    targets = {"in-process": args.speed_target, "served": args.served_target}  # P-EAGLE's (the baseline has none)
-    figures += [Figure(f"{label}, HumanEval batch 1, {r['method']} K={r['K']} over none ({where}, CPU)", r["speedup"],
-                       "x", targets[where] if r["method"] == "peagle" else "")
-                for where, rs in (("in-process", b1), ("served", serve))
+    figures += [Figure(f"{label}, HumanEval batch {r['batch']}, {r['method']} K={r['K']} over none ({where}, CPU)",
+                       r["speedup"], "x", target if r["method"] == "peagle" else "")  # the baseline has no target
+                for where, rs, target in (("in-process", b1, args.speed_target), ("in-process", b8, ""),
+                                          ("served", serve, args.served_target))
                 for r in rs if r["method"] != "none" and r["K"] == best[r["method"]]]
     columns = ["config", "acceptance_length", "tokens_per_s", "speedup", "ms_per_step", "target_ms", "drafter_ms",
                "other_ms", "mismatches"]
@@ -162,7 +161,9 @@ def run(args: argparse.Namespace) -> dict:
         f"{len(sets.get('long', []))}; {args.max_tokens} new tokens at most; batch 1: medians of {args.rounds} "
         f"alternated passes over {args.timing_prompts} prompts", batch8_table(rows) if rows else "",
         "### Batch 1, in process: where a step's time goes (ms)", records(b1, columns),
+        "### Batch 8, in process: none and each head's batch-1 best K (alternated; 16 prompts)" if b8 else "",
+        records(b8, columns[:4] + columns[-1:]),
         "### Served by tritonserver, batch 1 (alternated)" if serve else "", records(serve, columns[:4] + columns[-1:]),
         png],
         {"heads": {m: str(h) for m, h in heads.items()}, "sets": {k: len(v) for k, v in sets.items()}, "rows": rows,
-         "batch1": b1, "best_k_b1": best, "served": serve or None}, figures)
+         "batch1": b1, "best_k_b1": best, "batch8": b8, "served": serve or None}, figures)

@@ -1,5 +1,5 @@
 """Suites `heads` and `acceptance` (bench/pair.py) end to end at smoke size on the 1 M-parameter code
-pair (torch backend): the in-process acceptance table and the alternated batch-1 timing (seconds), and,
+pair (torch backend): the in-process acceptance table and the alternated batch-1 and batch-8 timing (seconds), and,
 slow, the served phase through a real tritonserver; greedy speculative outputs equal `none`'s
 everywhere, and the JSON carries the table's figures."""
 
@@ -24,6 +24,9 @@ def test_heads_suite_smoke(tmp_path, capsys):
     assert {"heldout", "long"} <= set(rows[("peagle", 3)]) and "humaneval_t0.7" in rows[("eagle3", 3)]
     assert [r["method"] for r in result["batch1"]] == ["none", "peagle", "eagle3"]
     assert result["batch1"][0]["speedup"] == 1.0 and all(r["mismatches"] == 0 for r in result["batch1"])
+    assert [(r["method"], r["batch"]) for r in result["batch8"]] == [("none", 8), ("peagle", 8), ("eagle3", 8)]
+    assert all(r["mismatches"] == 0 for r in result["batch8"])  # alternated at batch 8: the same outputs
+    assert any("batch 8, peagle K=3 over none" in f["name"] for f in result["figures"])
     assert result["served"] is None and (tmp_path / "bench_heads.md").is_file()
 
 
