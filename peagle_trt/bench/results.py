@@ -31,7 +31,7 @@ def record(path: Path, suite: str, argv: list[str], results: dict) -> None:
         raise ConfigError(f"suite {suite} reported no headline figures to record")
     keep, skip = [], False
     for a in argv:  # the command without where its outputs went
-        if skip or a.startswith(("--record", "--output-dir")):
+        if skip or a.startswith(("--record", "--output-dir", "--workdir")):
             skip = not skip and "=" not in a
             continue
         keep.append(a)

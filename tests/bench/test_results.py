@@ -54,7 +54,8 @@ def test_record_replaces_one_suite_and_refuses_a_smoke_run(tmp_path):
     path.write_text(json.dumps({"suites": {"other": {"command": "c", "machine": "m", "date": "d", "figures": []}}}))
     run = {"smoke": False, "machine": {"cores": 2, "cpu": "CPU X", "gpu": None, "date": "2026-01-02T03:04:05+00:00"},
            "figures": [{"name": "f", "value": 1.234, "unit": "ms", "target": "<= 2 ms", "digits": 2}]}
-    results.record(path, "scheduler", ["--steps", "9", "--output-dir", "o", "--record", str(path)], run)
+    argv = ["--steps", "9", "--output-dir", "o", "--workdir=/tmp/w", "--record", str(path)]  # outputs: dropped
+    results.record(path, "scheduler", argv, run)
     data = results.load(path)
     assert set(data["suites"]) == {"other", "scheduler"}
     assert data["suites"]["scheduler"] == {"command": "peagle-trt bench scheduler --steps 9", "machine": "2-core CPU X",
