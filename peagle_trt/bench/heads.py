@@ -38,6 +38,7 @@ PRESETS = {  # suite -> its defaults (options and the figures' targets)
     "step-cost": dict(configs="none,peagle:3,peagle:5,peagle:7,eagle3:3,eagle3:5", batch8=False, served=False,
                       prompts=16, max_tokens=64, timing_prompts=16),
 }
+B8_PROMPTS = 16  # HumanEval prompts of the alternated batch-8 phase: two full batches
 SMOKE = dict(target="code-pair", backend="torch", configs="none,peagle:3,eagle3:3", set_ks="3",
              prompts=4, heldout=2, long=1, long_tokens=200, max_tokens=8, timing_prompts=2, rounds=1)
 
@@ -55,7 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
     p.add_argument("--prompt-tokens", type=int, default=224, help="raw prompts: their last lines within this")
     p.add_argument("--timing-prompts", type=int, default=40, help="HumanEval prompts of a batch-1 pass")
-    p.add_argument("--batch8", action=argparse.BooleanOptionalAction, default=True, help="the batch-8 phase")
+    p.add_argument("--batch8", action=argparse.BooleanOptionalAction, default=True,
+                   help="the batch-8 phases (acceptance per configuration; timing alternated)")
     p.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
                    help="the served batch-1 phase (tritonserver)")
     options(p, target="code-pair", backend="torch", threads=None, prompts=164, max_tokens=32, rounds=3,
@@ -134,7 +136,7 @@ def run(args: argparse.Namespace) -> dict:
         best = {m: max((r for r in b1 if r["method"] == m), key=lambda r: r["tokens_per_s"])["K"]
                 for m in ("peagle", "eagle3") if any(r["method"] == m for r in b1)}
         fastest = [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)]  # none and each head's best K
-        b8 = measure(args, fastest, {"humaneval": sets["humaneval"][:16]}, [8], max_seq_len, args.chat) \
+        b8 = measure(args, fastest, {"humaneval": sets["humaneval"][:B8_PROMPTS]}, [8], max_seq_len, args.chat) \
             if args.batch8 else []
         if args.served:
             args.workdir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +163,8 @@ def run(args: argparse.Namespace) -> dict:
         f"{len(sets.get('long', []))}; {args.max_tokens} new tokens at most; batch 1: medians of {args.rounds} "
         f"alternated passes over {args.timing_prompts} prompts", batch8_table(rows) if rows else "",
         "### Batch 1, in process: where a step's time goes (ms)", records(b1, columns),
-        "### Batch 8, in process: none and each head's batch-1 best K (alternated; 16 prompts)" if b8 else "",
+        f"### Batch 8, in process: none and each head's batch-1 best K (alternated; {B8_PROMPTS} prompts)"
+        if b8 else "",
         records(b8, columns[:4] + columns[-1:]),
         "### Served by tritonserver, batch 1 (alternated)" if serve else "", records(serve, columns[:4] + columns[-1:]),
         png],
