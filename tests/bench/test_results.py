@@ -11,17 +11,20 @@ import pytest
 
 from peagle_trt.bench import results
 from peagle_trt.bench.cli import SUITES
+from peagle_trt.demo import SMOLLM2_K
 from peagle_trt.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC, RESULTS = ROOT / "docs" / "BENCHMARKS.md", ROOT / "docs" / "results.json"
 # a figure the README quotes: (pattern around the number in README.md, the figure's name in results.json)
 DECODE = "SmolLM2-135M decode, batch 1: ours (onnxruntime)"
-HEADS = "smollm2-135m-instruct, HumanEval batch 1, peagle K=2 over none"
+# the demo serves the head's best K of the recorded run; the README quotes that K and its figures
+HEADS = f"smollm2-135m-instruct, HumanEval batch 1, peagle K={SMOLLM2_K} over none"
 README_FIGURES = [
     (r"decodes at ([\d.]+x) transformers' own", f"{DECODE} over transformers' generate"),
     (r"and (\d+%) of the memory-bandwidth roofline", f"{DECODE}, share of the bandwidth roofline"),
-    (r"\(K = 2;[^)]*\) decodes ([\d.]+x) as fast as the target alone in process", f"{HEADS} (in-process, CPU)"),
+    (rf"\(K = {SMOLLM2_K};[^)]*\) decodes ([\d.]+x) as fast as the target alone in process",
+     f"{HEADS} (in-process, CPU)"),
     (r"alone in process and ([\d.]+x) served", f"{HEADS} (served, CPU)"),
 ]
 
