@@ -13,6 +13,8 @@ On a GPU the same tests run the compiled kernels: PEAGLE_TRITON_DEVICE=cuda pyte
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -142,7 +144,7 @@ CASES = {  # rows per request (-1 = padding), heads, kv heads, head size, block 
 @pytest.mark.parametrize("window,with_sinks", [(0, False), (6, False), (0, True), (9, True)])
 def test_kv_attention(dtype, case, window, with_sinks):
     rows, h, kv, d, bs = CASES[case]
-    gen = torch.Generator().manual_seed(hash((case, window)) % 1000)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{case}/{window}".encode()))  # hash() of a str varies per process
     q, k, v, positions, tables, kc, vc = _paged_case(gen, rows, h, kv, d, bs, dtype, window)
     sinks = torch.randn(h, generator=gen) if with_sinks else None
     scale = 0.3 if case == "verify-k3" else None
