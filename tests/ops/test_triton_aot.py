@@ -45,7 +45,8 @@ def test_limits_are_refused():
           "global_scratch": 0, "profile_scratch": 0}
     assert aot.check(ok) == []
     assert "spills" in aot.check(dict(ok, local=64))[0]
-    assert "spills" in aot.check(dict(ok, stack=16))[0]
+    assert aot.check(dict(ok, stack=8)) == []  # a spilled scalar (CUDA 13's ptxas, d128 tree variants)
+    assert "spills" in aot.check(dict(ok, stack=aot.STACK_LIMIT + 8))[0]
     assert "registers" in aot.check(dict(ok, registers=255, threads=512))[0]
     assert "shared memory" in aot.check(dict(ok, shared=300 * 1024))[0]
     assert "scratch" in aot.check(dict(ok, global_scratch=256))[0]

@@ -130,6 +130,13 @@ def _run(q, k, v, positions, tables, kc, vc, h, kv, d, **kw):
     return got.cpu(), dev[5].cpu(), dev[6].cpu()
 
 
+def _same_writes(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Every cache block equal, bit for bit, but the trash block (the last): padding rows all write
+    there, in an order a GPU leaves unspecified (the interpreter runs programs in order, as the
+    reference does, so a full comparison passed there and failed on an H200)."""
+    torch.testing.assert_close(got[:-1], want[:-1], equal_nan=True, atol=0, rtol=0)
+
+
 CASES = {  # rows per request (-1 = padding), heads, kv heads, head size, block size
     "decode-ragged": ([[9], [2], [-1]], 4, 2, 16, 4),
     "verify-k3": ([[20, 21, 22, 23], [5, 6, -1, -1]], 4, 1, 24, 8),
@@ -151,8 +158,8 @@ def test_kv_attention(dtype, case, window, with_sinks):
     got, kc_got, vc_got = _run(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d, scale=scale,
                                sliding_window=window, sinks=sinks)
     want = reference.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, scale, window, sinks)
-    torch.testing.assert_close(kc_got, kc, equal_nan=True, atol=0, rtol=0)  # same writes, nothing else
-    torch.testing.assert_close(vc_got, vc, equal_nan=True, atol=0, rtol=0)
+    _same_writes(kc_got, kc)  # same writes, nothing else
+    _same_writes(vc_got, vc)
     _check_attention(got, want, positions, dtype)
 
 
@@ -183,7 +190,7 @@ def test_kv_attention_fp8_cache(dtype, window, with_sinks):
     want_k, want_v = kc8.clone(), vc8.clone()  # the reference write in the fp8 domain
     reference.kv_attention(q.float(), k.float() / k_scale, v.float() / v_scale, positions, tables, want_k, want_v,
                            h, kv, d)
-    for name, g, w in (("k", kc_got, want_k), ("v", vc_got, want_v)):
+    for name, g, w in (("k", kc_got[:-1], want_k[:-1]), ("v", vc_got[:-1], want_v[:-1])):  # trash aside
         step = (g.view(torch.uint8).int() - w.view(torch.uint8).int()).abs()
         nan = torch.isnan(w.float())
         assert torch.equal(torch.isnan(g.float()), nan), f"{name} cache: NaN pattern changed (a stray write)"
@@ -253,6 +260,6 @@ def test_kv_attention_tree_mask(dtype, case, window):
     got, kc_got, vc_got = _run(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d,
                                sliding_window=window, tree_mask=mask)
     want = reference.kv_attention(q, k, v, positions, tables, kc, vc, h, kv, d, None, window, None, mask)
-    torch.testing.assert_close(kc_got, kc, equal_nan=True, atol=0, rtol=0)
-    torch.testing.assert_close(vc_got, vc, equal_nan=True, atol=0, rtol=0)
+    _same_writes(kc_got, kc)
+    _same_writes(vc_got, vc)
     _check_attention(got, want, positions, dtype)

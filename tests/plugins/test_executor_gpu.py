@@ -7,7 +7,7 @@ from a ModelOpt-layout checkpoint, and the custom ops on the torch references an
 _scaled_mm path would have; FP8Linear itself dequantizes the weight and runs a bf16 matmul).
 
 Marked gpu (skipped without CUDA); run by scripts/gpu_validate.sh after scripts/build_plugins.sh.
-Never executed yet: written without a GPU (issue 15).
+First run 2026-11-27 on an H200 (docs/SERVING.md, "GPU validation").
 """
 
 from __future__ import annotations

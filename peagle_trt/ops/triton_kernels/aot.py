@@ -9,9 +9,12 @@ compiles every variant of `variants.py` with `triton.compile(..., target=GPUTarg
                              local memory (spills), from Triton's metadata and its bundled cuobjdump;
   tritonCubins.cpp           the cubins embedded with `.incbin` plus the table the C launcher
                              (plugins/src/launcher/tritonLauncher.cpp) looks variants up in.
-The build FAILS (BuildError) on a spill (local memory or stack), more than 255 registers, more
-shared memory than the architecture has, or a kernel needing Triton's global scratch buffer
-(the launcher passes none). Called by plugins/CMakeLists.txt; tested by tests/ops/test_triton_aot.py.
+The build FAILS (BuildError) on local memory or a stack frame over STACK_LIMIT bytes (spills), more
+than 255 registers, more shared memory than the architecture has, or a kernel needing Triton's
+global scratch buffer (the launcher passes none). A stack frame up to STACK_LIMIT is reported, not
+refused: CUDA 13.0's ptxas (the one the H200 image's Triton 3.6 runs) spills 4 B in the d128 `.tree`
+attention variants that Triton's bundled 12.x ptxas keeps in registers (seen 2026-11-27).
+Called by plugins/CMakeLists.txt; tested by tests/ops/test_triton_aot.py.
 The compiled kernel takes the non-constexpr arguments in order, then two pointers (Triton's global
 and profile scratch), passed as NULL. fp32 scalars are 4-byte floats (Triton's own generated C
 launcher passes them as double; it is not used).
@@ -35,6 +38,7 @@ from peagle_trt.ops.triton_kernels.variants import Variant, all_variants
 ARCHS = (90, 100)
 SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # max dynamic shared memory per block (bytes)
 MAX_REGS = 255
+STACK_LIMIT = 32  # bytes per thread: a spilled loop scalar or two, no spilled tile
 RES_RE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
 
@@ -86,7 +90,7 @@ def check(entry: dict) -> list[str]:
     """The limits one compiled kernel breaks (empty: none)."""
     name = f"{entry['variant']} sm_{entry['arch']}a"
     bad = []
-    if entry["local"] or entry["stack"]:
+    if entry["local"] or entry["stack"] > STACK_LIMIT:
         bad.append(f"{name}: spills ({entry['local']} B local memory, {entry['stack']} B stack)")
     if entry["registers"] > MAX_REGS or entry["registers"] * entry["threads"] > 65536:
         bad.append(f"{name}: {entry['registers']} registers x {entry['threads']} threads")
@@ -145,9 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     entries = build(args.out_dir, tuple(args.arch or ARCHS), args.only, args.jobs)
     worst = max(entries, key=lambda e: e["registers"])
+    stacked = [f"{e['variant']} sm_{e['arch']}a" for e in entries if e["stack"]]
+    for name in stacked:  # within STACK_LIMIT (build() refuses more), said aloud
+        print(f"aot: {name}: a small stack frame (spilled scalars), within {STACK_LIMIT} B", file=sys.stderr)
     print(json.dumps({"cubins": len(entries), "archs": sorted({e["arch"] for e in entries}),
                       "max_registers": worst["registers"], "max_registers_variant": worst["variant"],
-                      "max_shared": max(e["shared"] for e in entries), "spills": 0}))
+                      "max_shared": max(e["shared"] for e in entries),
+                      "max_stack": max(e["stack"] for e in entries), "stack_frames": stacked}))
     return 0
 
 
