@@ -100,7 +100,8 @@ mapfile -t GPU_TESTS < <(grep -rl "pytest.mark.gpu" tests --include='test_*.py' 
 TEST_ARGS=(--durations=30)
 if "$PY" -c "import pytest_timeout" 2>/dev/null; then  # stop a hung test (its stack is printed), then the stage
     session=$(( $(left) - 45 )); (( session > 255 )) && session=255
-    TEST_ARGS+=(--timeout=120 --session-timeout="$session")
+    # thread method: a test stuck inside a C call (a CUDA sync) never runs a signal handler
+    TEST_ARGS+=(--timeout=120 --timeout-method=thread --session-timeout="$session")
 fi
 if "$PY" -c "import xdist" 2>/dev/null; then TEST_ARGS+=(-n "${GPU_VALIDATE_WORKERS:-8}"); fi
 run_stage tests 270 "$OUT_DIR/gpu_tests.log" "$PY" -m pytest -m gpu -v -rfE -p no:cacheprovider \
