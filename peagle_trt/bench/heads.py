@@ -55,7 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--long", type=int, default=0, help="long-context prompts (--chat)")
     p.add_argument("--long-tokens", type=int, default=2048, help="tokens of module source per long prompt")
     p.add_argument("--prompt-tokens", type=int, default=224, help="raw prompts: their last lines within this")
-    p.add_argument("--timing-prompts", type=int, default=40, help="HumanEval prompts of a batch-1 pass")
+    p.add_argument("--timing-prompts", type=int, default=40,
+                   help="HumanEval prompts of a batch-1 pass (0: acceptance only, no timed phase)")
     p.add_argument("--batch8", action=argparse.BooleanOptionalAction, default=True,
                    help="the batch-8 phases (acceptance per configuration; timing alternated)")
     p.add_argument("--served", action=argparse.BooleanOptionalAction, default=True,
@@ -132,13 +133,13 @@ def run(args: argparse.Namespace) -> dict:
         if args.batch8:
             rows = batch8(args, configs, sets, max_seq_len)
         b1 = measure(args, configs, {"humaneval": sets["humaneval"][:args.timing_prompts]}, [1], max_seq_len,
-                     args.chat, timers={})
+                     args.chat, timers={}) if args.timing_prompts else []  # 0: acceptance only
         best = {m: max((r for r in b1 if r["method"] == m), key=lambda r: r["tokens_per_s"])["K"]
                 for m in ("peagle", "eagle3") if any(r["method"] == m for r in b1)}
         fastest = [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)]  # none and each head's best K
         b8 = measure(args, fastest, {"humaneval": sets["humaneval"][:B8_PROMPTS]}, [8], max_seq_len, args.chat) \
-            if args.batch8 else []
-        if args.served:
+            if args.batch8 and b1 else []
+        if args.served and b1:
             args.workdir.mkdir(parents=True, exist_ok=True)
             serve = served(args, fastest, sets["humaneval"][:args.timing_prompts], max_seq_len, args.chat)
     spec = [r for r in rows if r["method"] != "none"]  # the plot's series: by K, per head

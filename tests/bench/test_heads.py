@@ -30,6 +30,20 @@ def test_heads_suite_smoke(tmp_path, capsys):
     assert result["served"] is None and (tmp_path / "bench_heads.md").is_file()
 
 
+def test_acceptance_only(tmp_path, monkeypatch):
+    """--timing-prompts 0: the acceptance table alone (one configuration at a time: any number of them
+    fits in memory), no timed phase and no speed figure."""
+    from peagle_trt.bench import heads
+
+    monkeypatch.setitem(heads.SMOKE, "timing_prompts", 0)
+    monkeypatch.setitem(heads.SMOKE, "configs", "none,peagle:1,peagle:3")
+    result = run_suite("heads", ["--smoke", "--output-dir", str(tmp_path)])
+    assert [(r["method"], r["K"]) for r in result["rows"]] == [("none", 0), ("peagle", 1), ("peagle", 3)]
+    assert all(r["mismatches"] == 0 for r in result["rows"])
+    assert result["batch1"] == [] and result["batch8"] == [] and result["served"] is None
+    assert not any("over none" in f["name"] for f in result["figures"])
+
+
 @pytest.mark.slow  # ~1 min: three models built and served
 @pytest.mark.triton
 def test_served_phase(tmp_path):
