@@ -148,8 +148,9 @@ def run(args: argparse.Namespace) -> dict:
                    lambda r: f"{r['method']} T=0.7")}
     speed = {**series([r for r in b1 if r["method"] != "none"], "K", "speedup", lambda r: f"{r['method']} batch 1"),
              **series([r for r in b8 if r["method"] != "none"], "K", "speedup", lambda r: f"{r['method']} batch 8")}
-    png = lines(args, "", [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al),
-                           ("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)]) if rows else None
+    panels = [(f"HumanEval, {label}", "K (draft tokens per step)", "acceptance length", al)]
+    panels += [("Wall-clock", "K (draft tokens per step)", "speed-up over none", speed)] if speed else []
+    png = lines(args, "", panels) if rows else None
     figures = [Figure(f"{label}, HumanEval AL, {r['method']} K={r['K']}", r["humaneval"]["acceptance_length"], "",
                       args.al_target) for r in rows if r["method"] == "peagle" and r["K"] == 7]
     figures += [Figure(f"{label}, HumanEval batch {r['batch']}, {r['method']} K={r['K']} over none ({where}, CPU)",
@@ -161,9 +162,10 @@ def run(args: argparse.Namespace) -> dict:
                "other_ms", "mismatches"]
     return finish(args, f"{label}: P-EAGLE vs EAGLE-3 vs none ({args.backend})", [
         f"HumanEval {len(sets['humaneval'])} prompts, held-out {len(sets.get('heldout', []))}, long "
-        f"{len(sets.get('long', []))}; {args.max_tokens} new tokens at most; batch 1: medians of {args.rounds} "
-        f"alternated passes over {args.timing_prompts} prompts", batch8_table(rows) if rows else "",
-        "### Batch 1, in process: where a step's time goes (ms)", records(b1, columns),
+        f"{len(sets.get('long', []))}; {args.max_tokens} new tokens at most; " + (
+            f"batch 1: medians of {args.rounds} alternated passes over {args.timing_prompts} prompts" if b1
+            else "acceptance only (no timed phase)"), batch8_table(rows) if rows else "",
+        "### Batch 1, in process: where a step's time goes (ms)" if b1 else "", records(b1, columns),
         f"### Batch 8, in process: none and each head's batch-1 best K (alternated; {B8_PROMPTS} prompts)"
         if b8 else "",
         records(b8, columns[:4] + columns[-1:]),

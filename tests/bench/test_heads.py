@@ -42,6 +42,8 @@ def test_acceptance_only(tmp_path, monkeypatch):
     assert all(r["mismatches"] == 0 for r in result["rows"])
     assert result["batch1"] == [] and result["batch8"] == [] and result["served"] is None
     assert not any("over none" in f["name"] for f in result["figures"])
+    report = (tmp_path / "bench_heads.md").read_text()
+    assert "acceptance only (no timed phase)" in report and "### Batch 1" not in report
 
 
 @pytest.mark.slow  # ~1 min: three models built and served
