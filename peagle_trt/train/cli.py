@@ -64,6 +64,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="--data: hold out every Nth sequence (never trained on) for the learning curve (0: none)")
     t.add_argument("--train-sequences", type=int, default=None,
                    help="--data: train on the first N sequences that are not held out (a data-size study)")
+    t.add_argument("--train-from", type=int, default=0,
+                   help="--data: skip the first N sequences that are not held out (with --init-from: continue a "
+                        "head on the newest answers; the held-out set stays every --held-out-every-th of all)")
     t.add_argument("--eval-every", type=int, default=50,
                    help="held-out per-depth top-1 every N steps (curve.jsonl and curve.png beside the head; 0: never)")
     t.add_argument("--eval-len", type=int, default=512, help="held-out sequences cut to their first N tokens")
@@ -114,5 +117,6 @@ def cmd_train(args: argparse.Namespace) -> dict:
                       save_every=args.save_every, log_every=args.log_every, force=args.force,
                       held_out_every=args.held_out_every, eval_every=args.eval_every, eval_len=args.eval_len,
                       curriculum=args.curriculum, cpu_budget_s=args.cpu_budget_s, init_from=args.init_from,
-                      init_layer=args.init_layer, train_sequences=args.train_sequences)
+                      init_layer=args.init_layer, train_sequences=args.train_sequences,
+                      train_from=args.train_from)
     return train(cfg)

@@ -59,6 +59,7 @@ class TrainConfig:
     save_dtype: str = "float32"
     held_out_every: int | None = 50  # --data: sequence i is held out iff i % N == N - 1 (never trained on)
     train_sequences: int | None = None  # --data: train on the first N non-held-out sequences only
+    train_from: int = 0  # --data: skip the first N non-held-out sequences (a warm start on the newest data)
     eval_every: int = 50  # held-out per-depth top-1 every N steps (0: never): the learning curve
     eval_len: int = 512  # held-out sequences cut to their first N tokens
     curriculum: int = 0  # the first N steps train depth 0 only, then every depth
@@ -89,6 +90,8 @@ class TrainConfig:
             raise ConfigError("--eval-every, --curriculum and --held-out-every must be >= 0")
         if self.train_sequences is not None and self.train_sequences < 1:
             raise ConfigError(f"--train-sequences {self.train_sequences}: expected at least 1")
+        if self.train_from < 0:
+            raise ConfigError(f"--train-from {self.train_from}: expected 0 or more sequences to skip")
         if self.init_layer not in ("random", "target"):
             raise ConfigError(f"--init-layer {self.init_layer!r}: expected 'random' or 'target'")
         if self.cpu_budget_s is not None and self.cpu_budget_s <= 0:

@@ -98,7 +98,7 @@ def _identity(cfg) -> dict:
     keep = ("method", "depths", "down_sample_ratio", "down_sample_ratio_min", "layers", "intermediate_size",
             "draft_vocab", "taps", "steps", "batch", "seq_len", "lr", "seed", "segments", "segment_tokens",
             "max_context", "freeze_embeddings", "fc_norm", "held_out_every", "curriculum", "init_layer",
-            "train_sequences")
+            "train_sequences", "train_from")
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(cfg).items() if k in keep}
 
 
@@ -128,7 +128,10 @@ def run(cfg, progress) -> dict:
         corpus = D.prompt_corpus(target, codec, cfg.data, cfg.regen_max_tokens, cfg.regen_temperature,
                                  cfg.seed, cfg.chat_template, progress, cfg.max_context)
         train_idx, held_idx = C.split(len(corpus.sequences), cfg.held_out_every)
-        train_idx = train_idx[:cfg.train_sequences]  # None: all
+        train_idx = train_idx[cfg.train_from:][:cfg.train_sequences]  # None: all
+        if not train_idx:
+            raise ConfigError(f"--train-from {cfg.train_from}: the data has only {len(corpus.sequences)} sequences "
+                              f"({len(corpus.sequences) // cfg.held_out_every if cfg.held_out_every else 0} held out)")
         corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
     if cfg.text:  # alone: windows of one stream; beside --data: pieces, extra training sequences
         eos = codec.eos_ids[0] if codec.eos_ids else 0

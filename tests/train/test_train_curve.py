@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from peagle_trt.checkpoint import load_target
-from peagle_trt.errors import CheckpointError
+from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.models.target import TargetModel
 from peagle_trt.train import TrainConfig, train
 from peagle_trt.train import curve as C
@@ -82,6 +82,10 @@ def test_run_writes_its_curve_beside_the_head(tiny, answers, tmp_path):
     small = train(_cfg(tiny, answers, tmp_path / "small", steps=1, eval_every=0, train_sequences=3),
                   lambda *a, **k: None)
     assert small["train_sequences"] == 3 and small["held_out_sequences"] == 0
+    newest = train(_cfg(tiny, answers, tmp_path / "newest", steps=1, train_from=4), lambda *a, **k: None)
+    assert newest["train_sequences"] == 2 and newest["held_out_sequences"] == 2  # the held-out set stays
+    with pytest.raises(ConfigError, match="--train-from 6"):
+        train(_cfg(tiny, answers, tmp_path / "none", steps=1, train_from=6), lambda *a, **k: None)
 
 
 def test_cpu_budget_ends_the_run_and_warm_start_continues(tiny, answers, tmp_path):
