@@ -1,7 +1,8 @@
 """Training data for drafter heads: token sequences, the draft vocabulary, the target's features.
 
 Sources:
-  JSONL prompts  {"prompt": ...} (or "text"/"messages"); the target REGENERATES the response
+  JSONL prompts  {"prompt": ...} (or "text"/"messages"; a .jsonl.gz file is read the same);
+                 the target REGENERATES the response
                  (greedy, or sampled at a temperature), batched through the serving scheduler,
                  and only response tokens are supervised (as in the P-EAGLE paper, original responses
                  are discarded).
@@ -19,6 +20,7 @@ Tests: tests/train/test_train_run.py.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 from dataclasses import dataclass
@@ -70,11 +72,19 @@ def joined(a: Corpus, b: Corpus) -> Corpus:
     return Corpus(a.sequences + b.sequences, a.masks + b.masks, windowed=False)
 
 
+def jsonl_lines(path: Path) -> list[str]:
+    """The lines of a JSONL file, gzip-compressed when its name ends in .gz."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return f.read().splitlines()
+    return path.read_text(encoding="utf-8").splitlines()
+
+
 def read_prompts(path: Path) -> list:
     if not path.is_file():
         raise ConfigError(f"--data {path} does not exist; pass a JSONL file of prompts")
     prompts = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(jsonl_lines(path), start=1):
         if not line.strip():
             continue
         try:
@@ -142,15 +152,15 @@ def read_distilled(path: Path) -> list | None:
     rows are plain prompts."""
     if not path.is_file():
         raise ConfigError(f"--data {path} does not exist; pass a JSONL file of prompts or of distilled answers")
-    with path.open(encoding="utf-8") as f:
-        first = next((line for line in f if line.strip()), "")
+    lines = jsonl_lines(path)
+    first = next((line for line in lines if line.strip()), "")
     try:
         if "response_ids" not in json.loads(first or "{}"):
             return None
     except json.JSONDecodeError:
         return None  # read_prompts reports it with its line number
     pairs = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for n, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:

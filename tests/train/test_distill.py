@@ -1,11 +1,12 @@
 """Self-distillation (train/distill.py) and the training-data paths it feeds: answers written as
 requests finish, a resumed run skips what is done, a spent budget keeps finished answers only;
-`train --data` reads distilled rows without answering again; the target's pass is cached
+`train --data` reads distilled rows (plain or gzipped) without answering again; the target's pass is cached
 (in memory and in a shared file, by content) without changing the features; text trains beside the
 answers as extra pieces (held out from the answers only); frozen embeddings ship no table."""
 
 from __future__ import annotations
 
+import gzip
 import json
 
 import torch
@@ -69,6 +70,9 @@ def test_train_reads_distilled_rows_and_shares_the_feature_cache(tiny, tmp_path)
     b = train(TrainConfig(output=tmp_path / "b", **base), lambda line, final=False: lines.append(line))
     assert any("read from" in line for line in lines)  # the second run used the file
     assert a["final_loss"] == b["final_loss"]  # and the features were the same
+    packed = tmp_path / "answers.jsonl.gz"  # the committed form of a distilled set
+    packed.write_bytes(gzip.compress(data.read_bytes()))
+    assert D.read_distilled(packed) == D.read_distilled(data) and len(D.read_distilled(data)) == 4
 
 
 def test_text_beside_answers_adds_pieces_and_reuses_the_cached_answers(tiny, tmp_path):
