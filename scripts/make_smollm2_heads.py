@@ -6,19 +6,20 @@ instructions made from the installed standard library, or with --source packages
 third-party packages (peagle_trt/train/instructions.py, training split; never HumanEval) greedily
 with its chat template, through the serving scheduler (peagle_trt/train/distill.py, onnxruntime
 executor, batch 32), as many as --budget-s allows or the first --limit; resumable: answers already
-in WORK/answers.jsonl are kept (start from the answers of data/smollm2-135m-instruct/ by copying
-them there); (2) peagle: a P-EAGLE head (one parallel pass, trained depth 5, COD, depth 0 alone for
-its first 250 steps, --init-from to continue from a head such as the shipped one) and (3) eagle3: an
-EAGLE-3 head (sequential), each with `peagle-trt train` on the same answers for --cpu-budget-s CPU
-seconds; the draft vocabulary (8192) comes from the answers; beside the answers, teacher-forced
-Python source (--source-tokens of the training split's standard-library module sources and
---package-source-tokens of the installed packages', `train --text-list`: the
-target's distributions over real code, a prefill per 1024-token piece, no generation); the target's
-pass over the data is computed once and shared (--feature-cache, kept by content); per-tap norms
-before fc (SmolLM2's deeper taps carry activations up to ~25K, rms ~65, against ~3 for the first);
-weights in bfloat16, embeddings frozen (the heads use the target's table): ~20 MB each, each with
-its learning curve (curve.jsonl, curve.png: held-out top-1 by position against CPU time). The
-P-EAGLE head in the AWS layout, the EAGLE-3 head in the `speculators` layout.
+in WORK/answers.jsonl are kept (start from the committed answers by decompressing them there:
+`gunzip -c data/smollm2-135m-instruct/answers.jsonl.gz > WORK/answers.jsonl`); (2) peagle: a P-EAGLE
+head (one parallel pass, trained depth 5, COD, depth 0 alone for its first 250 steps, --init-from to
+continue from a head such as the shipped one) and (3) eagle3: an EAGLE-3 head (sequential), each
+with `peagle-trt train` on the same answers for --cpu-budget-s CPU seconds; the draft vocabulary
+(8192) comes from the answers; beside the answers, teacher-forced Python source (--source-tokens of
+the training split's standard-library module sources and --package-source-tokens of the installed
+packages', `train --text-list`: the target's distributions over real code, a prefill per 1024-token
+piece, no generation); the target's pass over the data is computed once and shared (--feature-cache,
+kept by content); per-tap norms before fc (SmolLM2's deeper taps carry activations up to ~25K, rms
+~65, against ~3 for the first); weights in bfloat16, embeddings frozen (the heads use the target's
+table): ~20 MB each, each with its learning curve (curve.jsonl, curve.png: held-out top-1 by
+position against CPU time). The P-EAGLE head in the AWS layout, the EAGLE-3 head in the
+`speculators` layout.
 
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --budget-s 3600     # all stages
     .venv/bin/python scripts/make_smollm2_heads.py WORK_DIR --stage peagle --cpu-budget-s 7200 \
