@@ -130,8 +130,8 @@ def run(cfg, progress) -> dict:
         train_idx, held_idx = C.split(len(corpus.sequences), cfg.held_out_every)
         train_idx = train_idx[cfg.train_from:][:cfg.train_sequences]  # None: all
         if not train_idx:
-            raise ConfigError(f"--train-from {cfg.train_from}: the data has only {len(corpus.sequences)} sequences "
-                              f"({len(corpus.sequences) // cfg.held_out_every if cfg.held_out_every else 0} held out)")
+            raise ConfigError(f"no training sequences left: the data has {len(corpus.sequences)}, {len(held_idx)} "
+                              f"held out, --train-from {cfg.train_from} skipped the rest")
         corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
     if cfg.text:  # alone: windows of one stream; beside --data: pieces, extra training sequences
         eos = codec.eos_ids[0] if codec.eos_ids else 0
