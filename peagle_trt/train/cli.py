@@ -74,7 +74,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--cpu-budget-s", type=float, default=None,
                    help="stop after this much training CPU time (process time); the cosine schedule spans it")
     t.add_argument("--init-from", type=Path, default=None,
-                   help="warm start from a trained head (same shapes and draft vocabulary), e.g. a shipped one")
+                   help="warm start from a trained head (same shapes and draft vocabulary), e.g. a shipped one; "
+                        "with more --layers than it has, the added layers start as identity (grown)")
     t.add_argument("--init-layer", default="random", choices=["random", "target"],
                    help="target: the drafter layer starts as the target's last layer (on its hidden half)")
     t.add_argument("--checkpoint-dir", type=Path, default=None,

@@ -244,8 +244,14 @@ def head_draft_ids(path, vocab_size: int) -> torch.Tensor:
 def warm_start(head: TrainHead, path) -> None:
     """Load a trained head's weights (any layout `load_drafter` reads) into `head`, built with that
     head's draft vocabulary (`head_draft_ids`) and the same shapes: a later run continues from a
-    shipped head without its optimiser state."""
+    shipped head without its optimiser state. A head with more layers than the loaded one grows:
+    its extra layers keep their random init with o_proj and down_proj zeroed, so each adds nothing
+    to the residual stream and the grown head drafts exactly as the loaded one until trained."""
     tensors, state = load_drafter(path).tensors, head.model.state_dict()
+    loaded_layers = 1 + max(int(n.split(".")[1]) for n in tensors if n.startswith("layers."))
+    if loaded_layers > head.model.config.num_layers:
+        raise CheckpointError(f"--init-from {path}: the head has {loaded_layers} layers, this run's "
+                              f"{head.model.config.num_layers}; pass --layers {loaded_layers} or more")
     new = {}
     for name, value in state.items():
         if name in tensors and name != "d2t":
@@ -257,9 +263,12 @@ def warm_start(head: TrainHead, path) -> None:
             # the target's embeddings (frozen-embedding heads ship none); d2t: the same head's; a
             # sequential head's mask_hidden: an unused buffer its layout does not ship
             new[name] = value
+        elif name.startswith("layers.") and int(name.split(".")[1]) >= loaded_layers:  # a grown layer
+            zero = name.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight"))
+            new[name] = torch.zeros_like(value) if zero else value
         else:
-            raise CheckpointError(f"--init-from {path}: {name} is missing (a head of another shape: same --layers "
-                                  "and --intermediate-size as the head)")
+            raise CheckpointError(f"--init-from {path}: {name} is missing (a head of another shape: the same "
+                                  "--intermediate-size as the head, and --layers at least its own)")
     head.model.load_state_dict(new)
     if head.parallel:
         if "mask_hidden" not in tensors:

@@ -101,8 +101,12 @@ def test_cpu_budget_ends_the_run_and_warm_start_continues(tiny, answers, tmp_pat
     other = train(_cfg(tiny, answers, tmp_path / "d", steps=1, eval_every=0, draft_vocab=150, init_from=tmp_path / "a"),
                   lambda *a, **k: None)
     assert other["draft_vocab"] == first["draft_vocab"] == 200
-    with pytest.raises(CheckpointError, match="missing"):
-        train(_cfg(tiny, answers, tmp_path / "e", steps=1, eval_every=0, layers=2, init_from=tmp_path / "a"),
+    # a deeper head grows from it: the added layer adds nothing until trained, so the same first loss
+    grown = train(_cfg(tiny, answers, tmp_path / "e", steps=1, eval_every=0, lr=1e-12, warmup=1, layers=2,
+                       init_from=tmp_path / "a"), lambda *a, **k: None)
+    assert grown["final_loss"] == pytest.approx(warm["final_loss"], rel=1e-6)
+    with pytest.raises(CheckpointError, match="--layers 2"):  # a shallower one cannot hold it
+        train(_cfg(tiny, answers, tmp_path / "f", steps=1, eval_every=0, init_from=tmp_path / "e"),
               lambda *a, **k: None)
 
 
