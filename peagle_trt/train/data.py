@@ -247,18 +247,26 @@ class FeatureCache:
     (normed hidden + taps: 2 bytes x (H + A) per token), so the frozen target runs once per
     sequence, not once per epoch; kept by the sequence's content (`seq_key`). Windows of a text
     stream (key None) are not kept. With a `path`, the cache is read from and saved to that file
-    (`save`), so several heads trained on the same target share one pass, and a run on more data
-    passes only the new sequences; a file made with another target is not used."""
+    and its parts beside it (`save`: each save appends only the new passes, as `PATH.part-NNNN`),
+    so several heads trained on the same target share one pass, and a run on more data passes only
+    the new sequences; files are memory-mapped, so the cache may be larger than RAM; a file made
+    with another target is not used."""
 
     def __init__(self, target, draft_ids: torch.Tensor, path: Path | None = None, fingerprint: str = ""):
         self.target, self.draft_ids, self.path, self.fingerprint = target, draft_ids, path, fingerprint
-        self.kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.loaded = 0
-        if path is not None and path.is_file():
-            state = torch.load(path, weights_only=True)
+        self.kept: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.saved: set[str] = set()
+        for f in self._files():
+            state = torch.load(f, weights_only=True, mmap=True)  # pages are read as steps touch them
             if state.get("fingerprint") == fingerprint:
-                self.kept = state["kept"]
-                self.loaded = len(self.kept)
+                self.kept.update(state["kept"])
+        self.saved = set(self.kept)
+        self.loaded = len(self.kept)
+
+    def _files(self) -> list[Path]:
+        if self.path is None or not self.path.is_file():
+            return []
+        return [self.path, *sorted(self.path.parent.glob(self.path.name + ".part-[0-9][0-9][0-9][0-9]"))]
 
     @torch.no_grad()
     def get(self, key: int | None, ids: torch.Tensor, supervised: torch.Tensor) -> SeqFeatures:
@@ -287,12 +295,20 @@ class FeatureCache:
         self.save()
 
     def save(self) -> None:
-        if self.path is None or len(self.kept) == self.loaded:
+        """Write the passes made since the last save to a new file (the first save: `path`, then
+        `path.part-NNNN`), atomically, and map them back from it (RAM holds only unsaved passes)."""
+        new = {key: value for key, value in self.kept.items() if key not in self.saved}
+        if self.path is None or not new:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        torch.save({"fingerprint": self.fingerprint, "kept": self.kept}, tmp)
-        tmp.replace(self.path)  # atomic: a reader sees the old file or the new one
+        files = self._files()
+        number = 1 + max((int(f.name[-4:]) for f in files[1:]), default=0)
+        out = self.path if not files else self.path.with_name(f"{self.path.name}.part-{number:04d}")
+        tmp = out.with_name(out.name + ".tmp")
+        torch.save({"fingerprint": self.fingerprint, "kept": new}, tmp)
+        tmp.replace(out)  # atomic: a reader sees the file whole or not at all
+        self.kept.update(torch.load(out, weights_only=True, mmap=True)["kept"])
+        self.saved.update(new)
         self.loaded = len(self.kept)
 
 

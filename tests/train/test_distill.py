@@ -95,7 +95,13 @@ def test_text_beside_answers_adds_pieces_and_reuses_the_cached_answers(tiny, tmp
     assert any("read from" in line for line in lines)  # the answers' passes came from the file
     filled = [line for line in lines if line.startswith("target features:")]
     assert filled and filled[-1].startswith(f"target features: {4 + pieces}/{4 + pieces}")
-    assert len(torch.load(cache, weights_only=True)["kept"]) == 4 + pieces  # only the pieces were new
+    # the first run's file is kept as it was; the second appended only its new passes, as a part
+    assert len(torch.load(cache, weights_only=True)["kept"]) == 4
+    assert len(torch.load(tmp_path / "features.pt.part-0001", weights_only=True)["kept"]) == pieces
+    again = []
+    train(TrainConfig(output=tmp_path / "c", text=(text,), **base), lambda line, final=False: again.append(line))
+    assert any(f"features of {4 + pieces} sequences read from" in line for line in again)  # both files read
+    assert not (tmp_path / "features.pt.part-0002").exists()  # and nothing new to write
 
 
 def test_cached_features_equal_the_full_forward(tiny):
