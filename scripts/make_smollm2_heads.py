@@ -29,8 +29,8 @@ position against CPU time). The P-EAGLE head in the AWS layout, the EAGLE-3 head
 On 2 CPU cores the target's pass over the answers costs ~1 CPU second per answer (once, cached;
 run the training with OMP_NUM_THREADS=1 on a shared machine: two-thread torch spins against other
 load), a depth-0 step of 4 answers ~0.9 CPU s, a depth-5 step ~1.7 CPU s (docs/BENCHMARKS.md,
-"curves"); --device is passed to `peagle-trt train` (cuda: never run here, no GPU has been lent to
-this project).
+"curves"); --device is passed to `peagle-trt train` (cuda: trained on an H200 once, at SmolLM2's shapes
+with random weights, ~50 ms a step: docs/BENCHMARKS.md, "curves"; tests/train/test_train_gpu.py).
 
 Then measure them: `peagle-trt bench heads --peagle WORK_DIR/drafter-peagle --eagle3
 WORK_DIR/drafter-eagle3 --served`. Last stdout line: JSON.

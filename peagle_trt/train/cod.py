@@ -89,7 +89,7 @@ def segment_rows(el: Elements, owned: torch.Tensor) -> tuple[torch.Tensor, torch
     """Rows of one segment: depth-0 context (all positions up to the segment's last depth-0 or
     chain anchor) followed by the owned deeper elements. Returns (row indices into `el` [R],
     charged [R] bool: True for the owned elements)."""
-    own = torch.zeros(len(el), dtype=torch.bool)
+    own = torch.zeros(len(el), dtype=torch.bool, device=el.anchor.device)
     own[owned] = True
     depth0 = el.depth == 0
     last = int(el.anchor[owned].max()) if owned.numel() else -1

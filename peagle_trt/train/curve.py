@@ -73,7 +73,8 @@ def evaluate(head, held: HeldOut, mask_id: int | None, depths: int, segment_toke
         for owned in partition(el, len(f.tokens), max(1, -(-len(f.tokens) // segment_tokens))):
             if owned.numel() == 0:
                 continue
-            sub, x, charged = segment_forward(head, f, el, owned, mask_id)
+            dev = f.tokens.device  # the elements go where the features are (as train_step's)
+            sub, x, charged = segment_forward(head, f, el.to(dev), owned.to(dev), mask_id)
             sup = charged & f.loss_mask[sub.position]
             if not bool(sup.any()):
                 continue
