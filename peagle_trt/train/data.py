@@ -255,12 +255,11 @@ class FeatureCache:
     def __init__(self, target, draft_ids: torch.Tensor, path: Path | None = None, fingerprint: str = ""):
         self.target, self.draft_ids, self.path, self.fingerprint = target, draft_ids, path, fingerprint
         self.kept: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.saved: set[str] = set()
         for f in self._files():
             state = torch.load(f, weights_only=True, mmap=True)  # pages are read as steps touch them
             if state.get("fingerprint") == fingerprint:
                 self.kept.update(state["kept"])
-        self.saved = set(self.kept)
+        self.saved: set[str] = set(self.kept)  # keys already on disk
         self.loaded = len(self.kept)
 
     def _files(self) -> list[Path]:
