@@ -21,6 +21,7 @@ What a run guarantees (tests/faults/test_serve_faults.py proves each):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
@@ -89,14 +90,25 @@ def _bundled() -> tuple[Path, Path]:
     if not stub.is_file():
         raise ServeError(f"nvidia-pytriton ships no Python-backend stub for Python {version}")
     work = Path(tempfile.gettempdir()) / f"peagle-trt-triton-{os.getuid()}-{version}"
-    backend = work / "backends" / "python"
-    if not (backend / "triton_python_backend_stub").is_file():
-        tmp = Path(tempfile.mkdtemp(dir=work.parent if work.parent.exists() else None))
+    ready = work / "backends" / "python" / "triton_python_backend_stub"
+    if not ready.is_file():
+        # Made whole beside `work`, then renamed in: a server starting at the same time either finds
+        # it whole or makes its own copy, and never removes one another server already runs from.
+        tmp = Path(tempfile.mkdtemp(dir=work.parent))
         shutil.copytree(dist / "backends", tmp / "backends")
         shutil.copy2(stub, tmp / "backends" / "python" / "triton_python_backend_stub")
         shutil.copytree(dist / "caches", tmp / "caches")
-        shutil.rmtree(work, ignore_errors=True)
-        tmp.rename(work)
+        if work.exists() and not ready.is_file():  # incomplete (files deleted under it): set it aside
+            aside = Path(tempfile.mkdtemp(dir=work.parent))
+            with contextlib.suppress(FileNotFoundError):  # another start set it aside first
+                work.rename(aside / "old")
+            shutil.rmtree(aside, ignore_errors=True)
+        try:
+            tmp.rename(work)  # atomic; refused when another start renamed its copy in first
+        except OSError:
+            if not ready.is_file():
+                raise
+        shutil.rmtree(tmp, ignore_errors=True)
     return dist / "bin" / "tritonserver", work
 
 
