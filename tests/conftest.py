@@ -1,14 +1,41 @@
-"""Shared fixtures: small seeded checkpoints in the real layouts (written once per session)."""
+"""Shared fixtures: small seeded checkpoints in the real layouts (written once per session), and the
+grouping that lets the suite run on two pytest-xdist workers (the README's `-n 2 --dist loadgroup`)."""
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
 from peagle_trt.tiny import make_all
+
+# Under `--dist loadgroup` each group runs on one worker. Tests that share an expensive session fixture
+# (the real model's conversion, ~45 s; the speculators oracle, ~2 min) or a folder's shared state
+# (.venv-dynamo and one Dynamo deployment; plugins/build, built in place; one tritonserver) are kept
+# together; any other file is its own group, so its module fixtures are built once.
+SHARED_FIXTURES = ("smollm2", "library")
+SHARED_FOLDERS = ("dynamo", "plugins", "serving")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        folder = item.path.parent.name
+        group = next((name for name in SHARED_FIXTURES if name in item.fixturenames), None)
+        group = group or (folder if folder in SHARED_FOLDERS else item.nodeid.split("::")[0])
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config):
+    """A worker of `-n 2` gets one thread (torch here, and the servers it starts, through
+    OMP_NUM_THREADS): two workers with two threads each on two cores only fight over them."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
