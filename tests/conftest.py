@@ -1,5 +1,5 @@
 """Shared fixtures: small seeded checkpoints in the real layouts (written once per session), and the
-grouping that lets the suite run on two pytest-xdist workers (the README's `-n 2 --dist loadgroup`)."""
+grouping that lets the suite run on two pytest-xdist workers (the README's `-n 2`)."""
 
 from __future__ import annotations
 
@@ -12,22 +12,30 @@ import torch
 
 from peagle_trt.tiny import make_all
 
-# Under `--dist loadgroup` each group runs on one worker. Tests that share an expensive session fixture
-# (the real model's conversion, ~45 s; the speculators oracle, ~2 min) or a folder's shared state
-# (.venv-dynamo and one Dynamo deployment; plugins/build, built in place; one tritonserver) are kept
-# together; any other file is its own group, so its module fixtures are built once.
-SHARED_FIXTURES = ("smollm2", "library")
-SHARED_FOLDERS = ("dynamo", "plugins", "serving")
+# Under pytest-xdist (`-n 2`) each group below runs whole on one worker: the tests that share an
+# expensive session fixture (the real model's conversion, ~45 s: the files named *smollm2*) or a
+# folder's state (.venv-speculators and the library's oracle; .venv-dynamo and one Dynamo deployment;
+# plugins/build, built in place; one tritonserver). Every other file is a group of its own, so its
+# module fixtures are built once. (xdist's own `--dist loadgroup` marks do nothing under pytest 9.2:
+# it renames `item._nodeid`, which pytest no longer reads; a scheduler sees the node ids alone.)
+SHARED_FOLDERS = ("tests/compat", "tests/dynamo", "tests/plugins", "tests/serving")
 
 
-def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        folder = item.path.parent.name
-        group = next((name for name in SHARED_FIXTURES if name in item.fixturenames), None)
-        group = group or (folder if folder in SHARED_FOLDERS else item.nodeid.split("::")[0])
-        item.add_marker(pytest.mark.xdist_group(group))
+def xdist_group(nodeid: str) -> str:
+    path = nodeid.split("::")[0]
+    folder, name = path.rsplit("/", 1)
+    return "smollm2" if "smollm2" in name else folder if folder in SHARED_FOLDERS else path
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; without xdist nothing calls it
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return Groups(config, log)
 
 
 def pytest_configure(config):
