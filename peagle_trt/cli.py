@@ -250,7 +250,8 @@ def cmd_serve(args: argparse.Namespace) -> dict:
             with_deterministic(read_options(args.repo, config.parent.name)[1], True)
     options = ServeOptions(args.repo, args.host, args.http_port, args.grpc_port, args.metrics_port,
                            args.ready_timeout, drain_timeout_s=args.drain_timeout,
-                           speculative_config=_serve_spec(args), deterministic=args.deterministic)
+                           speculative_config=_serve_spec(args), deterministic=args.deterministic,
+                           log_path=args.log)
 
     frontend = None
     if args.openai_port:  # bound before tritonserver starts; answers 503 until the model is ready
@@ -408,6 +409,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     s.add_argument("--grpc-port", type=int, default=8001)
     s.add_argument("--metrics-port", type=int, default=8002)
     s.add_argument("--ready-timeout", type=float, default=180.0, help="seconds to wait for readiness")
+    s.add_argument("--log", type=Path, default=None,
+                   help="tritonserver's log (default: a temporary file, removed after a clean stop, kept "
+                        "and named after a failure)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="on SIGTERM / Ctrl-C, seconds running streams may take to finish (default 30); "
                         "a second signal stops at once")

@@ -59,7 +59,7 @@ class ServeOptions:
     grpc_port: int = 8001
     metrics_port: int = 8002
     ready_timeout_s: float = 180.0
-    log_path: Path | None = None
+    log_path: Path | None = None  # None: a temporary log, removed after a clean stop, kept after a failure
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running streams (tritonserver's exit timeout)
     speculative_config: str | None = None  # run-time keys over the built config (vLLM JSON; triton_model.py)
     deterministic: bool = False  # every model in deterministic mode (VLLM_BATCH_INVARIANT=1 for the models)
@@ -142,7 +142,9 @@ def command_and_env(options: ServeOptions, shm_prefix: str) -> tuple[list[str], 
 
 
 class TritonServer:
-    """A running tritonserver; use as a context manager or call `stop()`.
+    """A running tritonserver; use as a context manager or call `stop()`. Its log goes to
+    `options.log_path`, or else to a temporary file that a clean stop removes (a failure keeps it
+    and names it).
 
     Create it on a thread that outlives it (the parent-death signal fires when that thread ends)."""
 
@@ -155,7 +157,13 @@ class TritonServer:
         self.shm_prefix = f"peagle_{os.getpid()}_{secrets.token_hex(4)}_"
         cmd, env = command_and_env(options, self.shm_prefix)
         self.log_path = options.log_path or Path(tempfile.mkstemp(prefix="tritonserver-", suffix=".log")[1])
-        self._log = open(self.log_path, "wb")
+        try:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log = open(self.log_path, "wb")
+        except OSError as e:
+            raise ServeError(f"cannot write tritonserver's log to {self.log_path}: {e}; choose another "
+                             "--log") from e
+        self.keep_log = options.log_path is not None  # a failure sets it: its message names the log
         self.stubs: list[int] = []  # the model processes, known once ready
         self.swept: list[str] = []  # what the last cleanup had to remove (empty after a clean exit)
         self.drained = False  # stopped with nothing left running (set by stop)
@@ -231,6 +239,7 @@ class TritonServer:
                 return False
             if self.proc.poll() is not None:
                 reason = self._exit_reason()
+                self.keep_log = True
                 self.stop(_STARTUP_GRACE_S)
                 error = PortInUseError if reason.startswith("port ") else ServeError
                 raise error(f"tritonserver could not start: {reason}")
@@ -240,6 +249,7 @@ class TritonServer:
                     return True
             time.sleep(0.25)
         tail = self.log_tail()
+        self.keep_log = True
         self.stop(_STARTUP_GRACE_S)
         raise ServeError(f"tritonserver was not ready after {self.options.ready_timeout_s:.0f} s (a model "
                          f"that cannot load keeps the server not-ready); its log ({self.log_path}) ends "
@@ -277,8 +287,8 @@ class TritonServer:
                     idle_since = None
                 time.sleep(0.25)
             if self.proc.poll() is None:
-                self.kill()
                 self.drained = idle_since is not None
+                self.kill()
             else:
                 self.drained = self.proc.returncode == 0
         self._cleanup()
@@ -304,6 +314,8 @@ class TritonServer:
             time.sleep(0.05)
         self._log.close()
         self._closed = True
+        if self.drained and not self.keep_log:
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> TritonServer:
         if not self.wait_ready():
@@ -335,10 +347,12 @@ def serve_forever(options: ServeOptions, on_ready=None) -> dict:
         while stop["signal"] is None:
             reason = server.health()
             if reason is not None:
+                server.keep_log = True
                 code = server.stop(_DEAD_STUB_GRACE_S)  # nothing can drain; a clean exit when it can
                 how = "it exited cleanly" if code == 0 else f"it ended with code {code}"
                 raise ServeError(f"{reason}; stopped the server ({how}; in-flight requests failed) and removed "
-                                 "its processes and shared memory; start `peagle-trt serve` again")
+                                 f"its processes and shared memory (its log: {server.log_path}); start "
+                                 "`peagle-trt serve` again")
             time.sleep(0.2)
         code = server.stop(abort=lambda: stop["count"] > 1)
         return {"exit_code": code, "drained": server.drained}

@@ -308,6 +308,8 @@ def test_kill_9_of_an_idle_model_process_turns_readiness_off_at_once(repo):
     assert not_ready_after < 1.5, f"still ready {not_ready_after:.1f} s after the model process died"
     assert code == 2 and result["error_type"] == "ServeError" and "model process" in result["error"], result
     assert "it exited cleanly" in result["error"], result  # tritonserver exit 0 after SIGTERM, not SIGKILL
+    assert f"its log: {ready['log']}" in result["error"] and Path(ready["log"]).is_file()  # a failure keeps it
+    Path(ready["log"]).unlink()
     assert_nothing_left(repo, regions)
 
 
@@ -341,6 +343,7 @@ def test_sigterm_during_8_streams_finishes_them_exactly_then_exits_promptly(repo
     assert exit_after < 10, f"serve took {exit_after:.1f} s to exit after the last stream ended"
     assert_nothing_left(repo, regions)
     assert code == 0 and result["stopped"] and result["drained"], result
+    assert not Path(ready["log"]).exists()  # the temporary log of a clean stop is removed
 
 
 def test_sigkill_of_serve_takes_the_server_down(repo):
