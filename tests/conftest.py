@@ -72,8 +72,14 @@ def tiny_moe(tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_threads():
+    """Each test starts seeded and leaves torch's thread count as it found it (a bench suite run in
+    process sets it to its --threads)."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")
