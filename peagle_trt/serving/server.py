@@ -163,7 +163,7 @@ class TritonServer:
         except OSError as e:
             raise ServeError(f"cannot write tritonserver's log to {self.log_path}: {e}; choose another "
                              "--log") from e
-        self.keep_log = options.log_path is not None  # a failure sets it: its message names the log
+        self.keep_log = options.log_path is not None  # set where a server that may exit cleanly failed
         self.stubs: list[int] = []  # the model processes, known once ready
         self.swept: list[str] = []  # what the last cleanup had to remove (empty after a clean exit)
         self.drained = False  # stopped with nothing left running (set by stop)
@@ -239,8 +239,7 @@ class TritonServer:
                 return False
             if self.proc.poll() is not None:
                 reason = self._exit_reason()
-                self.keep_log = True
-                self.stop(_STARTUP_GRACE_S)
+                self.stop(_STARTUP_GRACE_S)  # it had exited: not drained, so its log is kept
                 error = PortInUseError if reason.startswith("port ") else ServeError
                 raise error(f"tritonserver could not start: {reason}")
             if self._listening() and self.ready():
