@@ -18,7 +18,7 @@ import zlib
 import pytest
 import torch
 
-from tests.ops.conftest import DEVICE  # sets TRITON_INTERPRET=1 on CPU, before the kernels are imported
+from tests.ops.conftest import DEVICE, rowwise_dot  # sets TRITON_INTERPRET=1 on CPU, before the kernels are imported
 
 triton = pytest.importorskip("triton", reason="pip install -c constraints.txt 'peagle-trt[dev]' (triton==3.9.0)")
 
@@ -211,11 +211,24 @@ def test_draft_inputs_clamps_bad_token_ids():
 
 
 @pytest.mark.parametrize("window,with_sinks", [(0, False), (6, True)])
-def test_kv_attention_row_is_batch_invariant(window, with_sinks):
+def test_kv_attention_row_is_batch_invariant(window, with_sinks, monkeypatch):
     """Deterministic mode's property for the kernel (a fixed split): a query row's output, bit for
     bit, does not depend on the rows sharing its tile (a verify's later rows, a second tile) nor on
     the other requests of the launch. Key steps start at absolute multiples of BLOCK_N, and steps a
-    row cannot see leave its online-softmax state exactly unchanged (alpha = 1, p = 0)."""
+    row cannot see leave its online-softmax state exactly unchanged (alpha = 1, p = 0).
+
+    The guarantee holds given a `tl.dot` whose output element depends on its own row and column
+    only, as on a GPU (where this test runs on the compiled kernel, bit for bit). Under the
+    interpreter `tl.dot` is numpy's BLAS, whose FMA kernels (OpenBLAS Haswell/Zen: AMD EPYC) give a
+    row other last bits by its place in the tile, so there the test runs on `rowwise_dot`, the
+    GPU's per-element contract (tests/ops/conftest.py); `test_batch_invariance_check_sees_a_row_dependent_dot`
+    shows the check still catches arithmetic that depends on a row's place."""
+    if DEVICE == "cpu":
+        rowwise_dot(monkeypatch)
+    _check_row_is_batch_invariant(window, with_sinks)
+
+
+def _check_row_is_batch_invariant(window, with_sinks):
     gen = torch.Generator().manual_seed(11)
     h, kv, d, bs = 4, 2, 16, 8
     _, _, _, _, tables, kc, vc = _paged_case(gen, [[40], [40]], h, kv, d, bs, torch.float32, 0)
@@ -233,6 +246,15 @@ def test_kv_attention_row_is_batch_invariant(window, with_sinks):
         assert torch.equal(row(q[:1, j:], [verify[j:]], tables[:1]), alone)
         got, _, _ = _run(q, None, None, torch.tensor([verify, list(range(20, 40))]), tables, kc, vc, h, kv, d, **kw)
         assert torch.equal(got[0, j], alone), (p, j)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="replaces the interpreter's tl.dot")
+def test_batch_invariance_check_sees_a_row_dependent_dot(monkeypatch):
+    """The check above is no weaker on `rowwise_dot`: with a dot that sums a tile's rows 8 and up
+    in another order (a row at p = 33 sits there in the verify and at the top when alone), it fails."""
+    rowwise_dot(monkeypatch, tail_reversed_from=8)
+    with pytest.raises(AssertionError, match="33, 5"):
+        _check_row_is_batch_invariant(0, False)
 
 
 TREES = {  # parents of each request's nodes (rows: root + nodes, padded), cur, heads, kv heads, d, bs
