@@ -129,6 +129,12 @@ def _use_kernel(supported: bool) -> bool:
     return _GLOBAL and supported and available()
 
 
+def in_use() -> bool:
+    """True where the ops would run on the kernels (inside `routed()`, or after `enable()` with a GPU):
+    also what switches `FP8Linear` to its FP8 matmuls (peagle_trt/models/fp8.py)."""
+    return _use_kernel(True)
+
+
 def _kv_attention_dispatch(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
                            head_dim, scale=None, sliding_window=0, sinks=None, tree_mask=None):
     supported = (q.is_cuda and k_cache.is_cuda and q.dtype in _DTYPES

@@ -146,8 +146,8 @@ def test_num_splits_must_be_positive():
 
 
 def test_split_kernels_compile_for_sm90a_and_sm100a_without_spills(tmp_path):
-    """`aot.py --split`: the split form of the plugins' widest bf16 / FP8 variants (plain and tree)
-    and the reduce, as real cubins with their resources checked (the full set: aot.py --split)."""
+    """`aot.py --jit-only`: the split form of the plugins' widest bf16 / FP8 variants (plain and tree)
+    and the reduce, as real cubins with their resources checked (the full set: aot.py --jit-only)."""
     import json
     import os
     import subprocess
@@ -158,7 +158,7 @@ def test_split_kernels_compile_for_sm90a_and_sm100a_without_spills(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(repo), TRITON_DEFAULT_FP_FUSION="1")
     for only in ("kv_attention_split.bf16.fp8.d128", "kv_reduce.bf16.d256"):
         out = tmp_path / only
-        proc = subprocess.run([sys.executable, "-m", "peagle_trt.ops.triton_kernels.aot", str(out), "--split",
+        proc = subprocess.run([sys.executable, "-m", "peagle_trt.ops.triton_kernels.aot", str(out), "--jit-only",
                                "--only", only], env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-4000:]
         manifest = json.loads((out / "manifest.json").read_text())
@@ -166,7 +166,7 @@ def test_split_kernels_compile_for_sm90a_and_sm100a_without_spills(tmp_path):
         assert not (out / "tritonCubins.cpp").exists()  # checked, not embedded: the plugins launch the unsplit kernel
 
 
-def test_split_variants_are_not_in_the_plugins_table():
-    names = [v.name for v in variants.split_variants()]
+def test_jit_variants_are_not_in_the_plugins_table():
+    names = [v.name for v in variants.jit_variants()]
     assert len(names) == len(set(names))
     assert not set(names) & {v.name for v in variants.all_variants()}

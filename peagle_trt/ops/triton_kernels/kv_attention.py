@@ -28,7 +28,7 @@ the GPU (`split_plan`: by shape only, as vLLM's unified attention does):
 Deterministic mode (`ops.deterministic.rows()`) keeps the unsplit kernel: the plan depends on the
 batch size, so a row's bits would depend on its batch (the unsplit kernel's do not: key steps at
 absolute positions). `num_splits=` forces a count (tests, benchmarks). The TensorRT plugins launch
-the unsplit kernel only (aot.py --split compiles and checks the split kernels; launching them needs
+the unsplit kernel only (aot.py --jit-only compiles and checks the split kernels; launching them needs
 the plan, two more launches and a workspace for the partials in tritonLauncher.cpp).
 Differences from the reference, outside the runtime's contract: padding rows return zeros (the
 reference returns some finite row); a table entry -1 (or past the cache) inside a row's visible
@@ -353,7 +353,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
     if int(num_splits) < 1:
         raise ValueError(f"kv_attention: num_splits must be >= 1 (or None: by shape), got {num_splits}")
     splits, chunk = segments(keys, int(num_splits))
-    if q.dtype == torch.float32 and d > 128:  # its split form spills on sm_90a (aot.py --split): unsplit
+    if q.dtype == torch.float32 and d > 128:  # its split form spills on sm_90a (aot.py --jit-only): unsplit
         splits = 1
     qk_scale = (scale if scale is not None else d ** -0.5) * LOG2E
     sinks_arg = q if sinks is None else sinks.contiguous()
@@ -370,7 +370,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         return out
     part_acc = torch.empty(splits, b, s, h, d, dtype=torch.float32, device=device)
     part_ml = torch.empty(splits, b, s, h, 2, dtype=torch.float32, device=device)
-    if q.dtype == torch.float32 and d >= 128:  # fp32 tiles: 4 warps spill in the split form (aot.py --split)
+    if q.dtype == torch.float32 and d >= 128:  # fp32 tiles: 4 warps spill in the split form (aot.py --jit-only)
         common["num_warps"] = 8
     kv_attention_split_kernel[(b, kvh, tiles * splits)](q, part_acc, part_ml, positions, tables, k_cache, v_cache,
                                                         tree_arg, *sizes, tiles, splits, chunk, **common)
