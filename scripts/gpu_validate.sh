@@ -109,7 +109,7 @@ run_stage tests 270 "$OUT_DIR/gpu_tests.log" "$PY" -m pytest -m gpu -v -rfE -p n
     --junitxml="$OUT_DIR/gpu_tests.xml" "${TEST_ARGS[@]}" "${GPU_TESTS[@]}"
 
 # -- 5 kernel timing against the roofline ----------------------------------------------------------------
-run_stage timing 90 "$OUT_DIR/bench_kernels.log" "$PY" -m peagle_trt.cli bench kernels --smoke
+run_stage timing 150 "$OUT_DIR/bench_kernels.log" "$PY" -m peagle_trt.cli bench kernels --smoke
 
 # -- 6 benchmark ------------------------------------------------------------------------------------------
 BENCH_BUDGET=$(( $(left) - 90 ))
