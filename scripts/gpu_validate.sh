@@ -10,8 +10,9 @@
 #   2 build   scripts/build_plugins.sh: the Triton kernels compiled ahead of time for this GPU's
 #             architecture only (cubins, resource checks), the launcher, warnings as errors
 #             (retried with PEAGLE_WERROR=OFF if only -Werror stops it)          -> build.log
-#   3 kernels the interpreter's kernel tests (tests/ops/test_triton_kernels.py) on the GPU: the same
-#             cases, compiled by Triton for this GPU (PEAGLE_TRITON_DEVICE=cuda)  -> kernel_tests.log
+#   3 kernels the interpreter's kernel tests (tests/ops/test_triton_kernels.py, test_kv_attention_split.py,
+#             test_fp8_linear.py) on the GPU: the same cases, compiled by Triton for this GPU
+#             (PEAGLE_TRITON_DEVICE=cuda)                                        -> kernel_tests.log
 #   4 tests   every GPU-marked test: the kernels against their CPU references at full sizes and the
 #             torch executor (token identity, every spec mode and target family, bf16/fp32/FP8,
 #             both op backends)                                                  -> gpu_tests.log, gpu_tests.xml
@@ -92,8 +93,8 @@ if wanted build && ! grep -q $'^build\tok' "$STATUS_FILE"; then  # e.g. a warnin
 fi
 
 # -- 3 the interpreter's kernel tests, on the GPU ---------------------------------------------------------
-run_stage kernels 120 "$OUT_DIR/kernel_tests.log" env PEAGLE_TRITON_DEVICE=cuda "$PY" -m pytest -m kernels -v -rfE \
-    -p no:cacheprovider tests/ops/test_triton_kernels.py
+run_stage kernels 240 "$OUT_DIR/kernel_tests.log" env PEAGLE_TRITON_DEVICE=cuda "$PY" -m pytest -m kernels -v -rfE \
+    -p no:cacheprovider tests/ops/test_triton_kernels.py tests/ops/test_kv_attention_split.py tests/ops/test_fp8_linear.py
 
 # -- 4 GPU tests ------------------------------------------------------------------------------------------
 mapfile -t GPU_TESTS < <(grep -rl "pytest.mark.gpu" tests --include='test_*.py' | sort)
@@ -108,7 +109,7 @@ run_stage tests 270 "$OUT_DIR/gpu_tests.log" "$PY" -m pytest -m gpu -v -rfE -p n
     --junitxml="$OUT_DIR/gpu_tests.xml" "${TEST_ARGS[@]}" "${GPU_TESTS[@]}"
 
 # -- 5 kernel timing against the roofline ----------------------------------------------------------------
-run_stage timing 90 "$OUT_DIR/bench_kernels.log" "$PY" -m peagle_trt.cli bench kernels --smoke
+run_stage timing 150 "$OUT_DIR/bench_kernels.log" "$PY" -m peagle_trt.cli bench kernels --smoke
 
 # -- 6 benchmark ------------------------------------------------------------------------------------------
 BENCH_BUDGET=$(( $(left) - 90 ))

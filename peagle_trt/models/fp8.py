@@ -20,6 +20,15 @@ their dtypes when the model is cast (`.to(dtype)`); only the bias follows the mo
 
 The KV-cache scales are kept (`FP8Linear.kv_scale`) for the exporters but are NOT applied by the
 reference attention: the reference KV cache stays in the model dtype.
+
+Paths (`linear_path`): `FP8Linear.forward` runs the dequantized matmul above ("dequant": the weight
+copied to x's dtype on every call) everywhere but on CUDA with the kernels on (`ops.kernels.routed()`,
+i.e. `TorchExecutor(kernels="cuda")`, or `ops.kernels.enable()`), outside deterministic mode. There
+it multiplies FP8 by FP8 without a copy: rows M <= TRITON_MAX_M through the Triton FP8 GEMM
+(ops/triton_kernels/fp8_linear.py, scales fused), more rows through `torch._scaled_mm` (K and N
+multiples of 16). Both compute `fp8_linear_reference` (fp32 accumulation, one rounding to x's
+dtype), which differs from the dequant path by that path's bf16 roundings only. CPU results are
+unchanged. How to test: tests/quantize/test_fp8.py (the dequant path), tests/ops/test_fp8_linear.py.
 """
 
 from __future__ import annotations
@@ -44,6 +53,46 @@ def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """Quantize to E4M3 with a per-tensor scale and dequantize again (in float32; result in x.dtype)."""
     q = (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return (q.float() * scale).to(x.dtype)
+
+
+TRITON_MAX_M = 64  # rows up to which the Triton FP8 GEMM runs; `_scaled_mm` above (to be measured: bench kernels)
+
+
+def quantize_input(x: torch.Tensor, input_scale: torch.Tensor) -> torch.Tensor:
+    """float8_e4m3fn codes of x / input_scale (clamped to +-448): the activation side of the FP8 matmul."""
+    return (x.float() / input_scale.float()).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def fp8_linear_reference(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
+                         input_scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The FP8 product in fp32, rounded once to x's dtype: (codes(x) @ weight^T) * input_scale *
+    weight_scale + bias, codes(x) = `quantize_input`. x [..., K], weight float8_e4m3fn [N, K] -> [..., N].
+    The reference of the Triton FP8 GEMM and of `torch._scaled_mm` (tests/ops/test_fp8_linear.py)."""
+    prod = quantize_input(x, input_scale).float() @ weight.float().t()  # [..., N] fp32
+    y = prod * (input_scale.float() * weight_scale.float()).reshape(())
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def choose_path(rows: int, in_features: int, out_features: int, *, cuda: bool, kernels_on: bool,
+                deterministic: bool) -> str:
+    """"dequant", "triton" or "scaled_mm" for a product of `rows` rows (module docstring)."""
+    if not cuda or not kernels_on or deterministic:
+        return "dequant"
+    if rows <= TRITON_MAX_M or in_features % 16 or out_features % 16:  # _scaled_mm wants multiples of 16
+        return "triton"
+    return "scaled_mm"
+
+
+def linear_path(x: torch.Tensor, in_features: int, out_features: int) -> str:
+    """How `FP8Linear.forward` multiplies x: `choose_path` on x's rows, device and the kernels' state."""
+    if not x.is_cuda or x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return "dequant"  # CPU: not a single import more than before
+    from peagle_trt.ops import deterministic, kernels
+
+    return choose_path(x.numel() // max(in_features, 1), in_features, out_features, cuda=True,
+                       kernels_on=kernels.in_use(), deterministic=deterministic.active())
 
 
 def _frozen(t: torch.Tensor) -> nn.Parameter:
@@ -81,6 +130,17 @@ class FP8Linear(nn.Module):
         return self.weight.float() * self.weight_scale.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        path = linear_path(x, self.in_features, self.out_features)
+        if path == "triton":
+            from peagle_trt.ops.triton_kernels import fp8_linear
+
+            return fp8_linear.fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.bias)
+        if path == "scaled_mm":  # mat1 row-major, mat2 column-major (weight.t() of a row-major [N, K])
+            flat = quantize_input(x.reshape(-1, self.in_features), self.input_scale)
+            y = torch._scaled_mm(flat, self.weight.t(), scale_a=self.input_scale.float().reshape(()),
+                                 scale_b=self.weight_scale.float().reshape(()), out_dtype=x.dtype)
+            y = y if self.bias is None else y + self.bias.to(x.dtype)
+            return y.reshape(*x.shape[:-1], self.out_features)
         x = fake_quant_fp8(x, self.input_scale)
         return F.linear(x, self.dequantized_weight().to(x.dtype), self.bias)
 

@@ -90,13 +90,15 @@ def _cuda(*tensors: torch.Tensor | None) -> tuple[ModuleType, ModuleType, Module
 # -- the ops --------------------------------------------------------------------------------------
 
 def kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
-                 scale=None, sliding_window=0, sinks=None, tree_mask=None, *, k_scale=1.0, v_scale=1.0, out=None):
-    """PEagleKVAttention on the GPU; see `triton_kernels.kv_attention.kv_attention`."""
+                 scale=None, sliding_window=0, sinks=None, tree_mask=None, *, k_scale=1.0, v_scale=1.0, out=None,
+                 num_splits=None):
+    """PEagleKVAttention on the GPU; see `triton_kernels.kv_attention.kv_attention` (num_splits: None =
+    split over the context by shape, unsplit in deterministic mode; 1 = never)."""
     ka, _, _ = _cuda(q, k, v, positions, block_tables, k_cache, v_cache, sinks, tree_mask)
     with torch.cuda.device(q.device):
         return ka.kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
                                head_dim, scale, sliding_window, sinks, tree_mask, k_scale=k_scale, v_scale=v_scale,
-                               out=out)
+                               out=out, num_splits=num_splits)
 
 
 def draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, num_spec_tokens,
@@ -125,6 +127,12 @@ def _use_kernel(supported: bool) -> bool:
     if _ROUTED.get():
         return True  # kernels="cuda": always the kernel; it raises on what it cannot take
     return _GLOBAL and supported and available()
+
+
+def in_use() -> bool:
+    """True where the ops would run on the kernels (inside `routed()`, or after `enable()` with a GPU):
+    also what switches `FP8Linear` to its FP8 matmuls (peagle_trt/models/fp8.py)."""
+    return _use_kernel(True)
 
 
 def _kv_attention_dispatch(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,

@@ -5,8 +5,9 @@ Fresh random inputs on every run (the seed is printed and kept in the test repor
 PEAGLE_TEST_SEED to replay one). Every output buffer is poisoned first (NaN / sentinel), so an
 element a kernel forgets to write fails.
 
-Covered: ragged batches (per-request context lengths 0..8k, real rows + padding rows, rows in any
-order), rows S = K+1 for K in {1, 3, 7, 11, 15} and prefill chunks (S up to 300), GQA groups 1..8,
+Covered: ragged batches (per-request context lengths 0..8k; at 8k unsplit, split by shape and in
+7 segments; real rows + padding rows, rows in any order), rows S = K+1 for K in {1, 3, 7, 11, 15}
+and prefill chunks (S up to 300), GQA groups 1..8,
 head_dim 8..128, fp32 / fp16 / bf16 activations and caches, an FP8 (E4M3) cache against the reference
 run on the dequantized cache, the paged cache (block sizes 16 / 32 and 1 / 24 / 64, each request's
 blocks a random draw from a shuffled pool, -1 past its end; rows past the table write the trash
@@ -151,12 +152,14 @@ def test_kv_attention_drafter_rows(pl, gen, dtype, k_spec):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_kv_attention_long_contexts(pl, gen, dtype):
-    """8k contexts: one program walks 8k keys through the table."""
+@pytest.mark.parametrize("num_splits", [1, None, 7])
+def test_kv_attention_long_contexts(pl, gen, dtype, num_splits):
+    """8k contexts: one program walks 8k keys through the table (num_splits=1), or the context is split
+    in segments, as many as the shape asks for (None: 3 x 8 x 2 programs, so several) or 7."""
     h, kv, d = 32, 8, 128
     contexts = [8000, rand_int(gen, 4000, 8100), rand_int(gen, 0, 300)]
     batch = make_batch(gen, 3, 8, h, kv, d, contexts, max_len=8200, block_size=32)  # M * bs = 8224 keys
-    check_attention(pl, gen, dtype, *batch, h, kv, d)
+    check_attention(pl, gen, dtype, *batch, h, kv, d, num_splits=num_splits)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

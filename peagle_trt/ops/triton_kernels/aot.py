@@ -1,6 +1,6 @@
 """Ahead-of-time build of the Triton kernels: cubins for sm_90a and sm_100a, checked and embedded.
 
-    python -m peagle_trt.ops.triton_kernels.aot OUT_DIR [--arch 90 --arch 100] [--only PREFIX]
+    python -m peagle_trt.ops.triton_kernels.aot OUT_DIR [--arch 90 --arch 100] [--only PREFIX] [--jit-only]
 
 compiles every variant of `variants.py` with `triton.compile(..., target=GPUTarget("cuda", cap, 32))`
 (no GPU or driver needed), and writes into OUT_DIR:
@@ -14,7 +14,9 @@ than 255 registers, more shared memory than the architecture has, or a kernel ne
 global scratch buffer (the launcher passes none). A stack frame up to STACK_LIMIT is reported, not
 refused: CUDA 13.0's ptxas (the one the H200 image's Triton 3.6 runs) spills 4 B in the d128 `.tree`
 attention variants that Triton's bundled 12.x ptxas keeps in registers (seen 2026-11-27).
-Called by plugins/CMakeLists.txt; tested by tests/ops/test_triton_aot.py.
+`--jit-only` compiles and checks the kernels only the JIT path launches so far (`variants.jit_variants()`:
+split-KV attention, FP8 GEMM) instead, and embeds nothing. Called by plugins/CMakeLists.txt; tested by
+tests/ops/test_triton_aot.py, tests/ops/test_kv_attention_split.py and tests/ops/test_fp8_linear.py.
 The compiled kernel takes the non-constexpr arguments in order, then two pointers (Triton's global
 and profile scratch), passed as NULL. fp32 scalars are 4-byte floats (Triton's own generated C
 launcher passes them as double; it is not used).
@@ -33,7 +35,7 @@ from pathlib import Path
 
 from peagle_trt.errors import BuildError
 from peagle_trt.ops.triton_kernels.common import interpreted
-from peagle_trt.ops.triton_kernels.variants import Variant, all_variants
+from peagle_trt.ops.triton_kernels.variants import Variant, all_variants, jit_variants
 
 ARCHS = (90, 100)
 SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # max dynamic shared memory per block (bytes)
@@ -83,7 +85,7 @@ def compile_variant(v: Variant, cap: int, out_dir: Path) -> dict:
 
 
 def _compile_by_name(name: str, cap: int, out_dir: Path) -> dict:
-    return compile_variant(next(v for v in all_variants() if v.name == name), cap, out_dir)
+    return compile_variant(next(v for v in all_variants() + jit_variants() if v.name == name), cap, out_dir)
 
 
 def check(entry: dict) -> list[str]:
@@ -119,13 +121,15 @@ def embed_source(entries: list[dict], out_dir: Path) -> str:
     return "\n".join(lines)
 
 
-def build(out_dir: Path, archs=ARCHS, only: str = "", jobs: int = 2) -> list[dict]:
-    """Compile, check and embed; returns the manifest entries. Raises BuildError on any limit."""
+def build(out_dir: Path, archs=ARCHS, only: str = "", jobs: int = 2, jit_only: bool = False) -> list[dict]:
+    """Compile, check and embed; returns the manifest entries. Raises BuildError on any limit.
+    jit_only: `variants.jit_variants()` instead, compiled and checked, not embedded."""
     if interpreted():
         raise BuildError("TRITON_INTERPRET is set: the kernels were decorated for the interpreter and cannot "
                          "be compiled; run the ahead-of-time build with TRITON_INTERPRET=0")
     out_dir.mkdir(parents=True, exist_ok=True)
-    todo = [(v, cap) for v in all_variants() if v.name.startswith(only) for cap in archs]
+    todo = [(v, cap) for v in (jit_variants() if jit_only else all_variants()) if v.name.startswith(only)
+            for cap in archs]
     if not todo:
         raise BuildError(f"no kernel variant starts with {only!r}")
     # processes, not threads: a compilation holds the GIL most of the time; children get names (picklable)
@@ -136,7 +140,8 @@ def build(out_dir: Path, archs=ARCHS, only: str = "", jobs: int = 2) -> list[dic
     (out_dir / "manifest.json").write_text(json.dumps({"cubins": entries, "violations": bad}, indent=1))
     if bad:
         raise BuildError("Triton kernels over their limits (see manifest.json):\n" + "\n".join(bad))
-    (out_dir / "tritonCubins.cpp").write_text(embed_source(entries, out_dir))
+    if not jit_only:
+        (out_dir / "tritonCubins.cpp").write_text(embed_source(entries, out_dir))
     return entries
 
 
@@ -146,8 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, action="append", help="compute capability (default: 90 and 100)")
     parser.add_argument("--only", default="", help="compile only the variants whose name starts with this")
     parser.add_argument("--jobs", type=int, default=2, help="parallel compilations")
+    parser.add_argument("--jit-only", action="store_true",
+                        help="the kernels only the JIT path launches (split-KV, FP8 GEMM): compile and check, "
+                             "embed nothing")
     args = parser.parse_args(argv)
-    entries = build(args.out_dir, tuple(args.arch or ARCHS), args.only, args.jobs)
+    entries = build(args.out_dir, tuple(args.arch or ARCHS), args.only, args.jobs, args.jit_only)
     worst = max(entries, key=lambda e: e["registers"])
     stacked = [f"{e['variant']} sm_{e['arch']}a" for e in entries if e["stack"]]
     for name in stacked:  # within STACK_LIMIT (build() refuses more), said aloud

@@ -5,6 +5,11 @@ arguments stay runtime (sizes, window, scales). The ahead-of-time build (`aot.py
 variant for every architecture, and the C launcher (plugins/src/launcher/tritonLauncher.cpp)
 picks one by name: `kv_attention.<act>.<cache>.d<D>.m<BLOCK_M>.<sinks|nosinks>[.tree]` and the like
 below (`.tree`: the draft-tree form, with the packed ancestor mask input).
+`jit_variants()`: the kernels only the torch executor launches (JIT) so far, the split-KV
+(flash-decoding) attention and the FP8 GEMM, compiled and resource-checked by `aot.py --jit-only`
+but not embedded: the plugins launch the unsplit attention (the launcher would need the split plan,
+two more launches and a workspace for the partials; see kv_attention.py) and TensorRT runs its own
+FP8 GEMMs.
 `kernel_args` lists the runtime arguments in the order the compiled kernel takes them (constexprs
 removed; two trailing scratch pointers follow, see aot.py).
 How to test: tests/ops/test_triton_aot.py.
@@ -14,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, kv_attention
+from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, fp8_linear, kv_attention
 
 PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8": "*fp8e4nv"}
 ACTS = ("f32", "f16", "bf16")
@@ -100,3 +105,48 @@ def all_variants() -> list[Variant]:
             out.append(_kv_write(act, cache, tree))
             out += [_kv_attention(act, cache, d, BLOCK_M, False, tree) for d in HEAD_DIMS]
     return out
+
+
+def _kv_split(act: str, cache: str, d: int, tree: bool = False) -> Variant:
+    fn = kv_attention.kv_attention_split_kernel
+    consts = {"D": d, "BLOCK_M": BLOCK_M, "BLOCK_D": d, "BLOCK_N": kv_attention.BLOCK_N,
+              "FP8_CACHE": cache == "fp8", "IEEE": act == "f32", "UPCAST": False, "TREE": tree}
+    types = {"q_ptr": PTR[act], "part_acc": "*fp32", "part_ml": "*fp32", "positions_ptr": "*i64",
+             "tables_ptr": "*i64", "k_cache": PTR[cache], "v_cache": PTR[cache], "tree_ptr": "*i32"}
+    types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window", "W", "tiles", "splits",
+                                     "chunk")})
+    types.update({n: "fp32" for n in ("qk_scale", "k_scale", "v_scale")})
+    name = f"kv_attention_split.{act}.{cache}.d{d}.m{BLOCK_M}" + (".tree" if tree else "")
+    warps = 4 if BLOCK_M * d <= 16 * 128 and not (act == "f32" and d >= 128) else 8  # as kv_attention.py
+    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=warps)
+
+
+def _kv_reduce(act: str, d: int, sinks: bool) -> Variant:
+    fn = kv_attention.kv_reduce_kernel
+    consts = {"D": d, "BLOCK_D": d, "BLOCK_SPLIT": kv_attention.MAX_SPLITS, "SPLIT_STEP": kv_attention.SPLIT_STEP,
+              "HAS_SINKS": sinks}
+    types = {"part_acc": "*fp32", "part_ml": "*fp32", "out_ptr": PTR[act], "positions_ptr": "*i64",
+             "sinks_ptr": "*fp32", "B": "i32", "S": "i32", "H": "i32", "splits": "i32"}
+    name = f"kv_reduce.{act}.d{d}.{'sinks' if sinks else 'nosinks'}"
+    return Variant(name, fn, _sig(fn, types, consts), consts)
+
+
+def _fp8_linear(act: str, bn: int) -> Variant:
+    fn = fp8_linear.fp8_linear_kernel
+    consts = {"BLOCK_M": fp8_linear.BLOCK_M, "BLOCK_N": bn, "BLOCK_K": fp8_linear.BLOCK_K, "HAS_BIAS": True,
+              "EMULATE": False}
+    types = {"x_ptr": PTR[act], "w_ptr": "*fp8e4nv", "bias_ptr": PTR[act], "out_ptr": PTR[act],
+             "in_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
+    return Variant(f"fp8_linear.{act}.n{bn}", fn, _sig(fn, types, consts), consts)
+
+
+def jit_variants() -> list[Variant]:
+    """The split-KV kernels in the plugins' forms (their dtypes, head sizes, tiles; the reduce at
+    MAX_SPLITS segments) and the FP8 GEMM at each BLOCK_N: for the resource check only, not launched
+    by the plugins. fp32 at d = 256 stays unsplit (its split form spills a 72 B stack on sm_90a)."""
+    out = []
+    for act, cache in (("f32", "f32"), ("f16", "f16"), ("f16", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")):
+        for tree in (False, True):
+            out += [_kv_split(act, cache, d, tree) for d in HEAD_DIMS if act != "f32" or d <= 128]  # as the JIT
+    out += [_kv_reduce(act, d, sinks) for act in ACTS for d in HEAD_DIMS for sinks in (False, True)]
+    return out + [_fp8_linear(act, bn) for act in ("f16", "bf16") for bn in (16, 32, 64, 128)]
