@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from peagle_trt.tiny import make_all
+from tests.cpu_kinds import is_exact
 
 # Under pytest-xdist (`-n 2`) each group below runs whole on one worker: the tests that share an
 # expensive session fixture (the real model's conversion, ~45 s: the files named *smollm2*) or a
@@ -37,6 +38,13 @@ def pytest_xdist_make_scheduler(config, log):
             return xdist_group(nodeid)
 
     return Groups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The exactness-sensitive tests get the `exact` mark (the list: tests/cpu_kinds.py)."""
+    for item in items:
+        if is_exact(item.nodeid):
+            item.add_marker(pytest.mark.exact)
 
 
 def pytest_configure(config):

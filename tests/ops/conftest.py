@@ -25,7 +25,6 @@ def rowwise_dot(monkeypatch, tail_reversed_from: int | None = None) -> None:
     that calls it. Only 2-D operands (the kernels' tiles); fp8 operands go through fp16 first, as
     the interpreter does. `tail_reversed_from=R` breaks the contract on purpose, as a BLAS edge
     kernel does: tile rows R and up sum their products in the opposite order."""
-    import numpy as np
     from triton.runtime import interpreter
 
     original = interpreter.InterpreterBuilder.create_dot
