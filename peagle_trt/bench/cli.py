@@ -104,7 +104,7 @@ def report(argv: list[str]) -> dict:
     parser.add_argument("--write", type=Path, nargs="?", const=Path("docs/BENCHMARKS.md"), default=None,
                         help="put the table between the marker lines of this file (default docs/BENCHMARKS.md)")
     args = parser.parse_args(argv)
-    table = results_file.render(results_file.load(args.results), list(SUITES))
+    table = results_file.render(results_file.load(args.results))
     print(table, flush=True)
     if args.write is not None:
         results_file.write(args.write, table)
