@@ -1,5 +1,5 @@
 """`peagle-trt bench SUITE [options]` (`--help`: the suites) and `peagle-trt bench report [--write]` (the
-headline table of docs/BENCHMARKS.md from docs/results.json, bench/results.py). A suite is imported only
+headline table of docs/BENCHMARKS.md from docs/results.json, peagle_trt/bench/results.py). A suite is imported only
 when it runs (heavy optional dependencies stay out of every other command); its report goes to stdout and
 OUTPUT_DIR/bench_SUITE.md, its results to OUTPUT_DIR/bench_SUITE.json and the LAST stdout line (printed by
 peagle_trt/cli.py); `--record FILE` copies its headline figures into the results file.

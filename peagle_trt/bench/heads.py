@@ -1,6 +1,6 @@
 """Suites `heads`, `acceptance` and `step-cost` (docs/BENCHMARKS.md, one section each), presets of this
 module (PRESETS): a target and its two trained heads, P-EAGLE vs EAGLE-3 vs none, in process with the
-code that serves (bench/pair.py): batch 8 per configuration (AL pooled, per-position acceptance, T = 0.7,
+code that serves (peagle_trt/bench/measure.py): batch 8 per configuration (AL pooled, per-position acceptance, T = 0.7,
 held-out and long sets, outputs vs none's); batch 1 with passes alternated and the executor's forwards
 timed (where a step's time goes); then none and each head's best batch-1 K alternated at batch 8 (tok/s)
 and, with --served, in one tritonserver at batch 1.
@@ -24,7 +24,17 @@ from peagle_trt.bench.harness import (
     stdout_to_stderr,
     table,
 )
-from peagle_trt.bench.pair import Config, code_prompts, generator, head, measure, pooled, prompt_sets, run_batch, served
+from peagle_trt.bench.measure import (
+    Config,
+    code_prompts,
+    generator,
+    head,
+    measure,
+    pooled,
+    prompt_sets,
+    run_batch,
+    served,
+)
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 
