@@ -1,7 +1,7 @@
 """The resolved architecture of a target and a drafter: frozen dataclasses, no torch, no I/O.
 
 checkpoint/ builds them from config.json (checkpoint/adapters/ per target family,
-checkpoint/drafter.py for heads); models/ builds torch modules from them. Both import this
+peagle_trt/checkpoint/drafter.py for heads); models/ builds torch modules from them. Both import this
 module, neither imports the other for it.
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from peagle_trt.errors import ConfigError
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")  # models/rope.py computes each
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "proportional")  # peagle_trt/models/rope.py computes each
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ KERNELS = ("reference", "cuda")  # the custom ops: torch references | Triton ker
 # position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
 PROMPT_BYTES_PER_TOKEN = 16
 MAX_STOP_BYTES = 1024
-# Structured output (speculative/grammar.py): the largest grammar a request may send (schema, regex
+# Structured output (peagle_trt/speculative/grammar.py): the largest grammar a request may send (schema, regex
 # or EBNF text, UTF-8 bytes) and the longest its compile may take before the request is refused.
 MAX_GRAMMAR_BYTES = 65536
 GRAMMAR_TIMEOUT_S = 10.0
@@ -47,7 +47,7 @@ TENSORRT_NOT_DETERMINISTIC = (
 class KVLayout:
     """How the paged KV cache is laid out: `num_blocks` blocks of `block_size` positions (for the
     full-attention layers and the drafter; windowed layers get their window's worth per request,
-    models/kv_cache.py), at most `max_len` positions per request, `max_batch` requests per step,
+    peagle_trt/models/kv_cache.py), at most `max_len` positions per request, `max_batch` requests per step,
     `max_rows` rows of one request per forward (max(prefill chunk, K + 1))."""
     num_blocks: int
     max_len: int = 2048
@@ -102,14 +102,14 @@ class SpecConfig:
     headroom are built for it); a step may verify fewer: `k_schedule` caps K by the running batch
     size (vLLM's num_speculative_tokens_per_batch_size: (first, last, K) inclusive ranges from batch
     size 1; a gap or a batch past the last range keeps the previous range's K; K = 0 decodes
-    plainly), and `adaptive` picks each request's k per step (speculative/draft_length.py).
+    plainly), and `adaptive` picks each request's k per step (peagle_trt/speculative/draft_length.py).
     `synthetic_rates` is for benchmarks only: draft i is accepted with unconditional probability
     synthetic_rates[i-1] whatever its token, so the output is NOT the target's
     (speculative_config.py refuses it outside benchmarks unless forced). Draft trees
-    (speculative/tree.py): `tree_budget` B > 0 verifies the B most probable prefixes of depth <= k
+    (peagle_trt/speculative/tree.py): `tree_budget` B > 0 verifies the B most probable prefixes of depth <= k
     instead of a chain of k, `tree_schedule` sets B by batch size like `k_schedule` (0: the chain),
     `static_tree` the rank paths of vLLM's speculative_token_tree (K = its depth); `adaptive_tree`
-    picks each step's budget up to those, or the chain (speculative/tree_budget.py). Parsed from
+    picks each step's budget up to those, or the chain (peagle_trt/speculative/tree_budget.py). Parsed from
     vLLM's JSON by peagle_trt/speculative_config.py."""
     mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
     num_spec_tokens: int = 7  # K, the most draft tokens per step
@@ -222,7 +222,7 @@ class StructuredOutput:
       grammar      an EBNF grammar (xgrammar's dialect, `root ::= ...`), or a Lark grammar
                    (`start: ...`; told apart by `::=`)
       json_object  any JSON object (`spec` empty)
-    Compiled and enforced by speculative/grammar.py."""
+    Compiled and enforced by peagle_trt/speculative/grammar.py."""
     kind: str
     spec: str | tuple[str, ...] = ""
 

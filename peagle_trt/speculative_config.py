@@ -38,7 +38,7 @@ from peagle_trt.speculative.tree import parse_static
 
 log = logging.getLogger(__name__)
 ENV = "SM_VLLM_SPECULATIVE_CONFIG"  # what the AWS P-EAGLE launch documents for SageMaker
-# `serve` -> the Triton model (serving/triton_model.py): the run-time keys over the built config
+# `serve` -> the Triton model (peagle_trt/serve/triton_model.py): the run-time keys over the built config
 SERVE_ENV = "PEAGLE_SERVE_SPECULATIVE_CONFIG"
 
 # vLLM keys that cannot change our output, with their vLLM default: a different value is ignored

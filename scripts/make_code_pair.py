@@ -58,7 +58,7 @@ def function_prompts(n: int, seed: int, full_docstrings: float = 0.0) -> list[st
                 full = rng.random() < full_docstrings and "\n" in ast.get_docstring(node).strip()
                 if not full:
                     node.body[0].value = ast.Constant(ast.get_docstring(node).strip().splitlines()[0].strip())
-                text = ast.unparse(node)  # no trailing newline: see bench/pair.py's code_prompts, token healing
+                text = ast.unparse(node)  # no trailing newline: see bench/measure.py's code_prompts, token healing
                 if 40 <= len(text) <= (1200 if full else 400):
                     found.append(text)
     random.Random(seed).shuffle(found)

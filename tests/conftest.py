@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from peagle_trt.tiny import make_all
+from peagle_trt.make_tiny import make_all
 from tests.cpu_kinds import is_exact
 
 # Under pytest-xdist (`-n 2`) each group below runs whole on one worker: the tests that share an
@@ -20,7 +20,7 @@ from tests.cpu_kinds import is_exact
 # plugins/build, built in place; one tritonserver). Every other file is a group of its own, so its
 # module fixtures are built once. (xdist's own `--dist loadgroup` marks do nothing under pytest 9.2:
 # it renames `item._nodeid`, which pytest no longer reads; a scheduler sees the node ids alone.)
-SHARED_FOLDERS = ("tests/compat", "tests/dynamo", "tests/plugins", "tests/serving")
+SHARED_FOLDERS = ("tests/compat", "tests/dynamo", "tests/plugins", "tests/serve")
 
 
 def xdist_group(nodeid: str) -> str:
@@ -74,7 +74,7 @@ def tiny(tmp_path_factory) -> dict[str, Path]:
 def tiny_moe(tmp_path_factory) -> dict[str, Path]:
     """{'qwen3_moe', 'gpt_oss': target dirs; 'gpt_oss_mxfp4': GPT-OSS with MXFP4 experts;
     'drafter-qwen3_moe', 'drafter-gpt_oss': AWS-layout P-EAGLE heads for them}."""
-    from peagle_trt.tiny import make_families
+    from peagle_trt.make_tiny import make_families
 
     return make_families(tmp_path_factory.mktemp("tiny_moe"))
 
@@ -101,7 +101,7 @@ def smollm2(tmp_path_factory) -> dict[str, Path]:
     if importlib.util.find_spec("gguf") is None:
         pytest.fail("real-model tests need gguf: pip install -c constraints.txt 'peagle-trt[gguf]'")
     from peagle_trt.convert import convert_gguf, packaged_gguf
-    from peagle_trt.tiny import make_drafter
+    from peagle_trt.make_tiny import make_drafter
 
     root = tmp_path_factory.mktemp("smollm2")
     logging.getLogger("transformers").setLevel(logging.ERROR)

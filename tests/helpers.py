@@ -143,7 +143,7 @@ def collect(outputs: dict):
 
 def static_tables(ex, seqs: list[int]) -> torch.Tensor:
     """Block tables [G, B, M] for executor `ex` giving request b the blocks seqs[b] * M .. + M - 1
-    (the static layout of models/kv_cache.py: sequence indices as slots); a windowed group, sized
+    (the static layout of peagle_trt/models/kv_cache.py: sequence indices as slots); a windowed group, sized
     for its window, gives each of `max_batch` requests its share of blocks, then -1 (positions
     there must stay within that share)."""
     m, groups = ex.kv.max_blocks, ex.kv.group_blocks(ex.windows)

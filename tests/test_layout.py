@@ -66,3 +66,26 @@ def test_the_speculative_core_sits_below_the_scheduler_and_the_executors():
 def test_ops_is_the_lowest_floor():
     """ops/ owns the op names, domain and plugin identity; it imports nothing above it."""
     assert _imports().get("ops", set()) <= {"errors"}
+
+
+def test_every_verb_lives_in_the_folder_of_its_name():
+    """`peagle-trt VERB` is parsed and handled by peagle_trt/<verb>/cli.py (`make-tiny`: make_tiny/), whose
+    `add_parser(sub)` the root cli.py only registers."""
+    import argparse
+
+    from peagle_trt.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert len(sub.choices) >= 13
+    for verb, parser in sub.choices.items():
+        module = f"peagle_trt.{verb.replace('-', '_')}.cli"
+        handlers = [parser.get_default("func")] + [p.get_default("func") for a in parser._actions
+                                                   if isinstance(a, argparse._SubParsersAction)
+                                                   for p in a.choices.values()]
+        for func in filter(None, handlers):
+            assert func.__module__ == module, f"`peagle-trt {verb}` is handled in {func.__module__}, not {module}"
+        assert (PACKAGE / verb.replace("-", "_") / "cli.py").is_file(), verb
+    root = ast.parse((PACKAGE / "cli.py").read_text())
+    extra = {n.name for n in root.body if isinstance(n, ast.FunctionDef)} - {"build_parser", "main",
+                                                                              "quiet_third_party_progress"}
+    assert not extra, f"the root cli.py only registers the verbs; move {extra} to the verb's folder"

@@ -49,8 +49,8 @@ def collect(work: Path) -> list[dict]:
 
 def sweep(args, k: int, tiny: Path) -> None:
     """Build, serve and run both AIPerf workloads for one K."""
+    from peagle_trt.build import RepositoryOptions, build_repository
     from peagle_trt.config import SpecConfig
-    from peagle_trt.repository import RepositoryOptions, build_repository
 
     repo, out = args.workdir / f"repo-k{k}", args.workdir / "runs" / f"k{k}"
     shutil.rmtree(out, ignore_errors=True)
@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> dict:
     tiny = args.workdir / "tiny"
     (args.workdir / "runs").mkdir(parents=True, exist_ok=True)
     if not (tiny / "llama").is_dir():
-        from peagle_trt.tiny import make_all
+        from peagle_trt.make_tiny import make_all
 
         with stdout_to_stderr():
             make_all(tiny)

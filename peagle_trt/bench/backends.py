@@ -15,11 +15,11 @@ from pathlib import Path
 
 import torch
 
-from peagle_trt import tiny
 from peagle_trt.bench.forwards import forward
 from peagle_trt.bench.harness import Figure, alternate, finish, progress, records, stdout_to_stderr, summary, timed
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.make_tiny import checkpoints as tiny
 
 K, SLOTS, MAX_SEQ_LEN, PENDING = 7, 4, 512, 4  # pending rows of a draft pass: 3 accepted drafts + the bonus
 H512 = dict(vocab_size=4096, hidden_size=512, intermediate_size=1536, num_attention_heads=8, num_key_value_heads=4,

@@ -1,5 +1,5 @@
 """`peagle-trt bench SUITE [options]` (`--help`: the suites) and `peagle-trt bench report [--write]` (the
-headline table of docs/BENCHMARKS.md from docs/results.json, bench/results.py). A suite is imported only
+headline table of docs/BENCHMARKS.md from docs/results.json, peagle_trt/bench/results.py). A suite is imported only
 when it runs (heavy optional dependencies stay out of every other command); its report goes to stdout and
 OUTPUT_DIR/bench_SUITE.md, its results to OUTPUT_DIR/bench_SUITE.json and the LAST stdout line (printed by
 peagle_trt/cli.py); `--record FILE` copies its headline figures into the results file.
@@ -104,7 +104,7 @@ def report(argv: list[str]) -> dict:
     parser.add_argument("--write", type=Path, nargs="?", const=Path("docs/BENCHMARKS.md"), default=None,
                         help="put the table between the marker lines of this file (default docs/BENCHMARKS.md)")
     args = parser.parse_args(argv)
-    table = results_file.render(results_file.load(args.results), list(SUITES))
+    table = results_file.render(results_file.load(args.results))
     print(table, flush=True)
     if args.write is not None:
         results_file.write(args.write, table)

@@ -35,7 +35,7 @@ def read_curve(path: Path) -> list[dict]:
 
 def at(rows: list[dict], cpu_s: float) -> dict | None:
     """step, loss, position-1 top-1 and chain proxy at `cpu_s` CPU seconds, linearly interpolated
-    between the evaluations around it (a warm start's rows continue its head's: train/curve.py
+    between the evaluations around it (a warm start's rows continue its head's: peagle_trt/train/curve.py
     `continued`); None outside the curve (never extrapolated)."""
     for a, b in zip(rows, rows[1:] or rows):
         if a["train_cpu_s"] <= cpu_s <= b["train_cpu_s"]:

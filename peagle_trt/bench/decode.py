@@ -39,8 +39,9 @@ def model_costs(target) -> dict:
 
 
 def engine_decode(engine, n: int, batch: int = 1):
-    """Our engine: `batch` requests of `n` tokens at once, stepped to the end (bench/pair.py's run_batch)."""
-    from peagle_trt.bench.pair import run_batch
+    """Our engine: `batch` requests of `n` tokens at once, stepped to the end
+    (peagle_trt/bench/measure.py's run_batch)."""
+    from peagle_trt.bench.measure import run_batch
     from peagle_trt.config import SamplingParams
 
     return lambda: run_batch(engine, [PROMPT] * batch, SamplingParams(max_tokens=n, ignore_eos=True), batch)
@@ -74,7 +75,7 @@ def run(args: argparse.Namespace) -> dict:
     from transformers.utils import logging as hf_logging
 
     from peagle_trt.config import SpecConfig
-    from peagle_trt.serving.generator import TextGenerator
+    from peagle_trt.serve.generator import TextGenerator
     from peagle_trt.tokenizer import TextCodec
 
     args.target = str(args.target)

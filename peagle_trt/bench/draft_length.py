@@ -1,4 +1,4 @@
-"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule (speculative/draft_length.py,
+"""Suite `draft-length` (docs/BENCHMARKS.md, "draft-length"): the adaptive rule (peagle_trt/speculative/draft_length.py,
 seeing only what it sees in the decoder) against every fixed K on a simulated server, no model run: every
 configuration meets the same requests, acceptance draws (by request kind, per head in HEADS) and load
 curve (x 1 + drift sin(t / 7 s), x exp(N(0, noise)) per reading); step costs (ms) model the measured

@@ -1,6 +1,6 @@
 """The harness every suite of `peagle-trt bench` runs on: options, timing, the machine, load, the report.
 
-A suite (a module of this package, registered in bench/cli.py) declares `add_arguments(parser)` (the
+A suite (a module of this package, registered in peagle_trt/bench/cli.py) declares `add_arguments(parser)` (the
 shared ones through `options`) and `run(args) -> dict` (optionally PRESETS: per suite name, its
 defaults; SMOKE: the options of --smoke). It times its contenders with `alternate`, summarizes with
 `summary` and ends with `finish`: the machine measured in the same run, the markdown report on stdout

@@ -1,14 +1,18 @@
-"""docs/results.json, the headline figures of every suite as they stand, and the table rendered from it.
+"""docs/results.json, the recorded figures of every suite as they stand, and the headline table
+rendered from it.
 
 `peagle-trt bench SUITE ... --record docs/results.json` replaces SUITE's entry with this run's
-headline figures (the suite's `Figure`s, bench/harness.py) and its command, machine and date;
-`peagle-trt bench report` renders the opening table of docs/BENCHMARKS.md from the file (`--write`
-puts it between the two marker lines there; tests/bench/test_results.py checks they agree).
+figures (the suite's `Figure`s, peagle_trt/bench/harness.py) and its command, machine and date. The
+file's `headline` list picks the figures a user decides on (`[suite, figure name]` pairs, in table
+order); `peagle-trt bench report` renders them as the opening table of docs/BENCHMARKS.md, each with
+its target and whether the figure meets it (`--write` puts the table between the two marker lines
+there; tests/bench/test_results.py checks that they agree).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 
@@ -16,7 +20,7 @@ from peagle_trt.bench.harness import Figure
 from peagle_trt.errors import ConfigError
 
 BEGIN, END = "<!-- results table: peagle-trt bench report --write -->", "<!-- end of results table -->"
-HEADER = "| figure | value | target | machine | date | command | section |\n|---|---|---|---|---|---|---|"
+HEADER = "| figure | value | target | met | machine | date | section |\n|---|---|---|---|---|---|---|"
 
 
 def load(path: Path) -> dict:
@@ -45,16 +49,28 @@ def record(path: Path, suite: str, argv: list[str], results: dict) -> None:
     tmp.replace(path)
 
 
-def render(data: dict, order: list[str]) -> str:
-    """The headline table: one row per figure, suites in `order` (the registry's), then any others."""
-    names = [s for s in order if s in data["suites"]] + sorted(set(data["suites"]) - set(order))
+def met(figure: Figure) -> str:
+    """Whether the figure, as the table shows it, meets its target (`>= 1.6x`, `<= 0.3 ms`): "met",
+    "**missed**", or "" where it has none."""
+    bound = re.fullmatch(r"(>=|<=)\s*([\d.]+)\s*\S*", figure.target.strip())
+    if not bound:
+        return ""
+    value, limit = round(figure.value, figure.digits), float(bound.group(2))
+    return "met" if (value >= limit if bound.group(1) == ">=" else value <= limit) else "**missed**"
+
+
+def render(data: dict) -> str:
+    """The headline table: one row per `[suite, figure name]` of the file's `headline` list."""
     rows = []
-    for suite in names:
-        e = data["suites"][suite]
-        for f in e["figures"]:
-            value = Figure(**f).text()
-            rows.append(f"| {f['name']} | **{value}** | {f.get('target') or ''} | {e['machine']} | {e['date']} | "
-                        f"`{e['command']}` | [{suite}](#{suite}) |")
+    for suite, name in data.get("headline", []):
+        entry = data["suites"].get(suite)
+        found = [f for f in (entry or {}).get("figures", []) if f["name"] == name]
+        if not found:
+            raise ConfigError(f"the headline of the results file names {name!r} of suite {suite!r}, which its "
+                              "recorded figures lack (a new run renamed it?): update the `headline` list")
+        f = Figure(**found[0])
+        rows.append(f"| {f.name} | **{f.text()}** | {f.target} | {met(f)} | {entry['machine']} | {entry['date']} | "
+                    f"[{suite}](#{suite}) |")
     return "\n".join([HEADER, *rows])
 
 

@@ -43,7 +43,7 @@ BASE = {"triton": "inproc", "openai": "triton"}  # a path -> the one its ratios 
 def senders(engine, grpc_url: str, params: SamplingParams) -> dict:
     """Per path, send(prompt, tag, http, first_text) -> (token ids, finish reason): streams one request,
     calling first_text() on every non-empty text piece."""
-    from peagle_trt.serving.client import stream_generate
+    from peagle_trt.serve.client import stream_generate
 
     def inproc(prompt, tag, _, first_text):
         ids, done, reason = [], threading.Event(), []
@@ -108,10 +108,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.repository import RepositoryOptions, build_repository
-    from peagle_trt.serving.generator import TextGenerator
-    from peagle_trt.serving.options import read_options
-    from peagle_trt.tiny import CORPUS, make_all
+    from peagle_trt.build import RepositoryOptions, build_repository
+    from peagle_trt.make_tiny import CORPUS, make_all
+    from peagle_trt.serve.generator import TextGenerator
+    from peagle_trt.serve.options import read_options
 
     if args.torch_threads > 0:  # before the server starts: its Python-backend stub inherits it
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)

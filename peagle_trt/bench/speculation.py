@@ -1,5 +1,5 @@
 """Suite `speculation` (docs/BENCHMARKS.md, "speculation"): a real target and a P-EAGLE head in process
-(bench/pair.py), batch 1 and 8, configurations alternated within rounds. Parts: `synthetic` (K drafts
+(peagle_trt/bench/measure.py), batch 1 and 8, configurations alternated within rounds. Parts: `synthetic` (K drafts
 accepted by vLLM's synthetic rule at mean acceptance lengths --als: speed as a function of AL; output is
 NOT the target's), `adaptive` (none, fixed K and adaptive K on HumanEval, held-out instructions and a
 mix; `verdicts`), `per-request` (each request alone: speed-ups by kind and the per-request `oracle`).
@@ -12,13 +12,14 @@ import statistics
 from pathlib import Path
 
 from peagle_trt.bench.harness import Figure, finish, int_list, lines, options, records, series, stdout_to_stderr
-from peagle_trt.bench.pair import Config, head, measure, prompt_sets
+from peagle_trt.bench.measure import Config, head, measure, prompt_sets
 from peagle_trt.config import SpecConfig
 from peagle_trt.speculative_config import synthetic_rates_for_length
 
 
 def passes(args, specs: dict[str, SpecConfig], workloads: dict[str, list[str]], batch: int) -> list[dict]:
-    """bench/pair.py's alternated passes, one configuration per named spec (the P-EAGLE head unless none)."""
+    """peagle_trt/bench/measure.py's alternated passes, one configuration per named spec (the P-EAGLE
+    head unless none)."""
     configs = [Config(name, s, None if s.mode == "none" else args.peagle) for name, s in specs.items()]
     return measure(args, configs, workloads, [batch], args.long_tokens + 256)
 

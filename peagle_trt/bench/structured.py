@@ -1,5 +1,5 @@
 """Suite `structured` (docs/BENCHMARKS.md, "structured"): structured output under speculation, in
-process on CPU (bench/pair.py, torch executor): --batch copies of one prompt, free vs constrained by
+process on CPU (peagle_trt/bench/measure.py, torch executor): --batch copies of one prompt, free vs constrained by
 a regex (--regex; default: indented code lines) or a JSON schema (--schema FILE), none vs --mode at
 --k, and constrained with the drafts unmasked (`draft_candidates` 1: the top-1 chain, cut where the
 grammar refuses it), passes alternated within --rounds. Per cell: tokens/s, acceptance length,
@@ -69,7 +69,7 @@ def grammar_costs(args, codec, structured, repeats: int) -> dict:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.pair import Config, head, measure, timing
+    from peagle_trt.bench.measure import Config, head, measure, timing
     from peagle_trt.config import SamplingParams, SpecConfig, StructuredOutput
     from peagle_trt.speculative.grammar import GrammarState
     from peagle_trt.tokenizer import TextCodec

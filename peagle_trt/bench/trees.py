@@ -1,7 +1,7 @@
 """Suite `trees` (docs/BENCHMARKS.md, "trees"): P-EAGLE draft trees vs chains (docs/SERVING.md, "Draft
-trees") in process (bench/pair.py), greedy, raw HumanEval prompts, every request --max-tokens long:
+trees") in process (peagle_trt/bench/measure.py), greedy, raw HumanEval prompts, every request --max-tokens long:
 none, chains of each K in --ks, trees of each budget in --budgets (depth: the largest K) and the
-adaptive budget (speculative/tree_budget.py), alternated per batch; per cell AL and tok/s (also over
+adaptive budget (peagle_trt/speculative/tree_budget.py), alternated per batch; per cell AL and tok/s (also over
 the longest chain), draft nodes per step, request-steps by budget (0: the chain), mismatches with
 none, and the depth at which the accepted path left the top-1 chain.
 """
@@ -61,7 +61,7 @@ def watching(left: Counter, nodes: Counter):
 
 
 def run(args: argparse.Namespace) -> dict:
-    from peagle_trt.bench.pair import Config, head, measure
+    from peagle_trt.bench.measure import Config, head, measure
     from peagle_trt.bench.prompts import humaneval_prompts
     from peagle_trt.config import SamplingParams, SpecConfig
     from peagle_trt.tokenizer import TextCodec

@@ -185,7 +185,7 @@ def _check_flags(cfg: dict, layer_cfg: dict, kind: str | None, where: str) -> No
 
 
 def _check_tensors(c: DrafterConfig, tensors: dict, path: Path) -> None:
-    """Shape checks that need only the drafter itself (pairing checks live in pairing.py)."""
+    """Shape checks that need only the drafter itself (pairing checks live in peagle_trt/checkpoint/validate.py)."""
     lm_rows = tensors["lm_head.weight"].shape[0]
     if lm_rows != c.draft_vocab_size:
         raise CheckpointError(f"drafter {path}: lm_head has {lm_rows} rows but draft_vocab_size is "

@@ -42,10 +42,10 @@ from peagle_trt.config import SamplingParams, StructuredOutput
 from peagle_trt.dynamo.events import KvEventRelay
 from peagle_trt.dynamo.options import WorkerOptions
 from peagle_trt.errors import ConfigError, RequestError, ServeError
-from peagle_trt.openai_frontend.app import spec_decode_metrics
 from peagle_trt.runtime.scheduler import Request, RequestOutput
-from peagle_trt.serving.generator import TextGenerator
-from peagle_trt.serving.options import read_options, with_deterministic
+from peagle_trt.serve.generator import TextGenerator
+from peagle_trt.serve.openai_frontend.app import spec_decode_metrics
+from peagle_trt.serve.options import read_options, with_deterministic
 
 log = logging.getLogger(__name__)
 FINISH = {"stop": "stop", "length": "length", "abort": "cancelled"}

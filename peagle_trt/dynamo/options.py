@@ -109,7 +109,7 @@ class WorkerOptions:
     served_name: str = ""  # the name clients ask for; default: `model`
     kv_events: bool = True  # publish the prefix cache's events (KV-aware routing)
     drain_timeout_s: float = 60.0  # SIGTERM: longest wait for running requests (after Dynamo's 5 s grace)
-    deterministic: bool = False  # serve the repository's model in deterministic mode (serving/options.py)
+    deterministic: bool = False  # serve the repository's model in deterministic mode (peagle_trt/serve/options.py)
 
     def __post_init__(self):
         if not (Path(self.repo) / self.model / "config.pbtxt").is_file():
@@ -120,7 +120,7 @@ class WorkerOptions:
         if not self.drain_timeout_s >= 0:
             raise ConfigError(f"--drain-timeout must be >= 0 seconds, got {self.drain_timeout_s}")
         if self.deterministic:  # refused here, before Dynamo starts, where the backend cannot be (tensorrt)
-            from peagle_trt.serving.options import read_options, with_deterministic
+            from peagle_trt.serve.options import read_options, with_deterministic
 
             with_deterministic(read_options(self.repo, self.model)[1], True)
 
@@ -133,7 +133,7 @@ class WorkerOptions:
     @property
     def target_dir(self) -> Path:
         """The target checkpoint inside the repository: its tokenizer and chat template."""
-        from peagle_trt.serving.options import read_options
+        from peagle_trt.serve.options import read_options
 
         model_dir, _, paths = read_options(self.repo, self.model)
         return (model_dir / "1" / paths.target).absolute()

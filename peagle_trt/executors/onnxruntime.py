@@ -2,7 +2,7 @@
 
 The custom `peagle` nodes run through their model-local function bodies, so the very files that
 go to TensorRT (minus those functions) are what this executor validates on a CPU. KV caches are
-paged host arrays per layer ([blocks + 1, block_size, kv_heads, head_dim], models/kv_cache.py),
+paged host arrays per layer ([blocks + 1, block_size, kv_heads, head_dim], peagle_trt/models/kv_cache.py),
 allocated once and bound through IO binding as both `past_*` and `present_*`: the graph's
 ScatterND writes the new rows into that very buffer (no per-step cache copy) and attention
 gathers only the blocks of the batch's requests, through the block tables. Other outputs (logits, taps) are allocated by

@@ -1,4 +1,5 @@
-"""TensorRTExecutor: the `Executor` interface (speculative/executor.py) over the plans of `peagle-trt engine`.
+"""TensorRTExecutor: the `Executor` interface (peagle_trt/speculative/executor.py) over the plans of
+`peagle-trt engine`.
 
 What: deserializes `<graph>.<arch>.plan` (target, drafter, drafter_step, drafter_fc; see
 docs/EXPORT.md), creates one execution context per optimization profile, allocates every KV cache
@@ -7,7 +8,7 @@ block), and binds it to BOTH `past_*` and `present_*` of its layer (the attentio
 in place), then runs a forward by choosing the profile that fits the row count, `set_input_shape` +
 `set_tensor_address` on torch tensors, and `execute_async_v3` on torch's current stream (no host
 sync: results are torch tensors on it). Which blocks a request holds is the runtime's business
-(runtime/blocks.py): every forward gets block tables [G, B, M] (`block_tables` of the target plan;
+(peagle_trt/runtime/blocks.py): every forward gets block tables [G, B, M] (`block_tables` of the target plan;
 the drafter plans take group 0's [B, M]). `kv` (a KVLayout) comes from the engine manifest (else
 from the cache and table shapes of the plans); `windows` is (0,): the plugins have no sliding
 windows, so the engine stage builds full-attention models only (one KV group).

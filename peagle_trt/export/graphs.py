@@ -136,7 +136,7 @@ def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProt
     windows, groups = kv_groups(c)
     block_tables = w.input("block_tables", TensorProto.INT64, [len(windows), "batch", kv.max_blocks])
     logit_rows = w.input("logit_rows", TensorProto.INT64, ["batch", "logit_rows"])
-    # packed ancestor bits of draft-tree rows (speculative/tree.py; causal outside tree verifies); a
+    # packed ancestor bits of draft-tree rows (peagle_trt/speculative/tree.py; causal outside tree verifies); a
     # target with sliding-window layers verifies chains only (the decoder refuses trees), so no input
     if len(windows) == 1:
         w.tree_mask = w.input("tree_mask", TensorProto.INT32, ["batch", "rows", "mask_words"])
@@ -210,7 +210,7 @@ def _project(w: ModelWriter, model, aux: str) -> str:
 def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.ModelProto:
     """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`),
     and each position's top W candidates with their log-probabilities (W = the length of
-    `draft_width`; what a draft tree is built from, speculative/tree.py)."""
+    `draft_width`; what a draft tree is built from, peagle_trt/speculative/tree.py)."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
     aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])

@@ -5,7 +5,7 @@ last block is the trash block that padding rows write to (ops.reference.kv_atten
 grouped by attention window: group 0 holds the full-attention layers (every drafter layer is in
 group 0), group g >= 1 the layers of one sliding window (`windows[g]`). A group's layers share
 block tables and a block count; a windowed group needs only its window's worth of blocks per
-request (runtime/blocks.py returns the blocks that slid out). Layers may differ in KV heads and
+request (peagle_trt/runtime/blocks.py returns the blocks that slid out). Layers may differ in KV heads and
 head size (`layer_shapes`); a KV-shared layer holds no cache of its own: `kv_sources[i] = j != i`
 makes `k[i]` / `v[i]` the very tensors of layer j (and puts it in j's group).
 

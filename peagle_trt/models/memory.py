@@ -3,7 +3,7 @@
 The cache is `num_blocks` blocks of `block_size` positions for the full-attention target layers
 and the drafter (KV group 0: a block holds those positions in every such layer), plus, per
 sliding window, a group sized for `max_batch` requests holding their window
-(models/kv_cache.py). KV-shared layers (Gemma-4) read another layer's cache and hold none;
+(peagle_trt/models/kv_cache.py). KV-shared layers (Gemma-4) read another layer's cache and hold none;
 layers may differ in KV heads and head size. Every group also keeps one trash block.
 
     kv_memory(target_cfg, drafter_cfg, kv_layout, dtype_bytes=2) -> KVMemory

@@ -61,7 +61,7 @@ class TargetModel(nn.Module):
     def new_cache(self, layout: KVLayout | int, max_len: int | None = None) -> KVCache:
         """The paged KV cache for `layout` (a KVLayout: the runtime's), or for `layout` = N
         sequences of `max_len` positions in the static layout (offline forwards, see
-        models/kv_cache.py). Windowed layers form groups of their own; KV-shared layers hold none."""
+        peagle_trt/models/kv_cache.py). Windowed layers form groups of their own; KV-shared layers hold none."""
         c, p = self.config, self.lm_head.weight
         attn = [c.attention(i) for i in range(c.num_layers)]
         windows, groups = kv_groups(c)

@@ -1,6 +1,6 @@
 """Which KV blocks each request holds: block pools, block tables, prefix reuse.
 
-The executors own the paged caches (models/kv_cache.py); this module decides what goes where.
+The executors own the paged caches (peagle_trt/models/kv_cache.py); this module decides what goes where.
 One `BlockPool` per KV group (group 0: full-attention layers and the drafter; one group per
 sliding window). A request's `Sequence.blocks[g]` lists its blocks in position order (entry j
 holds positions j*bs .. j*bs + bs - 1; -1: none).

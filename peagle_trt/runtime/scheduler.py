@@ -5,9 +5,9 @@ One `step()`:
   1. drop cancelled requests (waiting or running), freeing their KV blocks;
   2. admit waiting requests in order (FIFO; a preempted request first) while the batch has room
      and the head of the queue fits: its cached prefix is reused, and free blocks must hold the
-     rest of its prompt plus one step's lookahead (runtime/blocks.py). A request with structured
+     rest of its prompt plus one step's lookahead (peagle_trt/runtime/blocks.py). A request with structured
      output waits, out of the queue's order, until its grammar has compiled on the grammar thread
-     (speculative/grammar.py `Grammars`; the others run meanwhile), and is refused with the
+     (peagle_trt/speculative/grammar.py `Grammars`; the others run meanwhile), and is refused with the
      library's reason when it does not compile, or not within the limit;
   3. reserve, oldest request first, the blocks this step writes; when the pool runs dry the
      NEWEST running request is preempted: its blocks go back, it returns to the head of the
@@ -190,7 +190,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def metrics(self) -> dict:
-        """KV capacity and prefix reuse (runtime/blocks.py), plus the queue."""
+        """KV capacity and prefix reuse (peagle_trt/runtime/blocks.py), plus the queue."""
         return {**self.blocks.metrics(), "requests_running": len(self.running), "requests_waiting": len(self.waiting)}
 
     # -- the scheduler thread ------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Suites `heads` and `acceptance` (bench/pair.py) end to end at smoke size on the 1 M-parameter code
+"""Suites `heads` and `acceptance` (peagle_trt/bench/measure.py) end to end at smoke size on the 1 M-parameter code
 pair (torch backend): the in-process acceptance table and the alternated batch-1 and batch-8 timing (seconds), and,
 slow, the served phase through a real tritonserver; greedy speculative outputs equal `none`'s
 everywhere, and the JSON carries the table's figures."""

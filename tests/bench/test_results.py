@@ -1,5 +1,6 @@
-"""docs/results.json -> the headline table of docs/BENCHMARKS.md (`peagle-trt bench report`), and the
-README's quoted figures against that table."""
+"""docs/results.json -> the headline table of docs/BENCHMARKS.md (`peagle-trt bench report`: the
+`headline` figures with their target and met / missed), and the README's quoted figures against that
+table."""
 
 from __future__ import annotations
 
@@ -30,8 +31,30 @@ README_FIGURES = [
 
 
 def test_the_committed_table_is_the_rendered_one():
-    table = results.render(results.load(RESULTS), list(SUITES))
+    table = results.render(results.load(RESULTS))
     assert results.block(DOC.read_text()) == table, "run `peagle-trt bench report --write`"
+
+
+def test_the_headline_is_a_first_screen_of_real_figures():
+    data = results.load(RESULTS)
+    rows = results.render(data).splitlines()[2:]
+    assert 10 <= len(rows) <= 15, len(rows)
+    assert all("`" not in row for row in rows), "commands live in the sections and docs/results.json"
+    assert {suite for suite, _ in data["headline"]} >= {"heads", "decode", "gpu", "kernels", "paged", "fp8-quality"}
+    doc = DOC.read_text()
+    assert doc.index(results.BEGIN) < 800, "the table opens the page"
+
+
+def test_met_reads_the_target_and_a_missing_headline_figure_is_refused():
+    f = results.Figure
+    assert results.met(f("a", 1.40, "x", ">= 1.6x")) == "**missed**"
+    assert results.met(f("a", 1.6, "x", ">= 1.6x")) == "met"
+    assert results.met(f("a", 0.291, "ms", "<= 0.3 ms", 3)) == "met"
+    assert results.met(f("a", 84.0, "%", ">= 60%", 0)) == "met"
+    assert results.met(f("a", 5.83, "", "<= 0.3")) == "**missed**"
+    assert results.met(f("a", 1.0, "x")) == ""
+    with pytest.raises(ConfigError, match="headline"):
+        results.render({"headline": [["heads", "gone"]], "suites": {}})
 
 
 def test_every_suite_in_the_results_is_registered_and_has_its_section():
@@ -63,7 +86,8 @@ def test_record_replaces_one_suite_and_refuses_a_smoke_run(tmp_path):
     assert set(data["suites"]) == {"other", "scheduler"}
     assert data["suites"]["scheduler"] == {"command": "peagle-trt bench scheduler --steps 9", "machine": "2-core CPU X",
                                            "date": "2026-01-02", "figures": run["figures"]}
-    assert "| f | **1.23 ms** | <= 2 ms | 2-core CPU X | 2026-01-02 |" in results.render(data, ["scheduler"])
+    data["headline"] = [["scheduler", "f"]]
+    assert "| f | **1.23 ms** | <= 2 ms | met | 2-core CPU X | 2026-01-02 |" in results.render(data)
     with pytest.raises(ConfigError, match="smoke"):
         results.record(path, "scheduler", [], {**run, "smoke": True})
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from peagle_trt.checkpoint import load_drafter, load_pair, load_target
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import CheckpointError, ConfigError, PairingError
-from peagle_trt.tiny import make_target
+from peagle_trt.make_tiny import make_target
 
 WEIGHTS = "model.safetensors"
 
@@ -145,7 +145,7 @@ def test_conflicting_mask_token_ids(tiny, tmp_path):
 
 
 def test_k_beyond_trained_depth_warns_and_loads(tiny, caplog):
-    with caplog.at_level(logging.WARNING, logger="peagle_trt.checkpoint.pairing"):
+    with caplog.at_level(logging.WARNING, logger="peagle_trt.checkpoint.validate"):
         pair = load_pair(tiny["qwen3"], tiny["speculators"], peagle(9))
     assert pair.drafter.config.trained_depth == 8
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -153,7 +153,7 @@ def test_k_beyond_trained_depth_warns_and_loads(tiny, caplog):
 
 
 def test_k_within_trained_depth_does_not_warn(tiny, caplog):
-    with caplog.at_level(logging.WARNING, logger="peagle_trt.checkpoint.pairing"):
+    with caplog.at_level(logging.WARNING, logger="peagle_trt.checkpoint.validate"):
         load_pair(tiny["qwen3"], tiny["speculators"], peagle(8))
     assert not any("trained depth" in r.getMessage() for r in caplog.records)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from peagle_trt.tiny import MASK_TOKEN
+from peagle_trt.make_tiny import MASK_TOKEN
 from tests.compat.cases import library_cases
 from tests.compat.venv import ensure_venv, progress
 

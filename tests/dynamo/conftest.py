@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
+from peagle_trt.build import RepositoryOptions, build_repository
 from peagle_trt.config import SpecConfig
-from peagle_trt.repository import RepositoryOptions, build_repository
 from tests.dynamo.cluster import ensure_dynamo_venv
 
 MAX_BATCH, MAX_SEQ_LEN = 8, 512
@@ -48,8 +48,8 @@ def reference(dyn_repo):
     built from the same repository (the code the worker runs, without Dynamo)."""
     from peagle_trt.config import SamplingParams
     from peagle_trt.runtime.scheduler import Request
-    from peagle_trt.serving.generator import TextGenerator
-    from peagle_trt.serving.options import read_options
+    from peagle_trt.serve.generator import TextGenerator
+    from peagle_trt.serve.options import read_options
 
     gen = TextGenerator.load(*read_options(dyn_repo, "peagle"))
 

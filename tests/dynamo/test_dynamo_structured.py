@@ -41,8 +41,8 @@ def deployment(dynamo_python, dyn_repo, tmp_path_factory):
 def target_alone(dyn_repo):
     """The repository's target without its drafter, in process (the worker's code, no Dynamo)."""
     from peagle_trt.config import SpecConfig
-    from peagle_trt.serving.generator import TextGenerator
-    from peagle_trt.serving.options import read_options
+    from peagle_trt.serve.generator import TextGenerator
+    from peagle_trt.serve.options import read_options
 
     model_dir, options, paths = read_options(dyn_repo, "peagle")
     assert options.deterministic

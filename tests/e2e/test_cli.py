@@ -10,9 +10,10 @@ import sys
 
 import pytest
 
-from peagle_trt.cli import build_parser, main, resolve_spec
+from peagle_trt.cli import build_parser, main
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
+from peagle_trt.flags import resolve_spec
 
 KEYS = {"token_ids", "text", "acceptance_length", "accept_rate_per_pos", "target_forwards",
         "drafter_forwards"}

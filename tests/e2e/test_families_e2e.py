@@ -159,7 +159,7 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
 
 
 def test_build_prints_and_records_kv_memory(tiny_moe, tmp_path, capsys):
-    from peagle_trt.repository import RepositoryOptions, build_repository
+    from peagle_trt.build import RepositoryOptions, build_repository
 
     manifest = build_repository(tiny_moe["gpt_oss"], tiny_moe["drafter-gpt_oss"], tmp_path / "repo",
                                 RepositoryOptions(SpecConfig("peagle", K), max_batch=4, max_seq_len=60,

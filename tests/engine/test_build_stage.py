@@ -607,7 +607,7 @@ def test_executor_binds_kv_in_place_and_picks_the_profile_by_rows(env):
     assert env.calls[-1][2]["block_tables"] == (2, M)  # the drafter plan takes group 0's [B, M]
     with pytest.raises(RuntimeInvariantError, match="built for K = 3"):
         ex.draft_parallel(tokens, aux3, torch.tensor([4, 2]), torch.tensor([8, 6]), tables, 4)
-    assert not hasattr(ex, "alloc_slot")  # the runtime assigns blocks (runtime/blocks.py)
+    assert not hasattr(ex, "alloc_slot")  # the runtime assigns blocks (peagle_trt/runtime/blocks.py)
 
 
 def test_executor_kv_layout_without_the_manifest_entry(env):

@@ -59,9 +59,9 @@ def test_installed_dispatchers_change_no_result_outside_routed(tiny, restore_ops
 
 
 def test_build_plumbs_kernels_into_config_pbtxt_and_checks_it(tiny, tmp_path):
-    from peagle_trt.repository import RepositoryOptions, build_repository
-    from peagle_trt.serving.generator import make_executor
-    from peagle_trt.serving.options import read_options
+    from peagle_trt.build import RepositoryOptions, build_repository
+    from peagle_trt.serve.generator import make_executor
+    from peagle_trt.serve.options import read_options
 
     spec = SpecConfig("peagle", 3)
     with pytest.raises(BuildError, match="needs --backend torch --device cuda"):

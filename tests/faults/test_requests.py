@@ -25,7 +25,7 @@ import torch
 from peagle_trt.config import TEMPERATURE_FLOOR, SamplingParams, SpecConfig
 from peagle_trt.errors import RequestError
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
-from peagle_trt.serving.generator import TextGenerator
+from peagle_trt.serve.generator import TextGenerator
 from peagle_trt.speculative.sampling import probabilities
 from peagle_trt.speculative.verify import verify, verify_greedy
 from tests.helpers import collect, greedy, make_decoder
@@ -241,9 +241,9 @@ def test_oversized_prompt_and_stop_string_are_refused_before_tokenization(engine
 def server(tiny, tmp_path_factory):
     pytest.importorskip("tritonclient.grpc")
     pytest.importorskip("pytriton")
-    from peagle_trt.repository import RepositoryOptions, build_repository
-    from peagle_trt.serving.server import ServeOptions, TritonServer
-    from tests.serving.conftest import free_port
+    from peagle_trt.build import RepositoryOptions, build_repository
+    from peagle_trt.serve.server import ServeOptions, TritonServer
+    from tests.serve.conftest import free_port
 
     repo = tmp_path_factory.mktemp("faults") / "repo"
     build_repository(tiny["llama"], tiny["aws"], repo, RepositoryOptions(SpecConfig("peagle", 3), max_batch=8,
@@ -258,7 +258,7 @@ def server(tiny, tmp_path_factory):
 def open_stream(server, prompt: str, params: SamplingParams, request_id: str = ""):
     import tritonclient.grpc as grpcclient
 
-    from peagle_trt.serving.client import build_inputs
+    from peagle_trt.serve.client import build_inputs
 
     q: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(server.grpc_url)
@@ -305,7 +305,7 @@ def test_two_clients_with_one_request_id_cancel_only_their_own(server, refs):
 def test_grpc_faults_next_to_running_streams(server, refs):
     """A subnormal FP32 temperature beside greedy streams; a 10 MB prompt and a 400 KB stop
     string refused by their sizes while a stream runs on exactly."""
-    from peagle_trt.serving.client import stream_generate
+    from peagle_trt.serve.client import stream_generate
 
     prompts = PROMPTS[:2]
     streams = [open_stream(server, prompts[0], SamplingParams(max_tokens=120, ignore_eos=True)),

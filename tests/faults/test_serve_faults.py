@@ -24,11 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from peagle_trt.build import RepositoryOptions, build_repository
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import PortInUseError, ServeError
-from peagle_trt.repository import RepositoryOptions, build_repository
-from peagle_trt.serving.client import build_inputs, stream_generate
-from tests.serving.conftest import free_port
+from peagle_trt.serve.client import build_inputs, stream_generate
+from tests.serve.conftest import free_port
 
 pytestmark = [pytest.mark.faults, pytest.mark.triton]
 SHM = Path("/dev/shm")
@@ -228,7 +228,7 @@ def test_a_port_taken_after_the_check_is_named_and_nothing_leaks(repo, monkeypat
     """The port is free at the check and taken before tritonserver binds it: readiness must come
     from our server (the impostor answers 200), the error must name the port, the stub that had
     already loaded the model must not survive."""
-    from peagle_trt.serving import server as server_mod
+    from peagle_trt.serve import server as server_mod
 
     monkeypatch.setattr(server_mod, "check_ports", lambda host, ports: None, raising=False)
     port = free_port()

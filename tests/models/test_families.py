@@ -95,7 +95,7 @@ def test_gpt_oss_eos_and_chat_template_from_its_files(tiny_moe):
 
 
 def test_qwen3_moe_sparse_layer_rule_matches_transformers(tmp_path):
-    from peagle_trt.tiny import make_target
+    from peagle_trt.make_tiny import make_target
 
     path = make_target(tmp_path / "q", "qwen3_moe", layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
     c = load_target(path).config

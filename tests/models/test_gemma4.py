@@ -2,7 +2,7 @@
 Gemma4ForConditionalGeneration on text) on tiny seeded checkpoints: logits and tap hidden states,
 with and without KV cache, chunked prefill across the sliding window, KV-shared layers reading
 their owner's (windowed) cache; per-layer head sizes, k_eq_v, proportional rope, per-layer inputs,
-soft-capping (the tiny config sets them all, peagle_trt/tiny.py GEMMA4), and the MoE block.
+soft-capping (the tiny config sets them all, peagle_trt/make_tiny/checkpoints.py GEMMA4), and the MoE block.
 Settings we do not implement are refused by name."""
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ from transformers import AutoModelForCausalLM
 
 from peagle_trt.checkpoint import load_pair, load_target
 from peagle_trt.config import SpecConfig
+from peagle_trt.make_tiny import make_target
 from peagle_trt.models.target import TargetModel
-from peagle_trt.tiny import make_target
 
 
 def _ours(path, taps=(2, 4, 5)):

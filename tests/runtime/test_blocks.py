@@ -1,6 +1,6 @@
 """The paged KV cache under the scheduler: block pressure with preemption, prefix reuse, windows,
 cancellation, and a fuzz of arrivals and cancels checking the pools' invariants after every step.
-Every output is token-identical to one-at-a-time greedy decoding (runtime/blocks.py)."""
+Every output is token-identical to one-at-a-time greedy decoding (peagle_trt/runtime/blocks.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Structured output under speculation (speculative/grammar.py) on the tiny checkpoints.
+"""Structured output under speculation (peagle_trt/speculative/grammar.py) on the tiny checkpoints.
 
 The oracle is constrained target-only decoding written independently of the decoder: transformers'
 model, one full forward per token, the grammar's mask applied to the last row, argmax, the token

@@ -10,10 +10,11 @@ import logging
 
 import pytest
 
-from peagle_trt.cli import build_parser, resolve_spec
+from peagle_trt.cli import build_parser
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.serving.options import ArtifactPaths, RepositoryOptions, from_parameters, to_parameters
+from peagle_trt.flags import resolve_spec
+from peagle_trt.serve.options import ArtifactPaths, RepositoryOptions, from_parameters, to_parameters
 from peagle_trt.speculative_config import ENV, IGNORED, IMPLEMENTED, REFUSED, for_built, parse, resolve, to_vllm
 
 # vLLM's SpeculativeConfig fields (vllm/config/speculative.py, read 2026-11-24)

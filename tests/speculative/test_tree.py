@@ -1,9 +1,9 @@
-"""Draft trees (speculative/tree.py) and tree verification (decoder.py): the best-first tree is the
+"""Draft trees (peagle_trt/speculative/tree.py) and tree verification (decoder.py): the best-first tree is the
 best ancestor-closed set, static trees parse as vLLM's, and greedy output with trees of several
 shapes and budgets is the target's own, token for token, on the torch and onnxruntime executors,
 with the trained code pair (its head accepts real drafts, so accepted paths leave the chain and
 their KV moves), in batch mixes of trees, chains and plain decoding, through the paged scheduler
-under block pressure; the adaptive budget (speculative/tree_budget.py): its choices on synthetic
+under block pressure; the adaptive budget (peagle_trt/speculative/tree_budget.py): its choices on synthetic
 costs and acceptance, and greedy identity while it switches between chains and trees. Sampling
 with trees: tests/speculative/test_sampling.py."""
 
@@ -131,7 +131,7 @@ def test_speculative_config_trees():
             parse(text)
 
 
-# -- adaptive budgets (speculative/tree_budget.py) ----------------------------------------------
+# -- adaptive budgets (peagle_trt/speculative/tree_budget.py) ----------------------------------------------
 
 def budgets_with(verify: dict[int, float], extra: dict[int, float], k: int = 2, cap: int = 16) -> TreeBudgets:
     """A rule for one request at depth k with verify seconds by rows and, per budget, the drafts a

@@ -1,4 +1,4 @@
-"""Self-distillation (train/distill.py) and the training-data paths it feeds: answers written as
+"""Self-distillation (peagle_trt/train/distill.py) and the training-data paths it feeds: answers written as
 requests finish, a resumed run skips what is done, a spent budget keeps finished answers only;
 `train --data` reads distilled rows (plain or gzipped) without answering again; the target's pass is cached
 (in memory and in a shared file, by content) without changing the features; text trains beside the
@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 
 from peagle_trt.checkpoint import load_drafter, load_pair, load_target
 from peagle_trt.config import SpecConfig
+from peagle_trt.make_tiny import CORPUS
 from peagle_trt.models.target import TargetModel
-from peagle_trt.tiny import CORPUS
 from peagle_trt.train import TrainConfig, train
 from peagle_trt.train import data as D
 from peagle_trt.train.distill import distill, read_done

@@ -1,4 +1,4 @@
-"""The learning curve (train/curve.py): the fixed held-out split, the held-out evaluation against the
+"""The learning curve (peagle_trt/train/curve.py): the fixed held-out split, the held-out evaluation against the
 inference model, curve files beside the head, CPU-budgeted runs and a warm start from a head."""
 
 from __future__ import annotations

@@ -15,9 +15,9 @@ from peagle_trt.cli import main
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import CheckpointError, ConfigError
 from peagle_trt.executors.torch import TorchExecutor
+from peagle_trt.make_tiny import CORPUS
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative.decoder import SpecDecoder
-from peagle_trt.tiny import CORPUS
 from peagle_trt.train import TrainConfig, train
 
 

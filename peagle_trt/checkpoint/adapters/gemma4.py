@@ -17,7 +17,7 @@ modeling_gemma4, the oracle of tests/models/test_gemma4.py):
   use_double_wide_mlp             KV-shared layers have 2 x intermediate_size
   sandwich norms, layer_scalar    norms on each block's input and output; output x layer_scalar
   embedding                       x sqrt(hidden_size); GELU-tanh MLPs
-  hidden_size_per_layer_input     per-layer input embeddings (models/gemma4.py)
+  hidden_size_per_layer_input     per-layer input embeddings (peagle_trt/models/gemma4.py)
   final_logit_softcapping         logits = c * tanh(logits / c)
   enable_moe_block                every layer also has a sparse MoE beside its dense MLP (26B-A4B):
                                   router on rmsnorm(x) * scale / sqrt(H), softmax, top-k,

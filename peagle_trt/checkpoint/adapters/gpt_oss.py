@@ -7,7 +7,7 @@ Experts on disk (stacked per layer, transformers' layout): `mlp.experts.gate_up_
 with gate and up INTERLEAVED along the last axis (gate = [..., 0::2], up = [..., 1::2]),
 `gate_up_proj_bias` [E, 2I], `down_proj` [E, I, H], `down_proj_bias` [E, H]; the released
 checkpoints store the two weights in MXFP4 instead (`*_blocks` + `*_scales`,
-`quantization_config.quant_method: "mxfp4"`), dequantized exactly here (checkpoint/mxfp4.py).
+`quantization_config.quant_method: "mxfp4"`), dequantized exactly here (peagle_trt/checkpoint/mxfp4.py).
 `convert` splits them into our per-expert linears; the router `mlp.router.*` becomes `mlp.gate.*`.
 FP8 (`peagle-trt quantize`): ModelOpt writes each stacked projection as one float8_e4m3fn tensor
 with ONE per-tensor `*_weight_scale` / `*_input_scale` shared by all experts; every expert's

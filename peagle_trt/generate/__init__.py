@@ -1,0 +1,1 @@
+"""Verb `generate` (`peagle-trt generate`): its parser and handler are in cli.py."""
