@@ -19,7 +19,8 @@ if [[ -n "${PEAGLE_PYTHON:-}" ]]; then PY="$PEAGLE_PYTHON"
 elif [[ "$cmd" != parts && "$cmd" != train && -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3; fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-if [[ -d "$REPO/.gpu-site" ]]; then export PYTHONPATH="$PYTHONPATH:$REPO/.gpu-site"; fi
+# there: the carried gguf (after the machine's own packages); here the venv's is used
+if [[ "$cmd" == train && -d "$REPO/.gpu-site" ]]; then export PYTHONPATH="$PYTHONPATH:$REPO/.gpu-site"; fi
 case "$cmd" in
   train)
     OUT_DIR="${OUT:-$REPO/gpu_results}"; mkdir -p "$OUT_DIR"

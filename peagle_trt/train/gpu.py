@@ -236,11 +236,15 @@ def vendor_gguf(dest: Path) -> int:
         raise ConfigError("the `gguf` package is not installed here; pip install -c constraints.txt "
                           "'peagle-trt[gguf]', then prepare again") from exc
     root = Path(dist.locate_file(""))
+    tmp = dest.with_name(dest.name + ".tmp")  # the installed copy may be dest itself (on PYTHONPATH)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for name in ("gguf", f"gguf-{dist.version}.dist-info"):
+        shutil.copytree(root / name, tmp / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     if dest.exists():
         shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for name in ("gguf", f"gguf-{dist.version}.dist-info"):
-        shutil.copytree(root / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    tmp.rename(dest)
     return dir_bytes(dest)
 
 
@@ -279,14 +283,15 @@ def prepare(repo: Path, gguf: Path, part_mib: float | None = None, tree: int | N
 class GpuRecipe:
     """The GPU run's knobs (each choice to be kept by its held-out curve)."""
     layers: int = 1  # 1, 2 or 4 (a warm start grows a 1-layer head: added layers start as identity)
-    train_embeddings: bool = False  # P-EAGLE: train the embedding table (the head then ships one)
+    train_embeddings: bool = False  # P-EAGLE: train the embedding table (the head then ships one;
+    # a warm head that ships its own keeps training and shipping it: loop.check_frozen_embeddings)
     depths: int = 5  # P-EAGLE parallel depth / EAGLE-3 training-time-test steps
     depth_weights: tuple | None = None  # per-depth loss weights (None: 1.0 each)
     batch: int = 32  # sequences per step (the target's pass is one batched prefill of them)
     lr: float = 5e-4
     warmup: int = 20
     seq_len: int = 2048
-    segment_tokens: int = 1024
+    segment_tokens: int = 2048  # one segment per sequence: fewer launches (GPU memory is not short)
     max_context: int = 256
     draft_vocab: int = 8192  # a fresh head's; a warm start keeps its head's
     source_tokens: int = 8_000_000  # teacher-forced Python source of the machine's site-packages
@@ -311,12 +316,16 @@ class GpuRecipe:
         from peagle_trt.checkpoint import load_drafter
         from peagle_trt.train.config import TrainConfig
 
-        taps = tuple(load_drafter(init_from).config.aux_layer_ids) if init_from is not None else None
+        warm = load_drafter(init_from).config if init_from is not None else None
+        # a warm start keeps its head's taps, mask token and tap norms (and its draft vocabulary: loop.py)
+        taps = tuple(warm.aux_layer_ids) if warm else None
+        mask = (warm.mask_token_id if warm else MASK_TOKEN_ID) if method == "peagle" else None
         cfg = TrainConfig(
             target=target, output=output, method=method, layout=LAYOUTS[method], data=data, depths=self.depths,
             depth_weights=self.depth_weights, segment_tokens=self.segment_tokens, max_context=self.max_context,
-            freeze_embeddings=not self.train_embeddings, fc_norm=True, layers=self.layers,
-            draft_vocab=self.draft_vocab, taps=taps, mask_token_id=MASK_TOKEN_ID if method == "peagle" else None,
+            freeze_embeddings=not self.train_embeddings and not (warm and warm.has_embed),
+            fc_norm=warm.fc_norm if warm else True, layers=self.layers,
+            draft_vocab=self.draft_vocab, taps=taps, mask_token_id=mask,
             steps=1_000_000, batch=self.batch, seq_len=self.seq_len, lr=self.lr, warmup=self.warmup, seed=self.seed,
             device=device, save_dtype="bfloat16", held_out_every=50, eval_every=self.eval_every, eval_len=512,
             curriculum=self.curriculum if method == "peagle" else 0, init_from=init_from, online=True,
@@ -382,7 +391,8 @@ def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str 
 
         if not torch.cuda.is_available():
             raise ConfigError("--device cuda but torch sees no CUDA device; pass --device cpu to rehearse")
-        torch.backends.cuda.matmul.allow_tf32 = True  # the heads' GEMMs; the target's pass stays fp32 math
+        # TF32 GEMMs, the target's pass too: `collect` re-evaluates the heads here in fp32
+        torch.backends.cuda.matmul.allow_tf32 = True
         summary["gpu"] = torch.cuda.get_device_name()
     if target_dir is None:
         target_dir = receive_target(repo, work, summary)
@@ -562,6 +572,7 @@ def main(argv=None) -> int:
     c.add_argument("--data", type=Path, default=None)
     c.add_argument("--repo", type=Path, default=Path("."))
     c.add_argument("--held-out-every", type=int, default=50)
+    c.add_argument("--max-context", type=int, default=GpuRecipe.max_context, help="as the run's --max-context")
     args = ap.parse_args(argv)
     if args.cmd == "prepare":
         from peagle_trt.convert import resolve_gguf
@@ -583,7 +594,7 @@ def main(argv=None) -> int:
         result = {k: v for k, v in result.items() if k != "recipe"}
     else:
         result = collect(args.files, args.dest, args.target, args.data, args.repo,
-                         held_out_every=args.held_out_every)
+                         held_out_every=args.held_out_every, max_context=args.max_context)
     print(json.dumps(result))
     return 0
 

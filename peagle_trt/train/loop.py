@@ -214,6 +214,7 @@ def setup(cfg: TrainConfig, progress) -> Session:
         draft_ids = D.draft_vocabulary(corpus, tc.vocab_size, cfg.draft_vocab or tc.vocab_size)
     head, config = build_head(cfg, target_ckpt, taps, mask_id, draft_ids)
     if cfg.init_from is not None:
+        check_frozen_embeddings(cfg, target_ckpt)
         warm_start(head, cfg.init_from)
         progress(f"warm start from the head in {cfg.init_from}", final=True)
     if cfg.online:
@@ -341,6 +342,21 @@ def run(cfg: TrainConfig, progress) -> dict:
         if s.step % cfg.save_every == 0 or s.step == cfg.steps:
             save_checkpoint(s)
     return finish(s)
+
+
+def check_frozen_embeddings(cfg: TrainConfig, target_ckpt) -> None:
+    """--freeze-embeddings saves no table (the loader then uses the target's): a warm start from a
+    head that ships embeddings of its own would train on them and be served with the target's."""
+    if not cfg.freeze_embeddings:
+        return
+    shipped = load_drafter(cfg.init_from).tensors.get("embed_tokens.weight")
+    if shipped is None:
+        return
+    own = target_ckpt.tensors["embed_tokens.weight"].float()
+    if shipped.shape != own.shape or (shipped.float() - own).abs().max() > 1e-2 * own.abs().max():
+        raise ConfigError(f"--init-from {cfg.init_from} ships embeddings of its own (trained), and "
+                          "--freeze-embeddings would save the head without them (served with the target's); "
+                          "drop --freeze-embeddings to keep training and shipping them")
 
 
 def head_draft_ids(path, vocab_size: int) -> torch.Tensor:

@@ -64,9 +64,23 @@ def python_files(roots) -> list[Path]:
     return out
 
 
+_MADE: dict = {}  # one process's corpora (a GPU run trains P-EAGLE, then EAGLE-3, on the same pieces)
+
+
 def source_corpus(tokenizer, roots, max_tokens: int, piece: int, eos_id: int, progress=None,
                   batch_files: int = 256) -> Corpus:
-    """Pieces of `piece` tokens of the roots' source, up to `max_tokens` tokens in all."""
+    """Pieces of `piece` tokens of the roots' source, up to `max_tokens` tokens in all (made once
+    per process for the same roots, cap, piece and tokenizer)."""
+    key = (tuple(map(str, roots or default_roots())), max_tokens, piece, eos_id,
+           getattr(tokenizer, "name_or_path", ""), len(tokenizer))
+    if key not in _MADE:
+        _MADE[key] = _source_corpus(tokenizer, roots, max_tokens, piece, eos_id, progress, batch_files)
+    elif progress:
+        progress(f"source: {len(_MADE[key].sequences)} pieces of {piece} tokens (made earlier in this run)", final=True)
+    return _MADE[key]
+
+
+def _source_corpus(tokenizer, roots, max_tokens: int, piece: int, eos_id: int, progress, batch_files: int) -> Corpus:
     files = python_files(roots or default_roots())
     ids: list[int] = []
     used = 0

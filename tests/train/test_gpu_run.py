@@ -168,3 +168,18 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     (out / "heads.tar.part-01").write_bytes(b"damaged")
     with pytest.raises(TransferError, match="part-01 damaged"):
         G.collect(out, tmp_path / "again", target=tiny["llama"], data=answers, repo=repo)
+
+
+def test_a_warm_head_with_its_own_embeddings_is_not_frozen_away(tiny, answers, tmp_path):
+    """--freeze-embeddings saves no table; a warm start from a head that ships trained embeddings
+    would be served with the target's: refused with the fix (the GPU recipe keeps training them)."""
+    train(_cfg(tiny, answers, tmp_path / "own", steps=2), _quiet)  # P-EAGLE trains and ships its table
+    assert load_drafter(tmp_path / "own").config.has_embed
+    with pytest.raises(ConfigError, match="drop --freeze-embeddings"):
+        train(_cfg(tiny, answers, tmp_path / "x", init_from=tmp_path / "own", freeze_embeddings=True), _quiet)
+    recipe = G.GpuRecipe()
+    cfg = recipe.train_config("peagle", tiny["llama"], answers, tmp_path / "y", "cpu", init_from=tmp_path / "own")
+    assert not cfg.freeze_embeddings and cfg.taps == (1, 3, 5) and cfg.online and cfg.wall_budget_s == 200
+    shipped = G.GpuRecipe().train_config("peagle", tiny["llama"], answers, tmp_path / "z", "cuda",
+                                         init_from=REPO / "tests/data/smollm2-heads/peagle")
+    assert shipped.freeze_embeddings and shipped.fc_norm and shipped.mask_token_id == 4 and shipped.draft_vocab == 8192
