@@ -330,7 +330,7 @@ class GpuRecipe:
             device=device, save_dtype="bfloat16", held_out_every=50, eval_every=self.eval_every, eval_len=512,
             curriculum=self.curriculum if method == "peagle" else 0, init_from=init_from, online=True,
             wall_budget_s=wall_s or (self.peagle_wall_s if method == "peagle" else self.eagle3_wall_s),
-            source_tokens=self.source_tokens, source_roots=tuple(source_roots), save_every=50, log_every=20,
+            source_tokens=self.source_tokens, source_roots=tuple(source_roots), save_every=200, log_every=20,
             force=True)
         return replace(cfg, **over) if over else cfg
 
@@ -410,8 +410,10 @@ def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str 
         left = deadline_s - (time.monotonic() - t0)
         budget = recipe.peagle_wall_s if method == "peagle" else recipe.eagle3_wall_s
         reserve = 60.0 + 0.15 * budget  # set-up (target, data, held-out pass), evaluations, packing
-        if method != "peagle" and left < budget + reserve:
-            budget = left - reserve
+        later = 90.0 + 1.15 * recipe.eagle3_wall_s if method == "peagle" and recipe.eagle3 else 0.0
+        if left < budget + reserve + later:  # P-EAGLE first: EAGLE-3 shrinks (or is skipped) before it does
+            budget = max(left - reserve - later, min(budget, left - reserve - 60.0)) if method == "peagle" \
+                else left - reserve
             if budget < 20:
                 note(f"{method}: skipped ({left:.0f} s left in the call)")
                 summary[method] = {"skipped": f"{left:.0f} s left"}

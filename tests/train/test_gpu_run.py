@@ -183,3 +183,17 @@ def test_a_warm_head_with_its_own_embeddings_is_not_frozen_away(tiny, answers, t
     shipped = G.GpuRecipe().train_config("peagle", tiny["llama"], answers, tmp_path / "z", "cuda",
                                          init_from=REPO / "tests/data/smollm2-heads/peagle")
     assert shipped.freeze_embeddings and shipped.fc_norm and shipped.mask_token_id == 4 and shipped.draft_vocab == 8192
+
+
+def test_the_gpu_knobs_on_the_command_line(tiny, answers, tmp_path, capsys):
+    from peagle_trt.cli import main
+
+    code = main(["train", "--target", str(tiny["llama"]), "--output", str(tmp_path / "h"), "--data", str(answers),
+                 "--online", "--depths", "3", "--depth-weights", "1,0.5,0.25", "--wall-budget-s", "60",
+                 "--source-tokens", "600", "--source-root", str(REPO / "peagle_trt" / "train"), "--steps", "2",
+                 "--batch", "2", "--seq-len", "64", "--taps", "1,3,5", "--draft-vocab", "200", "--eval-every", "0"])
+    assert code == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["online"] and summary["steps"] == 2 and summary["train_sequences"] > 8  # answers + source
+    assert main(["train", "--target", str(tiny["llama"]), "--output", str(tmp_path / "x"), "--data", str(answers),
+                 "--depth-weights", "1,x"]) != 0
