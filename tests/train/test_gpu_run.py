@@ -74,11 +74,12 @@ def test_source_corpus_is_deterministic_capped_and_skips_tests(tiny, tmp_path):
     root = tmp_path / "site"
     for rel, text in {"pkg/a.py": "def f(x):\n    return x + 1\n" * 30, "pkg/tests/test_a.py": "assert 1\n",
                       "pkg/_private.py": "x = 1\n", "human_eval/data.py": "HUMAN = 1\n",
-                      "pkg/b.py": "class B:\n    pass\n" * 40}.items():
+                      "pkg/b.py": "class B:\n    pass\n" * 40, "zz/c.py": "C = 3\n"}.items():
         (root / rel).parent.mkdir(parents=True, exist_ok=True)
         (root / rel).write_text(text)
     files = python_files([root])
-    assert [f.relative_to(root).as_posix() for f in files] == ["pkg/a.py", "pkg/b.py"]
+    # round-robin over the top-level packages: a cap samples each of them
+    assert [f.relative_to(root).as_posix() for f in files] == ["pkg/a.py", "zz/c.py", "pkg/b.py"]
     tok = TextCodec(tiny["llama"]).tok
     a = source_corpus(tok, [root], 300, 64, 0)
     b = source_corpus(tok, [root], 300, 64, 0)
