@@ -142,11 +142,11 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     out, work = tmp_path / "OUT", tmp_path / "work"
     over = json.dumps({"steps": 3, "batch": 2, "seq_len": 64, "draft_vocab": 200, "taps": [1, 3, 5],
                        "mask_token_id": None, "held_out_every": 4, "max_context": 16, "eval_every": 2})
-    cmd = [sys.executable, "-m", "peagle_trt.train.gpu", "train", "--repo", str(repo), "--out", str(out),
+    cmd = ["bash", str(REPO / "scripts" / "gpu_train.sh"), "train", "--repo", str(repo),
            "--work", str(work), "--device", "cpu", "--data", str(answers), "--source-root",
            str(REPO / "peagle_trt" / "train"), "--source-tokens", "2000", "--no-warm-start", "--depths", "3",
            "--depth-weights", "1,0.8,0.6", "--peagle-wall-s", "30", "--eagle3-wall-s", "30", "--override", over]
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    env = {"PEAGLE_PYTHON": sys.executable, "OUT": str(out), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -155,7 +155,7 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     assert summary["peagle"]["supervised_tokens_per_s"] > 0
     assert "source:" in done.stderr and "pieces of this machine's Python source" in done.stderr
     back = sorted(p.name for p in out.iterdir())
-    assert "parts.json" in back and "summary.json" in back
+    assert {"parts.json", "summary.json", "train.log"} <= set(back)  # the script tees its log into $OUT
     assert len(back) <= G.BACK_FILES and all((out / n).stat().st_size <= G.BACK_LIMIT for n in back)
     report = G.collect(out, tmp_path / "collected", target=tiny["llama"], data=answers, repo=repo,
                        held_out_every=4, max_context=16)
