@@ -5,9 +5,10 @@ come back in parts that one command here reassembles, checks and evaluates.
     python -m peagle_trt.train.gpu prepare              # here: GGUF parts + the transfer plan (JSON)
     python -m peagle_trt.train.gpu parts                # there, each part's call: which parts have arrived
     python -m peagle_trt.train.gpu train --out $OUT     # there, the last call: convert, train, pack
-    python -m peagle_trt.train.gpu collect DIR          # here: reassemble, sha256, load, held-out curve
+    python -m peagle_trt.train.gpu back --out $OUT      # there, right after: parts that did not fit
+    python -m peagle_trt.train.gpu collect DIR [DIR..]  # here: reassemble, sha256, load, held-out curve
 
-Why this way (the device tool's limits, docs: /work/.library/device/README.md): one call sends the
+Why this way (the GPU lease's limits as issue 58 states them): one call sends the
 working tree plus `carry` paths, at most 64 MiB; files an earlier call left there stay only while
 the machine is warm (30 s after a call); each file back is at most 16 MiB (8 files, 64 MiB in
 all); a call runs at most 10 minutes; the machine has no network and no `gguf` package. The
@@ -33,8 +34,11 @@ the tree (~47 MiB, 39 of it the shipped heads), so:
      head, on the committed answers (the held-out split unchanged: every 50th, 222 answers) and
      teacher-forced Python source of the machine's own site-packages (train/source.py), each
      within its wall budget inside the call's 10 minutes; then packs both heads (curves beside
-     them), the summary and the log into $OUT as parts of at most 16 MiB with their manifest.
-  4. `collect DIR` here (DIR: the folder the call's files came back to): reassembles the parts,
+     them) and the summary as parts of at most 16 MiB with their manifest, and puts into $OUT as
+     many as one call returns (3 parts, 48 MiB: two 1-layer heads are 38 MiB; with --layers 4 or
+     trained embeddings they are more). If its summary's `back.left` is not empty, call
+     `scripts/gpu_train.sh back` at once (no carry), again until nothing is left.
+  4. `collect DIR [DIR..]` here (each call's files_at folder): reassembles the parts,
      checks every sha256, extracts, loads each head with the project's loader and evaluates it on
      the 222 held-out answers with the SmolLM2 target here (the curve's own yardstick), beside the
      shipped head's last curve row and the CPU runs' supervised-token count. Last stdout line: JSON.
@@ -171,16 +175,12 @@ def reassemble(folders, out: Path) -> Path:
 
 def pack_dir(src: Path, out_dir: Path, name: str = "heads.tar", part_bytes: int = BACK_LIMIT) -> dict:
     """Tar `src` (uncompressed: bf16 weights barely compress) into parts of at most `part_bytes`
-    in out_dir, with heads.parts.json; refuses what the device tool would not send back."""
+    in out_dir, with parts.json (each part's and the whole's size and sha256)."""
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
         tar.add(src, arcname=src.name)
     data = buf.getvalue()
     count = max(1, math.ceil(len(data) / part_bytes))
-    if len(data) > BACK_TOTAL - MIB or count > BACK_FILES - 3:
-        raise TransferError(f"the heads are {len(data) / MIB:.1f} MiB in {count} parts; the device tool sends "
-                            f"back at most {BACK_FILES} files and {BACK_TOTAL // MIB} MiB: fewer --layers, or "
-                            "--no-eagle3")
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = []
     for k in range(count):
@@ -191,6 +191,29 @@ def pack_dir(src: Path, out_dir: Path, name: str = "heads.tar", part_bytes: int 
     manifest = {"name": name, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
     (out_dir / "parts.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
+
+
+def stage_back(back: Path, out: Path, room: int = BACK_TOTAL - 4 * MIB, files: int = BACK_FILES - 3) -> dict:
+    """Copy the packed parts not yet sent from `back` into $OUT, as many as one call returns (its
+    64 MiB and 8 files, less room for parts.json, summary.json and the log); the rest wait for
+    `back` calls (each within 30 s of the last, while the machine keeps /tmp)."""
+    manifest = find_manifest([back])
+    sent_file = back / "sent.json"
+    sent = set(json.loads(sent_file.read_text())) if sent_file.is_file() else set()
+    out.mkdir(parents=True, exist_ok=True)
+    now, used = [], 0
+    for part in manifest["parts"]:
+        if part["file"] in sent or len(now) >= files or used + part["size"] > room:
+            continue
+        shutil.copyfile(back / part["file"], out / part["file"])
+        now.append(part["file"])
+        used += part["size"]
+    shutil.copyfile(back / "parts.json", out / "parts.json")
+    sent |= set(now)
+    sent_file.write_text(json.dumps(sorted(sent)))
+    left = [p["file"] for p in manifest["parts"] if p["file"] not in sent]
+    return {"sent": now, "left": left,
+            "next": "scripts/gpu_train.sh back (within 30 s), then collect every call's folder" if left else None}
 
 
 def safe_extract(tar_path: Path, dest: Path) -> list[str]:
@@ -378,7 +401,8 @@ def recipe_from_args(args) -> GpuRecipe:
 
 def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str = "cuda",
               target_dir: Path | None = None, data: Path | None = None, source_roots: tuple = (),
-              heads: dict | None = None, deadline_s: float = 570.0, overrides: dict | None = None) -> dict:
+              heads: dict | None = None, deadline_s: float = 570.0, overrides: dict | None = None,
+              back_part_bytes: int = BACK_LIMIT) -> dict:
     """Reassemble and convert the target (or unpack a target tar), train the heads online, pack them
     into `out`. Returns the summary (also written to out/summary.json)."""
     t0 = time.monotonic()
@@ -402,8 +426,9 @@ def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str 
     data = Path(data) if data else repo / ANSWERS
     heads = heads if heads is not None else {m: repo / p for m, p in SHIPPED.items()}
     trained = work / "heads"
-    if trained.exists():
-        shutil.rmtree(trained)
+    for old in (trained, work / "back"):
+        if old.exists():
+            shutil.rmtree(old)
     methods = ["peagle"] + (["eagle3"] if recipe.eagle3 else [])
     from peagle_trt.train.loop import train
 
@@ -435,7 +460,8 @@ def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str 
     summary["total_s"] = round(time.monotonic() - t0, 1)
     (trained / "summary.json").parent.mkdir(parents=True, exist_ok=True)
     (trained / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    summary["packed"] = pack_dir(trained, out)
+    summary["packed"] = pack_dir(trained, work / "back", part_bytes=back_part_bytes)
+    summary["back"] = stage_back(work / "back", out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -466,10 +492,11 @@ def receive_target(repo: Path, work: Path, summary: dict) -> Path:
 
 # -- here: collect -------------------------------------------------------------------------------------
 
-def collect(files: Path, dest: Path, target: Path | None = None, data: Path | None = None,
+def collect(files, dest: Path, target: Path | None = None, data: Path | None = None,
             repo: Path = Path("."), eval_len: int = 512, held_out_every: int = 50, max_context: int = 256) -> dict:
-    """Reassemble the returned parts in `files`, check them, unpack into `dest`, load every head and
-    evaluate it on the held-out answers (every `held_out_every`th, as the curves')."""
+    """Reassemble the returned parts found in `files` (one folder, or every call's: the train call's
+    and its `back` calls'), check them, unpack into `dest`, load every head and evaluate it on the
+    held-out answers (every `held_out_every`th, as the curves')."""
     from peagle_trt.checkpoint import load_drafter, load_target
     from peagle_trt.models.target import TargetModel
     from peagle_trt.tokenizer import TextCodec
@@ -478,9 +505,10 @@ def collect(files: Path, dest: Path, target: Path | None = None, data: Path | No
     from peagle_trt.train.config import TrainConfig
     from peagle_trt.train.loop import build_head, head_draft_ids, warm_start
 
-    files, dest = Path(files), Path(dest)
-    tar = reassemble([files], dest / "heads.tar")
-    manifest = find_manifest([files])
+    folders = [Path(f) for f in ([files] if isinstance(files, (str, Path)) else files)]
+    dest = Path(dest)
+    tar = reassemble(folders, dest / "heads.tar")
+    manifest = find_manifest(folders)
     safe_extract(tar, dest)
     root = dest / "heads"
     summary = json.loads((root / "summary.json").read_text()) if (root / "summary.json").is_file() else {}
@@ -571,9 +599,14 @@ def main(argv=None) -> int:
     t.add_argument("--eagle3-head", type=Path, default=None)
     t.add_argument("--deadline-s", type=float, default=570.0, help="the whole command's wall budget")
     t.add_argument("--override", default=None, help="JSON of TrainConfig fields (the tiny rehearsal's sizes)")
+    t.add_argument("--back-part-mib", type=float, default=BACK_LIMIT / MIB, help="parts of the heads sent back")
     add_recipe_args(t)
+    b = sub.add_parser("back", help="there, right after train: the packed parts that did not fit its $OUT")
+    b.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_results")))
+    b.add_argument("--work", type=Path, default=Path("/tmp/peagle-gpu-train"))
     c = sub.add_parser("collect", help="here: reassemble, check, load and evaluate the returned heads")
-    c.add_argument("files", type=Path, help="the folder the train call's files came back to")
+    c.add_argument("files", type=Path, nargs="+",
+                   help="the folders the train call's (and its back calls') files came back to")
     c.add_argument("--dest", type=Path, default=Path("out/gpu-heads"))
     c.add_argument("--target", type=Path, default=None, help="target folder (default: SmolLM2, cached)")
     c.add_argument("--data", type=Path, default=None)
@@ -608,8 +641,10 @@ def _dispatch(args) -> dict:
         result = gpu_train(args.repo, args.out, args.work, recipe_from_args(args), args.device, args.target_dir,
                            args.data, tuple(args.source_root),
                            {**{m: args.repo / p for m, p in SHIPPED.items()}, **heads}, args.deadline_s,
-                           json.loads(args.override) if args.override else None)
+                           json.loads(args.override) if args.override else None, int(args.back_part_mib * MIB))
         result = {k: v for k, v in result.items() if k != "recipe"}
+    elif args.cmd == "back":
+        result = stage_back(args.work / "back", args.out)
     else:
         result = collect(args.files, args.dest, args.target, args.data, args.repo,
                          held_out_every=args.held_out_every, max_context=args.max_context)

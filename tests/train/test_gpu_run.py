@@ -145,7 +145,8 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     cmd = ["bash", str(REPO / "scripts" / "gpu_train.sh"), "train", "--repo", str(repo),
            "--work", str(work), "--device", "cpu", "--data", str(answers), "--source-root",
            str(REPO / "peagle_trt" / "train"), "--source-tokens", "2000", "--no-warm-start", "--depths", "3",
-           "--depth-weights", "1,0.8,0.6", "--peagle-wall-s", "30", "--eagle3-wall-s", "30", "--override", over]
+           "--depth-weights", "1,0.8,0.6", "--peagle-wall-s", "30", "--eagle3-wall-s", "30", "--override", over,
+           "--back-part-mib", "0.03"]  # small parts: more than one call brings them back
     env = {"PEAGLE_PYTHON": sys.executable, "OUT": str(out), "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -157,7 +158,20 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     back = sorted(p.name for p in out.iterdir())
     assert {"parts.json", "summary.json", "train.log"} <= set(back)  # the script tees its log into $OUT
     assert len(back) <= G.BACK_FILES and all((out / n).stat().st_size <= G.BACK_LIMIT for n in back)
-    report = G.collect(out, tmp_path / "collected", target=tiny["llama"], data=answers, repo=repo,
+    assert summary["back"]["left"], "the small parts should need a back call"
+    folders, left = [out], summary["back"]["left"]
+    while left:  # `scripts/gpu_train.sh back` right after, each call's $OUT a new folder here
+        folders.append(tmp_path / f"OUT{len(folders)}")
+        env_back = {**env, "OUT": str(folders[-1])}
+        done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_train.sh"), "back", "--work", str(work)],
+                              cwd=REPO, env=env_back, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        staged = json.loads(done.stdout.strip().splitlines()[-1])
+        assert staged["sent"] and len(staged["left"]) < len(left)
+        left = staged["left"]
+    with pytest.raises(TransferError, match="missing"):  # the first call's files alone are not all of it
+        G.collect(out, tmp_path / "partial", target=tiny["llama"], data=answers, repo=repo)
+    report = G.collect(folders, tmp_path / "collected", target=tiny["llama"], data=answers, repo=repo,
                        held_out_every=4, max_context=16)
     assert set(report["heads"]) == {"peagle", "eagle3"}
     for method, entry in report["heads"].items():
@@ -168,7 +182,7 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     assert report["heads"]["peagle"]["top1"] == pytest.approx(summary["peagle"]["held_out_top1"], abs=0.02)
     (out / "heads.tar.part-01").write_bytes(b"damaged")
     with pytest.raises(TransferError, match="part-01 damaged"):
-        G.collect(out, tmp_path / "again", target=tiny["llama"], data=answers, repo=repo)
+        G.collect(folders, tmp_path / "again", target=tiny["llama"], data=answers, repo=repo)
 
 
 def test_a_warm_head_with_its_own_embeddings_is_not_frozen_away(tiny, answers, tmp_path):
