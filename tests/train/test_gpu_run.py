@@ -7,6 +7,7 @@ target -> online training of both heads -> parts back -> collect (reassembled, l
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 import tarfile
@@ -50,9 +51,20 @@ def test_split_and_reassemble_check_every_part(tmp_path):
         G.reassemble([tmp_path / "nothing"], tmp_path / "x")
 
 
+def test_deflate_and_inflate_check_the_original(tmp_path):
+    src = tmp_path / "m.gguf"
+    src.write_bytes(b"GGUF" + bytes(range(200)) * 3000)
+    extra = G.deflate(src, tmp_path / "m.gguf.zz")
+    assert (tmp_path / "m.gguf.zz").stat().st_size < src.stat().st_size
+    out = G.inflate(tmp_path / "m.gguf.zz", extra["inflated"], tmp_path / "rx")
+    assert out.read_bytes() == src.read_bytes()
+    with pytest.raises(TransferError, match="inflates to"):
+        G.inflate(tmp_path / "m.gguf.zz", {**extra["inflated"], "sha256": "0" * 64}, tmp_path / "rx")
+
+
 def test_prepare_plans_calls_within_the_device_limits(tmp_path):
     src = tmp_path / "big.bin"
-    src.write_bytes(b"\1" * (5 * G.MIB + 5))
+    src.write_bytes(random.Random(0).randbytes(5 * G.MIB + 5))  # incompressible, as the GGUF nearly is
     repo = tmp_path / "repo"
     repo.mkdir()
     plan = G.prepare(repo, src, tree=60 * G.MIB)  # leaves ~2-3 MiB a part beside .gpu-site and the margin
@@ -137,8 +149,8 @@ def test_the_gpu_run_end_to_end_on_the_cpu(tiny, answers, tmp_path):
     tar = tmp_path / "tiny-target.tar"
     with tarfile.open(tar, "w") as t:
         t.add(tiny["llama"], arcname="tiny-target")
-    G.split_file(tar, lambda k: repo / G.PART_DIR.format(k), 900_000)
-    assert len(list(repo.glob(".gpu-part-*"))) >= 2
+    plan = G.prepare(repo, tar, part_mib=0.4, tree=0)  # zlib-compressed, in parts, as the GGUF goes
+    assert plan["parts"] >= 2 and plan["sent_bytes"] < tar.stat().st_size
     out, work = tmp_path / "OUT", tmp_path / "work"
     over = json.dumps({"steps": 3, "batch": 2, "seq_len": 64, "draft_vocab": 200, "taps": [1, 3, 5],
                        "mask_token_id": None, "held_out_every": 4, "max_context": 16, "eval_every": 2})
