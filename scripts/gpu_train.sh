@@ -21,7 +21,7 @@ if [[ -n "${PEAGLE_PYTHON:-}" ]]; then PY="$PEAGLE_PYTHON"
 elif [[ "$cmd" != parts && "$cmd" != train && "$cmd" != back && -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3; fi
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1
-# there: the carried gguf (after the machine's own packages); here the venv's is used
+# there: the carried gguf (.gpu-site holds only gguf, which the GPU image lacks); here the venv's is used
 if [[ "$cmd" == train && -d "$REPO/.gpu-site" ]]; then export PYTHONPATH="$PYTHONPATH:$REPO/.gpu-site"; fi
 case "$cmd" in
   train)

