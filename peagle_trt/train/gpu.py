@@ -479,16 +479,11 @@ def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str 
 
     for method in methods:
         left = deadline_s - (time.monotonic() - t0)
-        budget = recipe.peagle_wall_s if method == "peagle" else recipe.eagle3_wall_s
-        reserve = 60.0 + 0.15 * budget  # set-up (target, data, held-out pass), evaluations, packing
-        later = 90.0 + 1.15 * recipe.eagle3_wall_s if method == "peagle" and recipe.eagle3 else 0.0
-        if left < budget + reserve + later:  # P-EAGLE first: EAGLE-3 shrinks (or is skipped) before it does
-            budget = max(left - reserve - later, min(budget, left - reserve - 60.0)) if method == "peagle" \
-                else left - reserve
-            if budget < 20:
-                note(f"{method}: skipped ({left:.0f} s left in the call)")
-                summary[method] = {"skipped": f"{left:.0f} s left"}
-                continue
+        budget = head_budget(recipe, method, left)
+        if budget is None:
+            note(f"{method}: skipped ({left:.0f} s left in the call)")
+            summary[method] = {"skipped": f"{left:.0f} s left"}
+            continue
         init = heads.get(method) if recipe.warm_start else None
         cfg = recipe.train_config(method, target_dir, data, trained / f"drafter-{method}", device, source_roots,
                                   init, wall_s=budget, checkpoint_dir=work / f"ckpt-{method}",
@@ -509,6 +504,22 @@ def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str 
     summary["back"] = stage_back(work / "back", out)
     (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+def head_budget(recipe: GpuRecipe, method: str, left: float) -> float | None:
+    """Training wall seconds for `method` with `left` seconds of the call to go (None: skip it).
+    Each head reserves 60 s + 15% of its budget (set-up: target, data, held-out pass; evaluations;
+    packing); P-EAGLE comes first: EAGLE-3 shrinks, then is skipped, before P-EAGLE shrinks."""
+    budget = recipe.peagle_wall_s if method == "peagle" else recipe.eagle3_wall_s
+    reserve = 60.0 + 0.15 * budget
+    later = 90.0 + 1.15 * recipe.eagle3_wall_s if method == "peagle" and recipe.eagle3 else 0.0
+    if left >= budget + reserve + later:
+        return budget
+    if method == "peagle":
+        budget = max(left - reserve - later, min(budget, left - reserve - 60.0))
+    else:
+        budget = left - reserve
+    return budget if budget >= 20 else None
 
 
 def receive_target(repo: Path, work: Path, summary: dict) -> Path:

@@ -82,6 +82,15 @@ def test_prepare_plans_calls_within_the_device_limits(tmp_path):
         assert subprocess.run(["git", "-C", str(REPO), "check-ignore", "-q", carried]).returncode == 0
 
 
+def test_the_heads_share_the_call_p_eagle_first():
+    r = G.GpuRecipe(peagle_wall_s=200, eagle3_wall_s=120)
+    assert G.head_budget(r, "peagle", 540) == 200 and G.head_budget(r, "eagle3", 300) == 120
+    assert G.head_budget(r, "eagle3", 150) == pytest.approx(150 - 60 - 18)  # EAGLE-3 shrinks to what is left
+    assert G.head_budget(r, "eagle3", 90) is None  # then is skipped
+    assert G.head_budget(r, "peagle", 400) == 200  # P-EAGLE keeps its budget while EAGLE-3 can shrink
+    assert 20 <= G.head_budget(r, "peagle", 200) < 200 and G.head_budget(r, "peagle", 60) is None
+
+
 def test_source_corpus_is_deterministic_capped_and_skips_tests(tiny, tmp_path):
     root = tmp_path / "site"
     for rel, text in {"pkg/a.py": "def f(x):\n    return x + 1\n" * 30, "pkg/tests/test_a.py": "assert 1\n",
