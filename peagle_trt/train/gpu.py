@@ -35,8 +35,8 @@ the tree (~47 MiB, 39 of it the shipped heads), so:
      head, on the committed answers (the held-out split unchanged: every 50th, 222 answers) and
      teacher-forced Python source of the machine's own site-packages (train/source.py), each
      within its wall budget inside the call's 10 minutes; then packs both heads (curves beside
-     them) and the summary as parts of at most 16 MiB with their manifest, and puts into $OUT as
-     many as one call returns (3 parts, 48 MiB: two 1-layer heads are 38 MiB; with --layers 4 or
+     them) and the summary as parts of 15.5 MiB with their manifest, and puts into $OUT as
+     many as one call returns (3 parts, 46.5 MiB: two 1-layer heads are 38 MiB; with --layers 4 or
      trained embeddings they are more). If its summary's `back.left` is not empty, call
      `scripts/gpu_train.sh back` at once (no carry), again until nothing is left.
   4. `collect DIR [DIR..]` here (each call's files_at folder): reassembles the parts,
@@ -77,6 +77,7 @@ from peagle_trt.errors import ConfigError, PeagleError, TransferError
 MIB = 1 << 20
 CALL_LIMIT = 64 * MIB  # what one device call may send: tree + carried paths
 BACK_LIMIT = 16 * MIB  # one file back from $OUT
+BACK_PART = BACK_LIMIT - MIB // 2  # the parts sent back: under the limit, not at it
 BACK_FILES, BACK_TOTAL = 8, 64 * MIB
 PART_DIR = ".gpu-part-{}"  # one ignored folder per inbound part (.gitignore)
 SITE_DIR = ".gpu-site"  # the carried pure-Python packages (gguf), on PYTHONPATH there
@@ -180,7 +181,7 @@ def reassemble(folders, out: Path) -> Path:
     return out
 
 
-def pack_dir(src: Path, out_dir: Path, name: str = "heads.tar", part_bytes: int = BACK_LIMIT) -> dict:
+def pack_dir(src: Path, out_dir: Path, name: str = "heads.tar", part_bytes: int = BACK_PART) -> dict:
     """Tar `src` (uncompressed: bf16 weights barely compress) into parts of at most `part_bytes`
     in out_dir, with parts.json (each part's and the whole's size and sha256)."""
     buf = io.BytesIO()
@@ -447,7 +448,7 @@ def recipe_from_args(args) -> GpuRecipe:
 def gpu_train(repo: Path, out: Path, work: Path, recipe: GpuRecipe, device: str = "cuda",
               target_dir: Path | None = None, data: Path | None = None, source_roots: tuple = (),
               heads: dict | None = None, deadline_s: float = 570.0, overrides: dict | None = None,
-              back_part_bytes: int = BACK_LIMIT) -> dict:
+              back_part_bytes: int = BACK_PART) -> dict:
     """Reassemble and convert the target (or unpack a target tar), train the heads online, pack them
     into `out`. Returns the summary (also written to out/summary.json)."""
     t0 = time.monotonic()
@@ -659,7 +660,7 @@ def main(argv=None) -> int:
     t.add_argument("--eagle3-head", type=Path, default=None)
     t.add_argument("--deadline-s", type=float, default=570.0, help="the whole command's wall budget")
     t.add_argument("--override", default=None, help="JSON of TrainConfig fields (the tiny rehearsal's sizes)")
-    t.add_argument("--back-part-mib", type=float, default=BACK_LIMIT / MIB, help="parts of the heads sent back")
+    t.add_argument("--back-part-mib", type=float, default=BACK_PART / MIB, help="parts of the heads sent back")
     add_recipe_args(t)
     b = sub.add_parser("back", help="there, right after train: the packed parts that did not fit its $OUT")
     b.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu_results")))
