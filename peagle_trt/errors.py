@@ -42,6 +42,11 @@ class ManifestError(PeagleError):
     """An artifact directory does not match its manifest.json (edited, truncated or mixed files)."""
 
 
+class TransferError(PeagleError):
+    """A file sent in parts (to or from a GPU machine) is incomplete or damaged: a part is missing,
+    or a part's or the whole file's sha256 differs from its manifest."""
+
+
 class ServeError(PeagleError):
     """The inference server could not be started or did not become ready."""
 

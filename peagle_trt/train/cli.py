@@ -2,6 +2,8 @@
 
     peagle-trt train --target TARGET_DIR --output HEAD_DIR --text-list FILES.txt [--method peagle]
     peagle-trt train --target TARGET_DIR --output HEAD_DIR --data prompts.jsonl --method eagle3
+    peagle-trt train ... --data answers.jsonl --device cuda --online --wall-budget-s 200 --source-tokens 8000000
+    (the GPU run of SmolLM2's heads in one script: scripts/gpu_train.sh, peagle_trt/train/gpu.py)
 
 Progress (loss, per-depth top-1 agreement with the target, tokens/s) goes to stderr; the last
 stdout line (printed by peagle_trt/cli.py) is the summary dict.
@@ -73,6 +75,17 @@ def add_parser(sub) -> argparse.ArgumentParser:
     t.add_argument("--curriculum", type=int, default=0, help="train depth 0 only for the first N steps")
     t.add_argument("--cpu-budget-s", type=float, default=None,
                    help="stop after this much training CPU time (process time); the cosine schedule spans it")
+    t.add_argument("--wall-budget-s", type=float, default=None,
+                   help="stop after this much training wall time (a GPU run); the cosine schedule spans it")
+    t.add_argument("--online", action="store_true",
+                   help="the target's pass over each step's batch at once (a GPU run), instead of a feature cache")
+    t.add_argument("--depth-weights", default=None,
+                   help="per-depth loss weights, one per --depths, comma-separated (default 1 each)")
+    t.add_argument("--source-tokens", type=int, default=0,
+                   help="--data: and up to N tokens of Python source (--source-root, default this interpreter's "
+                        "site-packages), teacher-forced in pieces (train/source.py)")
+    t.add_argument("--source-root", type=Path, action="append", default=[],
+                   help="a folder of .py files for --source-tokens (repeatable)")
     t.add_argument("--init-from", type=Path, default=None,
                    help="warm start from a trained head (same shapes and draft vocabulary), e.g. a shipped one; "
                         "with more --layers than it has, the added layers start as identity (grown)")
@@ -102,6 +115,12 @@ def cmd_train(args: argparse.Namespace) -> dict:
             taps = tuple(int(x) for x in args.taps.split(","))
         except ValueError as exc:
             raise ConfigError(f"--taps {args.taps!r}: expected three comma-separated layer ids, e.g. 1,2,3") from exc
+    weights = None
+    if args.depth_weights:
+        try:
+            weights = tuple(float(x) for x in args.depth_weights.split(","))
+        except ValueError as exc:
+            raise ConfigError(f"--depth-weights {args.depth_weights!r}: expected numbers, e.g. 1,1,0.8") from exc
     cfg = TrainConfig(target=args.target, output=args.output, method=args.method, data=args.data,
                       text=tuple(text), layout=args.layout, depths=args.depths,
                       down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,
@@ -119,5 +138,7 @@ def cmd_train(args: argparse.Namespace) -> dict:
                       held_out_every=args.held_out_every, eval_every=args.eval_every, eval_len=args.eval_len,
                       curriculum=args.curriculum, cpu_budget_s=args.cpu_budget_s, init_from=args.init_from,
                       init_layer=args.init_layer, train_sequences=args.train_sequences,
-                      train_from=args.train_from)
+                      train_from=args.train_from, wall_budget_s=args.wall_budget_s, online=args.online,
+                      depth_weights=weights, source_tokens=args.source_tokens,
+                      source_roots=tuple(args.source_root))
     return train(cfg)

@@ -10,6 +10,9 @@ each sequence is split into `segments` partitions, each run forward+backward on 
 sum to the flat loss); AdamW with warm-up and cosine decay; resumable checkpoints (model,
 optimiser, RNG state) in `checkpoint_dir`; output in the AWS layout (default) or the
 speculators layout (train/save.py). Seeded: the same config gives the same weights, resumed or not.
+At GPU scale (peagle_trt/train/gpu.py): `online` passes the target over each step's batch at once
+(no feature cache), `wall_budget_s` spans the cosine over wall time, `depth_weights` weights each
+depth's loss, `source_tokens` adds teacher-forced Python source of this machine (train/source.py).
 Tests: tests/train/.
 """
 
@@ -64,6 +67,11 @@ class TrainConfig:
     eval_len: int = 512  # held-out sequences cut to their first N tokens
     curriculum: int = 0  # the first N steps train depth 0 only, then every depth
     cpu_budget_s: float | None = None  # stop after this much training CPU time; the cosine spans it
+    wall_budget_s: float | None = None  # or after this much training wall time (a GPU run); the cosine spans it
+    online: bool = False  # the target's pass per step, batched (no feature cache: a GPU run)
+    depth_weights: tuple | None = None  # per-depth loss weights [depths] (None: every depth 1.0)
+    source_tokens: int = 0  # --data: and up to N tokens of Python source (source_roots) teacher-forced
+    source_roots: tuple = ()  # folders of .py files (default: this interpreter's site-packages)
     init_from: Path | None = None  # warm start from a trained head (same shapes, same draft vocabulary)
     init_layer: str = "random"  # random | target: layer 0 from the target's last layer (hidden half)
     checkpoint_dir: Path | None = None
@@ -96,5 +104,18 @@ class TrainConfig:
             raise ConfigError(f"--init-layer {self.init_layer!r}: expected 'random' or 'target'")
         if self.cpu_budget_s is not None and self.cpu_budget_s <= 0:
             raise ConfigError(f"--cpu-budget-s {self.cpu_budget_s}: expected a positive number of seconds")
+        if self.wall_budget_s is not None and self.wall_budget_s <= 0:
+            raise ConfigError(f"--wall-budget-s {self.wall_budget_s}: expected a positive number of seconds")
+        if self.online and self.feature_cache is not None:
+            raise ConfigError("--online passes the target over each step's batch; drop --feature-cache "
+                              "(or drop --online to pass each sequence once and keep it)")
+        if self.depth_weights is not None and (len(self.depth_weights) != self.depths
+                                               or any(w < 0 for w in self.depth_weights)
+                                               or not any(w > 0 for w in self.depth_weights)):
+            raise ConfigError(f"--depth-weights {list(self.depth_weights)}: expected {self.depths} weights "
+                              "(one per depth, --depths), none negative, at least one positive")
+        if self.source_tokens < 0 or (self.source_tokens and self.data is None):
+            raise ConfigError(f"--source-tokens {self.source_tokens}: expected 0 or more, and --data beside it "
+                              "(the source is extra training data; the held-out split is the data's)")
         if self.seq_len < 3:
             raise ConfigError(f"--seq-len {self.seq_len} is too short; use at least 3 tokens")

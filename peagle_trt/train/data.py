@@ -14,7 +14,9 @@ The draft vocabulary is the `draft_vocab` most frequent tokens of the training r
 by prompt frequency, then id), sorted by id: d2t[i] = draft_ids[i] - i (offsets, target_id =
 draft_id + d2t[draft_id]), t2d = membership mask over the target vocabulary.
 Target features come from our reference target (`peagle_trt.models.target.TargetModel`): its
-tap hidden states and its next-token distribution restricted to the draft vocabulary.
+tap hidden states and its next-token distribution restricted to the draft vocabulary; kept per
+sequence (`FeatureCache`, the CPU runs) or made per step for the whole batch in one padded pass
+(`OnlineFeatures`, `batched_target_pass`: a GPU run).
 Tests: tests/train/test_train_run.py.
 """
 
@@ -242,6 +244,54 @@ def target_features(target, ids: torch.Tensor, supervised: torch.Tensor, draft_i
     return features(target, ids, supervised, normed, aux, draft_ids)
 
 
+@torch.no_grad()
+def batched_target_pass(target, seqs: list, chunk: int = 512) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`target_pass` of several sequences at once: [(normed [T_i, H], taps [T_i, A])], one forward
+    per chunk of `chunk` positions over the whole batch (right-padded; padding rows at position -1
+    write the cache's trash block and are dropped): the GPU's batched prefill."""
+    dev = target.lm_head.weight.device
+    b, t = len(seqs), max(int(s.numel()) for s in seqs)
+    tokens = torch.zeros(b, t, dtype=torch.long, device=dev)
+    positions = torch.full((b, t), -1, dtype=torch.long, device=dev)
+    for i, ids in enumerate(seqs):
+        tokens[i, :ids.numel()] = ids.to(dev)
+        positions[i, :ids.numel()] = torch.arange(ids.numel(), device=dev)
+    cache = target.new_cache(b, t)
+    tables = torch.arange(b, device=dev)  # sequence i of the static layout (models/kv_cache.py)
+    normed, aux = [], []
+    hook = target.layers[-1].register_forward_hook(lambda mod, inp, out: normed.append(target.norm(out)))
+    try:
+        for a in range(0, t, chunk):
+            e = min(t, a + chunk)
+            last = torch.zeros(b, 1, dtype=torch.long, device=dev)  # one logits row each: the hook keeps them all
+            _, taps = target(tokens[:, a:e], positions[:, a:e], tables, cache, last)
+            aux.append(taps)
+    finally:
+        hook.remove()
+    normed_all, aux_all = torch.cat(normed, dim=1), torch.cat(aux, dim=1)
+    return [(normed_all[i, :ids.numel()], aux_all[i, :ids.numel()]) for i, ids in enumerate(seqs)]
+
+
+class OnlineFeatures:
+    """The target's features of each training batch, made when the step asks (`batch`: one batched
+    pass, `batched_target_pass`), never kept: for a GPU run, where the target's pass costs less
+    than reading a cache, and no cache file has to travel. Same interface as FeatureCache."""
+
+    loaded = 0
+
+    def __init__(self, target, draft_ids: torch.Tensor, chunk: int = 512):
+        self.target, self.draft_ids, self.chunk = target, draft_ids, chunk
+
+    @torch.no_grad()
+    def batch(self, batch: list) -> list[SeqFeatures]:
+        passes = batched_target_pass(self.target, [ids for _, ids, _ in batch], self.chunk)
+        return [features(self.target, ids, sup, normed, aux, self.draft_ids)
+                for (_, ids, sup), (normed, aux) in zip(batch, passes)]
+
+    def save(self) -> None:
+        pass
+
+
 class FeatureCache:
     """The target's pass over whole corpus sequences, made on first use and kept in float16
     (normed hidden + taps: 2 bytes x (H + A) per token), so the frozen target runs once per
@@ -277,6 +327,10 @@ class FeatureCache:
             self.kept[content] = (normed.half(), aux.half())
         normed, aux = self.kept[content]
         return features(self.target, ids, supervised, normed, aux, self.draft_ids)
+
+    def batch(self, batch: list) -> list[SeqFeatures]:
+        """The features of sample_batch's (key, ids, supervised) triples, one sequence at a time."""
+        return [self.get(key, ids, sup) for key, ids, sup in batch]
 
     def fill(self, corpus: Corpus, seq_len: int, progress, save_every: int = 400) -> None:
         """Make every sequence's pass now (saved every `save_every` sequences, so an interrupted

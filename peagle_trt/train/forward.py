@@ -153,16 +153,21 @@ def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 
 def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
-                 mask_token_id: int | None, normaliser: float, stats: dict | None = None) -> torch.Tensor:
+                 mask_token_id: int | None, normaliser: float, stats: dict | None = None,
+                 depth_weights: torch.Tensor | None = None) -> torch.Tensor:
     """Summed KL over the segment's owned supervised elements / normaliser. Only those rows go
     through the lm_head: prompt rows and rows of other segments are context only. `stats`
-    (optional) accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}."""
+    (optional) accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}.
+    `depth_weights` [depths] (optional) weights each element's KL by its depth."""
     sub, x, charged = segment_forward(head, seq, el, owned, mask_token_id)
     pos = sub.position
     sup = charged & seq.loss_mask[pos]
     logits = head.model.logits(x[sup])
     probs = seq.probs[pos[sup]]
-    loss = kl_terms(logits, probs).sum() / normaliser
+    terms = kl_terms(logits, probs)
+    if depth_weights is not None:
+        terms = terms * depth_weights.to(terms.device)[sub.depth[sup]]
+    loss = terms.sum() / normaliser
     if stats is not None:
         with torch.no_grad():
             hit = logits.argmax(-1) == probs.argmax(-1)
