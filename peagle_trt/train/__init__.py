@@ -4,17 +4,9 @@ config.py (TrainConfig), loop.py (`train`, the loop), data.py (corpus, target fe
 (COD sampling, segments), forward.py (the head's training forward and loss), save.py (the trained
 head as a checkpoint), source.py (this machine's Python source as data), gpu.py (the GPU run in
 one script: parts in and out, online training), cli.py (the subcommand).
-`train` is imported on first use (PEP 562), so the GPU run's transfer checks start without torch.
 """
 
 from peagle_trt.train.config import METHODS, TrainConfig
+from peagle_trt.train.loop import train
 
 __all__ = ["METHODS", "TrainConfig", "train"]
-
-
-def __getattr__(name: str):
-    if name == "train":
-        from peagle_trt.train.loop import train
-
-        return train
-    raise AttributeError(f"module 'peagle_trt.train' has no attribute {name!r}")
