@@ -19,14 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", sorted(KINDS))
-def test_exact_tests_hold_under_the_kind(name):
+def test_exact_tests_hold_under_the_kind(name, tmp_path):
     if not runnable(name):
         pytest.skip(f"this CPU lacks {KINDS[name].needs} for the {name} kernels ({KINDS[name].machine})")
     env = {**os.environ, **KINDS[name].env}  # threads as this worker has them (one under -n 2)
     env.pop("PYTEST_XDIST_WORKER", None)
     files = sorted({prefix.split("::")[0] for prefix in EXACT})
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-                          "-m", "exact and not slow and not gpu", *files], cwd=ROOT, env=env,
+                          "-m", "exact and not slow and not gpu", f"--basetemp={tmp_path / 'run'}", *files], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=1200)
     tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-30:])
     assert run.returncode == 0, f"{name} kernels ({KINDS[name].env}):\n{tail}"
