@@ -26,8 +26,8 @@ def test_exact_tests_hold_under_the_kind(name, tmp_path):
     env.pop("PYTEST_XDIST_WORKER", None)
     files = sorted({prefix.split("::")[0] for prefix in EXACT})
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider",
-                          "-m", "exact and not slow and not gpu", f"--basetemp={tmp_path / 'run'}", *files], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=1200)
+                          "-m", "exact and not slow and not gpu", f"--basetemp={tmp_path / 'run'}", *files],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-30:])
     assert run.returncode == 0, f"{name} kernels ({KINDS[name].env}):\n{tail}"
     assert " passed" in tail and " deselected" in tail, tail  # the mark selected a part, and it ran
