@@ -5,6 +5,9 @@ follows the host (docs/BENCHMARKS.md "gpu": MBU 0.07-0.18). A graph replays them
 
     buckets       batch sizes 1, 2, 4, then steps of 8 (vLLM's), up to the executor's batch
     bucket(b)     the smallest bucket >= b; None past the largest: that forward runs eagerly
+    limits        rows per request <= MAX_ROWS (a verify of 1 + K or of a tree; a prefill's drafting
+                  pass over a long prompt chunk stays eager) and at most MAX_GRAPHS shapes (the
+                  first ones met: a server's decode shapes come with its first steps)
     pad           each input padded along its batch axis to the bucket with rows that change nothing:
                   tokens 0, positions -1 (padding rows write to the trash block), block tables -1,
                   a drafter's pending count 1 over cur 1 (one padding row at position 0, in no block)
@@ -28,6 +31,9 @@ from dataclasses import dataclass
 import torch
 
 from peagle_trt.ops.reference import key_span
+
+MAX_ROWS = 65  # rows per request a captured forward may have: 1 + the most draft rows (64 tree nodes)
+MAX_GRAPHS = 64  # captured shapes per executor
 
 
 def buckets(max_batch: int) -> tuple[int, ...]:
@@ -80,7 +86,7 @@ class GraphRunner:
         the caller must run eagerly (no bucket, or the forward cannot be captured). Outputs are the
         graph's own buffers until its next replay: callers clone what they keep."""
         size = bucket(b, self.sizes)
-        if size is None:
+        if size is None or inputs[0].tensor.shape[1] > MAX_ROWS:
             return None
         key = (what, size) + tuple(tuple(x.tensor.shape[:x.axis]) + tuple(x.tensor.shape[x.axis + 1:])
                                    + (x.tensor.dtype,) for x in inputs)
@@ -88,6 +94,8 @@ class GraphRunner:
             return None
         entry = self.graphs.get(key)
         if entry is None:
+            if len(self.graphs) >= MAX_GRAPHS:
+                return None
             entry = self._capture(key, fn, [pad(x, size) for x in inputs])
             if entry is None:
                 return None
