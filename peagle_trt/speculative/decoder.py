@@ -260,8 +260,13 @@ class SpecDecoder:
         dev, b = self.ex.device, len(seqs)
         head = ints([[s.output[-1], s.cur] for s in seqs], dev)  # [B, 2] last token, its position
         cur = head[:, 1]  # [B]
-        drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in (s.drafts for s in seqs)],
-                           0).reshape(b, n)  # [B, n]
+        rows = [s.drafts for s in seqs]  # device rows of the last drafting pass (lists: trees, grammar)
+        if not n:
+            drafts = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, 0] plain decoding
+        elif all(isinstance(d, torch.Tensor) and len(d) == n for d in rows):
+            drafts = torch.stack(rows)  # [B, n]
+        else:
+            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0).reshape(b, n)
         j = torch.arange(n + 1, device=dev)  # [n+1]
         if tree:  # rows by depth with an ancestor mask (a chain is causal by position)
             trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)]
