@@ -109,16 +109,7 @@ class GraphRunner:
     def _capture(self, key, fn, padded: list[torch.Tensor]):
         static = [t.clone() for t in padded]
         try:
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream), key_span(self.span):
-                for _ in range(2):  # warm-up: lazy inits, autotuning, the allocator's first blocks
-                    fn(*static)
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool), key_span(self.span):
-                outputs = fn(*static)
-            self.pool = graph.pool()
+            graph, outputs = self._record(fn, static)
         except Exception as exc:  # noqa: BLE001 -- any capture failure: this shape runs eagerly
             self.eager.add(key)
             warnings.warn(f"CUDA graph capture of {key[0]} at batch {key[1]} failed ({type(exc).__name__}: "
@@ -127,3 +118,17 @@ class GraphRunner:
         entry = (graph, static, tuple(outputs))
         self.graphs[key] = entry
         return entry
+
+    def _record(self, fn, static: list[torch.Tensor]):
+        """(graph, its output buffers): fn(*static) warmed up on a side stream, then captured."""
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream), key_span(self.span):
+            for _ in range(2):  # warm-up: lazy inits, autotuning, the allocator's first blocks
+                fn(*static)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool), key_span(self.span):
+            outputs = fn(*static)
+        self.pool = graph.pool()
+        return graph, outputs

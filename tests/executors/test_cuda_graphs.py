@@ -1,7 +1,9 @@
 """CUDA graphs of the torch executor (peagle_trt/executors/graphs.py).
 
 On CPU: the batch buckets (1, 2, 4, then steps of 8) and the padding of each input along its batch
-axis; the executor refuses graphs off CUDA and keeps them off by default there.
+axis; the executor refuses graphs off CUDA and keeps them off by default there; and a rehearsal of
+the runner's whole path (keys, static buffers, padding, slicing, the executor's replayed target and
+drafter passes) with a stand-in recorder that re-runs the captured function at each replay.
 On a GPU (marked gpu: scripts/gpu_validate.sh): a replayed decode, verify (1 + K rows, a tree) and
 P-EAGLE drafter pass give the bits the same forward gives eagerly at the same bucket and attention
 span, and speculative greedy output with graphs equals target-only output with graphs.
@@ -15,12 +17,12 @@ import torch
 from peagle_trt.checkpoint import load_pair
 from peagle_trt.config import SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.executors.graphs import Input, bucket, buckets, pad
+from peagle_trt.executors.graphs import GraphRunner, Input, bucket, buckets, pad
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.ops.reference import key_span
-from peagle_trt.runtime.scheduler import generate
+from peagle_trt.runtime.scheduler import Request, Scheduler, generate
 from peagle_trt.speculative.decoder import SpecDecoder
-from tests.helpers import greedy
+from tests.helpers import collect, greedy
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -48,6 +50,50 @@ def test_graphs_need_cuda_and_are_off_on_cpu(tiny):
     assert TorchExecutor(t, d, 1, 64).graphs is None
     with pytest.raises(ConfigError, match="cuda_graphs"):
         TorchExecutor(t, d, 1, 64, cuda_graphs=True)
+
+
+class ReplayOnCPU:
+    """A stand-in for a CUDA graph: replay re-runs the captured function over the static inputs,
+    at the captured attention span, into the captured output buffers."""
+
+    def __init__(self, fn, static, span):
+        self.fn, self.static, self.span = fn, static, span
+        with key_span(span):
+            self.outputs = fn(*static)
+
+    def replay(self):
+        with key_span(self.span):
+            for out, new in zip(self.outputs, self.fn(*self.static)):
+                out.copy_(new)
+
+
+class CPURunner(GraphRunner):
+    def _record(self, fn, static):
+        graph = ReplayOnCPU(fn, static, self.span)
+        return graph, graph.outputs
+
+
+@pytest.mark.parametrize("mode, drafter, k", [("peagle", "aws", 3), ("eagle3", "eagle3", 2)])
+def test_the_runner_path_rehearsed_on_cpu(tiny, mode, drafter, k):
+    """Greedy speculation through the runner (batches 1 and 3: buckets 1 and 4, padded) equals
+    target-only output; the verify and P-EAGLE drafting shapes were replayed."""
+    spec = SpecConfig(mode, k)
+    t, d = load_pair(tiny["llama"], tiny[drafter], spec).build()
+    plain = SpecDecoder(TorchExecutor(t, None, 3, 128), SpecConfig("none", 0))
+    ex = TorchExecutor(t, d, 3, 128)
+    ex.graphs = CPURunner(3, ex.kv.max_blocks * ex.kv.block_size, ex.device)
+    fast = SpecDecoder(ex, spec)
+    for prompts in ([[1, 2, 3]], [[4, 5], list(range(7, 30)), [9]]):
+        ref = [generate(plain, p, greedy(12)).output for p in prompts]
+        sched = Scheduler(fast, max_batch=3)
+        outputs = {}
+        for i, p in enumerate(prompts):
+            sched.add(Request(str(i), p, greedy(12), on_output=collect(outputs)))
+        sched.run_until_idle()
+        assert [outputs[str(i)]["ids"] for i in range(len(prompts))] == ref
+    kinds = {key[:2] for key in ex.graphs.graphs}
+    assert ("target", 1) in kinds and ("target", 4) in kinds and ex.graphs.replays > 0
+    assert (mode != "peagle") or any(key[0].startswith("draft") for key in ex.graphs.graphs)
 
 
 @pytest.mark.gpu
