@@ -6,7 +6,8 @@ bool, index, cpu, nonzero: on a GPU each one waits for the device). Not counted:
 which a device tensor refuses (it needs `.cpu()` first, counted); the step's CPU argmax reads
 a host tensor's numpy view. At batch 1 and 8, every spec mode, trees and grammar off, the torch
 executor on CPU (its forwards included: attention spans come from the host, ops.reference.key_span).
-Before issue 57 the same count gave 10 (none), 17 (eagle3 K = 3) and 13 (peagle K = 3) per step.
+Before issue 57 the same count gave 9 (none), 16 (eagle3 K = 3) and 12 (peagle K = 3) per step
+(batch 1 and 8 alike: an attention span read per layer, the argmaxes, the drafts).
 """
 
 from __future__ import annotations
