@@ -15,10 +15,13 @@
 #             (PEAGLE_TRITON_DEVICE=cuda)                                        -> kernel_tests.log
 #   4 tests   every GPU-marked test: the kernels against their CPU references at full sizes and the
 #             torch executor (token identity, every spec mode and target family, bf16/fp32/FP8,
-#             both op backends)                                                  -> gpu_tests.log, gpu_tests.xml
+#             both op backends, CUDA graphs on by default), CUDA graph replay = eager at the same
+#             bucket (tests/executors/test_cuda_graphs.py)                       -> gpu_tests.log, gpu_tests.xml
 #   5 timing  peagle-trt bench kernels: each kernel's time and bandwidth against the HBM roofline
 #                                                                                -> bench_kernels.log
-#   6 bench   peagle-trt bench gpu (python -m peagle_trt.cli)                      -> bench_gpu.{json,md,*.png}
+#   6 bench   peagle-trt bench gpu (python -m peagle_trt.cli): bf16 forwards and the step's iteration
+#             with CUDA graphs off and on in the one run (rows "graphs": false / true)
+#                                                                                -> bench_gpu.{json,md,*.png}
 # Then gpu_validate.json + gpu_validate.md (stage status, seconds, test counts, benchmark targets),
 # and the LAST stdout line is the JSON summary; exit status 0 only when every stage run and test passed.
 # Nothing is shipped prebuilt: the kernels are built here. The GPU tests run under pytest-xdist where

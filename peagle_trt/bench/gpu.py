@@ -2,8 +2,10 @@
 shapes, random weights, torch executor, CUDA events. `gpu`: copy bandwidth (the MBU reference), drafting
 (parallel vs sequential), decode and verify (bf16, FP8; torch references and Triton kernels), the
 iteration overhead and its host syncs, a PROJECTION of tokens/s from published acceptance lengths,
-issue 15's targets; OUTPUT_DIR (default $OUT, else gpu_results)/bench_gpu.json is rewritten after every
-section; --smoke: tiny shapes on CPU. `drafter`: drafting alone on CPU, batch 1, fp32, per --heads.
+issue 15's targets; on CUDA the bf16 forwards and the iteration with CUDA graphs off and on, in the one run
+(executors/graphs.py; the projection and the targets read the graphs-on figures); OUTPUT_DIR (default
+$OUT, else gpu_results)/bench_gpu.json is rewritten after every section; --smoke: tiny shapes on CPU.
+`drafter`: drafting alone on CPU, batch 1, fp32, per --heads.
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class DrafterOnlyExecutor:
 
     draft_parallel, drafter = TorchExecutor.draft_parallel, TorchExecutor.drafter
     project, to_target_ids = TorchExecutor.project, TorchExecutor.to_target_ids
+    _draft_eager, graphs = TorchExecutor._draft_eager, None  # eager: the drafting section times launches too
 
     def __init__(self, model: DrafterModel, slots: int, max_len: int, kernels: str):
         self.drafter_model, self.drafter_cache = model, model.new_cache(slots, max_len)
@@ -183,8 +186,8 @@ def section_target(a, ex, weights: str, copy_gbs: float) -> list[dict]:
             t = median_ms(forward(ex, b, k + 1, a.context), a.repeats, a.warmup)
             read = costs["weight_bytes"] + b * costs["kv_bytes_per_pos"] * (a.context + k + 1)
             floor = read / (copy_gbs * 1e6) if copy_gbs else None
-            rows.append({"weights": weights, "kernels": ex.kernels, "batch": b, "k": k, "ms": t,
-                         "floor_ms": floor, "mbu": floor / t if floor else None})
+            rows.append({"weights": weights, "kernels": ex.kernels, "graphs": ex.graphs is not None, "batch": b,
+                         "k": k, "ms": t, "floor_ms": floor, "mbu": floor / t if floor else None})
     return rows
 
 
@@ -225,7 +228,8 @@ def section_iteration(a, ex, device) -> list[dict]:
                                    torch.arange(b, device=device))
                 draft_ms = median_ms(lambda: decoder.proposer.propose(batch, spec.k), a.repeats, a.warmup)
             syncs = count_syncs(lambda: decoder.step(seqs)) if device.type == "cuda" else None
-            rows.append({"mode": mode, "k": spec.k, "batch": b, "kernels": ex.kernels, "step_ms": step_ms,
+            rows.append({"mode": mode, "k": spec.k, "batch": b, "kernels": ex.kernels,
+                         "graphs": ex.graphs is not None, "step_ms": step_ms,
                          "verify_ms": verify_ms, "draft_ms": draft_ms, "overhead_ms": step_ms - verify_ms - draft_ms,
                          "host_syncs": None if syncs is None else len(syncs),
                          "sync_examples": None if syncs is None else sorted(set(syncs))[:6]})
@@ -235,13 +239,15 @@ def section_iteration(a, ex, device) -> list[dict]:
 def section_projection(res: dict) -> list[dict]:
     """tokens/s = B * AL / (t_verify + t_draft + overhead); none: B / (t_decode + overhead); AL published."""
     al = PUBLISHED_AL
-    kern = res["kernels_used"]
+    kern, graphs = res["kernels_used"], res.get("graphs_used", False)
     verify = {(r["batch"], r["k"]): r["ms"] for r in res.get("target", [])
-              if r["weights"] == "bf16" and r["kernels"] == kern}
+              if r["weights"] == "bf16" and r["kernels"] == kern and r.get("graphs", False) == graphs}
     drafts = {(r["batch"], r["k"]): r for r in res.get("drafter", [])  # the target's own head
               if r["head"] == res["heads"][-1] and r["kernels"] == kern}
     rows = []
     for it in res.get("iteration", []):
+        if it.get("graphs", False) != graphs:
+            continue
         mode, b = it["mode"], it["batch"]
         for k in [0] if mode == "none" else sorted(al.get(mode, {})):
             if (b, k) not in verify or (mode != "none" and (b, k) not in drafts):
@@ -262,7 +268,7 @@ def check_targets(res: dict) -> list[dict]:
     kern, head = res["kernels_used"], res["heads"][0]
     p1, p7 = (one("drafter", head=head, kernels=kern, batch=1, k=k) for k in (1, 7))
     fp8 = one("target", weights="fp8", kernels=kern, batch=1, k=7)
-    it1, it64 = (one("iteration", mode="peagle", batch=b) for b in (1, 64))
+    it1, it64 = (one("iteration", mode="peagle", batch=b, graphs=res.get("graphs_used", False)) for b in (1, 64))
     checks = [("parallel draft K=7 / K=1 (batch 1)", p7 and p1 and p7["parallel_ms"] / p1["parallel_ms"], "<=", 1.2),
               ("sequential K=7 / parallel K=7 (batch 1)", p7 and p7["seq_over_par"], ">=", 4.0),
               ("FP8 verify K=7 batch 1: fraction of the bandwidth floor", fp8 and fp8["mbu"], ">=", 0.7),
@@ -276,6 +282,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="gpu: skip the sections that start later")
     p.add_argument("--heads", default="tiny,gpt-oss-20b-peagle", help=f"drafter: from {sorted(DRAFTER_REPEATS)}")
     p.add_argument("--ks", default="1,3,7,11", help="drafter: comma-separated draft lengths K")
+    p.add_argument("--no-cuda-graphs", action="store_true",
+                   help="gpu: time eager forwards only (default on CUDA: with CUDA graphs off and on)")
     options(p, context=None, repeats=None, warmup=None, threads=None)  # None: gpu 1024; drafter: DRAFTER_REPEATS
 
 
@@ -322,13 +330,14 @@ def run(a: argparse.Namespace) -> dict:
     a.repeats, a.warmup = (2, 1) if a.smoke else (10, 3)
     target, heads = ("tiny", ["tiny"]) if a.smoke else ("llama-3.1-8b", ["gpt-oss-20b-peagle", "llama-3.1-8b-peagle"])
     kernel_modes = ["reference"] + (["cuda"] if device.type == "cuda" and cuda_kernels.available() else [])
+    graph_modes = (False, True) if device.type == "cuda" and not a.no_cuda_graphs else (False,)
     env = {"device": str(device), "cuda": torch.version.cuda, "triton_kernels": cuda_kernels.available()}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(gpu=p.name, sm=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1))
     res = {"smoke": a.smoke, "env": env, "device": env.get("gpu", env["device"]), "machine": machine(a.smoke),
            "target_shape": target, "heads": heads, "assumed": {h: ASSUMED.get(h) for h in heads},
-           "context": a.context, "dtype": str(dtype), "kernels_used": kernel_modes[-1],
+           "context": a.context, "dtype": str(dtype), "kernels_used": kernel_modes[-1], "graphs_used": graph_modes[-1],
            "kernel_modes": kernel_modes, "skipped": [], "errors": {}}
 
     def section(name: str, fn) -> None:
@@ -367,11 +376,14 @@ def run(a: argparse.Namespace) -> dict:
             if "convert:fp8" in res["errors"] or "convert:fp8" in res["skipped"]:
                 break  # never time a half-converted model under the fp8 label
         for kern in kernel_modes:
-            ex = TorchExecutor(model, drafter, slots, max_len, kernels=kern)
-            section(f"target:{weights}:{kern}", lambda: section_target(a, ex, weights, copy_gbs))
-            if weights == "bf16" and kern == kernel_modes[-1]:
-                section("iteration", lambda: section_iteration(a, ex, device))
-            ex = None  # free this executor before the next kernels mode
+            # off, then on (one run, one card): bf16 on the kernels the iteration uses
+            for graphs in graph_modes if weights == "bf16" and kern == kernel_modes[-1] else (False,):
+                ex = TorchExecutor(model, drafter, slots, max_len, kernels=kern, cuda_graphs=graphs)
+                label = f"{weights}:{kern}{':graphs' if graphs else ''}"
+                section(f"target:{label}", lambda: section_target(a, ex, weights, copy_gbs))
+                if weights == "bf16" and kern == kernel_modes[-1]:
+                    section(f"iteration:{label}", lambda: section_iteration(a, ex, device))
+                ex = None  # free this executor (and its graphs) before the next mode
     section("projection", lambda: section_projection(res))
     res.pop("convert", None)
     res["wall_s"], res["targets"] = round(time.monotonic() - t0, 1), check_targets(res)
@@ -390,9 +402,9 @@ def report(res: dict, a) -> list[str]:
            records(res.get("drafter", []), ["head", "kernels", "batch", "k", "parallel_ms", "sequential_ms",
                                             "seq_over_par"]),
            "### Target forward: decode (k = 0) and verify (k + 1 rows), ms and MBU",
-           records(res.get("target", []), ["weights", "kernels", "batch", "k", "ms", "floor_ms", "mbu"]),
+           records(res.get("target", []), ["weights", "kernels", "graphs", "batch", "k", "ms", "floor_ms", "mbu"]),
            "### Iteration overhead: one SpecDecoder.step minus its verify and draft forwards, ms",
-           records(res.get("iteration", []), ["mode", "k", "batch", "step_ms", "verify_ms", "draft_ms",
+           records(res.get("iteration", []), ["mode", "graphs", "k", "batch", "step_ms", "verify_ms", "draft_ms",
                                               "overhead_ms", "host_syncs", "sync_examples"]),
            f"### PROJECTION: end-to-end tokens/s (acceptance: {AL_SOURCE})",
            records(res.get("projection", []), ["mode", "batch", "k", "acceptance_length", "step_ms", "tokens_per_s"]),
@@ -402,7 +414,7 @@ def report(res: dict, a) -> list[str]:
     drafting = {**series(drafts, "k", "parallel_ms", lambda r: f"parallel B={r['batch']}"),
                 **series(drafts, "k", "sequential_ms", lambda r: f"sequential B={r['batch']}")}
     forwards = series([r for r in res.get("target", []) if r["kernels"] == kern], lambda r: r["k"] + 1, "ms",
-                      lambda r: f"{r['weights']} B={r['batch']}")
+                      lambda r: f"{r['weights']}{' graphs' if r.get('graphs') else ''} B={r['batch']}")
     return out + [lines(a, "", [(f"drafter {res['heads'][0]}", "K (draft tokens)", "ms per drafting step", drafting),
                                 (res["target_shape"], "rows per sequence (1 = decode)", "ms per target forward",
                                  forwards)])]

@@ -41,7 +41,7 @@ def cmd_build(args: argparse.Namespace) -> dict:
                     max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes,
                     kv_blocks=args.kv_blocks, block_size=args.block_size, prefix_caching=not args.no_prefix_caching,
                     max_grammar_bytes=args.max_grammar_bytes, grammar_timeout_s=args.grammar_timeout,
-                    deterministic=args.deterministic)
+                    deterministic=args.deterministic, cuda_graphs=not args.no_cuda_graphs)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantizeOptions
@@ -88,6 +88,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     b.add_argument("--kernels", default="reference", choices=["reference", "cuda"],
                    help="torch backend: the custom ops in torch (reference) or on the Triton kernels "
                         "(cuda: needs --device cuda and triton)")
+    b.add_argument("--no-cuda-graphs", action="store_true",
+                   help="torch backend on CUDA: run every forward eagerly (default: decode, verify and the "
+                        "P-EAGLE drafter pass replayed as CUDA graphs per batch bucket)")
     b.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: FP8 (E4M3) post-training quantization of the target with ModelOpt first")
     b.add_argument("--kv-cache-fp8", action="store_true", help="with --quantization fp8: also calibrate KV scales")

@@ -9,6 +9,10 @@ of their torch references; the TensorRT plugins launch the same kernels compiled
 The deterministic option: `TorchExecutor(deterministic=True)` runs every forward inside
 peagle_trt.ops.deterministic.rows() (GEMMs on fixed row blocks, attention row by row, fixed
 threads): a request's output no longer depends on its batch, its draft count or the thread count.
+The CUDA graphs option: `TorchExecutor(cuda_graphs=None)` (on where the models are on CUDA and the
+forwards are not deterministic; False: off, `--no-cuda-graphs`) replays decode and verify forwards
+(no logit rows: every row's logits) and the P-EAGLE drafter pass as CUDA graphs per batch bucket
+(peagle_trt/executors/graphs.py); prefill, other shapes and batches past the buckets run eagerly.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ class TorchExecutor:
     forward is row- and batch-invariant (peagle_trt/ops/deterministic.py); reference ops only."""
 
     def __init__(self, target, drafter=None, kv: KVLayout | int = 1, max_len: int = 2048, kernels: str = "reference",
-                 deterministic: bool = False):
+                 deterministic: bool = False, cuda_graphs: bool | None = None):
         self.target_model, self.drafter_model = target, drafter
         self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
         self.device = target.lm_head.weight.device
@@ -57,6 +61,17 @@ class TorchExecutor:
         self.drafter_cache = drafter.new_cache(self.kv) if drafter is not None else None
         self.windows = target.kv_windows
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else None
+        if cuda_graphs is None:
+            cuda_graphs = self.device.type == "cuda" and not deterministic
+        if cuda_graphs and (self.device.type != "cuda" or deterministic):
+            raise ConfigError("cuda_graphs=True replays forwards captured on a CUDA device, without host syncs: it "
+                              f"needs the models on CUDA (here {self.device}) and deterministic=False "
+                              "(--no-cuda-graphs turns it off)")
+        self.graphs = None
+        if cuda_graphs:
+            from peagle_trt.executors.graphs import GraphRunner
+
+            self.graphs = GraphRunner(self.kv.max_batch, self.kv.max_blocks * self.kv.block_size, self.device)
 
     # -- forwards ------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -64,8 +79,28 @@ class TorchExecutor:
         # tokens, positions [B, S]; tables [G, B, M] block tables; logit_rows [B, R] | None;
         # tree_mask [B, S, W] int32 | None (draft-tree rows: ops.reference.kv_attention)
         # -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
+        if self.graphs is not None and logit_rows is None:  # decode and verify: replayed per batch bucket
+            out = self._replayed("target", self._target, tokens, positions, tables, tree_mask)
+            if out is not None:
+                return out[0], out[1].clone()  # logits: read within the step; aux: kept by requests
         with self._ops():
             return self.target_model(tokens, positions, tables, self.target_cache, logit_rows, tree_mask)
+
+    def _target(self, tokens, positions, tables, tree_mask=None):
+        with self._ops():
+            return self.target_model(tokens, positions, tables, self.target_cache, None, tree_mask)
+
+    def _replayed(self, what, fn, tokens, positions, tables, tree_mask=None, extra=()):
+        """fn's outputs replayed as a CUDA graph at the batch's bucket (graphs.py); None: run eagerly."""
+        from peagle_trt.executors.graphs import Input
+
+        inputs = [Input(tokens, 0, 0), Input(positions, 0, -1), Input(self.kv_tables(tables), 1, -1)]
+        inputs += [Input(tree_mask, 0, 0)] if tree_mask is not None else []
+        return self.graphs.run(what, fn, inputs + list(extra), tokens.shape[0])
+
+    def kv_tables(self, tables: torch.Tensor) -> torch.Tensor:
+        """Block tables [G, B, M] (sequence indices [B] of a static cache turned into theirs)."""
+        return self.target_cache.tables(tables)
 
     @torch.inference_mode()
     def move_kv(self, tables, src, dst):
@@ -90,6 +125,20 @@ class TorchExecutor:
     def draft_parallel(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         # tokens [B, P] pending ids (padded), aux [B, P, 3 * H_t] their target taps, num_pending [B],
         # cur [B] (pending rows sit at cur-n .. cur-1), tables [G, B, M] -> draft ids [B, K]: ONE forward
+        if self.graphs is not None:  # the P-EAGLE pass: replayed per batch bucket
+            from peagle_trt.executors.graphs import Input
+
+            def draft(tokens, cur, tables, aux, num_pending):
+                return (self._draft_eager(tokens, aux, num_pending, cur, tables, k),)
+
+            out = self.graphs.run(f"draft{k}", draft, [Input(tokens, 0, 0), Input(cur, 0, 1),
+                                                      Input(self.kv_tables(tables)[:1], 1, -1), Input(aux, 0, 0),
+                                                      Input(num_pending, 0, 1)], tokens.shape[0])
+            if out is not None:
+                return out[0].clone()
+        return self._draft_eager(tokens, aux, num_pending, cur, tables, k)
+
+    def _draft_eager(self, tokens, aux, num_pending, cur, tables, k: int) -> torch.Tensor:
         with self._ops():
             return draft_sample(_draft_logits(self, tokens, aux, num_pending, cur, tables, k), self.drafter_model.d2t)
 

@@ -10,11 +10,29 @@ the trash block and never visible. Blocks are assigned by the runtime (peagle_tr
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from peagle_trt.ops import deterministic
+
+_KEY_SPAN: contextvars.ContextVar[int | None] = contextvars.ContextVar("key_span", default=None)
+
+
+@contextlib.contextmanager
+def key_span(length: int | None):
+    """Within: kv_attention reads keys at slots 0 .. length - 1, `length` being the forward's
+    highest slot + 1 as the host knows it (the speculative step: its requests' positions), instead
+    of reading that slot back from the device (a host sync per layer). Must equal the slots'
+    maximum + 1: the result is then the same to the bit."""
+    token = _KEY_SPAN.set(length)
+    try:
+        yield
+    finally:
+        _KEY_SPAN.reset(token)
 
 
 def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_size: int
@@ -67,7 +85,8 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     if deterministic.active():  # one query row at a time over exactly its visible keys
         return _kv_attention_rows(q, positions, slots, tree_mask, block_tables, k_cache, v_cache, num_heads,
                                   num_kv_heads, head_dim, scale, sliding_window, sinks)
-    length = min(int(slots.max()) + 1, block_tables.shape[1] * bs)
+    span = _KEY_SPAN.get()
+    length = min(int(slots.max()) + 1 if span is None else span, block_tables.shape[1] * bs)
     nb = -(-length // bs)  # blocks spanned by the longest row
     table = block_tables[:, :nb]
     table = torch.where(table >= 0, table, trash)  # [B, nb]

@@ -72,7 +72,8 @@ def make_executor(options: RepositoryOptions, paths: ArtifactPaths, version: Pat
             cuda_kernels.require(torch.device(options.device))
         pair = load_pair(version / paths.target, version / paths.drafter if paths.drafter else None, spec)
         target, drafter_model = pair.build(options.device, DTYPES[options.dtype])
-        return TorchExecutor(target, drafter_model, kv, kernels=options.kernels, deterministic=options.deterministic)
+        return TorchExecutor(target, drafter_model, kv, kernels=options.kernels, deterministic=options.deterministic,
+                             cuda_graphs=None if options.cuda_graphs else False)  # None: on where CUDA allows
     if options.backend == "onnxruntime" and not paths.onnx:  # in-process from checkpoints, graphs in memory
         from peagle_trt.executors.onnxruntime import OrtExecutor
 

@@ -65,6 +65,7 @@ class RepositoryOptions:
     grammar_timeout_s: float = GRAMMAR_TIMEOUT_S  # structured output: longest compile before a refusal
     # row- and batch-invariant forwards (peagle_trt/ops/deterministic.py; torch, onnxruntime)
     deterministic: bool = False
+    cuda_graphs: bool = True  # torch backend on CUDA: forwards replayed as CUDA graphs (peagle_trt/executors/graphs.py)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -181,7 +182,7 @@ def from_parameters(params: Mapping[str, str],
             except ValueError:
                 raise ConfigError(f"config.pbtxt parameter {f.name!r} must be a number, got "
                                   f"{params[f.name]!r}") from None
-        elif f.name in ("prefix_caching", "deterministic"):
+        elif f.name in ("prefix_caching", "deterministic", "cuda_graphs"):
             values[f.name] = params[f.name] == "True"
         else:
             values[f.name] = None if f.name == "plugin_library" and not params[f.name] else params[f.name]

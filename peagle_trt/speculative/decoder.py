@@ -14,13 +14,24 @@ k <= K is chosen per drafting call (draft_length.py: fixed, by batch size, or ad
 sequences with fewer drafts are padding (position -1). With k = 0 the step is plain decoding: one
 target row, one token; the drafter then gets that step's rows later (`Sequence.undrafted`).
 Greedy output equals the target's own greedy output token for token; sampled output has the
-target's distribution (speculative/verify.py). Requests may join (prefill) and leave between steps.
-A constrained request (structured output) carries a grammar matcher (speculative/grammar.py): it
-drafts a chain of the drafter's best candidates the grammar allows (`draft_candidates` per depth),
-and each verify row its walk reads is under the grammar after its committed tokens plus the drafts
-before the row (greedy: the row's argmax when allowed, else the masked row's).
-The hot path keeps the batch in tensors: verification is one argmax/compare over [B, K+1] and the
-drafter gets the verify outputs as they are (`DraftBatch`), with no per-sequence tensor work.
+target's distribution (speculative/accept.py). Requests may join (prefill) and leave between steps.
+
+The step, on the device (issue 57): verify -> accept -> commit -> propose.
+    verify   rows [B, n+1] from the last tokens and the drafts, which stay on the device between
+             steps (`Sequence.drafts`: a row of the drafting pass's output); attention spans from
+             the host's positions (ops.reference.key_span), so no forward reads the device back
+    accept   `acceptor` (accept.py): the target's token at every row, the accepted path, as tensor
+             ops; ONE device-to-host copy per step brings back tokens, rows and counts
+    commit   host bookkeeping only (stops, stats, the draft policy's StepReport); a tree's accepted
+             KV and taps move on the device
+    propose  the drafter reads the emitted tokens and counts where they are (`DraftBatch`)
+Seams: the draft policy (draft_policy.py: k, tree budget; chosen before a drafting pass, told
+after a verify), the acceptor (the product's `TargetAcceptor`, a benchmark's `SyntheticAcceptor`),
+and the grammar hook for constrained requests (grammar.py `GrammarHook`): such a request drafts a
+chain of the drafter's best candidates the grammar allows (`draft_candidates` per depth), and each
+verify row its walk reads is under the grammar after its committed tokens plus the drafts before
+the row (greedy: the row's argmax when allowed, else the masked row's), on the host.
+tests/speculative/test_host_reads.py counts the step's device reads (one per step).
 """
 
 from __future__ import annotations
@@ -33,16 +44,18 @@ import torch
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
-from peagle_trt.ops.reference import pack_tree_mask
-from peagle_trt.speculative.draft_length import DraftLengths
+from peagle_trt.ops.reference import key_span, pack_tree_mask
+from peagle_trt.speculative.accept import SyntheticAcceptor, TargetAcceptor, Verdict, argmax, choose
+from peagle_trt.speculative.draft_policy import DraftPolicy, StepReport
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
-from peagle_trt.speculative.grammar import GrammarState, first_token_mask
-from peagle_trt.speculative.sampling import make_generator, probabilities, sample
+from peagle_trt.speculative.grammar import GrammarHook, GrammarState, first_token_mask
+from peagle_trt.speculative.sampling import make_generator
 from peagle_trt.speculative.stats import SpecStats
 from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of, walk
-from peagle_trt.speculative.tree_budget import TreeBudgets
 from peagle_trt.speculative.verify import verify
+
+__all__ = ["Sequence", "SpecDecoder", "argmax", "walk"]
 
 
 @dataclass(eq=False)
@@ -51,7 +64,9 @@ class Sequence:
     params: SamplingParams
     generator: torch.Generator | None = None
     output: list[int] = field(default_factory=list)  # generated ids (prompt excluded)
-    drafts: list[int] = field(default_factory=list)  # [n] proposed tokens: a chain for cur+1..cur+n, or tree nodes
+    # [n] proposed tokens: a chain for cur+1..cur+n, or tree nodes; a row of the drafting pass's
+    # [B, k] device tensor (chains: never read back, the verify reads it there) or a list
+    drafts: list[int] | torch.Tensor = field(default_factory=list)
     parents: tuple = ()  # per draft its parent draft (-1: the last generated token); () a chain
     stats: SpecStats = field(default_factory=SpecStats)
     finish_reason: str | None = None  # "stop" | "length" | "abort"
@@ -93,12 +108,18 @@ class Sequence:
         return self.finish_reason is not None
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """Argmax over the last dim. On CPU through numpy: single-threaded, so it never waits on torch's
-    OpenMP threads while onnxruntime's spin (measured: 11 ms per verify on 2 cores, vs 0.03 alone)."""
-    if logits.device.type == "cpu" and logits.dtype == torch.float32:
-        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
-    return logits.argmax(dim=-1)
+@dataclass(frozen=True)
+class VerifyRows:
+    """One verify's inputs (decoder.step), on the device."""
+    tokens: torch.Tensor  # [B, n+1] the last generated token, then the drafts (padding 0)
+    positions: torch.Tensor  # [B, n+1] RoPE positions (-1: padding)
+    cur: torch.Tensor  # [B] row 0's position
+    tables: torch.Tensor  # [G, B, M] block tables
+    drafts: torch.Tensor  # [B, n]
+    parents: torch.Tensor | None  # [B, n] a tree's (-1: the root), None for chains
+    depth: torch.Tensor | None  # [B, n] a tree's node depths (0: padding)
+    mask: torch.Tensor | None  # [B, n+1, W] a tree's ancestor bits
+    levels: list[int]  # per request the depth of its drafts (host)
 
 
 class SpecDecoder:
@@ -106,18 +127,22 @@ class SpecDecoder:
     # grammar allows (1: the drafter's own top-1 chain, cut at the first draft the grammar refuses)
     draft_candidates: int = 256
 
-    def __init__(self, executor: Executor, spec: SpecConfig, eos_ids: tuple[int, ...] = (), proposer=None):
+    def __init__(self, executor: Executor, spec: SpecConfig, eos_ids: tuple[int, ...] = (), proposer=None,
+                 acceptor=None):
+        """`proposer`: the drafter (None: spec.mode's); `acceptor`: which drafts a verify keeps
+        (speculative/accept.py; None: the target's choice, or synthetic rates when spec sets them)."""
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
         self.k = spec.k
         if proposer is None and self.k:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
-        self.lengths = DraftLengths(spec)
-        self.budgets = TreeBudgets(spec, self.lengths.verify_cost, self.lengths.draft_cost)
-        self.adaptive = spec.adaptive or spec.adaptive_tree  # a rule reads the steps' costs
-        self._time_verify = self.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
+        if acceptor is None:
+            acceptor = SyntheticAcceptor(spec.synthetic_rates) if spec.synthetic_rates else TargetAcceptor()
+        self.acceptor = acceptor
+        self.policy = DraftPolicy(spec)  # K by batch, adaptive K, tree budgets: chosen before, told after
+        self.lengths, self.budgets = self.policy.lengths, self.policy.budgets  # (metrics read them)
+        self._time_verify = self.policy.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
-        self.synthetic = torch.Generator().manual_seed(0) if spec.synthetic_rates else None
         # headroom: a verify writes up to span + 1 positions from the last committed one
         self.max_seq_len = executor.kv.max_len - (self.span + 1)
         if spec.tree and len(executor.windows) > 1:
@@ -187,102 +212,116 @@ class SpecDecoder:
         self._draft(batch.select([i for i, s in enumerate(seqs) if s.prefilled and not s.finished]))
 
     def step(self, seqs: list[Sequence]) -> None:
-        """One speculate-verify iteration for every unfinished sequence of `seqs`."""
+        """One speculate-verify iteration for every unfinished sequence of `seqs`: verify -> accept
+        -> commit -> propose, with ONE device-to-host read (the accepted tokens and counts)."""
         seqs = [s for s in seqs if not s.finished]
         if not seqs:
             return
-        t0 = time.perf_counter()  # the verify's cost for the adaptive rule: this step up to its drafting
-        ex, dev = self.ex, self.ex.device
-        trees = [s.parents[:len(s.drafts)] or chain(len(s.drafts)) for s in seqs]  # parents of each node
-        levels = [depths(t) for t in trees]  # depth (1 ..) of each node
-        ns = [len(t) for t in trees]
-        n = max(ns)
+        t0, b = time.perf_counter(), len(seqs)  # the verify's cost (adaptive rules): up to its drafting
+        ns = [len(s.drafts) for s in seqs]  # drafts per request (host-known: the drafts stay on the device)
+        n, tree = max(ns), any(s.parents for s in seqs)
         # 1. verify: row 0 the last generated token at position cur, row 1 + j draft j at cur + its
         #    depth (its KV at slot cur + 1 + j), one target forward; each row sees its ancestors
-        tokens = ints([[s.output[-1]] + s.drafts + [0] * (n - len(s.drafts)) for s in seqs], dev)  # [B, n+1]
-        cur = ints([s.cur for s in seqs], dev)  # [B]
-        depth = ints([[0] + d + [-1] * (n - len(d)) for d in levels], dev)  # [B, n+1], -1: padding
-        positions = torch.where(depth >= 0, cur[:, None] + depth, -1)  # [B, n+1]
-        mask = None if not any(s.parents for s in seqs) else torch.from_numpy(  # chains: causal by position
-            pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)] ancestor bits
-        tables = self.tables(seqs)  # [G, B, M]
-        logits, aux = ex.target(tokens, positions, tables, tree_mask=mask)  # [B, n+1, V], [B, n+1, A]
-        # 2. accept: from the root, the target's token at each row (argmax, or a sample of its
-        #    distribution; a constrained request's under its grammar), then to the child holding it;
-        #    the first token without one ends the step
-        target_ids = argmax(logits).tolist()  # [B, n+1]
-        self.lengths.steps_at_k[n] += 1
-        self.budgets.steps_at_budget[n if mask is not None else 0] += 1
-        emitted, rows = [], []  # per sequence: its tokens, the verify rows they pair with (root + path)
-        taken = []  # (k, nodes, accepted path) of the requests that drafted the rule's tree or chain
-        for i, s in enumerate(seqs):
-            token_at = self._row_token(s, logits[i], target_ids[i])  # row -> the target's token there
-            if self.synthetic is not None and ns[i]:  # benchmarks (chains): accept by the configured rates
-                path = list(range(self._synthetic_accepts(ns[i])))
-                if s.grammar is not None:  # its matcher walks the accepted drafts to the row after them
-                    s.grammar.take(s.drafts[:len(path)])
-                e = [s.drafts[j] for j in path] + [token_at(len(path))]
-            else:  # greedy, or exactly the target's distribution: one sample per emitted token
-                path, e = walk(s.drafts, trees[i], token_at)
+        v = self._verify_inputs(seqs, ns, n, tree)
+        with key_span(max(s.cur + m for s, m in zip(seqs, ns)) + 1):  # the host knows the slots
+            logits, aux = self.ex.target(v.tokens, v.positions, v.tables, tree_mask=v.mask)  # [B, n+1, V], [.., A]
+        # 2. accept on the device: the target's token at every row (argmax or a sample), the walk from
+        #    the root to the child holding it; the ONE read brings back tokens [B, n+1], rows, count [B]
+        verdict = self.acceptor.accept(choose(logits, seqs), v.drafts, ns, v.parents, v.depth)
+        read = torch.cat([verdict.tokens, verdict.rows, verdict.count[:, None]], 1).tolist()  # [B, 2n+3]
+        emitted = [r[:r[-1]] for r in read]  # per request its tokens
+        paths = [[j - 1 for j in r[n + 2:n + 1 + r[-1]]] for r in read]  # accepted node indices
+        verdict = self._constrained(seqs, logits, emitted, paths, verdict, n)  # the grammar hook (host)
+        # 3. commit: host bookkeeping (stops, stats, the policy's report); a tree's path into place
+        accepted = []  # (depth, nodes, path, measured) of the requests that drafted
+        for s, m, e, path, level in zip(seqs, ns, emitted, paths, v.levels):
             s.stats.target_forwards += 1
-            if ns[i]:  # the tree's size and depth (a chain: both k)
-                s.stats.record_step(ns[i], len(e) - 1, max(levels[i]))
-                self.lengths.record(s.stats, max(levels[i]), len(e) - 1)
-                if self.spec.adaptive_tree and s.grammar is None and self.synthetic is None:
-                    taken.append((max(levels[i]), ns[i], path))
+            if m:  # the tree's size and depth (a chain: both k)
+                s.stats.record_step(m, len(path), level)
+                accepted.append((level, m, tuple(path), self.acceptor.exact and s.grammar is None))
             self._commit(s, e)
-            emitted.append(e)
-            rows.append([0] + [j + 1 for j in path])
-        if self._time_verify:
-            self.lengths.verify_cost.record(len(seqs), n, time.perf_counter() - t0)
-        self._time_verify = self.adaptive
-        if self.spec.adaptive_tree:
-            self.budgets.record(taken)
-        # 3. off a chain, the accepted rows' target KV moves to slots cur + 1 .. (where the next
-        #    verify reads it) and their taps to rows 1 ..; other rows are stale, overwritten later
-        moved = [i for i, r in enumerate(rows) if r[-1] != len(r) - 1 and not seqs[i].finished]
-        if moved:
-            path_rows = ints([rows[i] + [-1] * (n + 1 - len(rows[i])) for i in moved], dev)  # [b, n+1]
-            at = cur[moved][:, None]  # [b, 1] the verify's root slot
-            src = torch.where(path_rows >= 0, at + path_rows, -1)
-            dst = torch.where(path_rows >= 0, at + torch.arange(n + 1, device=dev), -1)
-            ex.move_kv(tables[:, moved], src, dst)
-            index = ints([r + [0] * (n + 1 - len(r)) for r in rows], dev)  # [B, n+1]
-            aux = torch.gather(aux, 1, index[..., None].expand(-1, -1, aux.shape[-1]))
-        # 4. draft the next k from the emitted tokens, paired row by row with the verify's taps
+        verify_s = time.perf_counter() - t0 if self._time_verify else None
+        self.policy.observe(StepReport(b, n, tree, verify_s, tuple(accepted)))
+        self._time_verify = self.policy.adaptive
+        if tree:
+            aux = self._place_path(seqs, v, verdict, aux)  # [B, n+1, A] taps of the emitted tokens
+        # 4. propose the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
-        if self.k:
-            live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
-            self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[live] if
-                                     len(live) < len(seqs) else aux, cur[live] if len(live) < len(seqs) else cur,
-                                     tables[:, live] if len(live) < len(seqs) else tables)
+        live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
+        if self.k and live:
+            idx = slice(None) if len(live) == b else ints(live, self.ex.device)  # [b'] the requests going on
+            self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[idx], v.cur[idx],
+                                     v.tables[:, idx], verdict.tokens[idx], verdict.count[idx])
 
-    @staticmethod
-    def _row_token(s: Sequence, logits: torch.Tensor, argmax_ids: list[int]):
-        """row -> the target's token at verify row `row` of `s` (logits [n+1, V], their argmaxes): the
-        argmax (greedy) or a sample of the row's distribution; for a constrained request under its
-        grammar after the rows before (GrammarState.pick: called in the walk's order)."""
-        def of(row: torch.Tensor) -> int:  # a row [1, V]: its argmax, or a sample of its distribution
-            return int(argmax(row)[0]) if s.params.greedy else int(sample(probabilities(row, s.params), s.generator))
+    def _verify_inputs(self, seqs: list[Sequence], ns: list[int], n: int, tree: bool) -> VerifyRows:
+        """The verify's rows: the last tokens and the drafts (device rows, stacked), their positions
+        (a chain's by row, a tree's by depth, -1 padding), block tables; a tree's parents, depths, mask."""
+        dev, b = self.ex.device, len(seqs)
+        head = ints([[s.output[-1], s.cur] for s in seqs], dev)  # [B, 2] last token, its position
+        cur = head[:, 1]  # [B]
+        rows = [s.drafts for s in seqs]  # device rows of the last drafting pass (lists: trees, grammar)
+        if not n:
+            drafts = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, 0] plain decoding
+        elif all(isinstance(d, torch.Tensor) and len(d) == n for d in rows):
+            drafts = torch.stack(rows)  # [B, n]
+        else:
+            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0).reshape(b, n)
+        j = torch.arange(n + 1, device=dev)  # [n+1]
+        if tree:  # rows by depth with an ancestor mask (a chain is causal by position)
+            trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)]
+            levels = [depths(t) for t in trees]
+            parents = ints([list(t) + [-1] * (n - len(t)) for t in trees], dev)  # [B, n]
+            depth = ints([d + [0] * (n - len(d)) for d in levels], dev)  # [B, n], 0: padding
+            mask = torch.from_numpy(pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)]
+            row_depth = torch.cat([torch.zeros_like(cur)[:, None], torch.where(depth > 0, depth, -1)], 1)
+            levels = [max(d, default=0) for d in levels]
+        else:
+            parents = depth = mask = None
+            row_depth = torch.where(j <= torch.as_tensor(ns, device=dev)[:, None], j, -1)  # [B, n+1], -1: padding
+            levels = ns
+        positions = torch.where(row_depth >= 0, cur[:, None] + row_depth, -1)  # [B, n+1]
+        return VerifyRows(torch.cat([head[:, :1], drafts], dim=1), positions, cur, self.tables(seqs), drafts,
+                          parents, depth, mask, levels)
 
-        if s.grammar is not None:
-            return lambda r: s.grammar.pick(logits[r:r + 1], argmax_ids[r] if s.params.greedy else None, of)
-        return argmax_ids.__getitem__ if s.params.greedy else lambda r: of(logits[r:r + 1])
+    def _constrained(self, seqs: list[Sequence], logits: torch.Tensor, emitted: list, paths: list,
+                     verdict: Verdict, n: int) -> Verdict:
+        """Constrained requests walk their rows on the host under their grammar (GrammarHook.walk;
+        emitted and paths updated in place); the verdict then comes from the host's lists."""
+        constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
+        if not constrained:
+            return verdict
+        for i in constrained:  # a synthetic acceptor's count stands: the walk takes its drafts
+            forced = None if self.acceptor.exact else len(paths[i])
+            paths[i], emitted[i] = GrammarHook.walk(seqs[i], logits[i], list(seqs[i].drafts), seqs[i].parents, forced)
+        dev = self.ex.device
+        return Verdict(ints([e + [0] * (n + 1 - len(e)) for e in emitted], dev), ints([len(e) for e in emitted], dev),
+                       ints([[0] + [j + 1 for j in p] + [0] * (n - len(p)) for p in paths], dev))
+
+    def _place_path(self, seqs: list[Sequence], v: VerifyRows, verdict: Verdict, aux: torch.Tensor) -> torch.Tensor:
+        """A tree's accepted rows: their target KV from slots cur + rows to cur + 0 .. (where the next
+        verify reads it) on the device, for the requests that go on; returns their taps [B, n+1, A]
+        in emitted order (a chain's rows are in place already: moved onto themselves)."""
+        dev, width = self.ex.device, verdict.rows.shape[1]
+        j = torch.arange(width, device=dev)
+        live = ints([s.finish_reason is None for s in seqs], dev).bool()[:, None]  # [B, 1]
+        kept = (j < verdict.count[:, None]) & live  # [B, n+1]
+        at = v.cur[:, None]
+        self.ex.move_kv(v.tables, torch.where(kept, at + verdict.rows, -1), torch.where(kept, at + j, -1))
+        return torch.gather(aux, 1, verdict.rows[..., None].expand(-1, -1, aux.shape[-1]))
 
     def _draft_after_verify(self, seqs: list[Sequence], emitted: list[list[int]], aux: torch.Tensor,
-                            cur: torch.Tensor, tables: torch.Tensor) -> None:
-        """Draft for `seqs` (aux [B, k+1, A] of their verify, cur [B] its first position). At k = 0
-        the rows wait in `Sequence.undrafted` until one request holds `probe_rows` of them; then
-        every request drafts its rows and one token (draft_length.py: the probe)."""
-        if not seqs:
-            return
+                            cur: torch.Tensor, tables: torch.Tensor, tokens: torch.Tensor, num: torch.Tensor) -> None:
+        """Draft for `seqs` (aux [B, k+1, A] of their verify, cur [B] its first position, tokens
+        [B, k+1] their emitted tokens, num [B] how many, on the device). At k = 0 the rows wait in
+        `Sequence.undrafted` until one request holds `probe_rows` of them; then every request
+        drafts its rows and one token (draft_length.py: the probe)."""
         t0, dev = time.perf_counter(), self.ex.device
-        k = self.lengths.choose([s.stats for s in seqs], self.batch, self.k)
+        k = self.policy.choose([s.stats for s in seqs], self.batch, self.k)
         if k == 0 or any(s.undrafted for s in seqs):
             for i, (s, e) in enumerate(zip(seqs, emitted)):
-                tokens, rows = s.undrafted or ((), ())
-                s.undrafted, s.drafts = (tokens + tuple(e), rows + (aux[i, :len(e)],)), []
+                rows_before, taps = s.undrafted or ((), ())
+                s.undrafted, s.drafts = (rows_before + tuple(e), taps + (aux[i, :len(e)],)), []
             if k == 0:
                 if max(len(s.undrafted[0]) for s in seqs) < self.lengths.probe_rows:
                     return
@@ -290,7 +329,8 @@ class SpecDecoder:
             pending = [s.undrafted[0] for s in seqs]
             batch = DraftBatch(seqs, pad_stack([ints(p, dev) for p in pending], 0),
                                pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0),
-                               ints([len(p) for p in pending], dev), ints([s.cur for s in seqs], dev), tables)
+                               ints([len(p) for p in pending], dev), ints([s.cur for s in seqs], dev), tables,
+                               max(s.cur for s in seqs))
             for s in seqs:
                 s.undrafted = ()
             # at k = 0 adaptive K drafts one token (a probe: acceptance measured again), a
@@ -300,26 +340,22 @@ class SpecDecoder:
             self._draft(batch, k or int(self.spec.adaptive))
             self._time_verify = False
             return
-        num = ints([len(e) for e in emitted], dev)  # [B] pending rows = emitted tokens
-        batch = DraftBatch(seqs, ints([e + [0] * (aux.shape[1] - len(e)) for e in emitted], dev), aux, num,
-                           cur + num, tables)
-        self._draft(batch, k, since=t0 if self.adaptive else None)
-
-    def _synthetic_accepts(self, k: int) -> int:
-        """Drafts accepted under the configured unconditional rates r (P(first i accepted) = r_i)."""
-        u, rates = float(torch.rand((), generator=self.synthetic)), self.spec.synthetic_rates
-        return sum(1 for r in rates[:k] if u < r)
+        since = t0 if self.policy.adaptive else None
+        top = max(s.cur for s in seqs)  # committed: cur + num
+        self._draft(DraftBatch(seqs, tokens, aux, num, cur + num, tables, top), k, since=since)
 
     def _draft(self, batch: DraftBatch, k: int | None = None, since: float | None = None) -> None:
-        """k drafts for every sequence of `batch` (None: the rule's choice for them). `since`: when
-        a decode step's drafting began; the time from then, this pass included, feeds the adaptive
-        rule (a prefill's pass also reads its prompt rows: not the cost of drafting)."""
+        """k drafts for every sequence of `batch` (None: the rule's choice for them), left on the
+        device (`Sequence.drafts` a row of the pass's [B, k]; a tree's or a constrained request's
+        on the host). `since`: when a decode step's drafting began; the time from then, this pass
+        included, feeds the adaptive rule (a prefill's pass also reads its prompt rows: not the
+        cost of drafting)."""
         if not batch.seqs:
             return
         if k is None:
-            k = self.lengths.choose([s.stats for s in batch.seqs], self.batch, self.k)
+            k = self.policy.choose([s.stats for s in batch.seqs], self.batch, self.k)
         # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_budget.py)
-        budget, static = self.budgets.choose(len(batch.seqs), self.batch, k), self.spec.static_tree
+        budget, static = self.policy.budget(len(batch.seqs), self.batch, k), self.spec.static_tree
         guided = self.draft_candidates if any(s.grammar is not None for s in batch.seqs) else 1
         if k and (budget or static or guided > 1):  # each position's top candidates (speculative/tree.py)
             nodes = static_nodes(tuple(p for p in static if len(p) <= k)) if static else None
@@ -328,18 +364,19 @@ class SpecDecoder:
             top_ids, top_logp = top_ids.cpu().numpy(), top_logp.float().cpu().numpy()
             for i, s in enumerate(batch.seqs):
                 if s.grammar is not None:  # a chain of the best candidates its grammar allows
-                    s.drafts, s.parents = s.grammar.draft(top_ids[i, :k, :guided]), ()
+                    s.drafts, s.parents = GrammarHook.draft(s, top_ids[i, :k, :guided]), ()
                 elif width:
                     s.drafts, s.parents = tokens_of(nodes or best_tree(top_logp[i][:, :width], budget, k, spine=k),
                                                     top_ids[i, :, :width].tolist())
                 else:
                     s.drafts, s.parents = top_ids[i, :k, 0].tolist(), ()
         else:
-            drafts = self.proposer.propose(batch, max(k, 1)).tolist()
-            for s, d in zip(batch.seqs, drafts):  # a constrained request's: cut at the first its grammar refuses
-                s.drafts, s.parents = d[:k] if s.grammar is None else s.grammar.draft([[t] for t in d[:k]]), ()
+            drafts = self.proposer.propose(batch, max(k, 1))[:, :k].long()  # [B, k] on the device
+            for i, s in enumerate(batch.seqs):  # a constrained request's: cut at the first its grammar refuses
+                s.drafts, s.parents = drafts[i] if s.grammar is None else GrammarHook.draft(
+                    s, [[t] for t in drafts[i].tolist()]), ()
         if since is not None:  # keyed by rows per request: a chain's k, a tree's nodes
-            self.lengths.draft_cost.record(len(batch.seqs), max(budget or k, 1), time.perf_counter() - since)
+            self.policy.observe_draft(len(batch.seqs), max(budget or k, 1), time.perf_counter() - since)
 
     def _commit(self, s: Sequence, emitted: list[int]) -> None:
         """Append emitted tokens, stopping at an end id, max_tokens or the maximum length (a

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from peagle_trt.ops.reference import key_span
+
 
 def ints(values: list, device) -> torch.Tensor:
     """An int64 tensor from (nested, rectangular) Python lists, through numpy (much faster than
@@ -44,6 +46,7 @@ class DraftBatch:
     num_pending: torch.Tensor  # [B]
     cur: torch.Tensor  # [B] pending rows sit at positions cur-n .. cur-1
     tables: torch.Tensor  # [G, B, M] block tables
+    top_cur: int | None = None  # max(cur) as the host knows it (None: unknown, read from the device)
 
     @classmethod
     def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, tables: torch.Tensor,
@@ -51,14 +54,22 @@ class DraftBatch:
         width = aux.shape[1]
         tokens = ints([p + [0] * (width - len(p)) for p in pending], device)
         return cls(seqs, tokens, aux, ints([len(p) for p in pending], device), ints([s.cur for s in seqs], device),
-                   tables)
+                   tables, max((s.cur for s in seqs), default=None))
 
     def select(self, rows: list[int]) -> DraftBatch:
         if len(rows) == len(self.seqs):
             return self
         idx = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
-        return DraftBatch([self.seqs[i] for i in rows], self.tokens[idx], self.aux[idx], self.num_pending[idx],
-                          self.cur[idx], self.tables[:, idx])
+        seqs = [self.seqs[i] for i in rows]  # top_cur: a batch built from its sequences' cur keeps it
+        top = None if self.top_cur is None else max((s.cur for s in seqs), default=None)
+        return DraftBatch(seqs, self.tokens[idx], self.aux[idx], self.num_pending[idx], self.cur[idx],
+                          self.tables[:, idx], top)
+
+
+def span(b: DraftBatch, extra: int) -> int | None:
+    """Keys a drafter pass reads: max(b.cur) + extra from the host (ops.reference.key_span; the
+    decoder's batches know their cur), None (read on the device) for a batch that does not."""
+    return None if b.top_cur is None else b.top_cur + extra
 
 
 class ParallelDrafter:
@@ -68,14 +79,16 @@ class ParallelDrafter:
         self.ex = executor
 
     def propose(self, b: DraftBatch, k: int) -> torch.Tensor:
-        drafts = self.ex.draft_parallel(b.tokens, b.aux, b.num_pending, b.cur, b.tables, k)  # [B, K]
+        with key_span(span(b, k - 1)):  # rows at cur - n .. cur + k - 2
+            drafts = self.ex.draft_parallel(b.tokens, b.aux, b.num_pending, b.cur, b.tables, k)  # [B, K]
         for s in b.seqs:
             s.stats.drafter_forwards += 1
         return drafts
 
     def propose_top(self, b: DraftBatch, k: int, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each of the k positions' top `width` candidates: target ids, log-probs [B, K, W] (a tree's)."""
-        top = self.ex.draft_parallel_top(b.tokens, b.aux, b.num_pending, b.cur, b.tables, k, width)
+        with key_span(span(b, k - 1)):
+            top = self.ex.draft_parallel_top(b.tokens, b.aux, b.num_pending, b.cur, b.tables, k, width)
         for s in b.seqs:
             s.stats.drafter_forwards += 1
         return top
@@ -105,8 +118,9 @@ class SequentialDrafter:
         last = b.num_pending - 1  # the NTP row of each sequence
         rows = torch.arange(len(b.seqs), device=dev)
         out, top_ids, top_logp = [], [], []
-        for step in range(k):
-            logits, fed_back = ex.drafter(tokens, hidden, positions, b.tables)  # [B, S, V_d], [B, S, H]
+        for step in range(k):  # pass 0: rows up to cur - 1; pass i: one row at cur + i - 1
+            with key_span(span(b, step)):
+                logits, fed_back = ex.drafter(tokens, hidden, positions, b.tables)  # [B, S, V_d], [B, S, H]
             idx = last if step == 0 else torch.zeros_like(last)
             draft = ex.to_target_ids(logits[rows, idx].argmax(dim=-1))  # [B]
             out.append(draft)

@@ -42,7 +42,10 @@ import torch
 
 from peagle_trt.config import GRAMMAR_TIMEOUT_S, MAX_GRAMMAR_BYTES, StructuredOutput
 from peagle_trt.errors import ConfigError, RequestError, RuntimeInvariantError
+from peagle_trt.speculative.accept import argmax
 from peagle_trt.speculative.json_schema import check_schema
+from peagle_trt.speculative.sampling import probabilities, sample
+from peagle_trt.speculative.tree import chain, walk
 
 _LOCATION = re.compile(r"\[[\d:]+\] \S+:\d+: (Check failed: \(.*?\) is false: )?")
 # xgrammar 0.2.8 writes a string with minLength / maxLength as characters of this class, which lets
@@ -264,3 +267,33 @@ def first_token_mask(s, logits: torch.Tensor) -> None:
     """Mask the row [1, V] a prefill samples the first token from (`s.grammar` at its tokens)."""
     s.grammar.matcher.fill_next_token_bitmask(s.grammar._row_mask, 0)
     apply_masks(logits[None], s.grammar._row_mask[None])
+
+
+class GrammarHook:
+    """The speculative step's one hook for constrained requests (decoder.py): their drafts, and
+    their verify walk on the host (each row the walk reads masked under the grammar after the
+    committed tokens and the picks before it: `GrammarState.pick`). Committed tokens advance the
+    matcher in the decoder's commit (`GrammarState.advance`)."""
+
+    @staticmethod
+    def draft(s, candidates) -> list[int]:
+        """A chain of the best candidates ([k, W] target ids per depth) the grammar allows."""
+        return s.grammar.draft(candidates)
+
+    @staticmethod
+    def walk(s, logits: torch.Tensor, drafts: list[int], parents: tuple, forced: int | None
+             ) -> tuple[list[int], list[int]]:
+        """(accepted node indices, emitted tokens) of constrained request `s` over its verify rows
+        (logits [n+1, V]); `forced`: a synthetic acceptor's accepted count (a chain's first drafts)."""
+        ids = argmax(logits).tolist() if s.params.greedy else None  # [n+1]
+
+        def of(row: torch.Tensor) -> int:  # a row [1, V]: its argmax, or a sample of its distribution
+            return int(argmax(row)[0]) if s.params.greedy else int(sample(probabilities(row, s.params), s.generator))
+
+        def token_at(r: int) -> int:
+            return s.grammar.pick(logits[r:r + 1], None if ids is None else ids[r], of)
+
+        if forced is not None:  # the walk takes the accepted drafts without picking their rows
+            s.grammar.take(drafts[:forced])
+            return list(range(forced)), drafts[:forced] + [token_at(forced)]
+        return walk(drafts, parents or chain(len(drafts)), token_at)

@@ -58,7 +58,7 @@ def test_one_verify_of_drafts_of_different_lengths_is_lossless(tiny, references,
     original, mixed = decoder.step, []
 
     def step(seqs):
-        live = [s for s in seqs if not s.finished and s.drafts]
+        live = [s for s in seqs if not s.finished and len(s.drafts)]  # drafts: a device row or a list
         if len(live) > 1:
             victim = live[len(mixed) % len(live)]
             victim.drafts = victim.drafts[:len(mixed) % 3]

@@ -18,6 +18,7 @@ import torch
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import generate
 from peagle_trt.speculative import decoder as decoder_mod
+from peagle_trt.speculative.accept import TargetAcceptor, Verdict
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.sampling import probabilities
 from tests.helpers import MarkovExecutor
@@ -87,17 +88,29 @@ def test_tree_sampling_preserves_target_distribution(tree):
         assert stat < threshold(df), (tree, temperature, stat, df)
 
 
+class BiasedAcceptor(TargetAcceptor):
+    """Accepts the first path's drafts whatever the target says (a chain: all of them), then the
+    target's token after them: not lossless."""
+
+    def accept(self, chosen, drafts, ndrafts, parents=None, depth=None):
+        tokens, rows, count = [], [], []
+        for i, n in enumerate(ndrafts):
+            up = [-1] + list(range(n - 1)) if parents is None else parents[i, :n].tolist()
+            path = [0] if n else []
+            while path and path[-1] + 1 < n and up[path[-1] + 1] == path[-1]:
+                path.append(path[-1] + 1)
+            r = [0] + [j + 1 for j in path]
+            tokens.append(drafts[i, path].tolist() + [int(chosen[i, r[-1]])] + [0] * (drafts.shape[1] - len(path)))
+            rows.append(r + [0] * (drafts.shape[1] + 1 - len(r)))
+            count.append(len(r))
+        return Verdict(torch.tensor(tokens), torch.tensor(count), torch.tensor(rows))
+
+
 @pytest.mark.parametrize("tree", [{}, {"tree_budget": 4}])
 def test_the_distribution_check_catches_a_biased_sampler(monkeypatch, tree):
     """Accepting the first path's drafts whatever the target says is not lossless: the check must
     notice (chains and trees)."""
-    def biased(tokens, parents, choose):
-        path = [0] if tokens else []
-        while path and path[-1] + 1 < len(parents) and parents[path[-1] + 1] == path[-1]:
-            path.append(path[-1] + 1)
-        return path, [tokens[j] for j in path] + [choose(len(path) and path[-1] + 1)]
-
-    monkeypatch.setattr(decoder_mod, "walk", biased)
+    monkeypatch.setattr(decoder_mod, "TargetAcceptor", BiasedAcceptor)
     stat, df = chi_square_of_first_tokens(2, runs=3000, **tree)
     assert stat > threshold(df)
 
