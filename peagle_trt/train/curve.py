@@ -106,7 +106,7 @@ def continued(earlier: list[dict], rows: list[dict]) -> list[dict]:
         return rows
     last, run = earlier[-1], earlier[-1].get("run", 0) + 1
     shift = {"step": last["step"], "train_cpu_s": last["train_cpu_s"], "supervised_seen": last["supervised_seen"]}
-    return earlier + [{**r, **{k: round(r[k] + v, 1) if k == "train_cpu_s" else r[k] + v for k, v in shift.items()},
+    return earlier + [{**r, **{k: round(r[k] + v, 3) if k == "train_cpu_s" else r[k] + v for k, v in shift.items()},
                        "run": run} for r in rows]
 
 

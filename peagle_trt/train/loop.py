@@ -261,7 +261,7 @@ def resume(s: Session) -> None:
 def evaluate(s: Session, loss: float | None) -> None:
     """One curve row: the held-out per-depth top-1 now."""
     top1 = C.evaluate(s.head, s.held, s.mask_id, s.cfg.depths)
-    row = {"step": s.step, "train_cpu_s": round(s.cpu_s, 1), "wall_s": round(time.perf_counter() - s.t_start, 1),
+    row = {"step": s.step, "train_cpu_s": round(s.cpu_s, 3), "wall_s": round(time.perf_counter() - s.t_start, 1),
            "supervised_seen": s.tokens_seen, "loss": None if loss is None else round(loss, 4), "top1": top1,
            "chain_accepted_k7": C.chain_acceptance(top1, 7)}
     if s.cfg.device != "cpu":  # a GPU run's rows say so (its train_cpu_s is the host's process time)
@@ -321,7 +321,7 @@ def finish(s: Session) -> dict:
             "held_out_chain_accepted_k7": s.curve[-1]["chain_accepted_k7"] if s.curve else None,
             "draft_vocab": len(s.draft_ids), "taps": list(s.taps), "mask_token_id": s.mask_id,
             "train_sequences": len(s.corpus.sequences), "held_out_sequences": len(s.held.seqs) if s.held else 0,
-            "params_trained": sum(p.numel() for p in s.params), "train_cpu_s": round(s.cpu_s, 1),
+            "params_trained": sum(p.numel() for p in s.params), "train_cpu_s": round(s.cpu_s, 3),
             "train_wall_s": round(s.wall_s, 1), "supervised_tokens": s.supervised_tokens,
             "supervised_tokens_per_s": round(s.supervised_tokens / max(s.wall_s, 1e-9), 1),
             "device": cfg.device, "online": cfg.online, "train_s": round(time.perf_counter() - s.t_start, 1)}
