@@ -177,7 +177,7 @@ class OrtExecutor:
         self = cls.__new__(cls)
         self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
         self.windows = target.kv_windows
-        k = spec.k if spec is not None else 0
+        k = spec.num_spec_tokens if spec is not None else 0
         self.k, self.device, self.mask_token_id = k, torch.device("cpu"), None
         self.deterministic = det = deterministic
         self.g_target = _Graph(export_target(target, self.kv), threads, None, det)

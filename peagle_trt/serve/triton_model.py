@@ -143,7 +143,8 @@ class TritonPythonModel:
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
         self.generator = TextGenerator.load(model_dir, options, paths)
-        self.k, self.max_nodes = options.speculation.k, options.speculation.max_nodes  # K, a tree's most nodes
+        spec = options.speculation
+        self.k, self.max_nodes = spec.num_spec_tokens, spec.max_nodes  # K, a tree's most nodes
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
         self.generator.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []

@@ -132,7 +132,7 @@ class SpecDecoder:
         """`proposer`: the drafter (None: spec.mode's); `acceptor`: which drafts a verify keeps
         (speculative/accept.py; None: the target's choice, or synthetic rates when spec sets them)."""
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
-        self.k = spec.k
+        self.k = spec.num_spec_tokens
         if proposer is None and self.k:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
