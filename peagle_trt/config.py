@@ -111,7 +111,7 @@ class SpecConfig:
     (peagle_trt/speculative/tree.py): `tree_budget` B > 0 verifies the B most probable prefixes of depth <= k
     instead of a chain of k, `tree_schedule` sets B by batch size like `k_schedule` (0: the chain),
     `static_tree` the rank paths of vLLM's speculative_token_tree (K = its depth); `adaptive_tree`
-    picks each step's budget up to those, or the chain (peagle_trt/speculative/tree_budget.py). Parsed from
+    picks each step's budget up to those, or the chain (peagle_trt/speculative/tree_size.py). Parsed from
     vLLM's JSON by peagle_trt/speculative_config.py."""
     mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
     num_spec_tokens: int = 7  # K, the most draft tokens per step (0 when mode is none)

@@ -283,7 +283,7 @@ class TritonPythonModel:
             metric.increment(kv[key] - self._last_blocks[key])
             self._last_blocks[key] = kv[key]
         self.m_waiting.set(len(sched.waiting))
-        for k, n in list(sched.decoder.lengths.steps_at_k.items()):
+        for k, n in list(sched.decoder.draft_length.steps_at_k.items()):
             for _ in range(n - self._last_k.get(k, 0)):
                 self.m_k.observe(float(k))
             self._last_k[k] = n

@@ -6,7 +6,7 @@
 
 The drafts of a sequence form a tree (speculative/tree.py: `Sequence.parents`; empty: a chain of
 k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates
-(the budget per drafting call: tree_budget.py, fixed, by batch size, or adaptive).
+(the budget per drafting call: tree_size.py, fixed, by batch size, or adaptive).
 Every verify runs the tree path: rows by depth with an ancestor mask; a chain is the tree with
 one child per node (its accepted rows are already in place, nothing moves).
 
@@ -140,7 +140,7 @@ class SpecDecoder:
             acceptor = SyntheticAcceptor(spec.synthetic_rates) if spec.synthetic_rates else TargetAcceptor()
         self.acceptor = acceptor
         self.policy = DraftPolicy(spec)  # K by batch, adaptive K, tree budgets: chosen before, told after
-        self.lengths, self.budgets = self.policy.lengths, self.policy.budgets  # (metrics read them)
+        self.draft_length, self.tree_size = self.policy.draft_length, self.policy.tree_size  # (metrics read them)
         self._time_verify = self.policy.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
         # headroom: a verify writes up to span + 1 positions from the last committed one
@@ -323,9 +323,9 @@ class SpecDecoder:
                 rows_before, taps = s.undrafted or ((), ())
                 s.undrafted, s.drafts = (rows_before + tuple(e), taps + (aux[i, :len(e)],)), []
             if k == 0:
-                if max(len(s.undrafted[0]) for s in seqs) < self.lengths.probe_rows:
+                if max(len(s.undrafted[0]) for s in seqs) < self.draft_length.probe_rows:
                     return
-                self.lengths.probed()
+                self.draft_length.probed()
             pending = [s.undrafted[0] for s in seqs]
             batch = DraftBatch(seqs, pad_stack([ints(p, dev) for p in pending], 0),
                                pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0),
@@ -354,7 +354,7 @@ class SpecDecoder:
             return
         if k is None:
             k = self.policy.choose([s.stats for s in batch.seqs], self.batch, self.k)
-        # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_budget.py)
+        # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_size.py)
         budget, static = self.policy.budget(len(batch.seqs), self.batch, k), self.spec.static_tree
         guided = self.draft_candidates if any(s.grammar is not None for s in batch.seqs) else 1
         if k and (budget or static or guided > 1):  # each position's top candidates (speculative/tree.py)

@@ -109,7 +109,7 @@ def _at(curve: list[tuple[int, float]] | None, k: int) -> float:
     return ca + (cb - ca) * (k - ka) / (kb - ka)
 
 
-class DraftLengths:
+class DraftLengthPolicy:
     def __init__(self, spec: SpecConfig):
         self.spec, self.k = spec, spec.num_spec_tokens
         self.verify_cost, self.draft_cost = CostTable(), CostTable()
