@@ -144,7 +144,7 @@ class TritonPythonModel:
             model_dir = model_dir / args["model_name"]
         self.generator = TextGenerator.load(model_dir, options, paths)
         spec = options.speculation
-        self.k, self.max_nodes = spec.num_spec_tokens, spec.max_nodes  # K, a tree's most nodes
+        self.num_spec_tokens, self.max_nodes = spec.num_spec_tokens, spec.max_nodes  # K, a tree's most nodes
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
         self.generator.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
@@ -228,7 +228,7 @@ class TritonPythonModel:
                            "mean tokens per verify step incl. the bonus token (finished requests)"
                            ).Metric(labels=labels)
         pos = family("peagle_accept_rate_per_pos", gauge, "fraction of steps accepting >= i+1 drafts")
-        self.m_pos = [pos.Metric(labels={**labels, "position": str(i)}) for i in range(self.k)]
+        self.m_pos = [pos.Metric(labels={**labels, "position": str(i)}) for i in range(self.num_spec_tokens)]
         self.m_tps = family("peagle_generated_tokens_per_second", gauge,
                             "generated tokens per second over the last 10 s").Metric(labels=labels)
         self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels=labels)

@@ -132,8 +132,8 @@ class SpecDecoder:
         """`proposer`: the drafter (None: spec.mode's); `acceptor`: which drafts a verify keeps
         (speculative/accept.py; None: the target's choice, or synthetic rates when spec sets them)."""
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
-        self.k = spec.num_spec_tokens
-        if proposer is None and self.k:
+        self.num_spec_tokens = spec.num_spec_tokens
+        if proposer is None and self.num_spec_tokens:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
         if acceptor is None:
@@ -143,16 +143,16 @@ class SpecDecoder:
         self.draft_length, self.tree_size = self.policy.draft_length, self.policy.tree_size  # (metrics read them)
         self._time_verify = self.policy.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
-        # headroom: a verify writes up to span + 1 positions from the last committed one
-        self.max_seq_len = executor.kv.max_len - (self.span + 1)
+        # headroom: a verify writes up to max_draft_rows + 1 positions from the last committed one
+        self.max_seq_len = executor.kv.max_len - (self.max_draft_rows + 1)
         if spec.tree and len(executor.windows) > 1:
             raise ConfigError("draft trees need a full-attention target for now (this one has sliding-window "
                               f"layers, windows {list(executor.windows[1:])}); use a chain (no tree keys)")
 
     @property
-    def span(self) -> int:
+    def max_draft_rows(self) -> int:
         """The most draft rows one verify writes past the root: K, or a draft tree's most nodes."""
-        return max(self.k, self.spec.max_nodes)
+        return max(self.num_spec_tokens, self.spec.max_nodes)
 
     def new_sequence(self, prompt: list[int], params: SamplingParams, compiled=None) -> Sequence:
         """`compiled`: the request's compiled grammar (speculative/grammar.py Grammars), None when free."""
@@ -165,7 +165,8 @@ class SpecDecoder:
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
         stop_ids = frozenset() if params.ignore_eos else frozenset(self.eos_ids) | frozenset(params.end_ids)
         state = None if compiled is None else GrammarState(compiled, stop_ids)
-        return Sequence(list(prompt), params, generator, stats=SpecStats(self.k), stop_ids=stop_ids, grammar=state)
+        return Sequence(list(prompt), params, generator, stats=SpecStats(self.num_spec_tokens), stop_ids=stop_ids,
+                        grammar=state)
 
     def tables(self, seqs: list[Sequence]) -> torch.Tensor:
         """Block tables [G, B, M] int64 of `seqs` (-1: no block)."""
@@ -203,7 +204,7 @@ class SpecDecoder:
             first = verify([], logits[i], s.params, s.generator)  # one sampled token, no drafts
             pending.append(s.prompt[a + 1:] + first)
             self._commit(s, first)
-        if not self.k:
+        if not self.num_spec_tokens:
             return
         batch = DraftBatch.build(seqs, pending, aux, tables, dev)
         partial = [i for i, s in enumerate(seqs) if not s.prefilled]
@@ -249,7 +250,7 @@ class SpecDecoder:
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
         live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
-        if self.k and live:
+        if self.num_spec_tokens and live:
             idx = slice(None) if len(live) == b else ints(live, self.ex.device)  # [b'] the requests going on
             self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[idx], v.cur[idx],
                                      v.tables[:, idx], verdict.tokens[idx], verdict.count[idx])
@@ -317,7 +318,7 @@ class SpecDecoder:
         `Sequence.undrafted` until one request holds `probe_rows` of them; then every request
         drafts its rows and one token (draft_length.py: the probe)."""
         t0, dev = time.perf_counter(), self.ex.device
-        k = self.policy.choose([s.stats for s in seqs], self.batch, self.k)
+        k = self.policy.choose([s.stats for s in seqs], self.batch, self.num_spec_tokens)
         if k == 0 or any(s.undrafted for s in seqs):
             for i, (s, e) in enumerate(zip(seqs, emitted)):
                 rows_before, taps = s.undrafted or ((), ())
@@ -353,7 +354,7 @@ class SpecDecoder:
         if not batch.seqs:
             return
         if k is None:
-            k = self.policy.choose([s.stats for s in batch.seqs], self.batch, self.k)
+            k = self.policy.choose([s.stats for s in batch.seqs], self.batch, self.num_spec_tokens)
         # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_size.py)
         budget, static = self.policy.budget(len(batch.seqs), self.batch, k), self.spec.static_tree
         guided = self.draft_candidates if any(s.grammar is not None for s in batch.seqs) else 1

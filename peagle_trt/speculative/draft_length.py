@@ -111,7 +111,7 @@ def _at(curve: list[tuple[int, float]] | None, k: int) -> float:
 
 class DraftLengthPolicy:
     def __init__(self, spec: SpecConfig):
-        self.spec, self.k = spec, spec.num_spec_tokens
+        self.spec, self.num_spec_tokens = spec, spec.num_spec_tokens
         self.verify_cost, self.draft_cost = CostTable(), CostTable()
         self.global_stats = SpecStats(spec.num_spec_tokens, keep_steps=False)  # every step of every request
         self.steps_at_k: collections.Counter = collections.Counter()  # verify steps by their k (metrics)
