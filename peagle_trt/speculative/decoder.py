@@ -255,26 +255,28 @@ class SpecDecoder:
             self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[idx], v.cur[idx],
                                      v.tables[:, idx], verdict.tokens[idx], verdict.count[idx])
 
-    def _verify_inputs(self, seqs: list[Sequence], ns: list[int], n: int, tree: bool) -> VerifyRows:
+    def _verify_inputs(self, seqs: list[Sequence], ns: list[int], num_drafts: int, tree: bool) -> VerifyRows:
         """The verify's rows: the last tokens and the drafts (device rows, stacked), their positions
-        (a chain's by row, a tree's by depth, -1 padding), block tables; a tree's parents, depths, mask."""
+        (a chain's by row, a tree's by depth, -1 padding), block tables; a tree's parents, depths, mask.
+        `ns`: each request's drafts; `num_drafts`: their most, the padded row count (n in the shapes)."""
         dev, b = self.ex.device, len(seqs)
         head = ints([[s.output[-1], s.cur] for s in seqs], dev)  # [B, 2] last token, its position
         cur = head[:, 1]  # [B]
         rows = [s.drafts for s in seqs]  # device rows of the last drafting pass (lists: trees, grammar)
-        if not n:
+        if not num_drafts:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, 0] plain decoding
-        elif all(isinstance(d, torch.Tensor) and len(d) == n for d in rows):
+        elif all(isinstance(d, torch.Tensor) and len(d) == num_drafts for d in rows):
             drafts = torch.stack(rows)  # [B, n]
         else:
-            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0).reshape(b, n)
-        j = torch.arange(n + 1, device=dev)  # [n+1]
+            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0)
+            drafts = drafts.reshape(b, num_drafts)
+        j = torch.arange(num_drafts + 1, device=dev)  # [n+1]
         if tree:  # rows by depth with an ancestor mask (a chain is causal by position)
             trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)]
             levels = [depths(t) for t in trees]
-            parents = ints([list(t) + [-1] * (n - len(t)) for t in trees], dev)  # [B, n]
-            depth = ints([d + [0] * (n - len(d)) for d in levels], dev)  # [B, n], 0: padding
-            mask = torch.from_numpy(pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)]
+            parents = ints([list(t) + [-1] * (num_drafts - len(t)) for t in trees], dev)  # [B, n]
+            depth = ints([d + [0] * (num_drafts - len(d)) for d in levels], dev)  # [B, n], 0: padding
+            mask = torch.from_numpy(pack_tree_mask(trees, num_drafts + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)]
             row_depth = torch.cat([torch.zeros_like(cur)[:, None], torch.where(depth > 0, depth, -1)], 1)
             levels = [max(d, default=0) for d in levels]
         else:
@@ -286,7 +288,7 @@ class SpecDecoder:
                           parents, depth, mask, levels)
 
     def _constrained(self, seqs: list[Sequence], logits: torch.Tensor, emitted: list, paths: list,
-                     verdict: Verdict, n: int) -> Verdict:
+                     verdict: Verdict, num_drafts: int) -> Verdict:
         """Constrained requests walk their rows on the host under their grammar (GrammarHook.walk;
         emitted and paths updated in place); the verdict then comes from the host's lists."""
         constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
@@ -296,8 +298,9 @@ class SpecDecoder:
             forced = None if self.acceptor.exact else len(paths[i])
             paths[i], emitted[i] = GrammarHook.walk(seqs[i], logits[i], list(seqs[i].drafts), seqs[i].parents, forced)
         dev = self.ex.device
-        return Verdict(ints([e + [0] * (n + 1 - len(e)) for e in emitted], dev), ints([len(e) for e in emitted], dev),
-                       ints([[0] + [j + 1 for j in p] + [0] * (n - len(p)) for p in paths], dev))
+        return Verdict(ints([e + [0] * (num_drafts + 1 - len(e)) for e in emitted], dev),
+                       ints([len(e) for e in emitted], dev),
+                       ints([[0] + [j + 1 for j in p] + [0] * (num_drafts - len(p)) for p in paths], dev))
 
     def _place_path(self, seqs: list[Sequence], v: VerifyRows, verdict: Verdict, aux: torch.Tensor) -> torch.Tensor:
         """A tree's accepted rows: their target KV from slots cur + rows to cur + 0 .. (where the next
