@@ -99,7 +99,9 @@ def _by_batch(default: int, schedule: tuple, batch: int) -> int:
 @dataclass(frozen=True)
 class SpecConfig:
     """What to speculate. `num_spec_tokens` is K, the most drafts per step (the graphs and KV
-    headroom are built for it); a step may verify fewer: `k_schedule` caps K by the running batch
+    headroom are built for it); __post_init__ sets it to 0 when `mode` is "none", whatever was passed
+    (a target-only step emits exactly one token; SpecConfig("none", 7) == SpecConfig("none", 0)).
+    A step may verify fewer: `k_schedule` caps K by the running batch
     size (vLLM's num_speculative_tokens_per_batch_size: (first, last, K) inclusive ranges from batch
     size 1; a gap or a batch past the last range keeps the previous range's K; K = 0 decodes
     plainly), and `adaptive` picks each request's k per step (peagle_trt/speculative/draft_length.py).
@@ -109,10 +111,10 @@ class SpecConfig:
     (peagle_trt/speculative/tree.py): `tree_budget` B > 0 verifies the B most probable prefixes of depth <= k
     instead of a chain of k, `tree_schedule` sets B by batch size like `k_schedule` (0: the chain),
     `static_tree` the rank paths of vLLM's speculative_token_tree (K = its depth); `adaptive_tree`
-    picks each step's budget up to those, or the chain (peagle_trt/speculative/tree_budget.py). Parsed from
+    picks each step's budget up to those, or the chain (peagle_trt/speculative/tree_size.py). Parsed from
     vLLM's JSON by peagle_trt/speculative_config.py."""
     mode: str = "peagle"  # none: target only | eagle3: K sequential drafter passes | peagle: one pass
-    num_spec_tokens: int = 7  # K, the most draft tokens per step
+    num_spec_tokens: int = 7  # K, the most draft tokens per step (0 when mode is none)
     k_schedule: tuple[tuple[int, int, int], ...] = ()  # (first batch size, last batch size, K)
     adaptive: bool = False  # per request and step, the k of the most expected tokens per second
     synthetic_rates: tuple[float, ...] = ()  # benchmarks: P(first i drafts accepted), i = 1..K
@@ -124,6 +126,8 @@ class SpecConfig:
     def __post_init__(self):
         if self.mode not in SPEC_MODES:
             raise ConfigError(f"spec mode {self.mode!r} is unknown; expected one of {SPEC_MODES}")
+        if self.mode == "none":  # no drafts: K is 0 whatever was passed (frozen, hence object.__setattr__)
+            object.__setattr__(self, "num_spec_tokens", 0)
         if self.mode != "none" and not 1 <= self.num_spec_tokens <= 64:
             raise ConfigError(f"num_spec_tokens must be in [1, 64], got {self.num_spec_tokens}")
         if self.mode == "none" and (self.k_schedule or self.adaptive or self.synthetic_rates):
@@ -146,11 +150,6 @@ class SpecConfig:
                       or any(b > a for a, b in zip(rates, rates[1:]))):
             raise ConfigError(f"synthetic acceptance rates must be {self.num_spec_tokens} non-increasing "
                               f"probabilities (one per draft position), got {list(rates)}")
-
-    @property
-    def k(self) -> int:
-        """The most drafts per step; 0 when not speculating (a step then emits exactly one token)."""
-        return 0 if self.mode == "none" else self.num_spec_tokens
 
     def _check_tree(self) -> None:
         if self.adaptive_tree and (self.static_tree or not self.tree):
@@ -203,11 +202,11 @@ class SpecConfig:
     @property
     def max_nodes(self) -> int:
         """The most draft tokens one verify checks (rows past the root): K, or a tree's nodes."""
-        return max([self.k, self.tree_budget, len(self.static_tree)] + [e[2] for e in self.tree_schedule])
+        return max([self.num_spec_tokens, self.tree_budget, len(self.static_tree)] + [e[2] for e in self.tree_schedule])
 
     def k_for_batch(self, batch: int) -> int:
         """The K cap at `batch` running requests (the schedule's, else K)."""
-        return _by_batch(self.k, self.k_schedule, batch)
+        return _by_batch(self.num_spec_tokens, self.k_schedule, batch)
 
 
 STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from peagle_trt.bench.harness import Figure, finish, table
 from peagle_trt.config import SpecConfig
-from peagle_trt.speculative.draft_length import DraftLengths
+from peagle_trt.speculative.draft_length import DraftLengthPolicy
 from peagle_trt.speculative.stats import SpecStats
 
 K_MAX, TOKENS = 7, 96
@@ -51,7 +51,7 @@ def simulate(policy: int | None, kinds: list[str], head: str, batch: int, seed: 
     """Tokens per simulated second serving `kinds` in a closed loop of `batch`: fixed K = `policy`,
     or the adaptive rule (policy None)."""
     accept_rng, noise_rng = random.Random(seed), random.Random(seed + 1)
-    lengths = DraftLengths(SpecConfig("peagle", K_MAX, adaptive=True)) if policy is None else None
+    lengths = DraftLengthPolicy(SpecConfig("peagle", K_MAX, adaptive=True)) if policy is None else None
     queue, active, clock, tokens = list(kinds), [], 0.0, 0
     while queue or active:
         while queue and len(active) < batch:

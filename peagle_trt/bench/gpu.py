@@ -213,22 +213,22 @@ def section_iteration(a, ex, device) -> list[dict]:
         decoder = SpecDecoder(ex, spec)
         for b in a.batches:
             tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
-            seqs = [Sequence([1] * a.context, params, i, stats=SpecStats(spec.k), num_computed=a.context,
+            seqs = [Sequence([1] * a.context, params, i, stats=SpecStats(spec.num_spec_tokens), num_computed=a.context,
                              cur=a.context, blocks=[group[i] for group in tables]) for i in range(b)]
             for s in seqs:
-                s.output, s.drafts = [2], [3] * spec.k
+                s.output, s.drafts = [2], [3] * spec.num_spec_tokens
             step_ms = median_ms(lambda: decoder.step(seqs), a.repeats, a.warmup)
-            verify_ms = median_ms(forward(ex, b, spec.k + 1, a.context), a.repeats, a.warmup)
+            verify_ms = median_ms(forward(ex, b, spec.num_spec_tokens + 1, a.context), a.repeats, a.warmup)
             draft_ms = 0.0
-            if spec.k:
+            if spec.num_spec_tokens:
                 def full(v):
                     return torch.full((b,), v, dtype=torch.long, device=device)
                 batch = DraftBatch(seqs, full(0)[:, None], torch.randn(b, 1, 3 * hidden, device=device,
                                    dtype=ex.target_model.lm_head.weight.dtype), full(1), full(a.context + 1),
                                    torch.arange(b, device=device))
-                draft_ms = median_ms(lambda: decoder.proposer.propose(batch, spec.k), a.repeats, a.warmup)
+                draft_ms = median_ms(lambda: decoder.proposer.propose(batch, spec.num_spec_tokens), a.repeats, a.warmup)
             syncs = count_syncs(lambda: decoder.step(seqs)) if device.type == "cuda" else None
-            rows.append({"mode": mode, "k": spec.k, "batch": b, "kernels": ex.kernels,
+            rows.append({"mode": mode, "k": spec.num_spec_tokens, "batch": b, "kernels": ex.kernels,
                          "graphs": ex.graphs is not None, "step_ms": step_ms,
                          "verify_ms": verify_ms, "draft_ms": draft_ms, "overhead_ms": step_ms - verify_ms - draft_ms,
                          "host_syncs": None if syncs is None else len(syncs),

@@ -85,7 +85,7 @@ def batch8(args, configs: list[Config], sets: dict, max_seq_len: int) -> list[di
     sampled = SamplingParams(max_tokens=args.max_tokens, temperature=0.7, seed=1)
     rows, ref = [], {}
     for c in configs:
-        gen, k = generator(args, c, 8, max_seq_len), c.spec.k
+        gen, k = generator(args, c, 8, max_seq_len), c.spec.num_spec_tokens
         run_batch(gen, sets["humaneval"][:8], SamplingParams(max_tokens=8), 8, args.chat)  # warm-up
         _, res = run_batch(gen, sets["humaneval"], greedy, 8, args.chat)
         row: dict = {"config": c.name, "method": c.spec.mode, "K": k, "humaneval": pooled(res, k)}
@@ -147,7 +147,8 @@ def run(args: argparse.Namespace) -> dict:
                      args.chat, timers={}) if args.timing_prompts else []  # 0: acceptance only
         best = {m: max((r for r in b1 if r["method"] == m), key=lambda r: r["tokens_per_s"])["K"]
                 for m in ("peagle", "eagle3") if any(r["method"] == m for r in b1)}
-        fastest = [c for c in configs if c.spec.k == best.get(c.spec.mode, 0)]  # none and each head's best K
+        # none and each head's best K
+        fastest = [c for c in configs if c.spec.num_spec_tokens == best.get(c.spec.mode, 0)]
         b8 = measure(args, fastest, {"humaneval": sets["humaneval"][:B8_PROMPTS]}, [8], max_seq_len, args.chat) \
             if args.batch8 and b1 else []
         if args.served and b1:

@@ -194,9 +194,10 @@ def alternated(configs: list[Config], runners: dict[str, Runner], workloads: dic
             res, wall = results[c.name], statistics.median(walls[c.name])
             tokens = sum(len(x["token_ids"]) for x in res)
             spec = c.spec
-            cell.append({"workload": wname, "batch": batch, "config": c.name, "method": spec.mode, "K": spec.k,
+            k = spec.num_spec_tokens
+            cell.append({"workload": wname, "batch": batch, "config": c.name, "method": spec.mode, "K": k,
                          "adaptive": spec.adaptive, "synthetic_acceptance": list(spec.synthetic_rates) or None,
-                         **pooled(res, spec.k), "tokens": tokens, "wall_s_passes": [round(w, 3) for w in walls[c.name]],
+                         **pooled(res, k), "tokens": tokens, "wall_s_passes": [round(w, 3) for w in walls[c.name]],
                          "tokens_per_s": round(tokens / wall, 2),
                          "mismatches": None if spec.synthetic_rates else
                          sum(a != x["token_ids"] for a, x in zip(ref, res))})

@@ -1,7 +1,7 @@
 """Suite `trees` (docs/BENCHMARKS.md, "trees"): P-EAGLE draft trees vs chains (docs/SERVING.md, "Draft
 trees") in process (peagle_trt/bench/measure.py), greedy, raw HumanEval prompts, every request --max-tokens long:
 none, chains of each K in --ks, trees of each budget in --budgets (depth: the largest K) and the
-adaptive budget (peagle_trt/speculative/tree_budget.py), alternated per batch; per cell AL and tok/s (also over
+adaptive budget (peagle_trt/speculative/tree_size.py), alternated per batch; per cell AL and tok/s (also over
 the longest chain), draft nodes per step, request-steps by budget (0: the chain), mismatches with
 none, and the depth at which the accepted path left the top-1 chain.
 """

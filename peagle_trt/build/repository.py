@@ -94,7 +94,7 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path,
 
     plugins = Path(repo.plugin_library) if repo.plugin_library else None
     build_engines(artifacts / "onnx", artifacts / "engines",
-                  EngineOptions(repo.gpu_arch, repo.max_batch, repo.max_seq_len, repo.speculation.k,
+                  EngineOptions(repo.gpu_arch, repo.max_batch, repo.max_seq_len, repo.speculation.num_spec_tokens,
                                 repo.prefill_chunk, plugins, block_size=repo.block_size, kv_blocks=repo.kv_blocks,
                                 max_nodes=repo.speculation.max_nodes, tree_width=repo.speculation.tree_width))
     return ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx", engine="artifacts/engines")
@@ -127,7 +127,7 @@ def build_repository(target: Path, drafter: Path | None, output: Path, repo: Rep
 
         # the plugins have no windows: exact only inside the drafter's W
         if pair.drafter is not None and repo.speculation.mode != "none":
-            check_window(pair.drafter.config, repo.max_seq_len + repo.speculation.k + 1, repo.backend)
+            check_window(pair.drafter.config, repo.max_seq_len + repo.speculation.num_spec_tokens + 1, repo.backend)
 
         import_tensorrt()  # fail fast, with the NGC container to use, before any export work
     templates = templates_dir()

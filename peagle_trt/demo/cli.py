@@ -164,7 +164,8 @@ def cmd_demo(args: argparse.Namespace) -> dict:
     n_spec, n_base = len(spec_out["token_ids"]), len(base_out["token_ids"])
     rate_spec, rate_base = n_spec / t_spec, n_base / t_base
     identical = spec_out["token_ids"] == base_out["token_ids"]
-    _note(f"acceptance length {spec_out['acceptance_length']:.2f} (tokens per target forward, K={spec.k}); "
+    _note(f"acceptance length {spec_out['acceptance_length']:.2f} "
+          f"(tokens per target forward, K={spec.num_spec_tokens}); "
           f"P-EAGLE {rate_spec:.1f} tok/s vs target alone {rate_base:.1f} tok/s: "
           f"speed-up {rate_spec / rate_base:.2f}x; identical output: {'yes' if identical else 'NO'}")
     return {"text": spec_out["text"], "acceptance_length": spec_out["acceptance_length"],
@@ -172,5 +173,5 @@ def cmd_demo(args: argparse.Namespace) -> dict:
             "target_forwards": spec_out["target_forwards"], "peagle_tokens_per_s": round(rate_spec, 2),
             "target_tokens_per_s": round(rate_base, 2), "speedup": round(rate_spec / rate_base, 3),
             "identical_to_target": identical, "target": str(target), "drafter": str(drafter),
-            "repository": str(repo), "backend": backend, "num_spec_tokens": spec.k,
+            "repository": str(repo), "backend": backend, "num_spec_tokens": spec.num_spec_tokens,
             "build_s": round(build_s, 1), "total_s": round(time.perf_counter() - t0, 2)}

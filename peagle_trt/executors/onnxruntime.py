@@ -150,7 +150,7 @@ class OrtExecutor:
         if "kv" not in info:
             raise ConfigError(f"{export_dir} was exported before the KV cache was paged; export it again")
         self.kv, self.windows = KVLayout(**info["kv"]), tuple(info["windows"])
-        self.k = info["spec"]["num_spec_tokens"]
+        self.num_spec_tokens = info["spec"]["num_spec_tokens"]
         self.device = torch.device("cpu")
         self.mask_token_id = None  # baked into drafter.onnx
         graphs, det = set(manifest["graphs"]), deterministic
@@ -177,8 +177,8 @@ class OrtExecutor:
         self = cls.__new__(cls)
         self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
         self.windows = target.kv_windows
-        k = spec.k if spec is not None else 0
-        self.k, self.device, self.mask_token_id = k, torch.device("cpu"), None
+        k = spec.num_spec_tokens if spec is not None else 0
+        self.num_spec_tokens, self.device, self.mask_token_id = k, torch.device("cpu"), None
         self.deterministic = det = deterministic
         self.g_target = _Graph(export_target(target, self.kv), threads, None, det)
         self.g_drafter = self.g_step = self.g_fc = self.d2t = None
@@ -223,8 +223,9 @@ class OrtExecutor:
         if self.g_drafter is None:
             raise ConfigError("this export has no drafter.onnx (parallel drafting); re-export in peagle mode")
         # k <= K (the K of the export): the length of `draft_slots` makes the graph run k mask rows
-        if not 1 <= k <= self.k:
-            raise ConfigError(f"drafter.onnx was exported for K={self.k}, asked for {k} drafts; re-export")
+        if not 1 <= k <= self.num_spec_tokens:
+            raise ConfigError(f"drafter.onnx was exported for K={self.num_spec_tokens}, asked for {k} drafts; "
+                              "re-export")
         return torch.from_numpy(self._draft(tokens, aux, num_pending, cur, tables, k, 1)["draft_ids"])
 
     def draft_parallel_top(self, tokens, aux, num_pending, cur, tables, k: int, width: int):

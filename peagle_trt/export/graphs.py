@@ -207,10 +207,10 @@ def _project(w: ModelWriter, model, aux: str) -> str:
     return w.linear(aux, model.fc, "fc")
 
 
-def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.ModelProto:
-    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K draft ids (k = the length of `draft_slots`),
-    and each position's top W candidates with their log-probabilities (W = the length of
-    `draft_width`; what a draft tree is built from, peagle_trt/speculative/tree.py)."""
+def export_drafter(model, kv: KVLayout, num_spec_tokens: int, dtype: str = "float32") -> onnx.ModelProto:
+    """drafter.onnx: ONE parallel P-EAGLE pass -> k <= K = `num_spec_tokens` draft ids (k = the
+    length of `draft_slots`), and each position's top W candidates with their log-probabilities (W =
+    the length of `draft_width`; what a draft tree is built from, peagle_trt/speculative/tree.py)."""
     c, w = model.config, ModelWriter(dtype)
     ids = w.input("pending_ids", TensorProto.INT64, ["batch", "pending"])
     aux = w.input("pending_aux", w.float_type, ["batch", "pending", c.num_aux * c.target_hidden_size])
@@ -219,13 +219,13 @@ def export_drafter(model, kv: KVLayout, k: int, dtype: str = "float32") -> onnx.
     slots = w.input("draft_slots", TensorProto.INT64, ["drafts"])  # only its length k (1..K) counts
     width = w.input("draft_width", TensorProto.INT64, ["width"])  # only its length W counts
     table, past, present = _drafter_kv(w, model, kv)
-    w.functions[DRAFT_INPUTS] = draft_inputs_function(k, c.mask_token_id)
+    w.functions[DRAFT_INPUTS] = draft_inputs_function(num_spec_tokens, c.mask_token_id)
     w.functions[DRAFT_SAMPLE] = draft_sample_function()
     embeds, hidden, positions, rows = w.op(
         DRAFT_INPUTS, ids, _project(w, model, aux), n, cur,
         w.param("embed_tokens.weight", model.embed_tokens.weight), w.param("h_mask", model.h_mask),
         domain=DOMAIN, outputs=4, name=DRAFT_INPUTS,
-        **plugin_attrs(num_spec_tokens=k, mask_token_id=c.mask_token_id))
+        **plugin_attrs(num_spec_tokens=num_spec_tokens, mask_token_id=c.mask_token_id))
     # k < K drafts: the layers run the first P + k - 1 of the R = P + K - 1 rows, which hold every
     # request's sample rows n-1 .. n+k-2 (n <= P); mask rows past them only cost time.
     drafts = w.op("Shape", slots)  # [1] = k

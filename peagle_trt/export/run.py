@@ -79,7 +79,7 @@ def export_models(target, drafter, out_dir: Path, spec: ExportOptions, info: dic
         graphs = {"target": lambda: export_target(target, kv, spec.dtype)}
         if drafter is not None:
             if spec.speculation.mode == "peagle":
-                graphs["drafter"] = lambda: export_drafter(drafter, kv, spec.speculation.k, spec.dtype)
+                graphs["drafter"] = lambda: export_drafter(drafter, kv, spec.speculation.num_spec_tokens, spec.dtype)
             graphs["drafter_step"] = lambda: export_drafter_step(drafter, kv, spec.dtype)
             graphs["drafter_fc"] = lambda: export_drafter_fc(drafter, spec.dtype)
         if drafter is not None:  # d2t for the sequential path (plain .npy: no pickle)

@@ -97,7 +97,7 @@ def check_pair(target_dir: Path, drafter: DrafterCheckpoint, args: argparse.Name
     taps = validate_pair(load_target_config(target_dir), drafter, spec)
     if mode != "none":
         # KV positions as export/runtime size them
-        check_window(c, args.max_seq_len + spec.k + 1, args.backend, f"drafter {drafter.path}")
+        check_window(c, args.max_seq_len + spec.num_spec_tokens + 1, args.backend, f"drafter {drafter.path}")
     return {"fits": True, "spec_mode": mode, "num_spec_tokens": spec.num_spec_tokens, "taps": list(taps),
             "max_seq_len": args.max_seq_len, "backend": args.backend}
 

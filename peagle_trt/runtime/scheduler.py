@@ -122,13 +122,13 @@ class Scheduler:
             raise ConfigError(f"max_batch {self.max_batch} exceeds the {kv.max_batch} requests the KV cache was "
                               "laid out for (windowed layers hold blocks per request); rebuild with a larger batch")
         self.prefill_chunk, self.max_queue = prefill_chunk, max_queue
-        k = decoder.k
+        k = decoder.num_spec_tokens
         if len(decoder.ex.windows) > 1 and max(prefill_chunk, k + 1) > kv.max_rows:
             raise ConfigError(f"prefill chunk {prefill_chunk} / K + 1 = {k + 1} exceed the {kv.max_rows} rows per "
                               "forward the windowed layers' KV blocks were sized for; rebuild with this chunk")
-        # a step writes verify rows cur .. cur + span (span: K, or a draft tree's most nodes), then the
-        # drafter's K - 1 mask rows past the accepted ones (depth <= K)
-        self.blocks = BlockManager(kv, decoder.ex.windows, decoder.span + k if k else 1, drafter=bool(k),
+        # a step writes verify rows cur .. cur + max_draft_rows (K, or a draft tree's most nodes), then
+        # the drafter's K - 1 mask rows past the accepted ones (depth <= K)
+        self.blocks = BlockManager(kv, decoder.ex.windows, decoder.max_draft_rows + k if k else 1, drafter=bool(k),
                                    prefix_caching=prefix_caching)
         self.waiting: collections.deque[Request] = collections.deque()
         self.running: list[Request] = []
@@ -136,7 +136,7 @@ class Scheduler:
         self._uids = itertools.count()
         self._lock = threading.Lock()
         self.wakeup = threading.Condition(self._lock)
-        self.stats = SpecStats(decoder.k, keep_steps=False)  # all finished requests
+        self.stats = SpecStats(decoder.num_spec_tokens, keep_steps=False)  # all finished requests
         self.finished_requests = 0
         self.generated_tokens = 0
 
@@ -217,13 +217,13 @@ class Scheduler:
 
     def _reserve(self) -> None:
         """Blocks for what this step writes, oldest request first; preempt the newest when short."""
-        k = self.decoder.k
+        k = self.decoder.num_spec_tokens
         for r in sorted(self.running, key=_uid):
             seq = r.seq
             if r not in self.running:
                 continue  # preempted for an older one
-            if seq.prefilled:  # verify rows cur .. cur+span, then the drafter's mask rows
-                low, rows, upto = seq.cur, seq.cur + self.decoder.span + 1, seq.cur + self.blocks.lookahead
+            if seq.prefilled:  # verify rows cur .. cur + max_draft_rows, then the drafter's mask rows
+                low, rows, upto = seq.cur, seq.cur + self.decoder.max_draft_rows + 1, seq.cur + self.blocks.lookahead
             else:  # this chunk, then (last chunk) K - 1 mask rows
                 low = seq.num_computed
                 rows = min(low + self.prefill_chunk, seq.prefill_len)
@@ -351,7 +351,7 @@ class Scheduler:
             self.running.remove(r)
         if r.seq is not None and r.seq.blocks:
             self.blocks.release(r.seq)
-        stats = r.seq.stats if r.seq is not None else SpecStats(self.decoder.k)
+        stats = r.seq.stats if r.seq is not None else SpecStats(self.decoder.num_spec_tokens)
         self.stats.merge(stats)
         self.finished_requests += 1
         self.generated_tokens += len(r.seq.output) if r.seq is not None else 0

@@ -143,7 +143,8 @@ class TritonPythonModel:
         if not (model_dir / "config.pbtxt").is_file():  # some Triton versions pass the repository root
             model_dir = model_dir / args["model_name"]
         self.generator = TextGenerator.load(model_dir, options, paths)
-        self.k, self.max_nodes = options.speculation.k, options.speculation.max_nodes  # K, a tree's most nodes
+        spec = options.speculation
+        self.num_spec_tokens, self.max_nodes = spec.num_spec_tokens, spec.max_nodes  # K, a tree's most nodes
         self._make_metrics({"model": args["model_name"], "version": str(args.get("model_version", "1"))})
         self.generator.on_step = self._update_metrics
         self._tokens_window: list[tuple[float, int]] = []
@@ -227,7 +228,7 @@ class TritonPythonModel:
                            "mean tokens per verify step incl. the bonus token (finished requests)"
                            ).Metric(labels=labels)
         pos = family("peagle_accept_rate_per_pos", gauge, "fraction of steps accepting >= i+1 drafts")
-        self.m_pos = [pos.Metric(labels={**labels, "position": str(i)}) for i in range(self.k)]
+        self.m_pos = [pos.Metric(labels={**labels, "position": str(i)}) for i in range(self.num_spec_tokens)]
         self.m_tps = family("peagle_generated_tokens_per_second", gauge,
                             "generated tokens per second over the last 10 s").Metric(labels=labels)
         self.m_tokens = family("peagle_generated_tokens_total", counter, "generated tokens").Metric(labels=labels)
@@ -282,7 +283,7 @@ class TritonPythonModel:
             metric.increment(kv[key] - self._last_blocks[key])
             self._last_blocks[key] = kv[key]
         self.m_waiting.set(len(sched.waiting))
-        for k, n in list(sched.decoder.lengths.steps_at_k.items()):
+        for k, n in list(sched.decoder.draft_length.steps_at_k.items()):
             for _ in range(n - self._last_k.get(k, 0)):
                 self.m_k.observe(float(k))
             self._last_k[k] = n

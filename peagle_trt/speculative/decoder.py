@@ -6,7 +6,7 @@
 
 The drafts of a sequence form a tree (speculative/tree.py: `Sequence.parents`; empty: a chain of
 k, the default): with a tree budget, the best prefixes of the drafter's per-position candidates
-(the budget per drafting call: tree_budget.py, fixed, by batch size, or adaptive).
+(the budget per drafting call: tree_size.py, fixed, by batch size, or adaptive).
 Every verify runs the tree path: rows by depth with an ancestor mask; a chain is the tree with
 one child per node (its accepted rows are already in place, nothing moves).
 
@@ -132,27 +132,27 @@ class SpecDecoder:
         """`proposer`: the drafter (None: spec.mode's); `acceptor`: which drafts a verify keeps
         (speculative/accept.py; None: the target's choice, or synthetic rates when spec sets them)."""
         self.ex, self.spec, self.eos_ids = executor, spec, tuple(eos_ids)
-        self.k = spec.k
-        if proposer is None and self.k:
+        self.num_spec_tokens = spec.num_spec_tokens
+        if proposer is None and self.num_spec_tokens:
             proposer = ParallelDrafter(executor) if spec.mode == "peagle" else SequentialDrafter(executor)
         self.proposer = proposer
         if acceptor is None:
             acceptor = SyntheticAcceptor(spec.synthetic_rates) if spec.synthetic_rates else TargetAcceptor()
         self.acceptor = acceptor
         self.policy = DraftPolicy(spec)  # K by batch, adaptive K, tree budgets: chosen before, told after
-        self.lengths, self.budgets = self.policy.lengths, self.policy.budgets  # (metrics read them)
+        self.draft_length, self.tree_size = self.policy.draft_length, self.policy.tree_size  # (metrics read them)
         self._time_verify = self.policy.adaptive  # the next verify's time feeds the adaptive rule (only it reads it)
         self.batch = 1  # running requests (the scheduler sets it each step): the K schedule's key
-        # headroom: a verify writes up to span + 1 positions from the last committed one
-        self.max_seq_len = executor.kv.max_len - (self.span + 1)
+        # headroom: a verify writes up to max_draft_rows + 1 positions from the last committed one
+        self.max_seq_len = executor.kv.max_len - (self.max_draft_rows + 1)
         if spec.tree and len(executor.windows) > 1:
             raise ConfigError("draft trees need a full-attention target for now (this one has sliding-window "
                               f"layers, windows {list(executor.windows[1:])}); use a chain (no tree keys)")
 
     @property
-    def span(self) -> int:
+    def max_draft_rows(self) -> int:
         """The most draft rows one verify writes past the root: K, or a draft tree's most nodes."""
-        return max(self.k, self.spec.max_nodes)
+        return max(self.num_spec_tokens, self.spec.max_nodes)
 
     def new_sequence(self, prompt: list[int], params: SamplingParams, compiled=None) -> Sequence:
         """`compiled`: the request's compiled grammar (speculative/grammar.py Grammars), None when free."""
@@ -165,7 +165,8 @@ class SpecDecoder:
         generator = None if params.greedy else make_generator(params.seed, self.ex.device)
         stop_ids = frozenset() if params.ignore_eos else frozenset(self.eos_ids) | frozenset(params.end_ids)
         state = None if compiled is None else GrammarState(compiled, stop_ids)
-        return Sequence(list(prompt), params, generator, stats=SpecStats(self.k), stop_ids=stop_ids, grammar=state)
+        return Sequence(list(prompt), params, generator, stats=SpecStats(self.num_spec_tokens), stop_ids=stop_ids,
+                        grammar=state)
 
     def tables(self, seqs: list[Sequence]) -> torch.Tensor:
         """Block tables [G, B, M] int64 of `seqs` (-1: no block)."""
@@ -203,7 +204,7 @@ class SpecDecoder:
             first = verify([], logits[i], s.params, s.generator)  # one sampled token, no drafts
             pending.append(s.prompt[a + 1:] + first)
             self._commit(s, first)
-        if not self.k:
+        if not self.num_spec_tokens:
             return
         batch = DraftBatch.build(seqs, pending, aux, tables, dev)
         partial = [i for i, s in enumerate(seqs) if not s.prefilled]
@@ -249,31 +250,33 @@ class SpecDecoder:
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
         live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
-        if self.k and live:
+        if self.num_spec_tokens and live:
             idx = slice(None) if len(live) == b else ints(live, self.ex.device)  # [b'] the requests going on
             self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[idx], v.cur[idx],
                                      v.tables[:, idx], verdict.tokens[idx], verdict.count[idx])
 
-    def _verify_inputs(self, seqs: list[Sequence], ns: list[int], n: int, tree: bool) -> VerifyRows:
+    def _verify_inputs(self, seqs: list[Sequence], ns: list[int], num_drafts: int, tree: bool) -> VerifyRows:
         """The verify's rows: the last tokens and the drafts (device rows, stacked), their positions
-        (a chain's by row, a tree's by depth, -1 padding), block tables; a tree's parents, depths, mask."""
+        (a chain's by row, a tree's by depth, -1 padding), block tables; a tree's parents, depths, mask.
+        `ns`: each request's drafts; `num_drafts`: their most, the padded row count (n in the shapes)."""
         dev, b = self.ex.device, len(seqs)
         head = ints([[s.output[-1], s.cur] for s in seqs], dev)  # [B, 2] last token, its position
         cur = head[:, 1]  # [B]
         rows = [s.drafts for s in seqs]  # device rows of the last drafting pass (lists: trees, grammar)
-        if not n:
+        if not num_drafts:
             drafts = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, 0] plain decoding
-        elif all(isinstance(d, torch.Tensor) and len(d) == n for d in rows):
+        elif all(isinstance(d, torch.Tensor) and len(d) == num_drafts for d in rows):
             drafts = torch.stack(rows)  # [B, n]
         else:
-            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0).reshape(b, n)
-        j = torch.arange(n + 1, device=dev)  # [n+1]
+            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0)
+            drafts = drafts.reshape(b, num_drafts)
+        j = torch.arange(num_drafts + 1, device=dev)  # [n+1]
         if tree:  # rows by depth with an ancestor mask (a chain is causal by position)
             trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)]
             levels = [depths(t) for t in trees]
-            parents = ints([list(t) + [-1] * (n - len(t)) for t in trees], dev)  # [B, n]
-            depth = ints([d + [0] * (n - len(d)) for d in levels], dev)  # [B, n], 0: padding
-            mask = torch.from_numpy(pack_tree_mask(trees, n + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)]
+            parents = ints([list(t) + [-1] * (num_drafts - len(t)) for t in trees], dev)  # [B, n]
+            depth = ints([d + [0] * (num_drafts - len(d)) for d in levels], dev)  # [B, n], 0: padding
+            mask = torch.from_numpy(pack_tree_mask(trees, num_drafts + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)]
             row_depth = torch.cat([torch.zeros_like(cur)[:, None], torch.where(depth > 0, depth, -1)], 1)
             levels = [max(d, default=0) for d in levels]
         else:
@@ -285,7 +288,7 @@ class SpecDecoder:
                           parents, depth, mask, levels)
 
     def _constrained(self, seqs: list[Sequence], logits: torch.Tensor, emitted: list, paths: list,
-                     verdict: Verdict, n: int) -> Verdict:
+                     verdict: Verdict, num_drafts: int) -> Verdict:
         """Constrained requests walk their rows on the host under their grammar (GrammarHook.walk;
         emitted and paths updated in place); the verdict then comes from the host's lists."""
         constrained = [i for i, s in enumerate(seqs) if s.grammar is not None]
@@ -295,8 +298,9 @@ class SpecDecoder:
             forced = None if self.acceptor.exact else len(paths[i])
             paths[i], emitted[i] = GrammarHook.walk(seqs[i], logits[i], list(seqs[i].drafts), seqs[i].parents, forced)
         dev = self.ex.device
-        return Verdict(ints([e + [0] * (n + 1 - len(e)) for e in emitted], dev), ints([len(e) for e in emitted], dev),
-                       ints([[0] + [j + 1 for j in p] + [0] * (n - len(p)) for p in paths], dev))
+        return Verdict(ints([e + [0] * (num_drafts + 1 - len(e)) for e in emitted], dev),
+                       ints([len(e) for e in emitted], dev),
+                       ints([[0] + [j + 1 for j in p] + [0] * (num_drafts - len(p)) for p in paths], dev))
 
     def _place_path(self, seqs: list[Sequence], v: VerifyRows, verdict: Verdict, aux: torch.Tensor) -> torch.Tensor:
         """A tree's accepted rows: their target KV from slots cur + rows to cur + 0 .. (where the next
@@ -317,15 +321,15 @@ class SpecDecoder:
         `Sequence.undrafted` until one request holds `probe_rows` of them; then every request
         drafts its rows and one token (draft_length.py: the probe)."""
         t0, dev = time.perf_counter(), self.ex.device
-        k = self.policy.choose([s.stats for s in seqs], self.batch, self.k)
+        k = self.policy.choose([s.stats for s in seqs], self.batch, self.num_spec_tokens)
         if k == 0 or any(s.undrafted for s in seqs):
             for i, (s, e) in enumerate(zip(seqs, emitted)):
                 rows_before, taps = s.undrafted or ((), ())
                 s.undrafted, s.drafts = (rows_before + tuple(e), taps + (aux[i, :len(e)],)), []
             if k == 0:
-                if max(len(s.undrafted[0]) for s in seqs) < self.lengths.probe_rows:
+                if max(len(s.undrafted[0]) for s in seqs) < self.draft_length.probe_rows:
                     return
-                self.lengths.probed()
+                self.draft_length.probed()
             pending = [s.undrafted[0] for s in seqs]
             batch = DraftBatch(seqs, pad_stack([ints(p, dev) for p in pending], 0),
                                pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0),
@@ -353,8 +357,8 @@ class SpecDecoder:
         if not batch.seqs:
             return
         if k is None:
-            k = self.policy.choose([s.stats for s in batch.seqs], self.batch, self.k)
-        # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_budget.py)
+            k = self.policy.choose([s.stats for s in batch.seqs], self.batch, self.num_spec_tokens)
+        # the tree's nodes (0: the chain of k): fixed, by batch size or adaptive (tree_size.py)
         budget, static = self.policy.budget(len(batch.seqs), self.batch, k), self.spec.static_tree
         guided = self.draft_candidates if any(s.grammar is not None for s in batch.seqs) else 1
         if k and (budget or static or guided > 1):  # each position's top candidates (speculative/tree.py)

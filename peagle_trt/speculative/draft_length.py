@@ -109,11 +109,11 @@ def _at(curve: list[tuple[int, float]] | None, k: int) -> float:
     return ca + (cb - ca) * (k - ka) / (kb - ka)
 
 
-class DraftLengths:
+class DraftLengthPolicy:
     def __init__(self, spec: SpecConfig):
-        self.spec, self.k = spec, spec.k
+        self.spec, self.num_spec_tokens = spec, spec.num_spec_tokens
         self.verify_cost, self.draft_cost = CostTable(), CostTable()
-        self.global_stats = SpecStats(spec.k, keep_steps=False)  # every step of every request
+        self.global_stats = SpecStats(spec.num_spec_tokens, keep_steps=False)  # every step of every request
         self.steps_at_k: collections.Counter = collections.Counter()  # verify steps by their k (metrics)
         self.probe_rows = PROBE_ROWS  # deferred rows that trigger the next probe at k = 0
         self.choices = 0  # adaptive choices made (every REFRESH-th takes the runner-up)

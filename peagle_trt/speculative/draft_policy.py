@@ -1,11 +1,12 @@
 """The step's one draft-policy seam: how many drafts (and tree nodes) before a step, what it saw after.
 
     choose(stats, b, batch, k_max) -> k      draft_length.py: K fixed, by batch size, or adaptive
-    budget(b, batch, k)            -> nodes  tree_budget.py: 0 (the chain), fixed, by batch, adaptive
+    budget(b, batch, k)            -> nodes  tree_size.py: 0 (the chain), fixed, by batch, adaptive
     observe(StepReport)                      after a verify: its shape, time and acceptance
     observe_draft(b, rows, seconds)          after a timed drafting pass
 The decoder (decoder.py) asks before it drafts and reports after it verifies; it holds no rule's
-state itself. `lengths` and `budgets` stay reachable for metrics (steps by k, by budget).
+state itself. `draft_length` (DraftLengthPolicy) and `tree_size` (TreeSizePolicy) stay reachable for
+metrics (steps by k, by budget).
 Tested by tests/speculative/test_draft_length.py and test_tree.py through the decoder.
 """
 
@@ -14,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from peagle_trt.config import SpecConfig
-from peagle_trt.speculative.draft_length import DraftLengths
+from peagle_trt.speculative.draft_length import DraftLengthPolicy
 from peagle_trt.speculative.stats import SpecStats
-from peagle_trt.speculative.tree_budget import TreeBudgets
+from peagle_trt.speculative.tree_size import TreeSizePolicy
 
 
 @dataclass(frozen=True)
@@ -34,25 +35,25 @@ class StepReport:
 class DraftPolicy:
     def __init__(self, spec: SpecConfig):
         self.spec = spec
-        self.lengths = DraftLengths(spec)
-        self.budgets = TreeBudgets(spec, self.lengths.verify_cost, self.lengths.draft_cost)
+        self.draft_length = DraftLengthPolicy(spec)
+        self.tree_size = TreeSizePolicy(spec, self.draft_length.verify_cost, self.draft_length.draft_cost)
         self.adaptive = spec.adaptive or spec.adaptive_tree  # a rule reads the steps' costs
 
     def choose(self, stats: list[SpecStats], batch: int, k_max: int) -> int:
-        return self.lengths.choose(stats, batch, k_max)
+        return self.draft_length.choose(stats, batch, k_max)
 
     def budget(self, b: int, batch: int, k: int) -> int:
-        return self.budgets.choose(b, batch, k)
+        return self.tree_size.choose(b, batch, k)
 
     def observe(self, report: StepReport) -> None:
-        self.lengths.steps_at_k[report.rows] += 1
-        self.budgets.steps_at_budget[report.rows if report.tree else 0] += 1
+        self.draft_length.steps_at_k[report.rows] += 1
+        self.tree_size.steps_at_budget[report.rows if report.tree else 0] += 1
         for depth, _, path, _ in report.accepted:
-            self.lengths.global_stats.record_step(depth, len(path))
+            self.draft_length.global_stats.record_step(depth, len(path))
         if report.verify_s is not None:
-            self.lengths.verify_cost.record(report.requests, report.rows, report.verify_s)
+            self.draft_length.verify_cost.record(report.requests, report.rows, report.verify_s)
         if self.spec.adaptive_tree:
-            self.budgets.record([(d, n, list(p)) for d, n, p, measured in report.accepted if measured])
+            self.tree_size.record([(d, n, list(p)) for d, n, p, measured in report.accepted if measured])
 
     def observe_draft(self, b: int, rows: int, seconds: float) -> None:
-        self.lengths.draft_cost.record(b, rows, seconds)
+        self.draft_length.draft_cost.record(b, rows, seconds)

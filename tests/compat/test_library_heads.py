@@ -189,7 +189,7 @@ def test_default_window_head_accepted_at_max_seq_len_2048(library):
     pair = load_pair(library["targets"]["qwen3"], library["heads"] / case["name"], spec)
     c = pair.drafter.config
     assert c.sliding_layers == (0,) and c.sliding_window == 2048
-    max_len = 2048 + spec.k + 1
+    max_len = 2048 + spec.num_spec_tokens + 1
     target, drafter = pair.build()
     executor = TorchExecutor(target, drafter, 1, max_len)  # refused before windows were computed
     assert executor.drafter_cache.max_len == max_len and executor.drafter_cache.groups == (0,)

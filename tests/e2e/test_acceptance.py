@@ -31,7 +31,7 @@ def test_oracle_drafter_accepts_everything(tiny, refs, k):
     n = 1 + steps * (k + 1)  # prefill token + `steps` full acceptances
     oracle = ScriptedDrafter(refs, 512, lambda i, rng: True)
     decoder = make_decoder(tiny, "llama", None, "none", k, proposer=oracle)
-    decoder.k = k  # a target-only executor driven by a structural drafter
+    decoder.num_spec_tokens = k  # a target-only executor driven by a structural drafter
     for prompt in PROMPTS:
         seq = generate(decoder, prompt, greedy(n))
         assert seq.output == refs[tuple(prompt)][:n]
@@ -45,7 +45,7 @@ def test_oracle_drafter_accepts_everything(tiny, refs, k):
 def test_always_wrong_drafter_accepts_nothing_and_stays_exact(tiny, refs, k):
     wrong = ScriptedDrafter(refs, 512, lambda i, rng: False)
     decoder = make_decoder(tiny, "llama", None, "none", k, proposer=wrong)
-    decoder.k = k
+    decoder.num_spec_tokens = k
     for prompt in PROMPTS:
         seq = generate(decoder, prompt, greedy(25))
         assert seq.output == refs[tuple(prompt)][:25]
@@ -59,7 +59,7 @@ def test_bernoulli_drafter_matches_geometric_acceptance(tiny, refs, alpha):
     bern = ScriptedDrafter(refs, 512, lambda i, rng: bool(torch.rand((), generator=rng) < alpha),
                            seed=int(alpha * 10))
     decoder = make_decoder(tiny, "llama", None, "none", k, max_len=1024, proposer=bern)
-    decoder.k = k
+    decoder.num_spec_tokens = k
     total = SpecStats(k)
     while total.steps < 1500:
         for prompt in PROMPTS:

@@ -9,7 +9,7 @@ import pytest
 
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
-from peagle_trt.speculative.draft_length import READINGS, REFRESH, CostTable, DraftLengths, _at, expected_tokens
+from peagle_trt.speculative.draft_length import READINGS, REFRESH, CostTable, DraftLengthPolicy, _at, expected_tokens
 from peagle_trt.speculative.stats import SpecStats
 from tests.helpers import collect, make_decoder
 
@@ -102,7 +102,7 @@ def test_synthetic_acceptance_hits_its_mean_length(tiny):
 
 
 def test_adaptive_rule_prefers_free_rows_for_good_drafts_and_none_for_bad():
-    lengths = DraftLengths(SpecConfig("peagle", 4, adaptive=True))
+    lengths = DraftLengthPolicy(SpecConfig("peagle", 4, adaptive=True))
     for c in range(5):  # a memory-bound verify: rows nearly free; one drafter pass 20% of a step
         lengths.verify_cost.record(1, c, 1.0 + 0.02 * c)
         if c:
@@ -129,7 +129,7 @@ def test_a_position_seldom_reached_is_assumed_no_better_than_the_one_before():
 
 
 def test_adaptive_rule_respects_the_schedule_cap_and_explores_upwards_while_it_pays():
-    lengths = DraftLengths(SpecConfig("peagle", 4, ((1, 1, 4), (2, 8, 2)), adaptive=True))
+    lengths = DraftLengthPolicy(SpecConfig("peagle", 4, ((1, 1, 4), (2, 8, 2)), adaptive=True))
     stats = [SpecStats(4), SpecStats(4)]  # no steps: alpha = g = 0.5, E = 1, 1.5, 1.75 tokens
     assert lengths.choose(stats, 2, 4) == 0  # nothing measured: one plain step
     lengths.verify_cost.record(2, 0, 1.0)
@@ -170,7 +170,7 @@ def test_costs_are_a_monotone_curve_of_recent_readings_per_batch_size():
 
 
 def test_probes_back_off_while_the_rule_stays_at_zero():
-    lengths = DraftLengths(SpecConfig("peagle", 4, adaptive=True))
+    lengths = DraftLengthPolicy(SpecConfig("peagle", 4, adaptive=True))
     intervals = [lengths.probe_rows]
     for _ in range(6):
         lengths.probed()
@@ -187,7 +187,7 @@ def test_probes_back_off_while_the_rule_stays_at_zero():
 
 def test_a_near_tie_keeps_the_last_k_of_its_batch_size():
     def rule(draft_seconds: float, last: int) -> int:
-        lengths = DraftLengths(SpecConfig("peagle", 1, adaptive=True))
+        lengths = DraftLengthPolicy(SpecConfig("peagle", 1, adaptive=True))
         lengths.verify_cost.record(1, 0, 1.0)
         lengths.verify_cost.record(1, 1, 1.0)
         lengths.draft_cost.record(1, 1, draft_seconds)
@@ -199,7 +199,7 @@ def test_a_near_tie_keeps_the_last_k_of_its_batch_size():
 
 
 def test_every_refresh_th_choice_measures_the_runner_up_again():
-    lengths = DraftLengths(SpecConfig("peagle", 2, adaptive=True))
+    lengths = DraftLengthPolicy(SpecConfig("peagle", 2, adaptive=True))
     for c, seconds in ((0, 1.0), (1, 1.05), (2, 2.0)):
         lengths.verify_cost.record(1, c, seconds)
     for c in (1, 2):
@@ -214,7 +214,7 @@ def test_every_refresh_th_choice_measures_the_runner_up_again():
 def test_a_refresh_is_one_step_and_the_hold_stays_with_the_best():
     """The runner-up within the hold (k = 0, 2% worse) is measured for one step, then k = 1 again:
     were the refresh held, k = 0 would run until the next refresh."""
-    lengths = DraftLengths(SpecConfig("peagle", 1, adaptive=True))
+    lengths = DraftLengthPolicy(SpecConfig("peagle", 1, adaptive=True))
     lengths.verify_cost.record(1, 0, 1.0)
     lengths.verify_cost.record(1, 1, 1.0)
     lengths.draft_cost.record(1, 1, 0.47)  # k = 1: 1.5 / 1.47 = 1.02 tokens per second, k = 0: 1.0

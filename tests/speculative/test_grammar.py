@@ -383,7 +383,7 @@ def constrained_chi_square(k: int, runs: int) -> tuple[float, float, int]:
     g = Grammars(MARKOV_INFO, V)
     params = dict(max_tokens=3, temperature=1.0, structured=StructuredOutput("regex", "[ab][bc][ac]"))
     decoder = SpecDecoder(MarkovExecutor(T), SpecConfig("peagle", k), proposer=RandomDrafter(k))
-    decoder.k = k
+    decoder.num_spec_tokens = k
     counts: dict[tuple, int] = {}
     for seed in range(runs):
         out = tuple(generate(decoder, [0], SamplingParams(seed=seed, **params), grammars=g).output)

@@ -3,7 +3,7 @@ best ancestor-closed set, static trees parse as vLLM's, and greedy output with t
 shapes and budgets is the target's own, token for token, on the torch and onnxruntime executors,
 with the trained code pair (its head accepts real drafts, so accepted paths leave the chain and
 their KV moves), in batch mixes of trees, chains and plain decoding, through the paged scheduler
-under block pressure; the adaptive budget (peagle_trt/speculative/tree_budget.py): its choices on synthetic
+under block pressure; the adaptive budget (peagle_trt/speculative/tree_size.py): its choices on synthetic
 costs and acceptance, and greedy identity while it switches between chains and trees. Sampling
 with trees: tests/speculative/test_sampling.py."""
 
@@ -28,7 +28,7 @@ from peagle_trt.runtime.scheduler import Request, Scheduler, generate
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.draft_length import REFRESH, CostTable
 from peagle_trt.speculative.tree import best_tree, depths, parse_static, static_nodes, tokens_of, walk
-from peagle_trt.speculative.tree_budget import PRIOR_WEIGHT, TreeBudgets
+from peagle_trt.speculative.tree_size import PRIOR_WEIGHT, TreeSizePolicy
 from peagle_trt.tokenizer import TextCodec
 from tests.helpers import MarkovExecutor, collect, new_sequence
 
@@ -131,12 +131,12 @@ def test_speculative_config_trees():
             parse(text)
 
 
-# -- adaptive budgets (peagle_trt/speculative/tree_budget.py) ----------------------------------------------
+# -- adaptive budgets (peagle_trt/speculative/tree_size.py) ----------------------------------------------
 
-def budgets_with(verify: dict[int, float], extra: dict[int, float], k: int = 2, cap: int = 16) -> TreeBudgets:
+def budgets_with(verify: dict[int, float], extra: dict[int, float], k: int = 2, cap: int = 16) -> TreeSizePolicy:
     """A rule for one request at depth k with verify seconds by rows and, per budget, the drafts a
     tree of that many nodes accepts beyond the chain (20 steps at the cap, the chain accepting 1)."""
-    rule = TreeBudgets(SpecConfig("peagle", k, tree_budget=cap, adaptive_tree=True), CostTable(), CostTable())
+    rule = TreeSizePolicy(SpecConfig("peagle", k, tree_budget=cap, adaptive_tree=True), CostTable(), CostTable())
     for rows, seconds in verify.items():
         rule.verify_cost.record(1, rows, seconds)
         rule.draft_cost.record(1, rows, 0.1)
@@ -160,7 +160,7 @@ def test_adaptive_budget_takes_the_chain_when_rows_are_dear_and_a_tree_when_sibl
 
 
 def test_one_step_measures_every_smaller_budget_and_the_chain():
-    rule = TreeBudgets(SpecConfig("peagle", 2, tree_budget=8, adaptive_tree=True), CostTable(), CostTable())
+    rule = TreeSizePolicy(SpecConfig("peagle", 2, tree_budget=8, adaptive_tree=True), CostTable(), CostTable())
     rule.record([(2, 8, [0, 3, 5]), (2, 8, [0, 1]), (2, 2, [0])])  # two trees of 8 nodes, a chain of 2
     tree, chain = rule.readings[2]
     assert (tree.nodes, tree.requests, tree.chain) == (8, 2, 1 + 2)  # along the spine: 1 and 2 accepted
@@ -170,7 +170,7 @@ def test_one_step_measures_every_smaller_budget_and_the_chain():
 
 def test_adaptive_budget_explores_the_cap_and_respects_the_schedule():
     spec = SpecConfig("peagle", 2, tree_schedule=((1, 1, 16), (2, 8, 4)), adaptive_tree=True)
-    rule = TreeBudgets(spec, CostTable(), CostTable())
+    rule = TreeSizePolicy(spec, CostTable(), CostTable())
     assert rule.choose(1, 1, 2) == 0  # a batch size never verified: the chain first
     rule.verify_cost.record(1, 2, 1.0)
     assert rule.choose(1, 1, 2) == 16  # no step at the cap yet: one measures every budget below
@@ -180,7 +180,7 @@ def test_adaptive_budget_explores_the_cap_and_respects_the_schedule():
     rule.verify_cost.record(3, 2, 1.0)
     assert rule.choose(3, 3, 2) == 4  # three running: a tree pays, up to the schedule's cap 4
     assert rule.choose(3, 3, 0) == 0  # nothing drafted: nothing to build
-    fixed = TreeBudgets(SpecConfig("peagle", 2, tree_schedule=((1, 1, 16), (2, 8, 4))), CostTable(), CostTable())
+    fixed = TreeSizePolicy(SpecConfig("peagle", 2, tree_schedule=((1, 1, 16), (2, 8, 4))), CostTable(), CostTable())
     assert [fixed.choose(1, b, 2) for b in (1, 2, 9)] == [16, 4, 4]  # fixed: the schedule's
 
 
@@ -305,7 +305,7 @@ def test_scheduler_under_block_pressure_with_tree_budget_by_batch_size(pair, ada
     for n, (p, m) in enumerate(load):
         assert outputs[str(n)]["ids"] == refs[p][:min(m, N)], n
     assert sched.blocks.used_blocks == 0
-    steps = sched.decoder.budgets.steps_at_budget
+    steps = sched.decoder.tree_size.steps_at_budget
     assert steps[0] > 0 and steps[16] > 0 and steps[10] > 0  # chains and trees of both schedules' caps
 
 
@@ -319,8 +319,8 @@ def test_greedy_adaptive_budgets_equal_target_only(pair, backend):
     dec = SpecDecoder(ex, spec)
     for prompt, ref in zip(prompts, refs):
         assert generate(dec, prompt, SamplingParams(max_tokens=N, ignore_eos=True)).output == ref
-    assert dec.budgets.steps_at_budget[0] > 0 and dec.budgets.steps_at_budget[16] > 0  # the chain, the cap explored
-    assert dec.lengths.verify_cost.curve(1) and dec.budgets.readings[2]
+    assert dec.tree_size.steps_at_budget[0] > 0 and dec.tree_size.steps_at_budget[16] > 0  # the chain, the cap explored
+    assert dec.draft_length.verify_cost.curve(1) and dec.tree_size.readings[2]
 
 
 def test_trees_refuse_windowed_targets():

@@ -63,7 +63,7 @@ class Reading:
     extra: np.ndarray
 
 
-class TreeBudgets:
+class TreeSizePolicy:
     def __init__(self, spec: SpecConfig, verify_cost: CostTable, draft_cost: CostTable):
         self.spec, self.verify_cost, self.draft_cost = spec, verify_cost, draft_cost
         self.readings: dict[int, collections.deque] = {}  # k -> Reading, newest last
