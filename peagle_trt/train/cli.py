@@ -14,6 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from peagle_trt.errors import ConfigError
+
 
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `train` on an argparse subparsers object; sets func=cmd_train."""
@@ -100,8 +102,18 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return t
 
 
+def comma_list(text: str | None, kind: type, flag: str, expected: str) -> tuple | None:
+    """`text` ("1,2,3") as a tuple of `kind`, None when it is empty; ConfigError "FLAG 'TEXT': EXPECTED"
+    when an item is not a `kind` (--taps, --depth-weights here and in peagle_trt/train/gpu.py)."""
+    if not text:
+        return None
+    try:
+        return tuple(kind(x) for x in text.split(","))
+    except ValueError as exc:
+        raise ConfigError(f"{flag} {text!r}: {expected}") from exc
+
+
 def cmd_train(args: argparse.Namespace) -> dict:
-    from peagle_trt.errors import ConfigError
     from peagle_trt.train import TrainConfig, train
 
     text = list(args.text)
@@ -109,18 +121,8 @@ def cmd_train(args: argparse.Namespace) -> dict:
         if not args.text_list.is_file():
             raise ConfigError(f"--text-list {args.text_list} does not exist")
         text += [Path(line.strip()) for line in args.text_list.read_text().splitlines() if line.strip()]
-    taps = None
-    if args.taps:
-        try:
-            taps = tuple(int(x) for x in args.taps.split(","))
-        except ValueError as exc:
-            raise ConfigError(f"--taps {args.taps!r}: expected three comma-separated layer ids, e.g. 1,2,3") from exc
-    weights = None
-    if args.depth_weights:
-        try:
-            weights = tuple(float(x) for x in args.depth_weights.split(","))
-        except ValueError as exc:
-            raise ConfigError(f"--depth-weights {args.depth_weights!r}: expected numbers, e.g. 1,1,0.8") from exc
+    taps = comma_list(args.taps, int, "--taps", "expected three comma-separated layer ids, e.g. 1,2,3")
+    weights = comma_list(args.depth_weights, float, "--depth-weights", "expected numbers, e.g. 1,1,0.8")
     cfg = TrainConfig(target=args.target, output=args.output, method=args.method, data=args.data,
                       text=tuple(text), layout=args.layout, depths=args.depths,
                       down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,

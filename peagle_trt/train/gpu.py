@@ -73,6 +73,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 from peagle_trt.errors import ConfigError, PeagleError, TransferError
+from peagle_trt.train.cli import comma_list
 
 MIB = 1 << 20
 CALL_LIMIT = 64 * MIB  # what one device call may send: tree + carried paths
@@ -429,12 +430,7 @@ def add_recipe_args(ap: argparse.ArgumentParser) -> None:
 
 
 def recipe_from_args(args) -> GpuRecipe:
-    weights = None
-    if args.depth_weights:
-        try:
-            weights = tuple(float(w) for w in args.depth_weights.split(","))
-        except ValueError as exc:
-            raise ConfigError(f"--depth-weights {args.depth_weights!r}: expected numbers, e.g. 1,1,0.8") from exc
+    weights = comma_list(args.depth_weights, float, "--depth-weights", "expected numbers, e.g. 1,1,0.8")
     names = {f.name for f in fields(GpuRecipe)}
     kw = {k: v for k, v in vars(args).items() if k in names}
     recipe = GpuRecipe(**{**kw, "depth_weights": weights, "train_embeddings": args.train_embeddings,

@@ -23,7 +23,6 @@ from peagle_trt.tokenizer import TextCodec
 from peagle_trt.train import TrainConfig, train
 from peagle_trt.train import data as D
 from peagle_trt.train import gpu as G
-from peagle_trt.train.distill import distill
 from peagle_trt.train.source import python_files, source_corpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,15 +119,6 @@ def test_batched_target_pass_equals_the_per_sequence_pass(tiny):
         ref_normed, ref_aux = D.target_pass(target, ids, chunk=32)
         torch.testing.assert_close(normed, ref_normed, atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(aux, ref_aux, atol=1e-4, rtol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def answers(tiny, tmp_path_factory):
-    data = tmp_path_factory.mktemp("answers") / "answers.jsonl"
-    rows = [{"id": f"r{i}", "kind": "write", "prompt": f"def f{i}(x):\n    return x + {i}", "max_tokens": 10}
-            for i in range(8)]
-    distill(tiny["llama"], rows, data, backend="torch", batch=4, max_len=256)
-    return data
 
 
 def _cfg(tiny, answers, out, **kw):

@@ -14,7 +14,6 @@ from peagle_trt.models.target import TargetModel
 from peagle_trt.train import TrainConfig, train
 from peagle_trt.train import curve as C
 from peagle_trt.train.data import Corpus
-from peagle_trt.train.distill import distill
 from peagle_trt.train.loop import build_head
 
 
@@ -53,15 +52,6 @@ def test_held_out_agreement_matches_the_inference_model(tiny):
     want = float((drafted == greedy)[f.loss_mask].float().mean())
     assert len(top1) == 3 and abs(top1[0] - want) < 1e-4
     assert all(0.0 <= a <= 1.0 for a in top1)
-
-
-@pytest.fixture(scope="module")
-def answers(tiny, tmp_path_factory):
-    data = tmp_path_factory.mktemp("answers") / "answers.jsonl"
-    rows = [{"id": f"r{i}", "kind": "write", "prompt": f"def f{i}(x):\n    return x + {i}", "max_tokens": 10}
-            for i in range(8)]
-    distill(tiny["llama"], rows, data, backend="torch", batch=4, max_len=256)
-    return data
 
 
 def _cfg(tiny, answers, out, **kw):
