@@ -375,7 +375,8 @@ class SpecDecoder:
                 else:
                     s.drafts, s.parents = top_ids[i, :k, 0].tolist(), ()
         else:
-            drafts = self.proposer.propose(batch, max(k, 1))[:, :k].to(self.ex.device, torch.long)  # [B, k] on the device
+            drafts = self.proposer.propose(batch, max(k, 1))[:, :k]  # [B, k]
+            drafts = drafts.to(self.ex.device, torch.long)  # a no-op for the drafters, which draft on the device
             for i, s in enumerate(batch.seqs):  # a constrained request's: cut at the first its grammar refuses
                 s.drafts, s.parents = drafts[i] if s.grammar is None else GrammarHook.draft(
                     s, [[t] for t in drafts[i].tolist()]), ()
