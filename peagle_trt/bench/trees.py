@@ -27,28 +27,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def watching(left: Counter, nodes: Counter):
-    """(around(name) for pair.measure, the patch of decoder.walk): during `name`'s passes, per step
-    the draft nodes (nodes[name, "nodes"], nodes[name, "steps"]), its budget (nodes[name, "budget",
-    b]; 0: a chain) and the depth at which the accepted path left the top-1 chain (left[name, depth];
-    a node's first child in the tree is its top-1)."""
-    from peagle_trt.speculative import decoder
+    """(around(name) for pair.measure, the patch of the step's `TargetAcceptor.accept`): during
+    `name`'s passes, per step and request the draft nodes (nodes[name, "nodes"], nodes[name,
+    "steps"]), its budget (nodes[name, "budget", b]; 0: a chain) and the depth at which the accepted
+    path left the top-1 chain (left[name, depth]; a node's first child in the tree is its top-1).
+    It reads the verdict back to the host: a measurement's own cost, outside the product step."""
+    from peagle_trt.speculative.accept import TargetAcceptor
     from peagle_trt.speculative.tree import chain
 
-    running, walk = [None], decoder.walk
+    running, accept = [None], TargetAcceptor.accept
 
-    def counting_walk(tokens, parents, choose):
-        path, emitted = walk(tokens, parents, choose)
-        if running[0] is not None and parents:
-            nodes[running[0], "nodes"] += len(parents)
+    def counting_accept(self, chosen, drafts, ndrafts, parents, depth):
+        verdict = accept(self, chosen, drafts, ndrafts, parents, depth)
+        if running[0] is None:
+            return verdict
+        trees = parents.tolist() if parents is not None else [None] * len(ndrafts)
+        for tree, m, rows, count in zip(trees, ndrafts, verdict.rows.tolist(), verdict.count.tolist()):
+            if not m:
+                continue
+            tree = tuple(tree[:m]) if tree is not None else chain(m)
+            nodes[running[0], "nodes"] += m
             nodes[running[0], "steps"] += 1
-            nodes[running[0], "budget", 0 if parents == chain(len(parents)) else len(parents)] += 1
+            nodes[running[0], "budget", 0 if tree == chain(m) else m] += 1
             node = -1
-            for depth, n in enumerate(path, 1):
-                if n != parents.index(node):
-                    left[running[0], depth] += 1
+            for d, n in enumerate((r - 1 for r in rows[1:count]), 1):  # the accepted nodes, root first
+                if n != tree.index(node):
+                    left[running[0], d] += 1
                     break
                 node = n
-        return path, emitted
+        return verdict
 
     @contextlib.contextmanager
     def around(name: str):
@@ -57,7 +64,7 @@ def watching(left: Counter, nodes: Counter):
             yield
         finally:
             running[0] = None
-    return around, mock.patch.object(decoder, "walk", counting_walk)
+    return around, mock.patch.object(TargetAcceptor, "accept", counting_accept)
 
 
 def run(args: argparse.Namespace) -> dict:
