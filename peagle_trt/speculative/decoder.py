@@ -45,17 +45,17 @@ import torch
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.ops.reference import key_span, pack_tree_mask
-from peagle_trt.speculative.accept import SyntheticAcceptor, TargetAcceptor, Verdict, argmax, choose
+from peagle_trt.speculative.accept import SyntheticAcceptor, TargetAcceptor, Verdict, choose
 from peagle_trt.speculative.draft_policy import DraftPolicy, StepReport
 from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
 from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.grammar import GrammarHook, GrammarState, first_token_mask
 from peagle_trt.speculative.sampling import make_generator
 from peagle_trt.speculative.stats import SpecStats
-from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of, walk
+from peagle_trt.speculative.tree import best_tree, chain, depths, static_nodes, tokens_of
 from peagle_trt.speculative.verify import verify
 
-__all__ = ["Sequence", "SpecDecoder", "argmax", "walk"]
+__all__ = ["Sequence", "SpecDecoder"]
 
 
 @dataclass(eq=False)
