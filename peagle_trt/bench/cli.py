@@ -24,7 +24,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "serving": ("serving", "streaming: Triton gRPC vs in-process (and the OpenAI frontend with --openai)"),
     "backends": ("backends", "CPU: quantize and export times, torch vs onnxruntime step time, fp32 vs FP8"),
     "gpu": ("gpu", "GPU: drafting, verify MBU, iteration overhead, projected tokens/s (needs CUDA; --smoke on CPU)"),
-    "kernels": ("kernels", "GPU: the Triton kernels alone (CUDA events), achieved bandwidth vs the roofline"),
+    "kernels": ("kernels", "GPU: the Triton kernels alone (CUDA graphs), achieved bandwidth vs the roofline"),
     "aiperf": ("aiperf", "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
     "families": ("families", "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
     "acceptance": ("heads", "trained code pair: acceptance length and speed-up on HumanEval, P-EAGLE vs EAGLE-3"),

@@ -91,14 +91,14 @@ def _cuda(*tensors: torch.Tensor | None) -> tuple[ModuleType, ModuleType, Module
 
 def kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim,
                  scale=None, sliding_window=0, sinks=None, tree_mask=None, *, k_scale=1.0, v_scale=1.0, out=None,
-                 num_splits=None):
+                 num_splits=None, config=None):
     """PEagleKVAttention on the GPU; see `triton_kernels.kv_attention.kv_attention` (num_splits: None =
-    split over the context by shape, unsplit in deterministic mode; 1 = never)."""
+    split over the context by shape, unsplit in deterministic mode; 1 = never; config: a forced tiling)."""
     ka, _, _ = _cuda(q, k, v, positions, block_tables, k_cache, v_cache, sinks, tree_mask)
     with torch.cuda.device(q.device):
         return ka.kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
                                head_dim, scale, sliding_window, sinks, tree_mask, k_scale=k_scale, v_scale=v_scale,
-                               out=out, num_splits=num_splits)
+                               out=out, num_splits=num_splits, config=config)
 
 
 def draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, num_spec_tokens,

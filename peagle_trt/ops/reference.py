@@ -35,6 +35,11 @@ def key_span(length: int | None):
         _KEY_SPAN.reset(token)
 
 
+def current_span() -> int | None:
+    """The key span set by the innermost `key_span` (None: none set)."""
+    return _KEY_SPAN.get()
+
+
 def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_size: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
     """(block, offset) [B, S] each of position `positions[b, s]` under `tables` [B, M]: padding

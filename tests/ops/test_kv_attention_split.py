@@ -108,13 +108,37 @@ def test_split_fp8_cache(dtype):
 
 def test_split_plan_is_by_shape():
     plan = kv_attention.split_plan
-    assert plan(1, 8, 2, 8192, 132) == (17, 496)  # 16 programs on 132 SMs: 17 segments of 496 keys
-    assert plan(32, 8, 2, 8192, 132) == (1, 8192)  # 512 programs fill the GPU
-    assert plan(1, 8, 2, 300, 132) == (1, 300)  # too short to split
-    assert plan(1, 1, 1, 32768, 132)[0] == kv_attention.MAX_SPLITS
-    for keys, n in ((1000, 3), (17, 4), (512, 2)):
-        splits, chunk = kv_attention.segments(keys, n)
-        assert chunk % kv_attention.BLOCK_N == 0 and splits <= n and splits * chunk >= keys > (splits - 1) * chunk
+    assert plan(1, 8, 1, 8192, 132) == 32  # 8 programs on 132 SMs: 32 segments (of 256 keys at this span)
+    assert plan(1, 8, 2, 8192, 132) == 17  # 16 programs: 17 segments fill 2 waves
+    assert plan(32, 8, 2, 8192, 132) == 1  # 512 programs fill the GPU
+    assert plan(1, 8, 2, 300, 132) == 1  # too short to split
+    assert plan(1, 1, 1, 32768, 132) == kv_attention.MAX_SPLITS
+
+
+def test_tiles_hold_a_verify_per_kv_head():
+    """All S x G rows of one KV head in one tile (up to 64), so each KV block is read once per KV head;
+    16-row tiles in deterministic mode and for fp32; fewer keys per step for trees (one mask word)."""
+    tiles = kv_attention.tiles_for
+    assert tiles(1 * 4, 128, torch.bfloat16, False).block_m == 16  # decode, GQA 4
+    assert tiles(8 * 4, 128, torch.bfloat16, False).block_m == 32  # verify K = 7
+    assert tiles(14 * 4, 128, torch.bfloat16, False).block_m == 64  # drafter pass P + K - 1 = 14
+    assert tiles(14 * 4, 128, torch.bfloat16, False, fixed_rows=True).block_m == 16
+    assert tiles(8 * 4, 128, torch.float32, False).block_m == 16
+    assert tiles(8, 128, torch.bfloat16, True).block_n == 32 and 32 % tiles(8, 128, torch.bfloat16, True).block_n == 0
+
+
+def test_tall_tiles_and_config_override_match_the_reference():
+    """A 56-row tile (S = 14 rows x G = 4) in one program, and a forced tiling (`config=`: what
+    bench kernels sweeps), split and unsplit, against the reference."""
+    h, kv, d, bs = 8, 2, 16, 8
+    gen = torch.Generator().manual_seed(5)
+    rows = [list(range(80, 94)), list(range(30, 44))]
+    q, k, v, positions, tables, kc, vc = _paged_case(gen, rows, h, kv, d, bs, torch.bfloat16, 0)
+    want = reference.kv_attention(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d)
+    for config, splits in ((None, 3), (kv_attention.Tiles(32, 16, 4, 2), 1), (kv_attention.Tiles(64, 32, 4, 3), 2)):
+        got, _, _ = _run(q, k, v, positions, tables, kc.clone(), vc.clone(), h, kv, d, num_splits=splits,
+                         config=config)
+        _check_attention(got, want, positions, torch.bfloat16)
 
 
 def test_deterministic_mode_keeps_the_unsplit_kernel():
@@ -125,7 +149,7 @@ def test_deterministic_mode_keeps_the_unsplit_kernel():
     gen = torch.Generator().manual_seed(2)
     q, _, _, positions, tables, kc, vc = _paged_case(gen, [[70], [44]], h, kv, d, bs, torch.float32)
     tables = torch.cat([tables, torch.full((2, 64 - tables.shape[1]), -1)], 1)  # M * bs = 512
-    assert kv_attention.split_plan(1, kv, 1, 512, kv_attention.DEFAULT_SMS)[0] == 2
+    assert kv_attention.split_plan(1, kv, 1, 512, kv_attention.DEFAULT_SMS) == 2
     auto, _, _ = _run(q[:1], None, None, positions[:1], tables[:1], kc, vc, h, kv, d)
     split, _, _ = _run(q[:1], None, None, positions[:1], tables[:1], kc, vc, h, kv, d, num_splits=2)
     assert torch.equal(auto, split)  # outside deterministic mode the lone request is split
@@ -156,7 +180,7 @@ def test_split_kernels_compile_for_sm90a_and_sm100a_without_spills(tmp_path):
 
     repo = Path(__file__).resolve().parents[2]
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=str(repo), TRITON_DEFAULT_FP_FUSION="1")
-    for only in ("kv_attention_split.bf16.fp8.d128", "kv_reduce.bf16.d256"):
+    for only in ("kv_attention_split.bf16.fp8.d128.m64", "kv_reduce.bf16.d256"):  # the tallest tile
         out = tmp_path / only
         proc = subprocess.run([sys.executable, "-m", "peagle_trt.ops.triton_kernels.aot", str(out), "--jit-only",
                                "--only", only], env=env, capture_output=True, text=True, timeout=300)

@@ -40,6 +40,7 @@ from peagle_trt.ops.triton_kernels.variants import Variant, all_variants, jit_va
 ARCHS = (90, 100)
 SHARED_LIMIT = {90: 227 * 1024, 100: 227 * 1024}  # max dynamic shared memory per block (bytes)
 MAX_REGS = 255
+ALIGN = 16  # bytes every pointer argument is aligned to (the launcher checks)
 STACK_LIMIT = 32  # bytes per thread: a spilled loop scalar or two, no spilled tile
 RES_RE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
 
@@ -64,14 +65,22 @@ def resources(cubin: Path) -> dict:
     return {"registers": regs, "stack": stack, "static_shared": shared, "local": local}
 
 
+def aligned_attrs(v: Variant) -> dict:
+    """Every pointer argument compiled as ALIGN-byte aligned, as Triton's JIT specializes torch's
+    allocations: without it the loads cannot be vectorized (one 2-byte load per element, registers
+    doubled: seen in the attention's PTX). The launcher refuses a misaligned pointer."""
+    return {(i,): [["tt.divisibility", ALIGN]] for i, (_, t) in enumerate(v.signature.items()) if t.startswith("*")}
+
+
 def compile_variant(v: Variant, cap: int, out_dir: Path) -> dict:
     """Compile one variant for sm_<cap>a, write its cubin, return its manifest entry."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    src = ASTSource(v.kernel, v.signature, constexprs=v.constexprs)
-    k = triton.compile(src, target=GPUTarget("cuda", cap, 32), options={"num_warps": v.num_warps})
+    src = ASTSource(v.kernel, v.signature, constexprs=v.constexprs, attrs=aligned_attrs(v))
+    k = triton.compile(src, target=GPUTarget("cuda", cap, 32),
+                       options={"num_warps": v.num_warps, "num_stages": v.num_stages})
     path = out_dir / f"{v.name}.sm{cap}a.cubin"
     path.write_bytes(k.asm["cubin"])
     md = k.metadata
@@ -79,6 +88,7 @@ def compile_variant(v: Variant, cap: int, out_dir: Path) -> dict:
              "threads": 32 * md.num_warps, "shared": md.shared,
              "global_scratch": getattr(md, "global_scratch_size", 0),  # older Tritons lack these fields
              "profile_scratch": getattr(md, "profile_scratch_size", 0), "args": [t for _, t in v.kernel_args],
+             "aligned": sum(1 << i for i, (_, t) in enumerate(v.kernel_args) if t.startswith("*")),
              "arg_names": [n for n, _ in v.kernel_args]}
     entry.update(resources(path))
     return entry
@@ -116,7 +126,7 @@ def embed_source(entries: list[dict], out_dir: Path) -> str:
     for i, e in enumerate(entries):
         size = (out_dir / e["file"]).stat().st_size
         lines.append(f'    {{"{e["variant"]}", {e["arch"]}, "{e["symbol"]}", peagleCubin{i}, {size}u, {e["threads"]}, '
-                     f'{e["shared"]}, {len(e["args"])}}},')
+                     f'{e["shared"]}, {len(e["args"])}, {e["aligned"]}u}},')
     lines += ["};", f"size_t const kNumTritonCubins = {len(entries)};", "", "} // namespace peagle", ""]
     return "\n".join(lines)
 

@@ -10,26 +10,31 @@ seeing the context below that slot and the rows whose bits it has).
 
 Two kernels, launched in order on one stream:
   kv_write      one program per (request, row): scatters the new k/v rows into their blocks;
-  kv_attention  one program per (request, KV head, tile of BLOCK_M = 16 rows): the S rows x
-                G = H/KV query heads of the request that share the KV head form [BLOCK_M, d]
-                tiles; keys and values are gathered through the block table BLOCK_N positions
-                at a time (any block size) and go through `tl.dot` (the tensor cores; the old
-                CUDA kernel's `mma.sync`) with an online softmax in fp32.
-Splitting the write out keeps the attention race-free without a grid-wide barrier.
+  kv_attention  one program per (request, KV head, tile of BLOCK_M rows): the S rows x G = H/KV
+                query heads of the request that share the KV head form [BLOCK_M, d] tiles (one
+                tile holds a whole verify's rows, up to 64, so each KV block is read once per KV
+                head: `tiles_for`); keys and values are gathered through the block table BLOCK_N
+                positions a step (several blocks of any size), prefetched `num_stages` steps ahead
+                (cp.async), and go through `tl.dot` (the tensor cores) with an online softmax in fp32.
+Splitting the write out keeps the attention race-free without a grid-wide barrier. Pointers are
+plain base + offset under a mask (an offset clamped with tl.where hides its contiguity: the loads
+fell to 2 bytes each, seen in the sm_90a PTX), so K/V rows load 16 bytes at a time.
 
 Split over the context (flash-decoding), when batch x KV heads x tiles programs are too few to fill
-the GPU (`split_plan`: by shape only, as vLLM's unified attention does):
+the GPU (`split_plan`: the count by shape only, as vLLM's unified attention does):
   kv_attention_split  program (request, KV head, segment x tile): the same tile code (`_attend_tile`:
                       GQA rows sharing each KV block read, paged tables, trees, windows, FP8 cache)
-                      over the key steps starting in segment j = [j * chunk, (j + 1) * chunk) (chunk a
-                      multiple of BLOCK_N; a tree's steps start at its first slot, so a step straddling
-                      a boundary goes to the segment it starts in); stores its unnormalised fp32 state;
+                      over segment j of the tile's own key steps (from its first visible key to its
+                      last row's position, read on the device, cut into `splits` equal runs: every
+                      segment has work at any context, a CUDA graph's fixed plan included; a tree's
+                      steps start at its first slot); stores its unnormalised fp32 state;
   kv_reduce           program (request, row, head): merges the segments (and the sinks), normalises.
-Deterministic mode (`ops.deterministic.rows()`) keeps the unsplit kernel: the plan depends on the
-batch size, so a row's bits would depend on its batch (the unsplit kernel's do not: key steps at
-absolute positions). `num_splits=` forces a count (tests, benchmarks). The TensorRT plugins launch
-the unsplit kernel only (aot.py --jit-only compiles and checks the split kernels; launching them needs
-the plan, two more launches and a workspace for the partials in tritonLauncher.cpp).
+Deterministic mode (`ops.deterministic.rows()`) keeps the unsplit kernel and 16-row tiles: the plan
+and the tile height depend on the batch, so a row's bits would depend on its batch (the unsplit
+kernel's do not: key steps at absolute positions). `num_splits=` forces a count and `config=` a
+tiling (tests, `bench kernels`' sweep). The TensorRT plugins launch the unsplit kernel with 16-row
+tiles (aot.py --jit-only compiles and checks the split kernels; launching them needs the plan, two
+more launches and a workspace for the partials in tritonLauncher.cpp).
 Differences from the reference, outside the runtime's contract: padding rows return zeros (the
 reference returns some finite row); a table entry -1 (or past the cache) inside a row's visible
 range is masked (the reference reads the trash block).
@@ -39,16 +44,17 @@ with PEAGLE_TRITON_DEVICE=cuda), tests/plugins/test_kernels_gpu.py (GPU).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
 
-from peagle_trt.ops import deterministic
+from peagle_trt.ops import deterministic, reference
 from peagle_trt.ops.triton_kernels.common import FP8, check_dtype, interpreted, next_pow2, out_buffer, same_device
 
 LOG2E = 1.4426950408889634
-BLOCK_N = 16  # key positions per step (the tl.dot minimum; a decode row reads few keys)
-# split-KV plan (`split_plan`): to be tuned in a GPU window (bench kernels, split vs unsplit)
+# split-KV plan (`split_plan`) and tiles (`tiles_for`): to be tuned in a GPU window (bench kernels' sweep)
 WAVES = 2  # programs per SM the unsplit grid must reach before it is left unsplit
 MIN_CHUNK = 256  # fewest key positions per segment (fewer: the partials' traffic outweighs the gain)
 MAX_SPLITS = 64  # most segments (the reduce reads all their maxima in one vector)
@@ -116,7 +122,7 @@ def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S
 
 @triton.jit
 def _attend_tile(q_ptr, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr, b, kvh, tile, split, S, M, trash,
-                 bs, H, KV, G, qk_scale, k_scale, v_scale, window, W, splits, chunk, D: tl.constexpr,
+                 bs, H, KV, G, qk_scale, k_scale, v_scale, window, W, splits, D: tl.constexpr,
                  BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, FP8_CACHE: tl.constexpr,
                  IEEE: tl.constexpr, UPCAST: tl.constexpr, TREE: tl.constexpr, SPLIT: tl.constexpr):
     """One [BLOCK_M, D] tile (S rows x G heads of KV head kvh) over its key steps: all of them, or
@@ -127,19 +133,18 @@ def _attend_tile(q_ptr, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr, b
     s = rows // G
     head = kvh * G + rows % G
     row_ok = s < S
-    pos = tl.load(positions_ptr + b * S + tl.minimum(s, S - 1))
-    pos = tl.where(row_ok, pos, -1)  # tile rows past S behave as padding rows
+    pos = tl.load(positions_ptr + b * S + tl.minimum(s, S - 1)).to(tl.int32)  # key positions in int32:
+    pos = tl.where(row_ok, pos, -1)  # cheap // and % by bs; tile rows past S behave as padding rows
     d = tl.arange(0, BLOCK_D)
     d_ok = d < D
     q_off = ((b * S + s) * H + head)[:, None] * D + d[None, :]
-    q = tl.load(q_ptr + tl.where(row_ok[:, None] & d_ok[None, :], q_off, 0),
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
+    q = tl.load(q_ptr + q_off, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
     dtype = q.dtype
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     if TREE:  # keys up to the tile's last row's own slot (base + s); bits pick the tree rows
-        base = tl.load(positions_ptr + b * S)
+        base = tl.load(positions_ptr + b * S).to(tl.int32)
         top = tl.max(tl.where(pos >= 0, base + s, -1), axis=0)
     else:
         top = tl.max(pos, axis=0)
@@ -147,16 +152,15 @@ def _attend_tile(q_ptr, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr, b
     # with a window: the first key any row of the tile can see, rounded down to a step
     first = tl.maximum(tl.min(tl.where(pos >= 0, pos - window + 1, 2147483647), axis=0), 0)
     lo = tl.where(window > 0, first // BLOCK_N * BLOCK_N, 0)
-    if TREE:  # steps aligned on the tree's first row: a step's rows sit in one half of one mask word
+    if TREE:  # steps aligned on the tree's first row: a step's rows sit in one mask word
         lo = base - (base - lo + BLOCK_N - 1) // BLOCK_N * BLOCK_N  # may start below 0 (masked)
         words = tree_ptr + (b * S + tl.minimum(s, S - 1)) * W  # [BLOCK_M] each tile row's mask
-    if SPLIT:  # segment `split` = the steps starting in [split * chunk, (split + 1) * chunk), on the
-        # step grid lo + i * BLOCK_N (a step straddling a boundary belongs to the segment it starts in)
-        seg_lo = lo + tl.maximum(split * chunk - lo, 0) // BLOCK_N * BLOCK_N
-        seg_hi = lo + tl.maximum((split + 1) * chunk - lo, 0) // BLOCK_N * BLOCK_N
-        seg_hi = tl.where(split == splits - 1, end, tl.minimum(seg_hi, end))
-        lo = seg_lo
-        end = seg_hi
+    if SPLIT:  # segment `split` of the tile's own steps lo, lo + BLOCK_N, .. < end, cut in `splits`
+        # runs of equal length (from the positions on the device: balanced at any context, a
+        # graph's static plan included; segments past the last step are empty)
+        per = tl.cdiv(tl.cdiv(end - lo, BLOCK_N), splits) * BLOCK_N
+        lo = lo + split * per
+        end = tl.minimum(lo + per, end)
     keys = tl.arange(0, BLOCK_N)
     for start in range(lo, end, BLOCK_N):
         kp = start + keys  # [BLOCK_N] key positions
@@ -166,15 +170,15 @@ def _attend_tile(q_ptr, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr, b
         slot = tl.where(key_ok, block * bs + kp % bs, 0)
         kv_off = (slot * KV + kvh)[:, None] * D + d[None, :]
         kv_mask = key_ok[:, None] & d_ok[None, :]
-        kt = tl.load(k_cache + tl.where(kv_mask, kv_off, 0), mask=kv_mask, other=0.0)
-        vt = tl.load(v_cache + tl.where(kv_mask, kv_off, 0), mask=kv_mask, other=0.0)
+        kt = tl.load(k_cache + kv_off, mask=kv_mask, other=0.0)
+        vt = tl.load(v_cache + kv_off, mask=kv_mask, other=0.0)
         if FP8_CACHE:
             kt = (kt.to(tl.float32) * k_scale).to(dtype)
             vt = (vt.to(tl.float32) * v_scale).to(dtype)
         scores = _dot(q, tl.trans(kt), IEEE, UPCAST) * qk_scale  # log2 domain
         if TREE:
-            # keys start - base + 0..BLOCK_N-1 are rows of this forward when start >= base (one half
-            # of mask word (start - base) // 32), else the context (BLOCK_N divides 32)
+            # keys start - base + 0..BLOCK_N-1 are rows of this forward when start >= base (in
+            # mask word (start - base) // 32), else the context (BLOCK_N divides 32)
             rel = (start - base) + tl.zeros([BLOCK_M], tl.int64)  # per row (a scalar mask trips the interpreter)
             ok = row_ok & (rel >= 0) & (rel < W * 32)
             word = tl.load(words + tl.where(ok, rel // 32, 0), mask=ok, other=0)  # [BLOCK_M] int32
@@ -208,7 +212,7 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
     kvh = tl.program_id(1).to(tl.int64)
     acc, m_i, l_i, pos, row_ok, head, q_off, d_ok, s = _attend_tile(
         q_ptr, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr, b, kvh, tl.program_id(2), 0, S, M, trash, bs,
-        H, KV, G, qk_scale, k_scale, v_scale, window, W, 1, 0, D, BLOCK_M, BLOCK_D, BLOCK_N, FP8_CACHE, IEEE,
+        H, KV, G, qk_scale, k_scale, v_scale, window, W, 1, D, BLOCK_M, BLOCK_D, BLOCK_N, FP8_CACHE, IEEE,
         UPCAST, TREE, False)
     if HAS_SINKS:  # one extra logit per head in the denominator, carrying no value
         sink = tl.load(sinks_ptr + tl.where(row_ok, head, 0)).to(tl.float32) * 1.4426950408889634
@@ -220,13 +224,13 @@ def kv_attention_kernel(q_ptr, out_ptr, positions_ptr, tables_ptr, k_cache, v_ca
     out = acc / tl.where(live, l_i, 1.0)[:, None]
     out = tl.where(live[:, None], out, 0.0)
     out_mask = row_ok[:, None] & d_ok[None, :]
-    tl.store(out_ptr + tl.where(out_mask, q_off, 0), out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    tl.store(out_ptr + q_off, out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def kv_attention_split_kernel(q_ptr, part_acc, part_ml, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr,
                               S, M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window, W, tiles, splits,
-                              chunk, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+                              D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
                               BLOCK_N: tl.constexpr, FP8_CACHE: tl.constexpr, IEEE: tl.constexpr,
                               UPCAST: tl.constexpr, TREE: tl.constexpr):
     """The split form (flash-decoding): program (request, KV head, segment * tiles + tile) runs one
@@ -237,15 +241,15 @@ def kv_attention_split_kernel(q_ptr, part_acc, part_ml, positions_ptr, tables_pt
     split = tl.program_id(2) // tiles
     acc, m_i, l_i, pos, row_ok, head, q_off, d_ok, s = _attend_tile(
         q_ptr, positions_ptr, tables_ptr, k_cache, v_cache, tree_ptr, b, kvh, tl.program_id(2) % tiles, split, S,
-        M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window, W, splits, chunk, D, BLOCK_M, BLOCK_D, BLOCK_N,
+        M, trash, bs, H, KV, G, qk_scale, k_scale, v_scale, window, W, splits, D, BLOCK_M, BLOCK_D, BLOCK_N,
         FP8_CACHE, IEEE, UPCAST, TREE, True)
     B = tl.num_programs(0).to(tl.int64)
     row = ((split.to(tl.int64) * B + b) * S + s) * H + head  # [BLOCK_M] partial row index
     out_mask = row_ok[:, None] & d_ok[None, :]
     d = tl.arange(0, BLOCK_D)
-    tl.store(part_acc + tl.where(out_mask, row[:, None] * D + d[None, :], 0), acc, mask=out_mask)
-    tl.store(part_ml + tl.where(row_ok, row, 0) * 2, m_i, mask=row_ok)
-    tl.store(part_ml + tl.where(row_ok, row, 0) * 2 + 1, l_i, mask=row_ok)
+    tl.store(part_acc + row[:, None] * D + d[None, :], acc, mask=out_mask)
+    tl.store(part_ml + row * 2, m_i, mask=row_ok)
+    tl.store(part_ml + row * 2 + 1, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -293,7 +297,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                  num_kv_heads: int, head_dim: int, scale: float | None = None, sliding_window: int = 0,
                  sinks: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None, *,
                  k_scale: float = 1.0, v_scale: float = 1.0, out: torch.Tensor | None = None,
-                 num_splits: int | None = None) -> torch.Tensor:
+                 num_splits: int | None = None, config: Tiles | None = None) -> torch.Tensor:
     """See `reference.kv_attention`; writes k/v into the caches in place (k = v = None: read only).
 
     q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
@@ -345,22 +349,26 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
                                 BLOCK=min(next_pow2(kvh * d, 16), 1024), FP8_CACHE=fp8,
                                 ROUND_FP8=fp8 and interpreted(), TREE=tree_mask is not None)
     group = h // kvh
-    block_m = 16  # 64-row tiles spill registers from d = 64 on (aot.py's check); more rows, more programs
-    tiles = -(-s * group // block_m)
-    keys = m * bs  # positions the tables address: known on the host (positions.max() would sync)
-    if num_splits is None:
-        num_splits = 1 if deterministic.active() else split_plan(b, kvh, tiles, keys, _sms(device))[0]
+    det = deterministic.active()
+    t = config or tiles_for(s * group, d, q.dtype, tree_mask is not None, fixed_rows=det)
+    if tree_mask is not None and 32 % t.block_n:
+        raise ValueError(f"kv_attention: a draft tree's tiling needs block_n dividing 32, got {t}")
+    tiles = -(-s * group // t.block_m)
+    span = reference.current_span()  # the host's key span (the step's), else what the tables address
+    keys = m * bs if span is None else min(span, m * bs)
+    if num_splits is None:  # deterministic mode: unsplit (the plan depends on the batch)
+        num_splits = 1 if det else split_plan(b, kvh, tiles, keys, _sms(device))
     if int(num_splits) < 1:
         raise ValueError(f"kv_attention: num_splits must be >= 1 (or None: by shape), got {num_splits}")
-    splits, chunk = segments(keys, int(num_splits))
+    splits = int(num_splits)
     if q.dtype == torch.float32 and d > 128:  # its split form spills on sm_90a (aot.py --jit-only): unsplit
         splits = 1
     qk_scale = (scale if scale is not None else d ** -0.5) * LOG2E
     sinks_arg = q if sinks is None else sinks.contiguous()
     tree_arg = positions if tree_mask is None else tree_mask.contiguous()
     words = 1 if tree_mask is None else tree_mask.shape[2]
-    common = dict(D=d, BLOCK_M=block_m, BLOCK_D=next_pow2(d, 16), BLOCK_N=BLOCK_N, FP8_CACHE=fp8,
-                  IEEE=q.dtype == torch.float32, num_warps=4 if d <= 128 else 8,
+    common = dict(D=d, BLOCK_M=t.block_m, BLOCK_D=next_pow2(d, 16), BLOCK_N=t.block_n, FP8_CACHE=fp8,
+                  IEEE=q.dtype == torch.float32, num_warps=t.num_warps, num_stages=t.num_stages,
                   UPCAST=q.dtype == torch.bfloat16 and interpreted(), TREE=tree_mask is not None)
     sizes = (s, m, blocks - 1, bs, h, kvh, group, float(qk_scale), float(k_scale), float(v_scale),
              int(sliding_window), words)
@@ -370,36 +378,47 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
         return out
     part_acc = torch.empty(splits, b, s, h, d, dtype=torch.float32, device=device)
     part_ml = torch.empty(splits, b, s, h, 2, dtype=torch.float32, device=device)
-    if q.dtype == torch.float32 and d >= 128:  # fp32 tiles: 4 warps spill in the split form (aot.py --jit-only)
-        common["num_warps"] = 8
     kv_attention_split_kernel[(b, kvh, tiles * splits)](q, part_acc, part_ml, positions, tables, k_cache, v_cache,
-                                                        tree_arg, *sizes, tiles, splits, chunk, **common)
+                                                        tree_arg, *sizes, tiles, splits, **common)
     kv_reduce_kernel[(b, s, h)](part_acc, part_ml, out, positions, sinks_arg, b, s, h, splits, D=d,
                                 BLOCK_D=next_pow2(d, 16), BLOCK_SPLIT=next_pow2(splits), SPLIT_STEP=SPLIT_STEP,
                                 HAS_SINKS=sinks is not None)
     return out
 
 
-def segments(keys: int, num_splits: int) -> tuple[int, int]:
-    """(splits, chunk): `keys` positions cut into segments of `chunk` positions (a multiple of
-    BLOCK_N), at most `num_splits` of them, none empty by construction (an empty one is harmless)."""
-    if num_splits <= 1 or keys <= BLOCK_N:
-        return 1, max(keys, 1)
-    chunk = -(-keys // num_splits)
-    chunk = -(-chunk // BLOCK_N) * BLOCK_N
-    return -(-keys // chunk), chunk
+@dataclass(frozen=True)
+class Tiles:
+    """One launch's tiling: query rows (S x G of one KV head) per program, key positions per step
+    (a step gathers block_n / block_size cache blocks through the table), warps, pipeline stages
+    (cp.async prefetch of the next steps' keys and values)."""
+    block_m: int = 16
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
 
 
-def split_plan(batch: int, kv_heads: int, tiles: int, keys: int, sms: int) -> tuple[int, int]:
-    """(splits, chunk) for a launch of batch x kv_heads x tiles programs over `keys` positions on a
-    GPU of `sms` multiprocessors: unsplit when the grid already gives each SM WAVES programs, else
-    enough segments to do so, each at least MIN_CHUNK positions, at most MAX_SPLITS (the reduce reads
-    them all). Shape only: neither the data nor the positions' values."""
+def tiles_for(rows: int, d: int, dtype: torch.dtype, tree: bool, fixed_rows: bool = False) -> Tiles:
+    """The tiling of `rows` = S x G query rows per KV head at head size d: all of a verify's rows
+    (up to 64) in one tile, so each KV block is read once per KV head; 16 rows when `fixed_rows`
+    (deterministic mode and the plugins: one tile shape whatever the batch; fp32, whose taller tiles
+    spill). Keys per step: 16 KB of a 16-bit K tile (128 at d = 64, 64 at d = 128, 32 at d = 256); 32
+    for trees (one ancestor-mask word per step) and fp32 (registers). Checked by aot.py (all variants
+    and --jit-only): no spills on sm_90a / sm_100a."""
+    block_m = 16 if fixed_rows or dtype == torch.float32 else min(64, next_pow2(max(rows, 16)))
+    block_n = 32 if tree or dtype == torch.float32 else min(128, 64 * 128 // next_pow2(d))  # 16 KB of bf16 K
+    warps = 4 if block_m * max(d, block_n) <= 32 * 128 and dtype != torch.float32 else 8
+    return Tiles(block_m, block_n, warps, 2 if d > 128 else 3)
+
+
+def split_plan(batch: int, kv_heads: int, tiles: int, keys: int, sms: int) -> int:
+    """Segments for a launch of batch x kv_heads x tiles programs over up to `keys` positions on a
+    GPU of `sms` multiprocessors: 1 (unsplit) when the grid already gives each SM WAVES programs,
+    else enough to do so, each at least MIN_CHUNK positions of `keys`, at most MAX_SPLITS (the
+    reduce reads them all). Shape only: each program cuts its own tile's key steps on the device."""
     programs = batch * kv_heads * tiles
     if programs >= sms * WAVES or keys < 2 * MIN_CHUNK:
-        return 1, max(keys, 1)
-    want = min(-(-sms * WAVES // programs), keys // MIN_CHUNK, MAX_SPLITS)
-    return segments(keys, want)
+        return 1
+    return min(-(-sms * WAVES // programs), keys // MIN_CHUNK, MAX_SPLITS)
 
 
 def _sms(device: torch.device) -> int:

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, fp8_linear, kv_attention
 
 PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8": "*fp8e4nv"}
 ACTS = ("f32", "f16", "bf16")
+DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 HEAD_DIMS = (64, 128, 256)  # 512 (Gemma-4 global layers) spills with a 16-row tile: JIT path only
 BLOCK_M = 16  # query rows (S x G) per program; more rows take more programs (grid axis 2)
 NUM_WARPS = 4
@@ -36,6 +39,7 @@ class Variant:
     signature: dict  # argument -> Triton type ("*bf16", "i32", "fp32", "constexpr")
     constexprs: dict  # constexpr argument -> value
     num_warps: int = NUM_WARPS
+    num_stages: int = 3
 
     @property
     def kernel_args(self) -> list[tuple[str, str]]:
@@ -81,17 +85,21 @@ def _kv_write(act: str, cache: str, tree: bool = False) -> Variant:
     return Variant(f"kv_write.{act}.{cache}" + (".tree" if tree else ""), fn, _sig(fn, types, consts), consts)
 
 
+def _tiles(act: str, d: int, tree: bool, rows: int = BLOCK_M, fixed_rows: bool = True):
+    return kv_attention.tiles_for(rows, d, DTYPES[act], tree, fixed_rows=fixed_rows)
+
+
 def _kv_attention(act: str, cache: str, d: int, block_m: int, sinks: bool, tree: bool = False) -> Variant:
     fn = kv_attention.kv_attention_kernel
-    consts = {"D": d, "BLOCK_M": block_m, "BLOCK_D": d, "BLOCK_N": kv_attention.BLOCK_N, "HAS_SINKS": sinks,
+    t = _tiles(act, d, tree, block_m)
+    consts = {"D": d, "BLOCK_M": block_m, "BLOCK_D": d, "BLOCK_N": t.block_n, "HAS_SINKS": sinks,
               "FP8_CACHE": cache == "fp8", "IEEE": act == "f32", "UPCAST": False, "TREE": tree}
     types = {"q_ptr": PTR[act], "out_ptr": PTR[act], "positions_ptr": "*i64", "tables_ptr": "*i64",
              "k_cache": PTR[cache], "v_cache": PTR[cache], "sinks_ptr": "*fp32", "tree_ptr": "*i32"}
     types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window", "W")})
     types.update({n: "fp32" for n in ("qk_scale", "k_scale", "v_scale")})
     name = f"kv_attention.{act}.{cache}.d{d}.m{block_m}.{'sinks' if sinks else 'nosinks'}" + (".tree" if tree else "")
-    # 4 warps hold a [16, 128] tile's accumulator and operands in registers; bigger tiles take 8
-    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=4 if block_m * d <= 16 * 128 else 8)
+    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
 def all_variants() -> list[Variant]:
@@ -107,18 +115,17 @@ def all_variants() -> list[Variant]:
     return out
 
 
-def _kv_split(act: str, cache: str, d: int, tree: bool = False) -> Variant:
+def _kv_split(act: str, cache: str, d: int, tree: bool = False, rows: int = BLOCK_M) -> Variant:
     fn = kv_attention.kv_attention_split_kernel
-    consts = {"D": d, "BLOCK_M": BLOCK_M, "BLOCK_D": d, "BLOCK_N": kv_attention.BLOCK_N,
+    t = _tiles(act, d, tree, rows, fixed_rows=False)
+    consts = {"D": d, "BLOCK_M": t.block_m, "BLOCK_D": d, "BLOCK_N": t.block_n,
               "FP8_CACHE": cache == "fp8", "IEEE": act == "f32", "UPCAST": False, "TREE": tree}
     types = {"q_ptr": PTR[act], "part_acc": "*fp32", "part_ml": "*fp32", "positions_ptr": "*i64",
              "tables_ptr": "*i64", "k_cache": PTR[cache], "v_cache": PTR[cache], "tree_ptr": "*i32"}
-    types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window", "W", "tiles", "splits",
-                                     "chunk")})
+    types.update({n: "i32" for n in ("S", "M", "trash", "bs", "H", "KV", "G", "window", "W", "tiles", "splits")})
     types.update({n: "fp32" for n in ("qk_scale", "k_scale", "v_scale")})
-    name = f"kv_attention_split.{act}.{cache}.d{d}.m{BLOCK_M}" + (".tree" if tree else "")
-    warps = 4 if BLOCK_M * d <= 16 * 128 and not (act == "f32" and d >= 128) else 8  # as kv_attention.py
-    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=warps)
+    name = f"kv_attention_split.{act}.{cache}.d{d}.m{t.block_m}" + (".tree" if tree else "")
+    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
 def _kv_reduce(act: str, d: int, sinks: bool) -> Variant:
@@ -147,6 +154,8 @@ def jit_variants() -> list[Variant]:
     out = []
     for act, cache in (("f32", "f32"), ("f16", "f16"), ("f16", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")):
         for tree in (False, True):
-            out += [_kv_split(act, cache, d, tree) for d in HEAD_DIMS if act != "f32" or d <= 128]  # as the JIT
+            out += [_kv_split(act, cache, d, tree, rows)  # as the JIT: every tile height, fp32 d 256 unsplit
+                    for d in HEAD_DIMS if act != "f32" or d <= 128 for rows in (16, 32, 64)]
     out += [_kv_reduce(act, d, sinks) for act in ACTS for d in HEAD_DIMS for sinks in (False, True)]
-    return out + [_fp8_linear(act, bn) for act in ("f16", "bf16") for bn in (16, 32, 64, 128)]
+    out += [_fp8_linear(act, bn) for act in ("f16", "bf16") for bn in (16, 32, 64, 128)]
+    return list({v.name: v for v in out}.values())  # fp32's tiles are 16 rows whatever the rows asked

@@ -19,6 +19,7 @@ struct TritonCubin
     int32_t threads;            // block size: 32 * num_warps
     int32_t sharedBytes;        // dynamic shared memory the kernel needs at launch
     int32_t numArgs;            // runtime arguments, before Triton's two scratch pointers
+    uint32_t alignedArgs;       // bit i: argument i is a pointer compiled as 16-byte aligned (aot.py ALIGN)
 };
 
 extern TritonCubin const kTritonCubins[];

@@ -10,6 +10,7 @@
 #include "tritonCubins.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -81,6 +82,9 @@ cudaError_t launch(std::string const& variant, dim3 grid, void** args, int numAr
         return err;
     if (k.cubin->numArgs != numArgs)
         return cudaErrorInvalidValue; // the table and this file disagree: rebuild
+    for (int i = 0; i < numArgs; ++i) // the kernel vectorizes loads on these: a misaligned one would fault
+        if ((k.cubin->alignedArgs >> i & 1u) && reinterpret_cast<uintptr_t>(*static_cast<void**>(args[i])) % 16)
+            return cudaErrorMisalignedAddress;
     void* scratch[2] = {nullptr, nullptr};
     void* all[32];
     std::memcpy(all, args, sizeof(void*) * numArgs);

@@ -1,0 +1,45 @@
+"""`bench kernels` rehearsed on the CPU (peagle_trt/bench/kernels.py under TRITON_INTERPRET=1, toy sizes): every
+case it times in a GPU window (attention unsplit / by shape / the tiling sweep, bf16 and FP8 caches, the FP8
+linears, the draft sampler) runs and reports, so a window is spent measuring, not debugging. Without a GPU
+and without the interpreter the suite refuses with a ConfigError."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton", reason="pip install -c constraints.txt 'peagle-trt[dev]' (triton==3.9.0)")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _bench(tmp_path, interpret: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET=interpret, PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    return subprocess.run([sys.executable, "-m", "peagle_trt.cli", "bench", "kernels", "--smoke", "--output-dir",
+                           str(tmp_path)], env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_bench_kernels_rehearses_every_case_on_the_cpu(tmp_path):
+    proc = _bench(tmp_path, "1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rows = result["results"]
+    attn = [r for r in rows if r["op"] == "kv_attention"]
+    assert {r["mode"] for r in attn} == {"unsplit", "auto", "sweep"}
+    assert any(r["mode"] == "auto" and r["splits"] > 1 for r in attn)  # the split path ran
+    assert {r["fp8_cache"] for r in attn if r["mode"] == "auto"} == {False, True}
+    assert all(r["ms"] and r["ms"] > 0 for r in attn), [r for r in attn if not r.get("ms")]
+    assert {r["path"] for r in rows if r["op"] == "linear"} == {"bf16", "fp8-dequant", "fp8-triton"}
+    assert any(r["op"] == "draft_sample" for r in rows)
+    assert {f["name"].split(",")[0] for f in result["figures"]} >= {"qkv linear at M = 1"}
+
+
+def test_bench_kernels_refuses_without_a_gpu_or_the_interpreter(tmp_path):
+    proc = _bench(tmp_path, "0")
+    assert proc.returncode != 0
+    assert "no CUDA device" in proc.stderr and "TRITON_INTERPRET=1" in proc.stderr
