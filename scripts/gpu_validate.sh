@@ -11,7 +11,7 @@
 #             architecture only (cubins, resource checks), the launcher, warnings as errors
 #             (retried with PEAGLE_WERROR=OFF if only -Werror stops it)          -> build.log
 #   3 kernels the interpreter's kernel tests (tests/ops/test_triton_kernels.py, test_kv_attention_split.py,
-#             test_fp8_linear.py) on the GPU: the same cases, compiled by Triton for this GPU
+#             test_fp8_linear.py, test_norm_rope.py) on the GPU: the same cases, compiled by Triton for this GPU
 #             (PEAGLE_TRITON_DEVICE=cuda)                                        -> kernel_tests.log
 #   4 tests   every GPU-marked test: the kernels against their CPU references at full sizes and the
 #             torch executor (token identity, every spec mode and target family, bf16/fp32/FP8,
@@ -97,7 +97,8 @@ fi
 
 # -- 3 the interpreter's kernel tests, on the GPU ---------------------------------------------------------
 run_stage kernels 240 "$OUT_DIR/kernel_tests.log" env PEAGLE_TRITON_DEVICE=cuda "$PY" -m pytest -m kernels -v -rfE \
-    -p no:cacheprovider tests/ops/test_triton_kernels.py tests/ops/test_kv_attention_split.py tests/ops/test_fp8_linear.py
+    -p no:cacheprovider tests/ops/test_triton_kernels.py tests/ops/test_kv_attention_split.py tests/ops/test_fp8_linear.py \
+    tests/ops/test_norm_rope.py
 
 # -- 4 GPU tests ------------------------------------------------------------------------------------------
 mapfile -t GPU_TESTS < <(grep -rl "pytest.mark.gpu" tests --include='test_*.py' | sort)

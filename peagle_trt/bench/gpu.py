@@ -236,6 +236,52 @@ def section_iteration(a, ex, device) -> list[dict]:
     return rows
 
 
+def profile_rows(fn, what: str, top: int = 12) -> list[dict]:
+    """torch.profiler over `fn()`: its `top` device kernels by total time (count, us), its `top` host ops
+    by self time, and the number of kernels it launched. Where a graph-replayed forward spends its time
+    (kernels) and where the step's host time goes (ops): what the next change should fuse or remove."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    fn()  # warm: nothing compiles or captures inside the profile
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return float(getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0) or 0.0)
+
+    kernels = [e for e in events if device_us(e) > 0 and getattr(e, "device_type", None) is not None
+               and "CUDA" in str(e.device_type)]
+    rows = [{"what": what, "kind": "kernels launched", "name": "(all)", "calls": sum(e.count for e in kernels),
+             "us": round(sum(device_us(e) for e in kernels), 1)}]
+    rows += [{"what": what, "kind": "kernel", "name": e.key[:80], "calls": e.count, "us": round(device_us(e), 1)}
+             for e in sorted(kernels, key=device_us, reverse=True)[:top]]
+    host = [e for e in events if e not in kernels and e.self_cpu_time_total > 0]
+    rows += [{"what": what, "kind": "host op", "name": e.key[:80], "calls": e.count,
+              "us": round(e.self_cpu_time_total, 1)} for e in sorted(host, key=lambda e: -e.self_cpu_time_total)[:top]]
+    return rows
+
+
+def section_profile(a, ex, device) -> list[dict]:
+    """Profiles of a batch-1 decode forward (graph-replayed when the executor captures) and of one
+    P-EAGLE step at the smallest and largest batch (`profile_rows`)."""
+    rows = profile_rows(forward(ex, 1, 1, a.context), "decode forward, batch 1")
+    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
+    spec = SpecConfig("peagle", a.iter_k)
+    decoder = SpecDecoder(ex, spec)
+    for b in (min(a.batches), max(a.batches)):
+        tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
+        seqs = [Sequence([1] * a.context, params, i, stats=SpecStats(spec.num_spec_tokens), num_computed=a.context,
+                         cur=a.context, blocks=[group[i] for group in tables]) for i in range(b)]
+        for s in seqs:
+            s.output, s.drafts = [2], [3] * spec.num_spec_tokens
+        rows += profile_rows(lambda: decoder.step(seqs), f"peagle step K={spec.num_spec_tokens}, batch {b}")
+    return rows
+
+
 def section_projection(res: dict) -> list[dict]:
     """tokens/s = B * AL / (t_verify + t_draft + overhead); none: B / (t_decode + overhead); AL published."""
     al = PUBLISHED_AL
@@ -383,6 +429,8 @@ def run(a: argparse.Namespace) -> dict:
                 section(f"target:{label}", lambda: section_target(a, ex, weights, copy_gbs))
                 if weights == "bf16" and kern == kernel_modes[-1]:
                     section(f"iteration:{label}", lambda: section_iteration(a, ex, device))
+                    if graphs == graph_modes[-1]:  # the product's configuration: where its time goes
+                        section(f"profile:{label}", lambda: section_profile(a, ex, device))
                 ex = None  # free this executor (and its graphs) before the next mode
     section("projection", lambda: section_projection(res))
     res.pop("convert", None)
@@ -406,6 +454,8 @@ def report(res: dict, a) -> list[str]:
            "### Iteration overhead: one SpecDecoder.step minus its verify and draft forwards, ms",
            records(res.get("iteration", []), ["mode", "graphs", "k", "batch", "step_ms", "verify_ms", "draft_ms",
                                               "overhead_ms", "host_syncs", "sync_examples"]),
+           "### Profiles (torch.profiler): kernels by device time, host ops by self time, us",
+           records(res.get("profile", []), ["what", "kind", "name", "calls", "us"]),
            f"### PROJECTION: end-to-end tokens/s (acceptance: {AL_SOURCE})",
            records(res.get("projection", []), ["mode", "batch", "k", "acceptance_length", "step_ms", "tokens_per_s"]),
            "\n".join([f"- skipped: {s}" for s in res["skipped"]] + [f"- FAILED {k}: {v}" for k, v in

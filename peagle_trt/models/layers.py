@@ -20,6 +20,22 @@ from peagle_trt.models.rope import apply_rope
 from peagle_trt.ops.reference import kv_attention
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis in fp32, rounded to x's dtype, times `weight` (None: no scale). A
+    module-global name: `ops.kernels` routes it to the Triton kernel (ops/triton_kernels/norm_rope.py)."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x.to(dtype) if weight is None else weight * x.to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, S, heads, d] rotated by cos / sin [B, S, d] -> [B, S, heads * d] (`apply_rope`; routed like
+    `rms_norm`)."""
+    b, s = x.shape[:2]
+    return apply_rope(x.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float, scale: bool = True):
         super().__init__()
@@ -27,10 +43,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return x.to(dtype) if self.weight is None else self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
     def write_onnx(self, w, x: str, name: str) -> str:
         """x [..., dim] -> RMSNorm over the last axis (parameter `{name}.weight`)."""
@@ -79,7 +92,7 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
         if hasattr(self, "q_norm"):
             q = self.q_norm(q)
-        q = apply_rope(q.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, H*d]
+        q = rope(q, cos, sin)  # [B, S, H*d]
         k = v = None
         if not self.kv_shared:
             k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
@@ -87,7 +100,7 @@ class Attention(nn.Module):
             if hasattr(self, "k_norm"):
                 k = self.k_norm(k)
                 v = v if self.v_norm is None else self.v_norm(v)
-            k = apply_rope(k.transpose(1, 2), cos, sin).transpose(1, 2).reshape(b, s, -1)  # [B, S, KV*d]
+            k = rope(k, cos, sin)  # [B, S, KV*d]
             v = v.reshape(b, s, -1)  # [B, S, KV*d]
         # PEagleKVAttention: write K/V at each row's position through the block table, attend causally
         # by position (stale entries past a row, e.g. last step's rejected drafts, are never read)

@@ -10,7 +10,9 @@ tensors, on torch's current stream:
     draft_sample(logits, d2t)
 
 plus keyword-only extras: `out=` buffers (tests poison them) and FP8 caches (`k_scale=`, `v_scale=`;
-stored = value / scale). The same kernels, compiled ahead of time, are what the TensorRT plugins
+stored = value / scale). Two model ops that are no custom op of the export go the same way, so a
+graph-replayed step launches one kernel where torch launches ~8-10 (triton_kernels/norm_rope.py): the
+models' `rms_norm` and `rope` (peagle_trt/models/layers.py). The same kernels, compiled ahead of time, are what the TensorRT plugins
 launch (plugins/src/launcher/tritonLauncher.cpp).
 
 Routing the torch executor through the kernels. The models call the op functions of
@@ -159,10 +161,33 @@ def _draft_sample_dispatch(logits, d2t):
     return op(logits, d2t)
 
 
+def _rms_norm_dispatch(x, weight, eps):
+    if _use_kernel(x.is_cuda and x.dtype in _DTYPES):
+        from peagle_trt.ops.triton_kernels import norm_rope
+
+        return norm_rope.rms_norm(x, weight, eps)
+    return _original("peagle_trt.models.layers", "rms_norm")(x, weight, eps)
+
+
+def _rope_dispatch(x, cos, sin):
+    if _use_kernel(x.is_cuda and x.dtype in _DTYPES and cos.dtype == x.dtype):
+        from peagle_trt.ops.triton_kernels import norm_rope
+
+        return norm_rope.rope(x, cos, sin)
+    return _original("peagle_trt.models.layers", "rope")(x, cos, sin)
+
+
 _PATCHES = (("peagle_trt.models.layers", "kv_attention", _kv_attention_dispatch),
+            ("peagle_trt.models.layers", "rms_norm", _rms_norm_dispatch),
+            ("peagle_trt.models.layers", "rope", _rope_dispatch),
             ("peagle_trt.executors.torch", "draft_inputs", _draft_inputs_dispatch),
             ("peagle_trt.executors.torch", "draft_sample", _draft_sample_dispatch))
 _saved: dict[tuple[str, str], object] = {}
+
+
+def _original(module: str, name: str):
+    """The function `install()` replaced (the module's own while none is installed)."""
+    return _saved.get((module, name)) or getattr(importlib.import_module(module), name)
 
 
 def install() -> None:

@@ -6,7 +6,7 @@ variant for every architecture, and the C launcher (plugins/src/launcher/tritonL
 picks one by name: `kv_attention.<act>.<cache>.d<D>.m<BLOCK_M>.<sinks|nosinks>[.tree]` and the like
 below (`.tree`: the draft-tree form, with the packed ancestor mask input).
 `jit_variants()`: the kernels only the torch executor launches (JIT) so far, the split-KV
-(flash-decoding) attention and the FP8 GEMM, compiled and resource-checked by `aot.py --jit-only`
+(flash-decoding) attention, the FP8 GEMM, RMSNorm and RoPE, compiled and resource-checked by `aot.py --jit-only`
 but not embedded: the plugins launch the unsplit attention (the launcher would need the split plan,
 two more launches and a workspace for the partials; see kv_attention.py) and TensorRT runs its own
 FP8 GEMMs.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, fp8_linear, kv_attention
+from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, fp8_linear, kv_attention, norm_rope
 
 PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8": "*fp8e4nv"}
 ACTS = ("f32", "f16", "bf16")
@@ -147,6 +147,18 @@ def _fp8_linear(act: str, bn: int) -> Variant:
     return Variant(f"fp8_linear.{act}.n{bn}", fn, _sig(fn, types, consts), consts)
 
 
+def _norm_rope(act: str) -> list[Variant]:
+    """The torch executor's RMSNorm (a 4096-wide row, weighted) and RoPE (d = 128, 16 heads a program)."""
+    norm, rope = norm_rope.rms_norm_kernel, norm_rope.rope_kernel
+    nc = {"BLOCK": 4096, "HAS_WEIGHT": True, "EMULATE": False}
+    rc = {"HALF": 64, "BLOCK_H": 16, "BLOCK_HALF": 64, "EMULATE": False}
+    nt = {"x_ptr": PTR[act], "w_ptr": PTR[act], "out_ptr": PTR[act], "N": "i32", "eps": "fp32"}
+    rt = {n: PTR[act] for n in ("x_ptr", "cos_ptr", "sin_ptr", "out_ptr")}
+    rt.update({"heads": "i32", "x_row": "i32", "x_head": "i32"})
+    return [Variant(f"rms_norm.{act}.n4096", norm, _sig(norm, nt, nc), nc, num_warps=8),
+            Variant(f"rope.{act}.d128", rope, _sig(rope, rt, rc), rc)]
+
+
 def jit_variants() -> list[Variant]:
     """The split-KV kernels in the plugins' forms (their dtypes, head sizes, tiles; the reduce at
     MAX_SPLITS segments) and the FP8 GEMM at each BLOCK_N: for the resource check only, not launched
@@ -158,4 +170,5 @@ def jit_variants() -> list[Variant]:
                     for d in HEAD_DIMS if act != "f32" or d <= 128 for rows in (16, 32, 64)]
     out += [_kv_reduce(act, d, sinks) for act in ACTS for d in HEAD_DIMS for sinks in (False, True)]
     out += [_fp8_linear(act, bn) for act in ("f16", "bf16") for bn in (16, 32, 64, 128)]
+    out += [v for act in ACTS for v in _norm_rope(act)]
     return list({v.name: v for v in out}.values())  # fp32's tiles are 16 rows whatever the rows asked
