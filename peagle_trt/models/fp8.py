@@ -25,10 +25,17 @@ Paths (`linear_path`): `FP8Linear.forward` runs the dequantized matmul above ("d
 copied to x's dtype on every call) everywhere but on CUDA with the kernels on (`ops.kernels.routed()`,
 i.e. `TorchExecutor(kernels="cuda")`, or `ops.kernels.enable()`), outside deterministic mode. There
 it multiplies FP8 by FP8 without a copy: rows M <= TRITON_MAX_M through the Triton FP8 GEMM
-(ops/triton_kernels/fp8_linear.py, scales fused), more rows through `torch._scaled_mm` (K and N
-multiples of 16). Both compute `fp8_linear_reference` (fp32 accumulation, one rounding to x's
-dtype), which differs from the dequant path by that path's bf16 roundings only. CPU results are
-unchanged. How to test: tests/quantize/test_fp8.py (the dequant path), tests/ops/test_fp8_linear.py.
+(ops/triton_kernels/fp8_linear.py: the weight as the FP8 MMA's wide operand (swap-AB), streamed by
+cp.async in a NUM_STAGES pipeline, split-K with an in-order reduce where N gives too few programs,
+scales fused; M <= 16 quantizes x in the GEMM, 16 < M <= 64 first, in its own kernel), more rows
+through `torch._scaled_mm` (K and N multiples of 16). Both compute `fp8_linear_reference` (fp32
+accumulation, one rounding to x's dtype), which differs from the dequant path by that path's bf16
+roundings only. The Triton GEMM's row bits do not depend on M (its K order comes from (N, K) alone);
+`_scaled_mm` (cuBLASLt) picks its kernel by shape, so a row's bits change where M crosses
+TRITON_MAX_M: deterministic mode (`ops.deterministic.rows()`) therefore stays on the dequant path,
+whose row-blocked F.linear gives a row the same bits in any batch. Unmeasured: the GEMM's speed
+(the design's timings wait for a GPU window; TRITON_MAX_M too). CPU results are unchanged.
+How to test: tests/quantize/test_fp8.py (the dequant path), tests/ops/test_fp8_linear.py.
 """
 
 from __future__ import annotations

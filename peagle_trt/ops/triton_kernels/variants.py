@@ -138,13 +138,41 @@ def _kv_reduce(act: str, d: int, sinks: bool) -> Variant:
     return Variant(name, fn, _sig(fn, types, consts), consts)
 
 
-def _fp8_linear(act: str, bn: int) -> Variant:
+def _fp8_linear(act: str, cfg: fp8_linear.FP8Config, split: bool) -> Variant:
     fn = fp8_linear.fp8_linear_kernel
-    consts = {"BLOCK_M": fp8_linear.BLOCK_M, "BLOCK_N": bn, "BLOCK_K": fp8_linear.BLOCK_K, "HAS_BIAS": True,
-              "EMULATE": False}
-    types = {"x_ptr": PTR[act], "w_ptr": "*fp8e4nv", "bias_ptr": PTR[act], "out_ptr": PTR[act],
-             "in_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32"}
-    return Variant(f"fp8_linear.{act}.n{bn}", fn, _sig(fn, types, consts), consts)
+    consts = {"BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k, "ROW_GROUPS": cfg.row_groups,
+              "NUM_STAGES": cfg.num_stages, "QUANT_X": not cfg.prequant, "MMA_FP8": cfg.mma == "fp8",
+              "SPLIT": split, "HAS_BIAS": True, "ALIGNED": True, "EMULATE": False}
+    types = {"x_ptr": "*fp8e4nv" if cfg.prequant else PTR[act], "w_ptr": "*fp8e4nv", "bias_ptr": PTR[act],
+             "out_ptr": PTR[act], "part_ptr": "*fp32", "in_scale_ptr": "*fp32", "w_scale_ptr": "*fp32", "M": "i32",
+             "N": "i32", "K": "i32", "seg_steps": "i32"}
+    name = (f"fp8_linear.{act}.n{cfg.block_n}.k{cfg.block_k}.g{cfg.row_groups}.w{cfg.num_warps}.s{cfg.num_stages}"
+            + (".pq" if cfg.prequant else "") + (".f8" if cfg.mma == "fp8" else "") + (".split" if split else ""))
+    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=cfg.num_warps)
+
+
+def _fp8_elementwise(act: str, kind: str, splits: int = 0) -> Variant:
+    if kind == "quantize":
+        fn = fp8_linear.fp8_quantize_kernel
+        consts = {"BLOCK": fp8_linear.ELEMENTWISE_BLOCK, "EMULATE": False}
+        types = {"x_ptr": PTR[act], "q_ptr": "*fp8e4nv", "in_scale_ptr": "*fp32", "total": "i32"}
+        return Variant(f"fp8_linear_quantize.{act}", fn, _sig(fn, types, consts), consts)
+    fn = fp8_linear.fp8_splitk_reduce_kernel
+    consts = {"SPLIT_K": splits, "BLOCK": fp8_linear.ELEMENTWISE_BLOCK, "HAS_BIAS": True}
+    types = {"part_ptr": "*fp32", "bias_ptr": PTR[act], "out_ptr": PTR[act], "in_scale_ptr": "*fp32",
+             "w_scale_ptr": "*fp32", "M": "i32", "N": "i32"}
+    return Variant(f"fp8_linear_reduce.{act}.s{splits}", fn, _sig(fn, types, consts), consts)
+
+
+def fp8_variants(act: str) -> list[Variant]:
+    """The FP8 GEMM in every config of `fp8_linear.CANDIDATES` (unsplit; each regime's default also
+    split-K), ALIGNED as real layers are; the quantize kernel; the reduce at 2 and MAX_SPLIT_K segments."""
+    regimes = fp8_linear.CANDIDATES.values()
+    out = [_fp8_linear(act, c, False) for regime in regimes for c in regime]
+    out += [_fp8_linear(act, regime[0], True) for regime in regimes]
+    out = list({v.name: v for v in out}.values())  # split_k alone does not change the kernel
+    out.append(_fp8_elementwise(act, "quantize"))
+    return out + [_fp8_elementwise(act, "reduce", s) for s in (2, fp8_linear.MAX_SPLIT_K)]
 
 
 def _norm_rope(act: str) -> list[Variant]:
@@ -160,15 +188,16 @@ def _norm_rope(act: str) -> list[Variant]:
 
 
 def jit_variants() -> list[Variant]:
-    """The split-KV kernels in the plugins' forms (their dtypes, head sizes, tiles; the reduce at
-    MAX_SPLITS segments) and the FP8 GEMM at each BLOCK_N: for the resource check only, not launched
-    by the plugins. fp32 at d = 256 stays unsplit (its split form spills a 72 B stack on sm_90a)."""
+    """The split-KV kernels in the plugins' dtypes and head sizes at every tile height (the reduce at
+    MAX_SPLITS segments), the FP8 GEMM's kernels (`fp8_variants`), RMSNorm and RoPE (`_norm_rope`): for
+    the resource check only, not launched by the plugins. fp32 at d = 256 stays unsplit (its split
+    form spills a 72 B stack on sm_90a)."""
     out = []
     for act, cache in (("f32", "f32"), ("f16", "f16"), ("f16", "fp8"), ("bf16", "bf16"), ("bf16", "fp8")):
         for tree in (False, True):
             out += [_kv_split(act, cache, d, tree, rows)  # as the JIT: every tile height, fp32 d 256 unsplit
                     for d in HEAD_DIMS if act != "f32" or d <= 128 for rows in (16, 32, 64)]
     out += [_kv_reduce(act, d, sinks) for act in ACTS for d in HEAD_DIMS for sinks in (False, True)]
-    out += [_fp8_linear(act, bn) for act in ("f16", "bf16") for bn in (16, 32, 64, 128)]
+    out += [v for act in ("f16", "bf16") for v in fp8_variants(act)]
     out += [v for act in ACTS for v in _norm_rope(act)]
     return list({v.name: v for v in out}.values())  # fp32's tiles are 16 rows whatever the rows asked
