@@ -9,7 +9,8 @@ JIT through peagle_trt.ops.kernels) on a GPU, before and after in one run:
   stages) and split counts, the figures that set `tiles_for` and `split_plan`'s constants;
 - FP8 against bf16 linears at M = 1..64 rows (8B-class shapes: qkv, gate_up, down): bf16 `F.linear`,
   `FP8Linear`'s dequant path (the bf16 copy of the weight on every call), the Triton FP8 GEMM,
-  `torch._scaled_mm` (sm_89+);
+  `torch._scaled_mm` (sm_89+); at M = 1 and 64 of the first shape also the GEMM's other candidate
+  tilings (`fp8_linear.CANDIDATES`: `fp8-triton:c<i>`), the figures that set its defaults;
 - the draft sampler (argmax + d2t). It does not matter at its sizes: 7 x 32k logits take one launch
   (~0.05 ms) and the largest case measured (224 x 152k fp32 logits, 136 MB) 0.17 ms at 17% of HBM on an
   H200, against >= 4 ms for one 8B-class forward's bandwidth floor (< 4%).
@@ -175,9 +176,10 @@ def attention_sweep(b, s, ctx, dtype, rounds, layer=LAYER) -> list[dict]:
     return rows
 
 
-def linear_cases(name, m, dtype, rounds, layer=LAYER):
+def linear_cases(name, m, dtype, rounds, layer=LAYER, sweep=False):
     """One 8B-class linear at M rows: bf16 F.linear, then FP8Linear's paths on the same weights (each
-    call on its own copy of the weight: `copies`)."""
+    call on its own copy of the weight: `copies`); `sweep`: also the Triton GEMM under each other
+    candidate tiling of its regime (`fp8_linear.CANDIDATES`, path "fp8-triton:c<i>")."""
     import torch.nn.functional as F
 
     from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, FP8Linear, quantize_input
@@ -202,10 +204,19 @@ def linear_cases(name, m, dtype, rounds, layer=LAYER):
         paths["fp8-scaled_mm"] = ([lambda la=la: torch._scaled_mm(
             quantize_input(x, la.input_scale), la.weight.t(), scale_a=la.input_scale.float().reshape(()),
             scale_b=la.weight_scale.float().reshape(()), out_dtype=dtype) for la in layers], n * k)
+    if sweep:  # every candidate tiling of this M's regime (the first is the default: "fp8-triton" above)
+        for i, cfg in enumerate(fp8_linear.CANDIDATES[fp8_linear.regime(m)][1:], 1):
+            paths[f"fp8-triton:c{i}"] = ([lambda la=la, c=cfg: fp8_linear.fp8_linear(
+                x, la.weight, la.weight_scale, la.input_scale, config=c) for la in layers], n * k)
     out = []
     base = None
     for path, (calls, weight_bytes) in paths.items():
-        ms = graph_ms(calls, rounds)
+        try:
+            ms = graph_ms(calls, rounds)
+        except Exception as e:  # noqa: BLE001 -- a candidate over this GPU's limits is a finding, not a failure
+            out.append(dict(op="linear", shape=name, n=n, k=k, m=m, path=path, ms=None,
+                            error=f"{type(e).__name__}: {str(e)[:120]}"))
+            continue
         base = base or ms
         gbps = weight_bytes / ms / 1e6
         out.append(dict(op="linear", shape=name, n=n, k=k, m=m, path=path, copies=len(calls), ms=round(ms, 4),
@@ -263,9 +274,9 @@ def run(args: argparse.Namespace) -> dict:
         results.append(r)
     for name in shapes:
         for m in ms_rows:
-            for r in linear_cases(name, m, dtype, args.rounds, layer):
-                progress(f"linear {name:7s} M={m:3d} {r['path']:13s}: {r['ms']:.4f} ms ({r['vs_bf16']:.2f}x bf16) "
-                         f"{r['weight_gbps']:8.1f} GB/s")
+            for r in linear_cases(name, m, dtype, args.rounds, layer, sweep=name == shapes[0] and m in (1, 64)):
+                progress(f"linear {name:7s} M={m:3d} {r['path']:15s}: {r['ms']} ms ({r.get('vs_bf16')}x bf16) "
+                         f"{r.get('weight_gbps')} GB/s {r.get('error', '')}")
                 results.append(r)
     for rows, vocab in samples:
         r = sample_case(rows, vocab, args.rounds)
@@ -294,7 +305,7 @@ def figures(results: list[dict], head: int = 8192) -> list[Figure]:
         out.append(Figure(f"kv_attention FP8 cache / bf16 cache time, batch 1 x 8 rows, context {longest}", ratio,
                           "x", "< 1", 3))
     for r in results:
-        if r["op"] == "linear" and r["path"] == "fp8-triton" and r["m"] in (1, 64):
+        if r["op"] == "linear" and r["path"] == "fp8-triton" and r["m"] in (1, 64) and r.get("vs_bf16"):
             out.append(Figure(f"{r['shape']} linear at M = {r['m']}, fp8-triton / bf16", r["vs_bf16"], "x",
                               "<= 0.65" if r["m"] == 1 else "<= 1.0", 3))
     return out

@@ -34,7 +34,8 @@ def test_bench_kernels_rehearses_every_case_on_the_cpu(tmp_path):
     assert any(r["mode"] == "auto" and r["splits"] > 1 for r in attn)  # the split path ran
     assert {r["fp8_cache"] for r in attn if r["mode"] == "auto"} == {False, True}
     assert all(r["ms"] and r["ms"] > 0 for r in attn), [r for r in attn if not r.get("ms")]
-    assert {r["path"] for r in rows if r["op"] == "linear"} == {"bf16", "fp8-dequant", "fp8-triton"}
+    paths = {r["path"] for r in rows if r["op"] == "linear"}
+    assert {"bf16", "fp8-dequant", "fp8-triton", "fp8-triton:c1"} <= paths and all(r["ms"] for r in rows)
     assert any(r["op"] == "draft_sample" for r in rows)
     assert {f["name"].split(",")[0] for f in result["figures"]} >= {"qkv linear at M = 1"}
 
