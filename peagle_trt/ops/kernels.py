@@ -12,8 +12,8 @@ tensors, on torch's current stream:
 plus keyword-only extras: `out=` buffers (tests poison them) and FP8 caches (`k_scale=`, `v_scale=`;
 stored = value / scale). Two model ops that are no custom op of the export go the same way, so a
 graph-replayed step launches one kernel where torch launches ~8-10 (triton_kernels/norm_rope.py): the
-models' `rms_norm` and `rope` (peagle_trt/models/layers.py). The same kernels, compiled ahead of time, are what the TensorRT plugins
-launch (plugins/src/launcher/tritonLauncher.cpp).
+models' `rms_norm` and `rope` (peagle_trt/models/layers.py). The custom ops' kernels, compiled ahead of
+time, are what the TensorRT plugins launch (plugins/src/launcher/tritonLauncher.cpp).
 
 Routing the torch executor through the kernels. The models call the op functions of
 `peagle_trt.models.layers` and `peagle_trt.executors.torch` by module-global name; `install()` swaps
