@@ -227,6 +227,9 @@ def section_iteration(a, ex, device) -> list[dict]:
                                    dtype=ex.target_model.lm_head.weight.dtype), full(1), full(a.context + 1),
                                    torch.arange(b, device=device))
                 draft_ms = median_ms(lambda: decoder.proposer.propose(batch, spec.num_spec_tokens), a.repeats, a.warmup)
+            # one expected (issue 57): the read of the accepted tokens; the verify's host ints go up
+            # non-blocking from pinned memory (speculative/drafting.py upload). 5 on the H200 of 2026-11-28,
+            # before that upload (4 synchronous copies + the read)
             syncs = count_syncs(lambda: decoder.step(seqs)) if device.type == "cuda" else None
             rows.append({"mode": mode, "k": spec.num_spec_tokens, "batch": b, "kernels": ex.kernels,
                          "graphs": ex.graphs is not None, "step_ms": step_ms,

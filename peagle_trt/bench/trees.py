@@ -42,7 +42,7 @@ def watching(left: Counter, nodes: Counter):
         if running[0] is None:
             return verdict
         trees = parents.tolist() if parents is not None else [None] * len(ndrafts)
-        for tree, m, rows, count in zip(trees, ndrafts, verdict.rows.tolist(), verdict.count.tolist()):
+        for tree, m, rows, count in zip(trees, ndrafts.tolist(), verdict.rows.tolist(), verdict.count.tolist()):
             if not m:
                 continue
             tree = tuple(tree[:m]) if tree is not None else chain(m)

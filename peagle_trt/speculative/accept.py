@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from peagle_trt.speculative.drafting import upload
 from peagle_trt.speculative.sampling import probabilities
 
 
@@ -102,39 +103,36 @@ class TargetAcceptor:
 
     exact = True  # its acceptance measures the drafts (adaptive tree budgets read it)
 
-    def accept(self, chosen: torch.Tensor, drafts: torch.Tensor, ndrafts: list[int], parents: torch.Tensor | None,
+    def accept(self, chosen: torch.Tensor, drafts: torch.Tensor, ndrafts: torch.Tensor, parents: torch.Tensor | None,
                depth: torch.Tensor | None) -> Verdict:
-        # chosen [B, n+1]; drafts [B, n]; parents, depth [B, n] for trees (None: chains)
+        # chosen [B, n+1]; drafts [B, n]; ndrafts [B] (on the device); parents, depth [B, n] for trees (None: chains)
         if parents is None:
-            return accept_chain(drafts, chosen, torch.as_tensor(ndrafts, device=drafts.device))
+            return accept_chain(drafts, chosen, ndrafts)
         return accept_tree(drafts, parents, depth, chosen)
-
-    def accepted(self, ndrafts: int) -> int | None:
-        """A constrained request's forced acceptance (None: its grammar walk decides)."""
-        return None
 
 
 class SyntheticAcceptor:
     """Benchmarks: a chain accepts its first a drafts, P(a >= i) = rates[i-1], then the target's token.
-    Draws one uniform per request and step from its own generator (host; no device read)."""
+    Draws one uniform per request and step from its own generator on the host (no device read; the
+    draws go up in one non-blocking upload, drafting.upload): a = min(the rates above the uniform,
+    the request's drafts), which is the count of rates[:k] above it since the rates do not increase
+    (SpecConfig checks)."""
 
     exact = False
 
     def __init__(self, rates: tuple[float, ...], seed: int = 0):
-        self.rates = tuple(rates)
+        self.rates = np.asarray(rates, dtype=np.float64)  # [K]
         self.generator = torch.Generator().manual_seed(seed)
 
-    def accepted(self, ndrafts: int) -> int:
-        u = float(torch.rand((), generator=self.generator))
-        return sum(1 for r in self.rates[:ndrafts] if u < r)
-
-    def accept(self, chosen: torch.Tensor, drafts: torch.Tensor, ndrafts: list[int], parents=None,
+    def accept(self, chosen: torch.Tensor, drafts: torch.Tensor, ndrafts: torch.Tensor, parents=None,
                depth=None) -> Verdict:
-        a = np.array([self.accepted(k) if k else 0 for k in ndrafts], dtype=np.int64)
-        dev = chosen.device
-        a_dev = torch.from_numpy(a).to(dev)[:, None]  # [B, 1]
+        # chosen [B, n+1]; drafts [B, n] chains; ndrafts [B] (on the device)
+        b, dev = drafts.shape[0], chosen.device
+        u = torch.rand(b, generator=self.generator, dtype=torch.float64).numpy()  # [B] host draws
+        above, = upload([(u[:, None] < self.rates).sum(axis=1)], dev)  # [B] rates above each draw
+        a_dev = torch.minimum(above, ndrafts)[:, None]  # [B, 1] accepted drafts
         j = torch.arange(chosen.shape[1], device=dev)[None]  # [1, n+1]
-        drafted = torch.cat([drafts.to(chosen.dtype), chosen.new_zeros(len(ndrafts), 1)], dim=1)  # [B, n+1]
+        drafted = torch.cat([drafts.to(chosen.dtype), chosen.new_zeros(b, 1)], dim=1)  # [B, n+1]
         tokens = torch.where(j < a_dev, drafted, chosen.gather(1, a_dev))
         kept = j <= a_dev
         return Verdict(torch.where(kept, tokens, 0), (a_dev + 1).squeeze(1), torch.where(kept, j, 0).expand_as(tokens))

@@ -16,12 +16,16 @@ target row, one token; the drafter then gets that step's rows later (`Sequence.u
 Greedy output equals the target's own greedy output token for token; sampled output has the
 target's distribution (speculative/accept.py). Requests may join (prefill) and leave between steps.
 
-The step, on the device (issue 57): verify -> accept -> commit -> propose.
+The step, on the device (issue 57): verify -> accept -> commit -> propose, one upload, one read.
     verify   rows [B, n+1] from the last tokens and the drafts, which stay on the device between
-             steps (`Sequence.drafts`: a row of the drafting pass's output); attention spans from
-             the host's positions (ops.reference.key_span), so no forward reads the device back
+             steps (`Sequence.drafts`: a row of the drafting pass's output); what the host knows
+             (last tokens, positions, drafts per request, block tables, a tree's parents, depths
+             and mask) goes up in ONE non-blocking copy from pinned memory (drafting.py `upload`);
+             attention spans from the host's positions (ops.reference.key_span), so no forward
+             reads the device back
     accept   `acceptor` (accept.py): the target's token at every row, the accepted path, as tensor
-             ops; ONE device-to-host copy per step brings back tokens, rows and counts
+             ops; ONE device-to-host copy per step brings back tokens, rows and counts (a chain's
+             one host wait: bench gpu's host_syncs)
     commit   host bookkeeping only (stops, stats, the draft policy's StepReport); a tree's accepted
              KV and taps move on the device
     propose  the drafter reads the emitted tokens and counts where they are (`DraftBatch`)
@@ -31,7 +35,9 @@ and the grammar hook for constrained requests (grammar.py `GrammarHook`): such a
 chain of the drafter's best candidates the grammar allows (`draft_candidates` per depth), and each
 verify row its walk reads is under the grammar after its committed tokens plus the drafts before
 the row (greedy: the row's argmax when allowed, else the masked row's), on the host.
-tests/speculative/test_host_reads.py counts the step's device reads (one per step).
+tests/speculative/test_host_reads.py counts the step's uploads and device reads (one each per step;
+a request finishing adds one non-blocking upload, a tree one read of its candidates) and refuses
+data-dependent ops (nonzero, bool indexing, item, ...) in the step.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from peagle_trt.errors import ConfigError
 from peagle_trt.ops.reference import key_span, pack_tree_mask
 from peagle_trt.speculative.accept import SyntheticAcceptor, TargetAcceptor, Verdict, choose
 from peagle_trt.speculative.draft_policy import DraftPolicy, StepReport
-from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, ints, pad_stack
+from peagle_trt.speculative.drafting import DraftBatch, ParallelDrafter, SequentialDrafter, pad_rows, pad_stack, upload
 from peagle_trt.speculative.executor import Executor
 from peagle_trt.speculative.grammar import GrammarHook, GrammarState, first_token_mask
 from peagle_trt.speculative.sampling import make_generator
@@ -114,6 +120,7 @@ class VerifyRows:
     tokens: torch.Tensor  # [B, n+1] the last generated token, then the drafts (padding 0)
     positions: torch.Tensor  # [B, n+1] RoPE positions (-1: padding)
     cur: torch.Tensor  # [B] row 0's position
+    ndrafts: torch.Tensor  # [B] drafts per request
     tables: torch.Tensor  # [G, B, M] block tables
     drafts: torch.Tensor  # [B, n]
     parents: torch.Tensor | None  # [B, n] a tree's (-1: the root), None for chains
@@ -168,13 +175,13 @@ class SpecDecoder:
         return Sequence(list(prompt), params, generator, stats=SpecStats(self.num_spec_tokens), stop_ids=stop_ids,
                         grammar=state)
 
-    def tables(self, seqs: list[Sequence]) -> torch.Tensor:
-        """Block tables [G, B, M] int64 of `seqs` (-1: no block)."""
+    def tables(self, seqs: list[Sequence]) -> np.ndarray:
+        """Block tables [G, B, M] int64 of `seqs` (-1: no block), on the host (`upload` takes them)."""
         out = np.full((len(self.ex.windows), len(seqs), self.ex.kv.max_blocks), -1, dtype=np.int64)
         for b, s in enumerate(seqs):
             for g, blocks in enumerate(s.blocks):
                 out[g, b, :len(blocks)] = blocks
-        return torch.from_numpy(out).to(self.ex.device)
+        return out
 
     def prefill(self, seqs: list[Sequence], chunk: int | None = None) -> None:
         """Run the next `chunk` prompt tokens (all when None) of each sequence through the target
@@ -190,7 +197,7 @@ class SpecDecoder:
         tokens = pad_stack([torch.tensor(s.prefill_ids(a, b), device=dev) for s, a, b in zip(seqs, starts, ends)], 0)
         positions = pad_stack([torch.arange(a, b, device=dev) for a, b in zip(starts, ends)], -1)  # [B, C]
         last = torch.tensor([[b - a - 1] for a, b in zip(starts, ends)], device=dev)  # [B, 1]
-        tables = self.tables(seqs)  # [G, B, M]
+        tables, = upload([self.tables(seqs)], dev)  # [G, B, M]
         logits, aux = ex.target(tokens, positions, tables, last)  # [B, 1, V], [B, C, A]
         pending = []  # drafter tokens per sequence, paired row by row with aux
         for i, (s, a, b) in enumerate(zip(seqs, starts, ends)):
@@ -214,7 +221,8 @@ class SpecDecoder:
 
     def step(self, seqs: list[Sequence]) -> None:
         """One speculate-verify iteration for every unfinished sequence of `seqs`: verify -> accept
-        -> commit -> propose, with ONE device-to-host read (the accepted tokens and counts)."""
+        -> commit -> propose, with ONE host-to-device copy (the verify's host ints, non-blocking:
+        drafting.upload) and ONE device-to-host read (the accepted tokens and counts)."""
         seqs = [s for s in seqs if not s.finished]
         if not seqs:
             return
@@ -222,13 +230,14 @@ class SpecDecoder:
         ns = [len(s.drafts) for s in seqs]  # drafts per request (host-known: the drafts stay on the device)
         n, tree = max(ns), any(s.parents for s in seqs)
         # 1. verify: row 0 the last generated token at position cur, row 1 + j draft j at cur + its
-        #    depth (its KV at slot cur + 1 + j), one target forward; each row sees its ancestors
+        #    depth (its KV at slot cur + 1 + j), one target forward; each row sees its ancestors.
+        #    The host's ints (tokens, positions, drafts per request, tables, a tree's shape): ONE upload
         v = self._verify_inputs(seqs, ns, n, tree)
         with key_span(max(s.cur + m for s, m in zip(seqs, ns)) + 1):  # the host knows the slots
             logits, aux = self.ex.target(v.tokens, v.positions, v.tables, tree_mask=v.mask)  # [B, n+1, V], [.., A]
         # 2. accept on the device: the target's token at every row (argmax or a sample), the walk from
         #    the root to the child holding it; the ONE read brings back tokens [B, n+1], rows, count [B]
-        verdict = self.acceptor.accept(choose(logits, seqs), v.drafts, ns, v.parents, v.depth)
+        verdict = self.acceptor.accept(choose(logits, seqs), v.drafts, v.ndrafts, v.parents, v.depth)
         read = torch.cat([verdict.tokens, verdict.rows, verdict.count[:, None]], 1).tolist()  # [B, 2n+3]
         emitted = [r[:r[-1]] for r in read]  # per request its tokens
         paths = [[j - 1 for j in r[n + 2:n + 1 + r[-1]]] for r in read]  # accepted node indices
@@ -245,47 +254,55 @@ class SpecDecoder:
         self.policy.observe(StepReport(b, n, tree, verify_s, tuple(accepted)))
         self._time_verify = self.policy.adaptive
         if tree:
-            aux = self._place_path(seqs, v, verdict, aux)  # [B, n+1, A] taps of the emitted tokens
+            aux = self._place_path(v, verdict, aux)  # [B, n+1, A] taps of the emitted tokens
         # 4. propose the next k from the emitted tokens, paired row by row with the verify's taps
         #    (emitted token j pairs with aux[j]); target KV past cur is stale and is overwritten
         #    by the next verify: no rollback
         live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
         if self.num_spec_tokens and live:
-            idx = slice(None) if len(live) == b else ints(live, self.ex.device)  # [b'] the requests going on
+            idx = slice(None) if len(live) == b else upload([live], self.ex.device)[0]  # [b'] the requests going on
             self._draft_after_verify([seqs[i] for i in live], [emitted[i] for i in live], aux[idx], v.cur[idx],
                                      v.tables[:, idx], verdict.tokens[idx], verdict.count[idx])
 
     def _verify_inputs(self, seqs: list[Sequence], ns: list[int], num_drafts: int, tree: bool) -> VerifyRows:
-        """The verify's rows: the last tokens and the drafts (device rows, stacked), their positions
-        (a chain's by row, a tree's by depth, -1 padding), block tables; a tree's parents, depths, mask.
-        `ns`: each request's drafts; `num_drafts`: their most, the padded row count (n in the shapes)."""
-        dev, b = self.ex.device, len(seqs)
-        head = ints([[s.output[-1], s.cur] for s in seqs], dev)  # [B, 2] last token, its position
-        cur = head[:, 1]  # [B]
-        rows = [s.drafts for s in seqs]  # device rows of the last drafting pass (lists: trees, grammar)
-        if not num_drafts:
-            drafts = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, 0] plain decoding
-        elif all(isinstance(d, torch.Tensor) and len(d) == num_drafts for d in rows):
-            drafts = torch.stack(rows)  # [B, n]
-        else:
-            drafts = pad_stack([d if isinstance(d, torch.Tensor) else ints(d, dev) for d in rows], 0)
-            drafts = drafts.reshape(b, num_drafts)
-        j = torch.arange(num_drafts + 1, device=dev)  # [n+1]
+        """The verify's rows: the last tokens and the drafts, their positions (a chain's by row, a
+        tree's by depth, -1 padding), block tables; a tree's parents, depths, mask. `ns`: each
+        request's drafts; `num_drafts`: their most, the padded row count (n in the shapes). What
+        the host holds goes up in ONE upload; drafts left on the device by the last pass stay there."""
+        dev, b, n = self.ex.device, len(seqs), num_drafts
+        rows = [s.drafts for s in seqs]  # device rows of the last drafting pass, or lists (trees, grammar)
+        stacked = all(isinstance(d, torch.Tensor) and len(d) == n for d in rows)
+        trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)] if tree else []
+        levels = [depths(t) for t in trees]
+        listed = np.zeros((b, n), np.int64) if stacked or not n else pad_rows(
+            [[] if isinstance(d, torch.Tensor) else d for d in rows], n)  # [B, n] the drafts held on the host
+        shape = [pad_rows(trees, n, -1), pad_rows(levels, n), pack_tree_mask(trees, n + 1)] if tree else []
+        head, tables, listed, *shape = upload([[[s.output[-1], s.cur, m] for s, m in zip(seqs, ns)],  # [B, 3]
+                                               self.tables(seqs), listed, *shape], dev)  # [G, B, M], [B, n], ..
+        cur, ndrafts = head[:, 1], head[:, 2]  # [B] row 0's position, [B] drafts per request
+        drafts = torch.stack(rows) if stacked else self._drafts(rows, listed, n)  # [B, n]
+        j = torch.arange(n + 1, device=dev)  # [n+1]
         if tree:  # rows by depth with an ancestor mask (a chain is causal by position)
-            trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)]
-            levels = [depths(t) for t in trees]
-            parents = ints([list(t) + [-1] * (num_drafts - len(t)) for t in trees], dev)  # [B, n]
-            depth = ints([d + [0] * (num_drafts - len(d)) for d in levels], dev)  # [B, n], 0: padding
-            mask = torch.from_numpy(pack_tree_mask(trees, num_drafts + 1)).to(dev)  # [B, n+1, ceil((n+1)/32)]
+            parents, depth, mask = shape  # [B, n] (-1: the root), [B, n] (0: padding), [B, n+1, ceil((n+1)/32)]
+            mask = mask.to(torch.int32)  # packed bits (the upload's int64 holds each word's value)
             row_depth = torch.cat([torch.zeros_like(cur)[:, None], torch.where(depth > 0, depth, -1)], 1)
             levels = [max(d, default=0) for d in levels]
         else:
             parents = depth = mask = None
-            row_depth = torch.where(j <= torch.as_tensor(ns, device=dev)[:, None], j, -1)  # [B, n+1], -1: padding
+            row_depth = torch.where(j <= ndrafts[:, None], j, -1)  # [B, n+1], -1: padding
             levels = ns
         positions = torch.where(row_depth >= 0, cur[:, None] + row_depth, -1)  # [B, n+1]
-        return VerifyRows(torch.cat([head[:, :1], drafts], dim=1), positions, cur, self.tables(seqs), drafts,
+        return VerifyRows(torch.cat([head[:, :1], drafts], dim=1), positions, cur, ndrafts, tables, drafts,
                           parents, depth, mask, levels)
+
+    @staticmethod
+    def _drafts(rows: list, listed: torch.Tensor, n: int) -> torch.Tensor:
+        """Drafts [B, n]: `listed` [B, n] holds the rows that were lists (uploaded); a row left on
+        the device by a drafting pass of another k is padded to n there."""
+        if not n or not any(isinstance(d, torch.Tensor) for d in rows):
+            return listed
+        return torch.stack([torch.nn.functional.pad(d, (0, n - len(d))) if isinstance(d, torch.Tensor) else listed[i]
+                            for i, d in enumerate(rows)])
 
     def _constrained(self, seqs: list[Sequence], logits: torch.Tensor, emitted: list, paths: list,
                      verdict: Verdict, num_drafts: int) -> Verdict:
@@ -297,19 +314,19 @@ class SpecDecoder:
         for i in constrained:  # a synthetic acceptor's count stands: the walk takes its drafts
             forced = None if self.acceptor.exact else len(paths[i])
             paths[i], emitted[i] = GrammarHook.walk(seqs[i], logits[i], list(seqs[i].drafts), seqs[i].parents, forced)
-        dev = self.ex.device
-        return Verdict(ints([e + [0] * (num_drafts + 1 - len(e)) for e in emitted], dev),
-                       ints([len(e) for e in emitted], dev),
-                       ints([[0] + [j + 1 for j in p] + [0] * (num_drafts - len(p)) for p in paths], dev))
+        width = num_drafts + 1
+        rows = [[0] + [j + 1 for j in p] for p in paths]  # the verify row of each emitted token
+        return Verdict(*upload([pad_rows(emitted, width), [len(e) for e in emitted], pad_rows(rows, width)],
+                               self.ex.device))  # [B, n+1], [B], [B, n+1]
 
-    def _place_path(self, seqs: list[Sequence], v: VerifyRows, verdict: Verdict, aux: torch.Tensor) -> torch.Tensor:
+    def _place_path(self, v: VerifyRows, verdict: Verdict, aux: torch.Tensor) -> torch.Tensor:
         """A tree's accepted rows: their target KV from slots cur + rows to cur + 0 .. (where the next
-        verify reads it) on the device, for the requests that go on; returns their taps [B, n+1, A]
-        in emitted order (a chain's rows are in place already: moved onto themselves)."""
-        dev, width = self.ex.device, verdict.rows.shape[1]
-        j = torch.arange(width, device=dev)
-        live = ints([s.finish_reason is None for s in seqs], dev).bool()[:, None]  # [B, 1]
-        kept = (j < verdict.count[:, None]) & live  # [B, n+1]
+        verify reads it) on the device; returns their taps [B, n+1, A] in emitted order (a chain's
+        rows are in place already: moved onto themselves). A request that finished this step moves
+        too: the prefix cache takes its full blocks (runtime/blocks.py commit), and the device
+        needs no word of which requests went on."""
+        j = torch.arange(verdict.rows.shape[1], device=self.ex.device)
+        kept = j < verdict.count[:, None]  # [B, n+1]
         at = v.cur[:, None]
         self.ex.move_kv(v.tables, torch.where(kept, at + verdict.rows, -1), torch.where(kept, at + j, -1))
         return torch.gather(aux, 1, verdict.rows[..., None].expand(-1, -1, aux.shape[-1]))
@@ -331,10 +348,10 @@ class SpecDecoder:
                     return
                 self.draft_length.probed()
             pending = [s.undrafted[0] for s in seqs]
-            batch = DraftBatch(seqs, pad_stack([ints(p, dev) for p in pending], 0),
-                               pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0),
-                               ints([len(p) for p in pending], dev), ints([s.cur for s in seqs], dev), tables,
-                               max(s.cur for s in seqs))
+            tokens, num, cur = upload([pad_rows(pending, max(map(len, pending))), [len(p) for p in pending],
+                                       [s.cur for s in seqs]], dev)  # [B, P], [B], [B]
+            batch = DraftBatch(seqs, tokens, pad_stack([torch.cat(s.undrafted[1]) for s in seqs], 0.0), num, cur,
+                               tables, max(s.cur for s in seqs))
             for s in seqs:
                 s.undrafted = ()
             # at k = 0 adaptive K drafts one token (a probe: acceptance measured again), a

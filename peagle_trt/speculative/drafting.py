@@ -31,6 +31,38 @@ def ints(values: list, device) -> torch.Tensor:
     return torch.from_numpy(np.asarray(values, dtype=np.int64)).to(device)
 
 
+def upload(parts: list, device) -> list[torch.Tensor]:
+    """Host ints -> int64 tensors of the same shapes on `device`, in ONE host-to-device copy that
+    does not block the host. `parts`: rectangular nested lists or numpy arrays. On CPU the tensors
+    are the parts' numpy arrays (no copy at all: the block tables are large); elsewhere `packed`.
+    tests/speculative/test_host_reads.py counts one upload per call of this function."""
+    arrays = [np.asarray(p, dtype=np.int64) for p in parts]
+    device = torch.device(device)
+    if device.type == "cpu":
+        return [torch.from_numpy(a) for a in arrays]
+    return views(packed(arrays, pin=device.type == "cuda").to(device, non_blocking=True), arrays)
+
+
+def packed(arrays: list[np.ndarray], pin: bool) -> torch.Tensor:
+    """The arrays one after another in one flat host buffer [sum of sizes]: for parts [B, 3] and
+    [G, B, M], [B*3 | G*B*M]. Pinned (`pin`), a CUDA copy from it is asynchronous (a pageable one
+    waits for the stream). A fresh pinned buffer per call is safe: torch's caching host allocator
+    records the copy's stream on the block and does not hand it out again before the copy has run."""
+    host = torch.empty(sum(a.size for a in arrays), dtype=torch.int64, pin_memory=pin)
+    np.concatenate([a.ravel() for a in arrays], out=host.numpy())
+    return host
+
+
+def views(flat: torch.Tensor, arrays: list[np.ndarray]) -> list[torch.Tensor]:
+    """`flat` [sum of sizes] (a `packed` buffer or its copy) -> one contiguous view per array, its shape."""
+    return [v.view(a.shape) for v, a in zip(flat.split([a.size for a in arrays]), arrays)]
+
+
+def pad_rows(rows: list, width: int, pad: int = 0) -> list[list[int]]:
+    """Ragged host rows -> rectangular [B, width] lists, padded with `pad`."""
+    return [list(r) + [pad] * (width - len(r)) for r in rows]
+
+
 def pad_stack(rows: list[torch.Tensor], pad: float | int) -> torch.Tensor:
     """Ragged [n_i, ...] tensors -> [B, max n_i, ...] padded with `pad`."""
     return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True, padding_value=pad)

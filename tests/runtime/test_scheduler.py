@@ -1,16 +1,18 @@
 """In-flight batching: outputs are token-identical to one-at-a-time greedy decoding whatever the
-batch mix, arrivals, chunked prefill, cancellations and capacity limits."""
+batch mix, arrivals, chunked prefill, cancellations and capacity limits, and when a request reuses
+the cached prefix of a finished tree request."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+import torch
 
-from peagle_trt.config import SamplingParams
+from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import RequestError
 from peagle_trt.runtime.scheduler import Request, Scheduler, generate
-from tests.helpers import collect, make_decoder
+from tests.helpers import ScriptedDrafter, collect, greedy, make_decoder
 
 
 def workload(n: int, seed: int):
@@ -133,3 +135,39 @@ def test_requests_with_one_client_id_are_cancelled_separately(tiny, references):
     sched.run_until_idle()
     assert first["same-id"]["reason"] == "abort" and first["same-id"]["final"] == 1
     assert second["same-id"]["reason"] == "length" and second["same-id"]["ids"] == references[0]
+
+
+class SecondBest(ScriptedDrafter):
+    """Each position's top candidate wrong (the target's token + 1), the target's token second: a
+    tree's accepted path leaves the first-child chain, so its KV moves into place (decoder.py
+    SpecDecoder._place_path)."""
+
+    def propose_top(self, batch, k, width):
+        wrong = self.propose(batch, k)  # [B, k] the target's tokens + 1
+        ids = (wrong[..., None] - torch.arange(width)) % self.vocab  # [B, k, W]: truth + 1, truth, ..
+        return ids, -torch.arange(width, dtype=torch.float32).expand(ids.shape)
+
+
+@pytest.mark.parametrize("seed", [0, 2])  # both fail when a finished request skips the move
+def test_a_finished_tree_request_leaves_its_path_in_the_prefix_cache(tiny, seed):
+    """A tree request whose last step accepts an off-chain node on a block's last slot: the prefix
+    cache takes that block after the step (runtime/blocks.py commit), so the node's KV must have
+    moved there although the request finished; a request reusing the prefix decodes as the target."""
+    ref = make_decoder(tiny, "llama", None, "none", 0, max_len=256)
+    bs, m = ref.ex.kv.block_size, 5  # m odd: after the first token each step emits 2 (a node, the correction)
+    rng = random.Random(seed)
+    prompt = [rng.randrange(500) for _ in range(2 * bs - m + 1)]  # the request ends with cur = 2 * bs
+    cont = generate(ref, prompt, greedy(m)).output
+    follow = prompt + cont + [rng.randrange(500) for _ in range(3)]
+    want = generate(ref, follow, greedy(12)).output
+    vocab = ref.ex.target_model.lm_head.weight.shape[0]
+    drafter = SecondBest({tuple(prompt): cont, tuple(follow): want}, vocab, lambda i, g: False)
+    dec = make_decoder(tiny, "llama", "aws", "peagle", 3, max_len=256, slots=2, proposer=drafter,
+                       spec=SpecConfig("peagle", 3, tree_budget=6))
+    sched, out = Scheduler(dec, prefill_chunk=64), {}
+    sched.add(Request("a", prompt, greedy(m), collect(out)))
+    sched.run_until_idle()
+    sched.add(Request("b", follow, greedy(12), collect(out)))
+    sched.run_until_idle()
+    assert out["a"]["ids"] == cont and out["a"]["stats"].accepted == (m - 1) // 2  # one node per step
+    assert out["b"]["ids"] == want

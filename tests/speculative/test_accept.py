@@ -26,7 +26,7 @@ def test_tree_acceptance_is_the_walk():
         chosen = torch.randint(0, 3, (b, n + 1), generator=torch.Generator().manual_seed(rng.randrange(99)))
         def pad(rows, v):
             return torch.tensor([r + [v] * (n - len(r)) for r in rows], dtype=torch.long).reshape(b, n)
-        verdict = TargetAcceptor().accept(chosen, pad(drafts, 0), ns, pad([list(t) for t in trees], -1),
+        verdict = TargetAcceptor().accept(chosen, pad(drafts, 0), torch.tensor(ns), pad([list(t) for t in trees], -1),
                                           pad([depths(t) for t in trees], 0))
         for i in range(b):
             path, emitted = walk(drafts[i], trees[i], chosen[i].tolist().__getitem__)
@@ -52,6 +52,6 @@ def test_chain_acceptance_is_the_walk():
 def test_synthetic_acceptance_keeps_the_first_drafts_then_the_target():
     acceptor = SyntheticAcceptor((1.0, 1.0, 0.0))  # always the first two of three
     drafts, chosen = torch.tensor([[7, 8, 9], [5, 6, 0]]), torch.tensor([[1, 2, 3, 4], [1, 2, 3, 0]])
-    verdict = acceptor.accept(chosen, drafts, [3, 0])
+    verdict = acceptor.accept(chosen, drafts, torch.tensor([3, 0]))
     assert verdict.count.tolist() == [3, 1]
     assert verdict.tokens[0, :3].tolist() == [7, 8, 3] and verdict.tokens[1, :1].tolist() == [1]

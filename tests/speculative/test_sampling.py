@@ -94,7 +94,7 @@ class BiasedAcceptor(TargetAcceptor):
 
     def accept(self, chosen, drafts, ndrafts, parents=None, depth=None):
         tokens, rows, count = [], [], []
-        for i, n in enumerate(ndrafts):
+        for i, n in enumerate(ndrafts.tolist()):
             up = [-1] + list(range(n - 1)) if parents is None else parents[i, :n].tolist()
             path = [0] if n else []
             while path and path[-1] + 1 < n and up[path[-1] + 1] == path[-1]:
