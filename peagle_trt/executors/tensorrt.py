@@ -29,7 +29,7 @@ from peagle_trt.config import TENSORRT_NOT_DETERMINISTIC, KVLayout
 from peagle_trt.errors import BuildError, ConfigError, RuntimeInvariantError
 from peagle_trt.manifest import verify_manifest
 from peagle_trt.models.kv_cache import move_rows
-from peagle_trt.ops.reference import causal_tree_mask
+from peagle_trt.ops.reference import causal_tree_mask_on
 
 log = logging.getLogger(__name__)
 
@@ -231,8 +231,8 @@ class TensorRTExecutor:
         # tree_mask [B, S, W] int32 | None (plain causal rows) -> logits [B, R or S, V] float32, aux [B, S, 3 * H_t]
         if logit_rows is None:
             logit_rows = torch.arange(tokens.shape[1], device=tokens.device).expand(tokens.shape[0], -1)
-        if tree_mask is None:
-            tree_mask = torch.from_numpy(causal_tree_mask(*tokens.shape))
+        if tree_mask is None:  # built on the device: a host copy per verify would wait for the stream
+            tree_mask = causal_tree_mask_on(*tokens.shape, tokens.device)
         out = self._runner("target").run({"input_ids": tokens, "positions": positions, TABLES: tables,
                                           "logit_rows": logit_rows, "tree_mask": tree_mask.to(tokens.device)})
         return out["logits"], out["aux_hidden"]

@@ -196,6 +196,16 @@ def causal_tree_mask(batch: int, rows: int) -> np.ndarray:
     return np.repeat(_pack(np.tri(rows, -(-rows // 32) * 32, dtype=bool))[None], batch, axis=0)  # writable
 
 
+def causal_tree_mask_on(batch: int, rows: int, device) -> torch.Tensor:
+    """`causal_tree_mask` built on `device` by tensor ops (no host copy, so no sync on a GPU): word w of
+    row i has its low min(max(i - 32 w + 1, 0), 32) bits set. [batch, rows, ceil(rows / 32)] int32."""
+    i = torch.arange(rows, device=device)[:, None]
+    w = torch.arange(-(-rows // 32), device=device)[None]
+    n = (i - 32 * w + 1).clamp(0, 32)  # [rows, W] bits set
+    words = torch.where(n == 32, -1, (1 << n.clamp(max=31)) - 1)  # int64, in int32's range
+    return words.to(torch.int32).repeat(batch, 1, 1)
+
+
 def _pack(bits: np.ndarray) -> np.ndarray:
     """[..., 32 W] bool -> [..., W] int32, bit j % 32 of word j // 32 (least significant first)."""
     weights = np.left_shift(np.uint64(1), np.arange(32, dtype=np.uint64))

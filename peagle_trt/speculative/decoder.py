@@ -382,7 +382,8 @@ class SpecDecoder:
             nodes = static_nodes(tuple(p for p in static if len(p) <= k)) if static else None
             width = max(r for _, r in nodes) + 1 if static else budget
             top_ids, top_logp = self.proposer.propose_top(batch, k, max(width, guided))  # [B, k, W'] each
-            top_ids, top_logp = top_ids.cpu().numpy(), top_logp.float().cpu().numpy()
+            both = torch.stack([top_ids.double(), top_logp.double()]).cpu().numpy()  # ONE read (ids < 2^53: exact)
+            top_ids, top_logp = both[0].astype(np.int64), both[1].astype(np.float32)
             for i, s in enumerate(batch.seqs):
                 if s.grammar is not None:  # a chain of the best candidates its grammar allows
                     s.drafts, s.parents = GrammarHook.draft(s, top_ids[i, :k, :guided]), ()

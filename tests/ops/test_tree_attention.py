@@ -4,6 +4,7 @@ op computes for the chain of its ancestors (same positions), the rows write thei
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from peagle_trt.ops import reference
@@ -71,3 +72,11 @@ def test_packed_bits_past_32_rows():
     mask = pack_tree_mask([chain(39)], 40)  # 40 rows: two words
     assert mask.shape == (1, 40, 2) and mask.dtype.name == "int32"
     assert mask[0, 0].tolist() == [1, 0] and mask[0, 31].tolist() == [-1, 0] and mask[0, 39].tolist() == [-1, 255]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 31, 32, 33, 64, 70])
+def test_causal_mask_on_the_device_equals_the_host_one(rows):
+    """The TensorRT executor's plain-verify mask, built by tensor ops where the rows are (no host copy)."""
+    got = reference.causal_tree_mask_on(3, rows, torch.device("cpu"))
+    assert got.dtype == torch.int32 and got.is_contiguous()
+    assert torch.equal(got, torch.from_numpy(causal_tree_mask(3, rows)))
