@@ -20,14 +20,14 @@ costs 10-40 us of Python and driver work, more than a 33 MB attention read at HB
 reads its own copy of the inputs (`copies`: as many as keep 3x the L2 between two reads of one copy),
 so the bytes come from HBM, not from the L2 the previous call filled. Bytes read over the time: the
 bandwidth, and its share of the GPU's datasheet HBM peak. Needs CUDA and triton (else a ConfigError
-naming what is missing), or, to rehearse the suite before a GPU window, Triton's interpreter
-(TRITON_INTERPRET=1: every case at toy sizes on the CPU, timed eagerly, no roofline;
-tests/bench/test_kernels_bench.py).
+naming what is missing); `--rehearse` runs it without one, under Triton's interpreter (every case
+at toy sizes on the CPU, timed eagerly, no roofline; tests/bench/test_kernels_bench.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Callable
 
@@ -236,13 +236,30 @@ def sample_case(rows, vocab, rounds):
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=20, help="graph replays per case (median reported)")
+    ap.add_argument("--rehearse", action="store_true", help="without a GPU: every case at toy sizes on the CPU "
+                    "under Triton's interpreter (proves the suite runs before a GPU window; no figures)")
+
+
+def interpret() -> None:
+    """Run the kernels under Triton's interpreter from here on (a process that has not imported them yet)."""
+    import sys
+
+    if interpreted():
+        return
+    if any(m.startswith("peagle_trt.ops.triton_kernels.") and m != "peagle_trt.ops.triton_kernels.common"
+           for m in sys.modules):
+        raise ConfigError("--rehearse needs a fresh process: the Triton kernels were imported already, compiled "
+                          "for a GPU (or set TRITON_INTERPRET=1 before they are)")
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 def run(args: argparse.Namespace) -> dict:
     gpu = on_gpu()
-    if not gpu and not interpreted():
+    if not gpu and not args.rehearse:
         raise ConfigError("no CUDA device: the kernel benchmark times the kernels on a GPU (torch.cuda.is_available() "
-                          "is False); TRITON_INTERPRET=1 rehearses it on the CPU at toy sizes")
+                          "is False); --rehearse runs every case on the CPU under Triton's interpreter at toy sizes")
+    if not gpu:
+        interpret()
     if gpu and not plugins.available():
         raise ConfigError("the Triton kernels are unavailable: pip install -c constraints.txt -e '.[dev]' "
                           "(triton==3.9.0)")

@@ -55,3 +55,4 @@ def test_gpu_suites_without_cuda_stop_with_a_clear_error(name, capsys):
     assert main(["bench", name]) == 2
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last["error_type"] == "ConfigError" and "no CUDA device" in last["error"]
+    assert name == "gpu" or "--rehearse" in last["error"]  # kernels: how to run it without a GPU
