@@ -29,7 +29,9 @@ those names for dispatchers (once per process). A dispatcher runs the kernel whe
 Everywhere else the dispatchers call the reference, so installing them changes nothing by itself.
 
 Needs `triton` (pip install -c constraints.txt -e '.[dev]') and a CUDA device; without them, calls
-raise `KernelsUnavailable`. How to test: tests/ops/test_triton_kernels.py (every kernel against the
+raise `KernelsUnavailable`. Inside `rehearsal()` under Triton's interpreter (TRITON_INTERPRET=1) they
+also take CPU tensors, so the kernels="cuda" executor runs end to end on a CPU, slowly: a rehearsal of
+the GPU path (tests/ops/test_kernel_executor.py), not a product path. How to test: tests/ops/test_triton_kernels.py (every kernel against the
 reference: interpreter on CPU, the GPU with PEAGLE_TRITON_DEVICE=cuda), tests/plugins/test_kernels_gpu.py
 (`pytest -m gpu`); tests/executors/test_kernels_option.py (the option's plumbing and errors, CPU).
 """
@@ -78,7 +80,35 @@ def available() -> bool:
     return True
 
 
+_REHEARSAL = contextvars.ContextVar("peagle_kernels_on_cpu", default=False)
+
+
+@contextlib.contextmanager
+def rehearsal():
+    """Within (and under Triton's interpreter, TRITON_INTERPRET=1), the kernels also take CPU tensors:
+    slowly, the GPU executor's whole path runs on a CPU (tests/ops/test_kernel_executor.py). Outside,
+    kernels='cuda' on a CPU stays an error."""
+    token = _REHEARSAL.set(True)
+    try:
+        yield
+    finally:
+        _REHEARSAL.reset(token)
+
+
+def _interpreting(device: torch.device) -> bool:
+    from peagle_trt.ops.triton_kernels.common import interpreted
+
+    return device.type == "cpu" and _REHEARSAL.get() and interpreted()
+
+
+def _on(device: torch.device):
+    """torch.cuda.device(device), nothing for the interpreter's CPU tensors."""
+    return contextlib.nullcontext() if device.type == "cpu" else torch.cuda.device(device)
+
+
 def _cuda(*tensors: torch.Tensor | None) -> tuple[ModuleType, ModuleType, ModuleType]:
+    if all(t is None or _interpreting(t.device) for t in tensors):
+        return load()
     if not torch.cuda.is_available():
         raise KernelsUnavailable("no CUDA device: the P-EAGLE kernels run on NVIDIA GPUs only "
                                  "(use peagle_trt.ops.reference on CPU)")
@@ -97,7 +127,7 @@ def kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, 
     """PEagleKVAttention on the GPU; see `triton_kernels.kv_attention.kv_attention` (num_splits: None =
     split over the context by shape, unsplit in deterministic mode; 1 = never; config: a forced tiling)."""
     ka, _, _ = _cuda(q, k, v, positions, block_tables, k_cache, v_cache, sinks, tree_mask)
-    with torch.cuda.device(q.device):
+    with _on(q.device):
         return ka.kv_attention(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
                                head_dim, scale, sliding_window, sinks, tree_mask, k_scale=k_scale, v_scale=v_scale,
                                out=out, num_splits=num_splits, config=config)
@@ -107,7 +137,7 @@ def draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens,
                  mask_token_id, *, out=None):
     """PEagleDraftInputs on the GPU; see `triton_kernels.draft_inputs.draft_inputs`."""
     _, di, _ = _cuda(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask)
-    with torch.cuda.device(pending_hidden.device):
+    with _on(pending_hidden.device):
         return di.draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,
                                num_spec_tokens, mask_token_id, out=out)
 
@@ -115,7 +145,7 @@ def draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens,
 def draft_sample(logits, d2t, *, out=None):
     """PEagleDraftSample on the GPU; see `triton_kernels.draft_sample.draft_sample`."""
     _, _, ds = _cuda(logits, d2t)
-    with torch.cuda.device(logits.device):
+    with _on(logits.device):
         return ds.draft_sample(logits, d2t, out=out)
 
 
@@ -125,7 +155,7 @@ _ROUTED = contextvars.ContextVar("peagle_kernels_routed", default=False)  # insi
 _GLOBAL = False  # enable() was called
 
 
-def _use_kernel(supported: bool) -> bool:
+def _use_kernel(supported: bool) -> bool:  # (routed: CUDA tensors, or CPU ones under the interpreter)
     if _ROUTED.get():
         return True  # kernels="cuda": always the kernel; it raises on what it cannot take
     return _GLOBAL and supported and available()
@@ -203,6 +233,9 @@ def install() -> None:
 def require(device: torch.device) -> None:
     """Raise KernelsUnavailable unless the kernels can run on `device` (a CUDA device, triton installed)."""
     device = torch.device(device)
+    if _interpreting(device):
+        load()
+        return
     if device.type != "cuda":
         raise KernelsUnavailable(f"kernels='cuda' needs the model on a CUDA device, got {device}; pass "
                                  "--device cuda (or kernels='reference' on CPU)")

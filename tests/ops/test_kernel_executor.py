@@ -1,0 +1,103 @@
+"""The torch executor on the Triton kernels (`TorchExecutor(kernels="cuda")`), rehearsed on the CPU under
+Triton's interpreter (`ops.kernels.rehearsal()`): every kernel the GPU executor launches (KV attention
+split and unsplit, RMSNorm, RoPE, the drafter's input assembly and sampling) in the real model path, so
+what can fail on a CPU fails here before a GPU window (tests/plugins/test_executor_gpu.py is the same
+check on the GPU).
+
+What it checks (tiny Llama + its P-EAGLE head, fp32): the kernel executor's prefill logits against the
+reference ops' (tolerance); drafts that are the target's own greedy tokens are all accepted and the
+output equals target-only output on the same kernels; the real head's speculative output equals
+target-only output, or where they part the target's top-2 there are within the dtype's noise (a tie,
+split differently by 1 + K rows than by 1: the same rule as the GPU test).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.ops.conftest import DEVICE  # sets TRITON_INTERPRET=1 on CPU, before the kernels are imported
+
+pytest.importorskip("triton", reason="pip install -c constraints.txt 'peagle-trt[dev]' (triton==3.9.0)")
+
+from peagle_trt.checkpoint import load_pair  # noqa: E402
+from peagle_trt.config import SpecConfig  # noqa: E402
+from peagle_trt.executors.torch import TorchExecutor  # noqa: E402
+from peagle_trt.runtime.scheduler import generate  # noqa: E402
+from peagle_trt.speculative.decoder import SpecDecoder  # noqa: E402
+from tests.helpers import ScriptedDrafter, greedy  # noqa: E402
+
+pytestmark = [pytest.mark.kernels, pytest.mark.skipif(DEVICE != "cpu", reason="the GPU runs tests/plugins")]
+PROMPTS = ([5, 17, 99, 3, 42, 7, 250, 8, 11], [300, 1])
+TOKENS = 8
+
+
+@pytest.fixture(autouse=True)
+def on_cpu():
+    from peagle_trt.ops import kernels
+
+    with kernels.rehearsal():
+        yield
+
+
+def _decoder(tiny, mode: str, k: int, kernels: str, proposer=None) -> SpecDecoder:
+    spec = SpecConfig(mode, k)
+    t, d = load_pair(tiny["llama"], tiny["aws"] if mode != "none" else None, spec).build("cpu", torch.float32)
+    return SpecDecoder(TorchExecutor(t, d, 1, 128, kernels=kernels), spec, proposer=proposer)
+
+
+def _gap(dec: SpecDecoder, prompt: list[int], a: list[int], b: list[int]) -> float:
+    """Where outputs a and b part: how far below the target's top logit each one's token is, the larger."""
+    i = next(j for j in range(len(a)) if a[j] != b[j])
+    seq = prompt + a[:i]
+    logits, _ = dec.ex.target(torch.tensor([seq]), torch.arange(len(seq))[None], torch.tensor([[0]]))
+    row = logits[0, -1]
+    return max(float(row.max() - row[a[i]]), float(row.max() - row[b[i]])) / max(float(row.abs().max()), 1.0)
+
+
+def test_kernel_executor_logits_match_the_reference_ops(tiny):
+    ids = torch.tensor([PROMPTS[0]])
+    pos = torch.arange(ids.shape[1])[None]
+    got, aux = _decoder(tiny, "none", 1, "cuda").ex.target(ids, pos, torch.tensor([[0]]))
+    want, aux_want = _decoder(tiny, "none", 1, "reference").ex.target(ids, pos, torch.tensor([[0]]))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(aux, aux_want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """Counts the kernel launchers' calls, and splits every attention over the context (segments of
+    16 keys: the tiny model's contexts are far below the GPU's MIN_CHUNK)."""
+    from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, kv_attention, norm_rope
+
+    counts = {}
+
+    def counting(name, fn):
+        def counted(*args, **kwargs):
+            counts[name] = counts.get(name, 0) + 1
+            return fn(*args, **kwargs)
+        return counted
+
+    for module, name in ((kv_attention, "kv_attention"), (norm_rope, "rms_norm"), (norm_rope, "rope"),
+                         (draft_inputs, "draft_inputs"), (draft_sample, "draft_sample")):
+        monkeypatch.setattr(module, name, counting(name, getattr(module, name)))
+    monkeypatch.setattr(kv_attention, "MIN_CHUNK", 16)
+    splits = []
+    plan = kv_attention.split_plan
+    monkeypatch.setattr(kv_attention, "split_plan", lambda *a: splits.append(plan(*a)) or splits[-1])
+    counts["splits"] = splits
+    return counts
+
+
+def test_oracle_and_real_drafts_are_exact_on_the_kernels(tiny, launches):
+    plain = _decoder(tiny, "none", 1, "cuda")
+    refs = {tuple(p): generate(plain, list(p), greedy(TOKENS)).output for p in PROMPTS}
+    oracle = _decoder(tiny, "peagle", 3, "cuda", proposer=ScriptedDrafter(refs, 512, lambda i, rng: True))
+    real = _decoder(tiny, "peagle", 3, "cuda")
+    for prompt, expected in refs.items():
+        seq = generate(oracle, list(prompt), greedy(TOKENS))
+        assert seq.output == expected and seq.stats.accepted >= TOKENS // 2
+        got = generate(real, list(prompt), greedy(TOKENS)).output
+        assert got == expected or _gap(plain, list(prompt), got, expected) <= 1e-5, (prompt, got, expected)
+    assert {"kv_attention", "rms_norm", "rope", "draft_inputs", "draft_sample"} <= set(launches)
+    assert max(launches["splits"]) > 1  # the split-KV kernels and their reduce ran
