@@ -23,6 +23,7 @@ import torch
 
 from peagle_trt.config import KERNELS, KVLayout
 from peagle_trt.errors import ConfigError
+from peagle_trt.models.layers import fuse_projections
 from peagle_trt.ops import deterministic as det
 from peagle_trt.ops.reference import draft_inputs, draft_sample
 
@@ -39,13 +40,20 @@ class TorchExecutor:
     by `kv` (a KVLayout, or N: room for N requests of `max_len` positions). kernels="cuda": the
     custom ops (KV attention, draft-input assembly, draft sampling) run on the Triton kernels; raises
     KernelsUnavailable (a ConfigError) without a CUDA device or triton. deterministic=True: every
-    forward is row- and batch-invariant (peagle_trt/ops/deterministic.py); reference ops only."""
+    forward is row- and batch-invariant (peagle_trt/ops/deterministic.py); reference ops only.
+    fuse (default: on CUDA outside deterministic mode): the models' q/k/v and gate/up projections
+    become one matmul each, in place (models/layers.py `fuse_projections`)."""
 
     def __init__(self, target, drafter=None, kv: KVLayout | int = 1, max_len: int = 2048, kernels: str = "reference",
-                 deterministic: bool = False, cuda_graphs: bool | None = None):
+                 deterministic: bool = False, cuda_graphs: bool | None = None, fuse: bool | None = None):
         self.target_model, self.drafter_model = target, drafter
         self.kv = kv if isinstance(kv, KVLayout) else KVLayout.for_sequences(kv, max_len)
         self.device = target.lm_head.weight.device
+        if fuse is None:
+            fuse = self.device.type == "cuda" and not deterministic
+        for model in (target, drafter) if fuse else ():  # q/k/v and gate/up: one matmul each
+            if model is not None:
+                fuse_projections(model)
         self.kernels = check_kernels(kernels)
         self.deterministic = deterministic
         self._ops = det.rows if deterministic else contextlib.nullcontext

@@ -31,9 +31,10 @@ Everywhere else the dispatchers call the reference, so installing them changes n
 Needs `triton` (pip install -c constraints.txt -e '.[dev]') and a CUDA device; without them, calls
 raise `KernelsUnavailable`. Inside `rehearsal()` under Triton's interpreter (TRITON_INTERPRET=1) they
 also take CPU tensors, so the kernels="cuda" executor runs end to end on a CPU, slowly: a rehearsal of
-the GPU path (tests/ops/test_kernel_executor.py), not a product path. How to test: tests/ops/test_triton_kernels.py (every kernel against the
-reference: interpreter on CPU, the GPU with PEAGLE_TRITON_DEVICE=cuda), tests/plugins/test_kernels_gpu.py
-(`pytest -m gpu`); tests/executors/test_kernels_option.py (the option's plumbing and errors, CPU).
+the GPU path (tests/ops/test_kernel_executor.py), not a product path. How to test:
+tests/ops/test_triton_kernels.py (every kernel against the reference: interpreter on CPU, the GPU with
+PEAGLE_TRITON_DEVICE=cuda), tests/plugins/test_kernels_gpu.py (`pytest -m gpu`);
+tests/executors/test_kernels_option.py (the option's plumbing and errors, CPU).
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ def on_cpu():
 def _decoder(tiny, mode: str, k: int, kernels: str, proposer=None) -> SpecDecoder:
     spec = SpecConfig(mode, k)
     t, d = load_pair(tiny["llama"], tiny["aws"] if mode != "none" else None, spec).build("cpu", torch.float32)
-    return SpecDecoder(TorchExecutor(t, d, 1, 128, kernels=kernels), spec, proposer=proposer)
+    ex = TorchExecutor(t, d, 1, 128, kernels=kernels, fuse=kernels == "cuda")  # as on a GPU: fused projections
+    return SpecDecoder(ex, spec, proposer=proposer)
 
 
 def _gap(dec: SpecDecoder, prompt: list[int], a: list[int], b: list[int]) -> float:
