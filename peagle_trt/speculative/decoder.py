@@ -274,13 +274,19 @@ class SpecDecoder:
         stacked = all(isinstance(d, torch.Tensor) and len(d) == n for d in rows)
         trees = [s.parents[:m] or chain(m) for s, m in zip(seqs, ns)] if tree else []
         levels = [depths(t) for t in trees]
-        listed = np.zeros((b, n), np.int64) if stacked or not n else pad_rows(
-            [[] if isinstance(d, torch.Tensor) else d for d in rows], n)  # [B, n] the drafts held on the host
+        held = n and not stacked  # some drafts are host lists (trees, grammar) or a pass of another k
+        listed = [pad_rows([[] if isinstance(d, torch.Tensor) else d for d in rows], n)] if held else []  # [B, n]
         shape = [pad_rows(trees, n, -1), pad_rows(levels, n), pack_tree_mask(trees, n + 1)] if tree else []
-        head, tables, listed, *shape = upload([[[s.output[-1], s.cur, m] for s, m in zip(seqs, ns)],  # [B, 3]
-                                               self.tables(seqs), listed, *shape], dev)  # [G, B, M], [B, n], ..
+        head, tables, *rest = upload([[[s.output[-1], s.cur, m] for s, m in zip(seqs, ns)],  # [B, 3]
+                                      self.tables(seqs), *listed, *shape], dev)  # [G, B, M], ..
+        listed, shape = (rest[0], rest[1:]) if held else (None, rest)
         cur, ndrafts = head[:, 1], head[:, 2]  # [B] row 0's position, [B] drafts per request
-        drafts = torch.stack(rows) if stacked else self._drafts(rows, listed, n)  # [B, n]
+        if stacked:
+            drafts = torch.stack(rows)  # [B, n] the last pass's device rows
+        elif held:
+            drafts = self._drafts(rows, listed, n)
+        else:
+            drafts = torch.zeros(b, 0, dtype=torch.long, device=dev)  # [B, 0] plain decoding
         j = torch.arange(n + 1, device=dev)  # [n+1]
         if tree:  # rows by depth with an ancestor mask (a chain is causal by position)
             parents, depth, mask = shape  # [B, n] (-1: the root), [B, n] (0: padding), [B, n+1, ceil((n+1)/32)]
@@ -299,7 +305,7 @@ class SpecDecoder:
     def _drafts(rows: list, listed: torch.Tensor, n: int) -> torch.Tensor:
         """Drafts [B, n]: `listed` [B, n] holds the rows that were lists (uploaded); a row left on
         the device by a drafting pass of another k is padded to n there."""
-        if not n or not any(isinstance(d, torch.Tensor) for d in rows):
+        if not any(isinstance(d, torch.Tensor) for d in rows):
             return listed
         return torch.stack([torch.nn.functional.pad(d, (0, n - len(d))) if isinstance(d, torch.Tensor) else listed[i]
                             for i, d in enumerate(rows)])

@@ -25,12 +25,6 @@ import torch
 from peagle_trt.ops.reference import key_span
 
 
-def ints(values: list, device) -> torch.Tensor:
-    """An int64 tensor from (nested, rectangular) Python lists, through numpy (much faster than
-    torch.tensor on lists)."""
-    return torch.from_numpy(np.asarray(values, dtype=np.int64)).to(device)
-
-
 def upload(parts: list, device) -> list[torch.Tensor]:
     """Host ints -> int64 tensors of the same shapes on `device`, in ONE host-to-device copy that
     does not block the host. `parts`: rectangular nested lists or numpy arrays. On CPU the tensors
@@ -83,15 +77,14 @@ class DraftBatch:
     @classmethod
     def build(cls, seqs: list, pending: list[list[int]], aux: torch.Tensor, tables: torch.Tensor,
               device) -> DraftBatch:
-        width = aux.shape[1]
-        tokens = ints([p + [0] * (width - len(p)) for p in pending], device)
-        return cls(seqs, tokens, aux, ints([len(p) for p in pending], device), ints([s.cur for s in seqs], device),
-                   tables, max((s.cur for s in seqs), default=None))
+        tokens, num, cur = upload([pad_rows(pending, aux.shape[1]), [len(p) for p in pending], [s.cur for s in seqs]],
+                                  device)  # [B, P], [B], [B]
+        return cls(seqs, tokens, aux, num, cur, tables, max((s.cur for s in seqs), default=None))
 
     def select(self, rows: list[int]) -> DraftBatch:
         if len(rows) == len(self.seqs):
             return self
-        idx = torch.tensor(rows, dtype=torch.long, device=self.tokens.device)
+        idx, = upload([rows], self.tokens.device)
         seqs = [self.seqs[i] for i in rows]  # top_cur: a batch built from its sequences' cur keeps it
         top = None if self.top_cur is None else max((s.cur for s in seqs), default=None)
         return DraftBatch(seqs, self.tokens[idx], self.aux[idx], self.num_pending[idx], self.cur[idx],
