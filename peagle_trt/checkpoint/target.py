@@ -1,5 +1,6 @@
 """Target checkpoints: a Hugging Face model directory (config.json + safetensors) read through
-its family adapter into a `TargetConfig` and tensors under our canonical names."""
+its family adapter into a `TargetConfig` and tensors under our canonical names (per-expert MoE
+linears stacked: peagle_trt/checkpoint/experts.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 from peagle_trt.architecture import TargetConfig
 from peagle_trt.checkpoint.adapters import adapter_for
+from peagle_trt.checkpoint.experts import stack_experts
 from peagle_trt.checkpoint.safetensors_io import load_tensors, read_config
 from peagle_trt.errors import CheckpointError
 
@@ -32,7 +34,7 @@ def load_target(path: str | Path) -> TargetCheckpoint:
     where = f"target {path / 'config.json'}"
     adapter = adapter_for(cfg, where)
     config = adapter.parse(cfg, where)
-    tensors = adapter.convert(load_tensors(path), config, f"target {path}")
+    tensors = stack_experts(adapter.convert(load_tensors(path), config, f"target {path}"), f"target {path}")
     if "embed_tokens.weight" not in tensors:
         raise CheckpointError(f"target {path}: tensor 'model.embed_tokens.weight' is missing")
     if "lm_head.weight" not in tensors:

@@ -117,8 +117,10 @@ class ModelWriter(Builder):
 
     def model(self, graph_name: str) -> onnx.ModelProto:
         graph = helper.make_graph(self.nodes, graph_name, self.inputs, self.outputs, self.initializers)
-        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                        helper.make_opsetid(DOMAIN, DOMAIN_VERSION)],
+        opsets = {"": OPSET, DOMAIN: DOMAIN_VERSION}
+        for fn in self.functions.values():  # the domains the function bodies call (ORT's contrib ops)
+            opsets.update({o.domain: o.version for o in fn.opset_import if o.domain not in opsets})
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets.items()],
                                   functions=list(self.functions.values()), producer_name="peagle-trt")
         model.ir_version = 10
         return model

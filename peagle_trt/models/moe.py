@@ -1,75 +1,108 @@
-"""Sparse mixture-of-experts MLP (Qwen3-MoE, GPT-OSS, Gemma-4) for the reference target.
+"""Sparse mixture-of-experts MLP (Qwen3-MoE, GPT-OSS, Gemma-4) of the target, and its ONNX node.
 
-Parameter names (our canonical layout; the adapters in checkpoint/adapters/ map each family's on-disk
-layout onto it): `gate.weight` [E, H] (+ `gate.bias` [E], GPT-OSS's router bias) and one small
-MLP per expert, `experts.{e}.gate_proj / up_proj / down_proj` (+ biases for GPT-OSS). Experts
-are plain `nn.Linear`s, so FP8 checkpoints load through the same `fp8_swap` as dense layers.
+Parameters (our canonical layout; peagle_trt/checkpoint/experts.py stacks a checkpoint's per-expert
+linears into it, the adapters in peagle_trt/checkpoint/adapters/ map the stacked layouts):
 
-Routing runs in float32 (router logits cast up before softmax / top-k), as transformers does:
-  softmax_topk (Qwen3-MoE): p = softmax(logits); w, idx = topk(p, k); w /= sum(w) if norm_topk_prob
-  topk_softmax (GPT-OSS):   top, idx = topk(logits, k); w = softmax(top)
-Gemma-4 adds a router input rmsnorm(x) * router_scale / sqrt(H), weights w * per_expert_scale[idx]
-and takes the router input apart from the expert input (the layer passes both).
-The torch forward runs each expert that was hit on the rows routed to it (one batched call per
-expert, no per-token loop). `SparseMoE.write_onnx` writes the same layer as ONNX nodes: routing in
-float32, then EVERY expert computed densely for every row and weighted by its routing weight (0
-for experts not in the row's top-k).
+    gate.weight [E, H] (+ gate.bias [E], GPT-OSS's router bias)      the router, never quantized
+    experts.gate_up_proj [E, 2I, H]   rows [0, I) gate, [I, 2I) up   (nn.Linear's [out, in], stacked)
+    experts.down_proj    [E, H, I]
+    experts.gate_up_proj_bias [E, 2I], experts.down_proj_bias [E, H]  (GPT-OSS)
+    FP8 experts: the two weights float8_e4m3fn with `*_scale` (per expert [E], per channel [E, N] or
+    128 x 128 blocks [E, N/128, K/128]) and, for static activation scales (ModelOpt), `*_input_scale` [E]
 
-Trade-off (why dense): the graph is static and small (two batched MatMuls over stacked expert
-weights [E, H, I] / [E, I, H], no loops, no data-dependent shapes) and equals the sparse torch
-forward up to summation order; the price is E/k times the expert FLOPs of a sparse kernel. At
-decode / verify sizes the step is bound by reading the weights, and N rows x k picks touch most
-experts anyway once N*k >= E, so dense costs little there; prefill pays the extra FLOPs. The
-gather alternative (Gather the k experts' weights per row) reads only what is used but copies
-N*k weight matrices, which is worse for prefill. A serving-grade TensorRT engine would use a
-grouped-GEMM MoE plugin instead; the ONNX contract (inputs, outputs) stays the same.
-Tests: tests/models/test_families.py (equal to transformers' models), tests/e2e/test_families_e2e.py
-(onnxruntime equals torch).
+The math is the PEagleMoE op's (peagle_trt/ops/reference.py `moe`, docs/EXPORT.md "PEagleMoE"):
+routing in float32 (softmax-top-k, renormalised or not, or top-k-softmax; Gemma-4's per-expert
+scale), per routed expert gate/up, the activation, down, the routing-weighted sum over the picks.
+Three paths compute it, chosen by where the forward runs, none reading the device back:
+
+- GPU (and the kernels' CPU rehearsal): `fused_moe`, the op's reference, which
+  `ops.kernels.install()` swaps for the Triton kernel (peagle_trt/ops/triton_kernels/ (the MoE kernel)):
+  routing, expert alignment and the grouped GEMMs stay on the device, so a MoE target is captured
+  in CUDA graphs like a dense one (peagle_trt/executors/graphs.py).
+- CPU: per expert that a row picked, one batched gate/up and one down over its rows; the routing
+  is read through the CPU tensor's numpy view (no device read, as the step's CPU argmax), never
+  through `.tolist()` / `.item()`.
+- ONNX: one `PEagleMoE` node (`write_onnx`), whose model-local function body onnxruntime runs
+  (peagle_trt/ops/onnx_defs.py `moe_function`: onnxruntime's own `com.microsoft::MoE` where its
+  CPU kernel computes the family's activation, reading only the routed experts; the exact dense
+  form for FP8 experts and GeGLU) and which TensorRT maps to the plugin launching the same kernel.
+
+Tests: tests/models/test_moe.py (paths against the op's reference, FP8 kinds), tests/models/
+test_families.py (equal to transformers' models), tests/e2e/test_families_e2e.py (onnxruntime equals
+torch), tests/speculative/test_host_reads.py (one read per step with MoE targets).
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from peagle_trt.architecture import MoEConfig
-from peagle_trt.errors import BuildError
-from peagle_trt.models.layers import ACTIVATIONS, RMSNorm, write_onnx_act
+from peagle_trt.errors import BuildError, CheckpointError
+from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, is_fp8
+from peagle_trt.models.layers import RMSNorm
+from peagle_trt.ops import reference
+
+fused_moe = reference.moe  # the op; ops.kernels.install() swaps in its dispatcher (kernel on the GPU)
+
+PROJECTIONS = ("gate_up_proj", "down_proj")
+ROUTING = {"softmax_topk": 0, "topk_softmax": 1}  # the PEagleMoE node's `routing` attribute
+ACTIVATION = {"silu": 0, "gelu_tanh": 1, "clamped_swiglu": 2}  # its `activation` attribute
+BLOCK = 128  # FP8 block scales: 128 x 128 weight blocks, 128-column activation groups
 
 
-class ExpertMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, cfg: MoEConfig):
+def _frozen(t: torch.Tensor) -> nn.Parameter:
+    return nn.Parameter(t, requires_grad=False)
+
+
+class StackedExperts(nn.Module):
+    """The E experts' weights, stacked (module docstring); FP8 after `make_fp8`."""
+
+    def __init__(self, hidden: int, cfg: MoEConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=cfg.expert_bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=cfg.expert_bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=cfg.expert_bias)
-        self.activation, self.alpha, self.limit = cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit
+        e, i = cfg.num_experts, cfg.intermediate_size
+        self.hidden, self.intermediate, self.num_experts = hidden, i, e
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, hidden))
+        self.down_proj = nn.Parameter(torch.empty(e, hidden, i))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(e, 2 * i)) if cfg.expert_bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(e, hidden)) if cfg.expert_bias else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(expert_act(self.gate_proj(x), self.up_proj(x), self.activation, self.alpha,
-                                         self.limit))
+    @property
+    def fp8(self) -> bool:
+        return self.gate_up_proj.dtype == FP8_DTYPE
 
+    def make_fp8(self, scale_shapes: dict[str, tuple[int, ...]]) -> None:
+        """Turn the weights into float8_e4m3fn and register their scales, empty, on the weights'
+        device (meta included), with `scale_shapes` {name: shape} (`fp8_scale_shapes` checks them);
+        the values are loaded afterwards (`load_strict`) or set by `quantize_experts`."""
+        device = self.down_proj.device
+        for proj in PROJECTIONS:
+            w = getattr(self, proj)
+            setattr(self, proj, _frozen(torch.empty(w.shape, dtype=FP8_DTYPE, device=device)))
+        for name, shape in scale_shapes.items():
+            setattr(self, name, _frozen(torch.empty(shape, dtype=torch.float32, device=device)))
 
-def expert_act(gate: torch.Tensor, up: torch.Tensor, activation: str, alpha: float, limit: float) -> torch.Tensor:
-    if activation in ACTIVATIONS:  # SwiGLU / GeGLU, the dense MLP's gates
-        return ACTIVATIONS[activation](gate) * up
-    # GPT-OSS clamped SwiGLU: the +1 on the linear half, alpha-scaled sigmoid, both halves clamped
-    gate = gate.clamp(max=limit)
-    up = up.clamp(min=-limit, max=limit)
-    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    def scales(self, proj: str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(weight scale, static activation scale or None) of one projection; (None, None) unquantized."""
+        return getattr(self, f"{proj}_scale", None), getattr(self, f"{proj}_input_scale", None)
 
+    def _apply(self, fn, recurse: bool = True):
+        # As FP8Linear: `.to(dtype)` must not cast FP8 weights or their fp32 scales; they follow the device only
+        if not self.fp8:
+            return super()._apply(fn, recurse)
+        device = fn(torch.empty(0, device=self.down_proj.device)).device
+        for name, p in list(self._parameters.items()):
+            if p is not None:
+                self._parameters[name] = _frozen(fn(p) if name.endswith("_bias") else p.to(device))
+        return self
 
-def route(logits: torch.Tensor, cfg: MoEConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [T, E] -> (weights [T, k] float32, expert ids [T, k])."""
-    logits = logits.float()
-    if cfg.routing == "softmax_topk":
-        weights, ids = torch.topk(logits.softmax(dim=-1), cfg.top_k, dim=-1)
-        if cfg.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights, ids
-    top, ids = torch.topk(logits, cfg.top_k, dim=-1)
-    return top.softmax(dim=-1), ids
+    def op_args(self) -> dict:
+        """The weights as `fused_moe`'s keyword arguments."""
+        (s13, a13), (s2, a2) = self.scales("gate_up_proj"), self.scales("down_proj")
+        return dict(w13=self.gate_up_proj, w2=self.down_proj, b13=self.gate_up_proj_bias, b2=self.down_proj_bias,
+                    w13_scale=s13, w2_scale=s2, a13_scale=a13, a2_scale=a2)
 
 
 class SparseMoE(nn.Module):
@@ -77,7 +110,7 @@ class SparseMoE(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.gate = nn.Linear(hidden, cfg.num_experts, bias=cfg.router_bias)
-        self.experts = nn.ModuleList(ExpertMLP(hidden, cfg.intermediate_size, cfg) for _ in range(cfg.num_experts))
+        self.experts = StackedExperts(hidden, cfg)
         if cfg.router_input_norm:  # Gemma-4
             self.router_norm = RMSNorm(hidden, cfg.router_norm_eps, scale=False)
             self.router_scale = nn.Parameter(torch.ones(hidden))
@@ -89,27 +122,32 @@ class SparseMoE(nn.Module):
             return flat
         return self.router_norm(flat) * self.router_scale * flat.shape[-1] ** -0.5
 
+    def op_attrs(self) -> dict:
+        """The op's routing and activation settings (`fused_moe`'s keyword arguments)."""
+        c = self.cfg
+        return dict(top_k=c.top_k, routing=c.routing, renormalize=c.norm_topk_prob, activation=c.activation,
+                    swiglu_alpha=c.swiglu_alpha, swiglu_limit=c.swiglu_limit)
+
+    def expert_scale(self) -> torch.Tensor | None:
+        return self.per_expert_scale.float() if self.cfg.per_expert_scale else None
+
     def forward(self, x: torch.Tensor, router_x: torch.Tensor | None = None) -> torch.Tensor:
         # x [..., H] expert input; router_x [..., H] what the router sees (default x)
         shape = x.shape
         flat = x.reshape(-1, shape[-1])  # [T, H]
         r = flat if router_x is None else router_x.reshape(-1, shape[-1])
-        weights, ids = route(self.gate(self.router_input(r)), self.cfg)  # [T, k] each
-        if self.cfg.per_expert_scale:
-            weights = weights * self.per_expert_scale[ids]
-        weights = weights.to(x.dtype)
-        out = torch.zeros_like(flat)
-        for e in torch.unique(ids).tolist():  # experts hit by at least one row
-            rows, which = (ids == e).nonzero(as_tuple=True)  # [n], [n]
-            y = self.experts[e](flat[rows]) * weights[rows, which, None]
-            out.index_put_((rows,), y, accumulate=True)  # (index_add_ is ~10x slower on CPU)
+        logits = self.gate(self.router_input(r))  # [T, E]
+        out = fused_moe(flat, logits, expert_scale=self.expert_scale(), **self.experts.op_args(), **self.op_attrs())
         return out.reshape(shape)
 
     # -- ONNX ------------------------------------------------------------------------------------
     def write_onnx(self, w, x: str, prefix: str, router_x: str | None = None) -> str:
-        """x [B, S, H] -> [B, S, H]; router_x: what the router sees (default x; Gemma-4 passes
-        the block input, with its router norm and scales)."""
+        """x [B, S, H] -> [B, S, H] through one PEagleMoE node (module docstring); router_x: what the
+        router sees (default x; Gemma-4 passes the block input, with its router norm and scales)."""
         from onnx import TensorProto
+
+        from peagle_trt.ops.names import DOMAIN, MOE
+        from peagle_trt.ops.onnx_defs import moe_function, plugin_attrs
 
         cfg, hidden = self.cfg, self.gate.in_features
         flat = w.op("Reshape", x, w.ints(-1, hidden))  # [N, H]
@@ -118,58 +156,140 @@ class SparseMoE(nn.Module):
             r = w.op("Mul", w.op("Mul", self.router_norm.write_onnx(w, r, f"{prefix}.router_norm"),
                                  w.param(f"{prefix}.router_scale", self.router_scale)),
                      w.const(np.asarray(hidden ** -0.5, dtype=w.np)))
-        logits = w.linear(r, self.gate, f"{prefix}.gate")
-        logits = w.op("Cast", logits, to=TensorProto.FLOAT)  # routing in float32
-        vals, ids = _write_route(w, logits, cfg)  # [N, k]
-        if cfg.per_expert_scale:
-            scales = w.weight(f"{prefix}.per_expert_scale",
-                              self.per_expert_scale.detach().float().cpu().numpy())
-            vals = w.op("Mul", vals, w.op("Gather", scales, ids, axis=0))
-        zeros = w.op("Mul", logits, w.const(np.float32(0)))
-        dense = w.op("ScatterElements", zeros, ids, vals, axis=-1)  # [N, E]
-        weights = w.op("Unsqueeze", w.op("Transpose", dense, perm=[1, 0]), w.ints(2))  # [E, N, 1]
-        if w.dtype != "float32":
-            weights = w.op("Cast", weights, to=w.float_type)
-        rows = w.op("Unsqueeze", flat, w.ints(0))  # [1, N, H]
-
-        def project(inp: str, proj: str) -> str:
-            weight, bias = self._write_stacked(w, proj, prefix)
-            y = w.op("MatMul", inp, weight)  # [E, N, out]
-            return w.op("Add", y, bias) if bias is not None else y
-
-        gate, up = project(rows, "gate_proj"), project(rows, "up_proj")  # [E, N, I]
-        if cfg.activation in ACTIVATIONS:  # SwiGLU / GeGLU, as expert_act
-            act = w.op("Mul", write_onnx_act(w, gate, cfg.activation), up)
-        else:  # GPT-OSS clamped SwiGLU
-            limit, alpha = w.const(w.np(cfg.swiglu_limit)), w.const(w.np(cfg.swiglu_alpha))
-            g = w.op("Min", gate, limit)
-            u = w.op("Max", w.op("Min", up, limit), w.op("Neg", limit))
-            glu = w.op("Mul", g, w.op("Sigmoid", w.op("Mul", g, alpha)))
-            act = w.op("Mul", w.op("Add", u, w.const(w.np(1.0))), glu)
-        out = w.op("Mul", project(act, "down_proj"), weights)  # [E, N, H]
-        out = w.op("ReduceSum", out, w.ints(0), keepdims=0)  # [N, H]
+        logits = w.op("Cast", w.linear(r, self.gate, f"{prefix}.gate"), to=TensorProto.FLOAT)  # [N, E] f32
+        form = moe_form(self)
+        if MOE in w.functions and w.functions[MOE].doc_string != repr(form):
+            raise BuildError(f"{prefix}: the MoE layers of one model must share one form (routing, activation, "
+                             f"FP8 scales), got {form} after {w.functions[MOE].doc_string}")
+        w.functions.setdefault(MOE, moe_function(form, w.dtype))
+        inputs = [flat, logits] + [_write_tensor(w, f"{prefix}.experts.{n}", t) if t is not None else ""
+                                   for n, t in _node_tensors(self).items()]
+        out = w.op(MOE, *inputs, domain=DOMAIN, name=w.name(MOE),
+                   **plugin_attrs(top_k=cfg.top_k, routing=ROUTING[cfg.routing], renormalize=int(cfg.norm_topk_prob),
+                                  activation=ACTIVATION[cfg.activation], swiglu_alpha=float(cfg.swiglu_alpha),
+                                  swiglu_limit=float(cfg.swiglu_limit)))
         return w.op("Reshape", out, w.op("Shape", x))
 
-    def _write_stacked(self, w, proj: str, prefix: str) -> tuple[str, str | None]:
-        """Stacked weights [E, in, out] (+ biases [E, 1, out]) of one projection of every expert."""
-        mods = [getattr(e, proj) for e in self.experts]
-        if any(m.weight.dtype == torch.float8_e4m3fn for m in mods):
-            raise BuildError(f"{prefix}: FP8 experts cannot be exported yet (the dense MoE graph has no FP8 "
-                             "Q/DQ); export the unquantized checkpoint")
-        weight = w.param(f"{prefix}.experts.{proj}.weight", torch.stack([m.weight.t() for m in mods]))
-        bias = None
-        if mods[0].bias is not None:
-            bias = w.param(f"{prefix}.experts.{proj}.bias", torch.stack([m.bias for m in mods])[:, None])
-        return weight, bias
+
+# -- FP8 experts -------------------------------------------------------------------------------------
+
+def fp8_scale_shapes(tensors: dict, prefix: str, ex: StackedExperts, what: str) -> dict | None:
+    """{scale name: shape} of `prefix`.experts's FP8 scales in `tensors` (None: not FP8), checked
+    against the op's three kinds; CheckpointError names what is wrong."""
+    weights = {p: tensors.get(f"{prefix}.{p}") for p in PROJECTIONS}
+    if not any(t is not None and is_fp8(t) for t in weights.values()):
+        return None
+    shapes = {}
+    for proj, weight in weights.items():
+        name = f"{prefix}.{proj}"
+        if weight is None or weight.dtype != FP8_DTYPE:
+            raise CheckpointError(f"{what}: {name} is {None if weight is None else weight.dtype}; FP8 experts "
+                                  "need both projections in float8_e4m3fn")
+        scale, act = tensors.get(f"{name}_scale"), tensors.get(f"{name}_input_scale")
+        if scale is None:
+            raise CheckpointError(f"{what}: FP8 expert weight {name!r} has no {name + '_scale'!r}")
+        e, n, k = weight.shape
+        kinds = {(e,): "per expert", (e, n): "per channel", (e, -(-n // BLOCK), -(-k // BLOCK)): "128x128 blocks"}
+        if tuple(scale.shape) not in kinds:
+            raise CheckpointError(f"{what}: {name + '_scale'!r} has shape {tuple(scale.shape)}; expected one of "
+                                  f"{', '.join(f'{s} ({v})' for s, v in kinds.items())}")
+        if proj == "gate_up_proj" and scale.dim() == 3 and (n // 2) % BLOCK:
+            raise CheckpointError(f"{what}: block-scaled FP8 experts need an intermediate size divisible by "
+                                  f"{BLOCK} (gate and up blocks apart), got {n // 2}")
+        shapes[f"{proj}_scale"] = tuple(scale.shape)
+        if act is not None:
+            if tuple(act.shape) != (e,):
+                raise CheckpointError(f"{what}: {name + '_input_scale'!r} has shape {tuple(act.shape)}, "
+                                      f"expected ({e},): one static activation scale per expert")
+            shapes[f"{proj}_input_scale"] = (e,)
+    return shapes
 
 
-def _write_route(w, logits: str, cfg: MoEConfig) -> tuple[str, str]:
-    """float32 logits [N, E] -> (top-k weights [N, k], expert ids [N, k]), as `route`."""
-    k = w.ints(cfg.top_k)
-    if cfg.routing == "softmax_topk":
-        vals, ids = w.op("TopK", w.op("Softmax", logits, axis=-1), k, axis=-1, outputs=2)
-        if cfg.norm_topk_prob:
-            vals = w.op("Div", vals, w.op("ReduceSum", vals, w.ints(-1), keepdims=1))
-        return vals, ids
-    vals, ids = w.op("TopK", logits, k, axis=-1, outputs=2)
-    return w.op("Softmax", vals, axis=-1), ids
+def fp8_experts_swap(model: nn.Module, tensors: dict, what: str = "checkpoint") -> list[str]:
+    """Make FP8 the StackedExperts of `model` whose checkpoint weights are FP8 (before `load_strict`,
+    which then checks the values by name and shape). Returns their module names."""
+    swapped = []
+    for name, module in model.named_modules():
+        if isinstance(module, StackedExperts):
+            shapes = fp8_scale_shapes(tensors, name, module, what)
+            if shapes is not None:
+                module.make_fp8(shapes)
+                swapped.append(name)
+    return swapped
+
+
+def fp8_experts(model: nn.Module) -> dict[str, StackedExperts]:
+    """The FP8 stacked experts of a model, by module name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, StackedExperts) and m.fp8}
+
+
+@torch.no_grad()
+def quantize_experts(moe: SparseMoE, kind: str = "block", act_scale: float | None = None) -> None:
+    """Quantize `moe`'s experts to FP8 E4M3 in place, from their current weights: `kind` "tensor"
+    (one scale per expert), "channel" (per output row) or "block" (128 x 128, as block-FP8 MoE
+    checkpoints ship them); `act_scale`: a static activation scale for every expert (ModelOpt's form),
+    None for dynamic activation scales. For random-weight targets at real shapes (bench seeds)."""
+    ex = moe.experts
+    if kind not in ("tensor", "channel", "block"):
+        raise ValueError(f"FP8 expert scales are 'tensor', 'channel' or 'block', got {kind!r}")
+    if ex.fp8:
+        raise ValueError("the experts are FP8 already")
+    values, shapes = {}, {}
+    for proj in PROJECTIONS:
+        w = getattr(ex, proj).float()  # [E, N, K]
+        e, n, k = w.shape
+        if kind == "tensor":
+            amax = w.abs().amax(dim=(1, 2))  # [E]
+        elif kind == "channel":
+            amax = w.abs().amax(dim=2)  # [E, N]
+        else:
+            padded = F.pad(w, (0, -k % BLOCK, 0, -n % BLOCK))
+            amax = padded.reshape(e, padded.shape[1] // BLOCK, BLOCK, padded.shape[2] // BLOCK, BLOCK
+                                  ).abs().amax(dim=(2, 4))  # [E, N/128, K/128]
+        scale = amax.clamp(min=1e-12) / FP8_MAX
+        codes = (w / reference.moe_expand_scale(scale, w.shape)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        values[proj], values[f"{proj}_scale"] = codes, scale
+        shapes[f"{proj}_scale"] = tuple(scale.shape)
+        if act_scale is not None:
+            values[f"{proj}_input_scale"] = torch.full((e,), act_scale / FP8_MAX, device=w.device)
+            shapes[f"{proj}_input_scale"] = (e,)
+        del w
+    ex.make_fp8(shapes)
+    for name, v in values.items():
+        getattr(ex, name).data = v
+
+
+# -- the ONNX node's tensors -------------------------------------------------------------------------
+
+def _node_tensors(moe: SparseMoE) -> dict:
+    """The PEagleMoE node's inputs after (x, router_logits), in order (None: absent)."""
+    ex = moe.experts
+    (s13, a13), (s2, a2) = ex.scales("gate_up_proj"), ex.scales("down_proj")
+    return {"gate_up_proj": ex.gate_up_proj, "down_proj": ex.down_proj, "gate_up_proj_bias": ex.gate_up_proj_bias,
+            "down_proj_bias": ex.down_proj_bias, "expert_scale": moe.expert_scale(), "gate_up_proj_scale": s13,
+            "down_proj_scale": s2, "gate_up_proj_input_scale": a13, "down_proj_input_scale": a2}
+
+
+def _write_tensor(w, name: str, t: torch.Tensor) -> str:
+    """An initializer: FP8 weights as FLOAT8E4M3FN, scales in float32, the rest in the export dtype."""
+    from onnx import TensorProto, helper
+
+    if t.dtype == FP8_DTYPE:
+        raw = t.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+        return w.weight(name, helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, list(t.shape), raw, raw=True))
+    if t.dtype == torch.float32 and (name.endswith("_scale") or name.endswith("expert_scale")):
+        return w.weight(name, t.detach().cpu().numpy())
+    return w.param(name, t)
+
+
+def moe_form(moe: SparseMoE):
+    """The ONNX body form of `moe` (peagle_trt/ops/onnx_defs.py `MoEForm`)."""
+    from peagle_trt.ops.onnx_defs import MoEForm
+
+    c, ex = moe.cfg, moe.experts
+    fp8 = None
+    if ex.fp8:
+        kinds = {1: "tensor", 2: "channel", 3: "block"}
+        fp8 = tuple(kinds[ex.scales(p)[0].dim()] for p in PROJECTIONS)
+    return MoEForm(c.top_k, c.routing, c.norm_topk_prob, c.activation, c.swiglu_alpha, c.swiglu_limit, fp8,
+                   ex.scales("gate_up_proj")[1] is not None, ex.gate_up_proj_bias is not None, c.per_expert_scale)

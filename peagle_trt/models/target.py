@@ -20,7 +20,7 @@ from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.gemma4 import Gemma4DecoderLayer, Gemma4PerLayerInputs
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
-from peagle_trt.models.moe import SparseMoE
+from peagle_trt.models.moe import SparseMoE, fp8_experts_swap
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
 
 
@@ -120,8 +120,9 @@ class TargetModel(nn.Module):
                      device="cpu", dtype=torch.float32, name: str = "target") -> TargetModel:
         with torch.device("meta"):
             model = cls(config, taps)
-        # FP8 checkpoints (`peagle-trt quantize`): FP8 linears become FP8Linear; no-op otherwise
-        fp8_swap(model, tensors, name)
+        # FP8 checkpoints: FP8 experts and FP8 linears (FP8Linear) get their scales; no-op otherwise
+        experts = tuple(f"{p}." for p in fp8_experts_swap(model, tensors, name))
+        fp8_swap(model, {k: t for k, t in tensors.items() if not k.startswith(experts)}, name)
         load_strict(model, tensors, name)
         model.set_inv_freqs()
         return model.to(device=device, dtype=dtype).eval().requires_grad_(False)

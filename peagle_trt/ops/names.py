@@ -9,6 +9,7 @@ tests/plugins/test_plugin_names.py checks that they agree with this module.
 KV_ATTENTION = "PEagleKVAttention"
 DRAFT_INPUTS = "PEagleDraftInputs"
 DRAFT_SAMPLE = "PEagleDraftSample"
+MOE = "PEagleMoE"  # the sparse MoE MLP of MoE targets (peagle_trt/models/moe.py)
 OP_TYPES = (KV_ATTENTION, DRAFT_INPUTS, DRAFT_SAMPLE)
 
 DOMAIN = "peagle"  # ONNX domain of the custom nodes

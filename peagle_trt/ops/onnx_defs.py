@@ -15,9 +15,11 @@ functions (its parser would inline them instead of calling the plugin): `strip_f
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
-from onnx import defs, helper
+from onnx import TensorProto, defs, helper
 
 from peagle_trt.ops.names import (
     DOMAIN,
@@ -25,12 +27,14 @@ from peagle_trt.ops.names import (
     DRAFT_INPUTS,
     DRAFT_SAMPLE,
     KV_ATTENTION,
+    MOE,
     PLUGIN_NAMESPACE,
     PLUGIN_VERSION,
 )
 from peagle_trt.ops.onnx_builder import Builder
 
 OPSET = 19  # FP8 QuantizeLinear / DequantizeLinear need opset >= 19
+CONTRIB = "com.microsoft"  # onnxruntime's contrib ops (a PEagleMoE body may call its MoE)
 _P = defs.OpSchema.FormalParameter
 _A = defs.OpSchema.Attribute
 _T = defs.OpSchema.AttrType
@@ -56,7 +60,9 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
         name, DOMAIN, DOMAIN_VERSION, doc,
         inputs=[_param(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
         type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices"),
-                          ("M", ["tensor(int32)"], "packed bits")],
+                          ("M", ["tensor(int32)"], "packed bits"),
+                          ("W", _FLOATS + ["tensor(float8e4m3fn)"], "weights (FP8 or the activations' type)"),
+                          ("F", ["tensor(float)"], "float32 logits and scales")],
         attributes=[_attr(a, kind, d) for a, kind, d in attrs] + plugin)
 
 
@@ -75,7 +81,19 @@ SCHEMAS = [
             [("num_spec_tokens", _T.INT, "K"), ("mask_token_id", _T.INT, "mask token id")]),
     _schema(DRAFT_SAMPLE, "greedy argmax over the draft vocabulary, mapped to target ids by d2t",
             [("logits", "T"), ("d2t", "I")], [("draft_ids", "I")], []),
+    _schema(MOE, "sparse mixture-of-experts MLP: routing, routed experts' gate/up, activation, down, weighted sum",
+            [("x", "T"), ("router_logits", "F"), ("w13", "W"), ("w2", "W"), ("b13?", "T"), ("b2?", "T"),
+             ("expert_scale?", "F"), ("w13_scale?", "F"), ("w2_scale?", "F"), ("a13_scale?", "F"), ("a2_scale?", "F")],
+            [("y", "T")],
+            [("top_k", _T.INT, "experts per row"), ("routing", _T.INT, "0 softmax-top-k, 1 top-k-softmax"),
+             ("renormalize", _T.INT, "softmax-top-k: divide the k weights by their sum"),
+             ("activation", _T.INT, "0 SwiGLU, 1 GeGLU (tanh), 2 GPT-OSS clamped SwiGLU"),
+             ("swiglu_alpha", _T.FLOAT, "clamped SwiGLU's sigmoid scale"),
+             ("swiglu_limit", _T.FLOAT, "clamped SwiGLU's clamp")]),
 ]
+
+MOE_INPUTS = ["x", "router_logits", "w13", "w2", "b13", "b2", "expert_scale", "w13_scale", "w2_scale", "a13_scale",
+              "a2_scale"]
 
 
 def register_schemas() -> None:
@@ -90,9 +108,11 @@ def plugin_attrs(**attrs) -> dict:
 
 def _function(name: str, b: Builder, inputs: list[str], outputs: list[str], attrs: list[str],
               defaults: list[onnx.AttributeProto] = ()) -> onnx.FunctionProto:
-    return helper.make_function(DOMAIN, name, inputs, outputs, b.nodes,
-                                [helper.make_opsetid("", OPSET)], attributes=attrs + ["plugin_version",
-                                                                                      "plugin_namespace"],
+    opsets = [helper.make_opsetid("", OPSET)]
+    if any(n.domain == CONTRIB for n in b.nodes):
+        opsets.append(helper.make_opsetid(CONTRIB, 1))
+    return helper.make_function(DOMAIN, name, inputs, outputs, b.nodes, opsets,
+                                attributes=attrs + ["plugin_version", "plugin_namespace"],
                                 attribute_protos=list(defaults))
 
 
@@ -250,6 +270,171 @@ def draft_sample_function() -> onnx.FunctionProto:
     draft = b.op("ArgMax", "logits", axis=-1, keepdims=0)  # [B,K]
     b.op("Add", draft, b.op("Gather", "d2t", draft, axis=0), outputs=["draft_ids"])
     return _function(DRAFT_SAMPLE, b, ["logits", "d2t"], ["draft_ids"], [])
+
+
+@dataclass(frozen=True)
+class MoEForm:
+    """What one model's PEagleMoE body computes (ops.reference.moe's settings, baked in) and how.
+
+    `fp8`: None, or the weight-scale kind of (w13, w2), each "tensor" / "channel" / "block";
+    `static_act`: a13_scale / a2_scale given; `bias`, `expert_scale`: the optional inputs present."""
+    top_k: int
+    routing: str
+    renormalize: bool
+    activation: str
+    swiglu_alpha: float
+    swiglu_limit: float
+    fp8: tuple[str, str] | None = None
+    static_act: bool = False
+    bias: bool = False
+    expert_scale: bool = False
+
+    @property
+    def contrib(self) -> bool:
+        """onnxruntime's own com.microsoft::MoE serves it: its CPU kernel (float32, interleaved SwiGLU
+        with alpha / beta / limit, softmax then top-k, renormalised or not) computes exactly this
+        math, reading only the routed experts. Otherwise the exact dense form (every expert)."""
+        return self.fp8 is None and self.activation != "gelu_tanh" and not self.expert_scale
+
+
+def moe_function(form: MoEForm, dtype: str = "float32") -> onnx.FunctionProto:
+    """Body of PEagleMoE (ops.reference.moe) for one model's `form`, in the export `dtype` ("float32" /
+    "float16"); its doc string records the form (one form per model)."""
+    b = Builder("moe_")
+    float_type = TensorProto.FLOAT if dtype == "float32" else TensorProto.FLOAT16
+    x = b.op("Cast", "x", to=TensorProto.FLOAT) if dtype != "float32" else "x"
+    y = _moe_contrib(b, form, x) if form.contrib else _moe_dense(b, form, x, float_type)
+    b.op("Cast", y, to=float_type, outputs=["y"])
+    fn = _function(MOE, b, MOE_INPUTS, ["y"], ["top_k", "routing", "renormalize", "activation", "swiglu_alpha",
+                                              "swiglu_limit"])
+    fn.doc_string = repr(form)
+    return fn
+
+
+def _moe_contrib(b: Builder, form: MoEForm, x: str) -> str:
+    """com.microsoft::MoE over w13 re-laid out gate/up interleaved (its CPU kernel's only SwiGLU form;
+    a function of the initializers alone, which onnxruntime folds once at session creation)."""
+    def interleave(t: str, rank: int) -> str:  # [E, 2I, (H)] gate | up -> g0 u0 g1 u1 ...
+        shape = b.op("Shape", t)
+        split = b.op("Concat", b.op("Slice", shape, b.ints(0), b.ints(1)), b.ints(2, -1),
+                     *([b.op("Slice", shape, b.ints(2), b.ints(3))] if rank == 3 else []), axis=0)
+        perm = [0, 2, 1, 3] if rank == 3 else [0, 2, 1]
+        return b.op("Reshape", b.op("Transpose", b.op("Reshape", t, split), perm=perm), shape)
+
+    def f32(t: str) -> str:
+        return b.op("Cast", t, to=TensorProto.FLOAT)
+
+    clamped = form.activation == "clamped_swiglu"
+    attrs = dict(k=form.top_k, activation_type="swiglu", swiglu_fusion=1,
+                 normalize_routing_weights=int(form.routing == "topk_softmax" or form.renormalize),
+                 activation_alpha=float(form.swiglu_alpha) if clamped else 1.0,
+                 activation_beta=1.0 if clamped else 0.0)
+    if clamped:
+        attrs["swiglu_limit"] = float(form.swiglu_limit)
+    inputs = [x, "router_logits", interleave(f32("w13"), 3), interleave(f32("b13"), 2) if form.bias else "",
+              f32("w2"), f32("b2") if form.bias else ""]
+    return b.op("MoE", *inputs, domain=CONTRIB, **attrs)
+
+
+def _moe_dense(b: Builder, form: MoEForm, x: str, float_type: int) -> str:
+    """Every expert on every row, weighted by the row's routing weight (0 off its top-k): exact for
+    FP8 experts (dequantized weights, the op's activation quantization), GeGLU and expert scales."""
+    f32 = TensorProto.FLOAT
+    logits = "router_logits"
+    k = b.ints(form.top_k)
+    if form.routing == "softmax_topk":  # TopK: equal values keep the lower index first (as the op)
+        vals, ids = b.op("TopK", b.op("Softmax", logits, axis=-1), k, axis=-1, outputs=2)
+        if form.renormalize:
+            vals = b.op("Div", vals, b.op("ReduceSum", vals, b.ints(-1), keepdims=1))
+    else:
+        vals, ids = b.op("TopK", logits, k, axis=-1, outputs=2)
+        vals = b.op("Softmax", vals, axis=-1)
+    if form.expert_scale:
+        vals = b.op("Mul", vals, b.op("Gather", "expert_scale", ids, axis=0))
+    dense = b.op("ScatterElements", b.op("Mul", logits, b.const(np.float32(0))), ids, vals, axis=-1)  # [N, E]
+    route = b.op("Unsqueeze", b.op("Transpose", dense, perm=[1, 0]), b.ints(2))  # [E, N, 1]
+    w13, w2 = (_moe_weight(b, w, form.fp8[i] if form.fp8 else None, scale)
+               for i, (w, scale) in enumerate((("w13", "w13_scale"), ("w2", "w2_scale"))))
+    kinds = form.fp8 or (None, None)
+    rows = b.op("Unsqueeze", x, b.ints(0))  # [1, N, H]
+    if kinds[0]:
+        rows = _moe_act_quant(b, rows, "a13_scale" if form.static_act else None, kinds[0] == "block")
+    gu = b.op("MatMul", rows, b.op("Transpose", w13, perm=[0, 2, 1]))  # [E, N, 2I]
+    if form.bias:
+        gu = b.op("Add", gu, b.op("Unsqueeze", b.op("Cast", "b13", to=f32), b.ints(1)))
+    gate, up = b.op("Split", gu, num_outputs=2, axis=-1, outputs=2)
+    if form.activation == "silu":
+        h = b.op("Mul", b.silu(gate), up)
+    elif form.activation == "gelu_tanh":
+        h = b.op("Mul", b.gelu_tanh(gate), up)
+    else:
+        limit = b.const(np.float32(form.swiglu_limit))
+        g = b.op("Min", gate, limit)
+        u = b.op("Max", b.op("Min", up, limit), b.op("Neg", limit))
+        glu = b.op("Mul", g, b.op("Sigmoid", b.op("Mul", g, b.const(np.float32(form.swiglu_alpha)))))
+        h = b.op("Mul", b.op("Add", u, b.const(np.float32(1.0))), glu)
+    if float_type != f32:  # h is rounded once to the activations' type
+        h = b.op("Cast", b.op("Cast", h, to=float_type), to=f32)
+    if kinds[1]:
+        h = _moe_act_quant(b, h, "a2_scale" if form.static_act else None, kinds[1] == "block")
+    out = b.op("MatMul", h, b.op("Transpose", w2, perm=[0, 2, 1]))  # [E, N, H]
+    if form.bias:
+        out = b.op("Add", out, b.op("Unsqueeze", b.op("Cast", "b2", to=f32), b.ints(1)))
+    return b.op("ReduceSum", b.op("Mul", out, route), b.ints(0), keepdims=0)  # [N, H]
+
+
+def _moe_weight(b: Builder, w: str, kind: str | None, scale: str) -> str:
+    """An expert weight [E, N, K] in float32, FP8 codes dequantized by their scale's kind."""
+    w32 = b.op("Cast", w, to=TensorProto.FLOAT)
+    if kind == "tensor":
+        return b.op("Mul", w32, b.op("Unsqueeze", scale, b.ints(1, 2)))
+    if kind == "channel":
+        return b.op("Mul", w32, b.op("Unsqueeze", scale, b.ints(2)))
+    if kind == "block":  # [E, N/128, K/128] -> [E, N, K]: each scale over its 128 x 128 block
+        s5 = b.op("Unsqueeze", scale, b.ints(2, 4))  # [E, nb, 1, kb, 1]
+        sshape = b.op("Shape", scale)
+        full = b.op("Concat", b.op("Slice", sshape, b.ints(0), b.ints(2)), b.ints(128),
+                    b.op("Slice", sshape, b.ints(2), b.ints(3)), b.ints(128), axis=0)
+        s = b.op("Reshape", b.op("Expand", s5, full), b.op("Concat", b.op("Slice", sshape, b.ints(0), b.ints(1)),
+                                                            b.ints(-1), b.op("Mul", b.op("Slice", sshape, b.ints(2),
+                                                                                         b.ints(3)), b.ints(128)),
+                                                            axis=0))
+        wshape = b.op("Shape", w)
+        s = b.op("Slice", s, b.ints(0, 0), b.op("Slice", wshape, b.ints(1), b.ints(3)), b.ints(1, 2))
+        return b.op("Mul", w32, s)
+    return w32
+
+
+def _moe_act_quant(b: Builder, x: str, static: str | None, block: bool) -> str:
+    """x [.., N, K] float32 as code(x) * a (ops.reference.moe_quantize_act): a static per-expert scale
+    [E], else per row, or per row and 128-column group."""
+    fmax = b.const(np.float32(448.0))
+    if static is not None:
+        a = b.op("Unsqueeze", static, b.ints(1, 2))  # [E, 1, 1]
+        return _fake_quant(b, x, a, fmax)
+    if not block:
+        a = b.op("Div", b.op("Max", b.op("ReduceMax", b.op("Abs", x), b.ints(-1), keepdims=1),
+                             b.const(np.float32(1e-12))), fmax)
+        return _fake_quant(b, x, a, fmax)
+    shape = b.op("Shape", x)
+    kdim = b.op("Slice", shape, b.ints(-1), b.ints(2 ** 62))  # [1] K
+    pad = b.op("Mod", b.op("Sub", b.ints(128), b.op("Mod", kdim, b.ints(128))), b.ints(128))
+    zeros = b.op("ConstantOfShape", b.op("Sub", b.op("Shape", shape), b.ints(1)),
+                 value=helper.make_tensor("z", TensorProto.INT64, [1], [0]))
+    pads = b.op("Concat", zeros, b.ints(0), zeros, pad, axis=0)  # pad the last axis at its end
+    padded = b.op("Pad", x, pads)
+    groups = b.op("Reshape", padded, b.op("Concat", b.op("Slice", shape, b.ints(0), b.ints(-1)), b.ints(-1, 128),
+                                          axis=0))  # [.., N, G, 128]
+    a = b.op("Div", b.op("Max", b.op("ReduceMax", b.op("Abs", groups), b.ints(-1), keepdims=1),
+                         b.const(np.float32(1e-12))), fmax)
+    q = b.op("Reshape", _fake_quant(b, groups, a, fmax), b.op("Shape", padded))
+    return b.op("Slice", q, b.ints(0), kdim, b.ints(-1))
+
+
+def _fake_quant(b: Builder, x: str, a: str, fmax: str) -> str:
+    """fp8(clamp(x / a, -448, 448)) * a, E4M3 rounding to nearest even."""
+    codes = b.op("Cast", b.op("Clip", b.op("Div", x, a), b.op("Neg", fmax), fmax), to=TensorProto.FLOAT8E4M3FN)
+    return b.op("Mul", b.op("Cast", codes, to=TensorProto.FLOAT), a)
 
 
 def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:

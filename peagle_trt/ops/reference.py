@@ -251,3 +251,133 @@ def draft_sample(logits: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     target_id = draft_id + d2t[draft_id])."""
     draft = logits.argmax(dim=-1)
     return draft + d2t[draft]
+
+
+# -- PEagleMoE ---------------------------------------------------------------------------------------
+# The sparse MoE MLP of the target's MoE layers (peagle_trt/models/moe.py); the contract, FP8 kinds
+# included, is docs/EXPORT.md "PEagleMoE".
+
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
+MOE_ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")
+MOE_BLOCK = 128  # FP8 block scales: 128 x 128 weight blocks, 128-column activation groups
+FP8_MAX = 448.0  # largest finite E4M3 value
+
+
+def moe_route(logits: torch.Tensor, top_k: int, routing: str = "softmax_topk", renormalize: bool = False,
+              expert_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64), in float32.
+
+    softmax_topk (Qwen3-MoE, Gemma-4): top-k of softmax(logits), divided by their sum if `renormalize`;
+    topk_softmax (GPT-OSS): softmax over the top-k logits. Picks in descending order, ties to the
+    lower expert id (a stable sort: what the kernel does). `expert_scale` [E] (Gemma-4) scales each
+    pick's weight."""
+    p = logits.float()
+    if routing == "softmax_topk":
+        p = p.softmax(dim=-1)
+    elif routing != "topk_softmax":
+        raise ValueError(f"MoE routing {routing!r} is not one of {MOE_ROUTINGS}")
+    vals, ids = torch.sort(p, dim=-1, descending=True, stable=True)
+    vals, ids = vals[:, :top_k], ids[:, :top_k]
+    if routing == "topk_softmax":
+        vals = vals.softmax(dim=-1)
+    elif renormalize:
+        vals = vals / vals.sum(dim=-1, keepdim=True)
+    if expert_scale is not None:
+        vals = vals * expert_scale.float()[ids]
+    return vals, ids
+
+
+def moe_act(gu: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
+    """[..., 2I] gate | up (float32) -> [..., I]: SwiGLU, GeGLU, or GPT-OSS's clamped SwiGLU
+    (gate clamped above at `limit`, up to +-limit, (up + 1) * gate * sigmoid(alpha * gate))."""
+    gate, up = gu.chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "gelu_tanh":
+        return F.gelu(gate, approximate="tanh") * up
+    if activation != "clamped_swiglu":
+        raise ValueError(f"MoE activation {activation!r} is not one of {MOE_ACTIVATIONS}")
+    gate = gate.clamp(max=limit)
+    return (up.clamp(min=-limit, max=limit) + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def moe_expand_scale(scale: torch.Tensor, weight_shape) -> torch.Tensor:
+    """An FP8 weight scale broadcast to its weight [..., N, K]; the kind is told by the rank gap:
+    per expert (2 fewer dims), per channel [.., N] (1 fewer) or 128 x 128 blocks [.., N/128, K/128]."""
+    n, k = weight_shape[-2:]
+    gap = len(weight_shape) - scale.dim()
+    if gap == 2:
+        return scale[..., None, None]
+    if gap == 1:
+        return scale[..., None]
+    return scale.repeat_interleave(MOE_BLOCK, -2).repeat_interleave(MOE_BLOCK, -1)[..., :n, :k]
+
+
+def moe_dequantize(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """float32 values of an FP8 expert weight [..., N, K] under its scale (`moe_expand_scale`)."""
+    return weight.float() * moe_expand_scale(scale.float(), weight.shape)
+
+
+def moe_quantize_act(x: torch.Tensor, act_scale: torch.Tensor | None, block: bool) -> torch.Tensor:
+    """x [n, K] float32 as the FP8 GEMM sees it, code(x) * a: a static scale `act_scale` (a scalar:
+    ModelOpt's), else dynamic per row, or per row and 128-column group for block-scaled weights
+    (a = max(amax, 1e-12) / 448)."""
+    if act_scale is not None:
+        a = act_scale.float()
+    elif block:
+        n, k = x.shape
+        groups = F.pad(x, (0, -k % MOE_BLOCK)).reshape(n, -1, MOE_BLOCK)  # [n, G, 128]
+        a = (groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX).expand_as(groups)
+        a = a.reshape(n, -1)[:, :k]
+    else:
+        a = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    codes = (x / a).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return codes.float() * a
+
+
+def _moe_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act_scale: torch.Tensor | None,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """x [n, K] @ one expert's weight [N, K]^T (+ bias) -> [n, N] float32 (FP8: quantized activations)."""
+    if scale is None:
+        y = F.linear(x, weight).float()
+    else:
+        y = F.linear(moe_quantize_act(x.float(), act_scale, scale.dim() == 2), moe_dequantize(weight, scale))
+    return y if bias is None else y + bias.float()
+
+
+def moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+        b13: torch.Tensor | None = None, b2: torch.Tensor | None = None, expert_scale: torch.Tensor | None = None,
+        w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+        a13_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None, *, top_k: int,
+        routing: str = "softmax_topk", renormalize: bool = False, activation: str = "silu",
+        swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+    """PEagleMoE: x [T, H], router_logits [T, E] -> y [T, H] in x's dtype.
+
+    w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up), w2 [E, H, I], biases b13 [E, 2I] / b2 [E, H],
+    in x's dtype or float8_e4m3fn with float32 scales w13_scale / w2_scale ([E], [E, N] or blocks
+    [E, N/128, K/128]) and optional static activation scales a13_scale / a2_scale [E] (else dynamic).
+    Per row t and pick j (`moe_route`), expert e: h = act(x @ w13[e]^T + b13[e]) in float32, rounded
+    once to x's dtype; o_j = h @ w2[e]^T + b2[e]; y[t] = sum_j weight[t, j] * o_j in float32 in pick
+    order, rounded once.
+
+    Each expert a row picked runs once, over the rows that picked it. Which experts and how many
+    rows: a count per expert read on the host through a CPU tensor's numpy view (no device read,
+    no data-dependent op: the CPU path of the torch target), on another device by a copy (the
+    reference only; the GPU kernel reads nothing back)."""
+    weights, ids = moe_route(router_logits, top_k, routing, renormalize, expert_scale)  # [T, k] each
+    t, k = ids.shape
+    picks = ids.reshape(-1)  # [T k] pair p = row p // k, pick p % k
+    order = torch.sort(picks, stable=True).indices  # [T k] the pairs grouped by expert
+    counts = torch.zeros(w13.shape[0], dtype=torch.int64, device=ids.device).scatter_add_(
+        0, picks, torch.ones_like(picks))  # [E]
+    counts = (counts if counts.device.type == "cpu" else counts.cpu()).numpy()
+    ends = np.cumsum(counts)
+    out = x.new_zeros(t * k, x.shape[-1], dtype=torch.float32)  # [T k, H] each pick's down projection
+    for e in np.flatnonzero(counts).tolist():  # numpy ints, not tensor reads
+        pairs = order[int(ends[e] - counts[e]):int(ends[e])]  # [n] the pairs routed to e
+        gu = _moe_linear(x[pairs // k], w13[e], None if w13_scale is None else w13_scale[e],
+                         None if a13_scale is None else a13_scale[e], None if b13 is None else b13[e])
+        h = moe_act(gu, activation, swiglu_alpha, swiglu_limit).to(x.dtype)  # [n, I]
+        out[pairs] = _moe_linear(h, w2[e], None if w2_scale is None else w2_scale[e],
+                                 None if a2_scale is None else a2_scale[e], None if b2 is None else b2[e])
+    return (out.view(t, k, -1) * weights[..., None]).sum(dim=1).to(x.dtype)

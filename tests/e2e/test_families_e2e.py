@@ -1,9 +1,10 @@
 """Qwen3-MoE, GPT-OSS and Gemma-4 end to end: greedy speculative output near-equals transformers'
 greedy `generate` in every spec mode (torch backend; identical, or parting at a near-tie of
-transformers' logits: tests/export/crossbackend.py); the exported graphs (dense MoE, attention
-sinks, sliding windows, Gemma-4's per-layer head sizes and KV-shared layers) equal the torch
-reference in onnxruntime within a tolerance, greedy generation there is identical to target-only
-decoding in every mode (deterministic mode), and chunked prefill near-equals torch's."""
+transformers' logits: tests/export/crossbackend.py); the exported graphs (attention sinks,
+sliding windows, Gemma-4's per-layer head sizes and KV-shared layers, the PEagleMoE node, FP8
+experts) equal the torch reference in onnxruntime within a tolerance, greedy generation there is
+identical to target-only decoding in every mode (deterministic mode), and chunked prefill
+near-equals torch's."""
 
 from __future__ import annotations
 
@@ -129,7 +130,9 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
     onnx.checker.check_model(str(out / "target.onnx"), full_check=True)
     model = onnx.load(str(out / "target.onnx"), load_external_data=False)
     ops = {n.op_type for n in model.graph.node}
-    assert not ops & {"Loop", "Scan", "If"}  # the MoE is dense: no per-token control flow
+    assert not ops & {"Loop", "Scan", "If"}  # no per-token control flow
+    assert sum(n.op_type == "PEagleMoE" for n in model.graph.node) == {"qwen3_moe": 6, "gpt_oss": 8,
+                                                                         "gemma4": 0, "gemma4_moe": 8}[family]
     attn = [n for n in model.graph.node if n.domain == DOMAIN and n.op_type == "PEagleKVAttention"]
     windows = [next((a.i for a in n.attribute if a.name == "sliding_window"), 0) for n in attn]
     if family == "gpt_oss":
@@ -156,6 +159,34 @@ def test_exported_graph_is_static_with_sinks_and_windows_on_the_nodes(exported, 
             _graph_info(out / "trt" / "target.onnx")
     else:  # full attention: + an empty sinks slot and the draft-tree mask
         assert windows == [0] * 8 and all(list(n.input[7:]) == ["", "tree_mask"] for n in attn)
+
+
+FP8_TOL = 5e-2  # logits, torch against onnxruntime with FP8 activations (tests/export/crossbackend.py)
+
+
+@pytest.mark.parametrize("family, kind, static", [("qwen3_moe", "channel", False), ("gpt_oss", "tensor", True)])
+def test_fp8_experts_export_and_decode(tiny_moe, tmp_path, family, kind, static):
+    """FP8 experts (peagle_trt/models/moe.py `quantize_experts`) export with their scales; onnxruntime
+    near-equals torch (greedy, with margins) and speculates exactly as it decodes alone, on both."""
+    from peagle_trt.models.moe import SparseMoE, quantize_experts
+
+    target, drafter = _models(tiny_moe, family)
+    for m in target.modules():
+        if isinstance(m, SparseMoE):
+            quantize_experts(m, kind, act_scale=4.0 if static else None)
+    out = tmp_path / "export"
+    export_models(target, drafter, out, ExportOptions(SpecConfig("peagle", K), SLOTS, SEQ, max_rows=MAX_ROWS))
+    prompt, params = _prompts()[1], SamplingParams(max_tokens=20, ignore_eos=True)
+    made = {"torch": lambda: TorchExecutor(target, drafter, 1, SEQ + K + 1, deterministic=True),
+            "ort": lambda: OrtExecutor(out, deterministic=True)}
+    outputs = {}
+    for backend, make in made.items():
+        runs = {mode: generate(SpecDecoder(make(), SpecConfig(mode, K)), prompt, params, prefill_chunk=MAX_ROWS).output
+                for mode in MODES}
+        assert runs["eagle3"] == runs["none"] and runs["peagle"] == runs["none"], backend
+        outputs[backend] = runs["none"]
+    check_greedy_near_equal(lambda: TorchExecutor(target, None, 1, SEQ + K + 1), lambda: OrtExecutor(out),
+                            prompt, outputs["torch"], outputs["ort"], FP8_TOL, MIN_AGREED)
 
 
 def test_build_prints_and_records_kv_memory(tiny_moe, tmp_path, capsys):

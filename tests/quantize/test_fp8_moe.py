@@ -1,6 +1,6 @@
 """FP8 (ModelOpt) targets of the P-EAGLE families: ModelOpt quantizes attention and the experts
-(routers stay unquantized). Qwen3-MoE comes out as per-expert FP8 linears, GPT-OSS as stacked FP8
-expert tensors with one scale pair per projection, Gemma-4 as FP8 attention / MLP / per-layer-input
+(routers stay unquantized). Qwen3-MoE comes out as per-expert FP8 linears (stacked on load), GPT-OSS
+as stacked FP8 expert tensors with one scale pair per projection, Gemma-4 as FP8 attention / MLP / per-layer-input
 linears (KV-shared layers have no k/v) and, with the MoE block, per-expert FP8 linears; our loader
 reads them, reproduces ModelOpt's
 fake-quantized HF model, and speculative output over the FP8 target equals its own greedy output."""
@@ -14,6 +14,7 @@ pytest.importorskip("modelopt.torch.quantization", reason="nvidia-modelopt is no
 
 from peagle_trt.checkpoint.target import load_target  # noqa: E402
 from peagle_trt.models.fp8 import fp8_layers  # noqa: E402
+from peagle_trt.models.moe import fp8_experts  # noqa: E402
 from peagle_trt.quantize import QuantizeOptions, calibrate, quantize_target  # noqa: E402
 from peagle_trt.runtime.scheduler import generate  # noqa: E402
 from tests.helpers import greedy, make_decoder  # noqa: E402
@@ -24,7 +25,9 @@ FAMILIES = ["qwen3_moe", "gpt_oss"]
 ALL = FAMILIES + ["gemma4", "gemma4_moe"]
 # FP8 linears: qwen3_moe 8 layers x 4 attention + 6 sparse layers x 8 experts x 3 + 2 dense x 3;
 # gpt_oss 8 layers x (4 attention + 8 experts x 3)
-FP8_LAYERS = {"qwen3_moe": 8 * 4 + 6 * 8 * 3 + 2 * 3, "gpt_oss": 8 * (4 + 8 * 3)}
+FP8_LAYERS = {"qwen3_moe": 8 * 4 + 2 * 3, "gpt_oss": 8 * 4}
+# FP8 stacked experts (peagle_trt/models/moe.py): one per sparse layer
+FP8_EXPERTS = {"qwen3_moe": 6, "gpt_oss": 8}
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +46,12 @@ def fp8_moe(tiny_moe, tmp_path_factory):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_experts_and_attention_are_fp8_routers_are_not(fp8_moe, family):
     path = fp8_moe(family)
-    names = set(fp8_layers(build(path)))
-    assert "layers.1.mlp.experts.7.down_proj" in names and "layers.1.self_attn.q_proj" in names
-    assert len(names) == FP8_LAYERS[family]
+    model = build(path)
+    names, experts = set(fp8_layers(model)), fp8_experts(model)
+    assert "layers.1.mlp.experts" in experts and "layers.1.self_attn.q_proj" in names
+    assert len(names) == FP8_LAYERS[family] and len(experts) == FP8_EXPERTS[family]
+    ex = experts["layers.1.mlp.experts"]  # ModelOpt's static per-expert scales, per channel where gate != up
+    assert ex.down_proj_scale.shape == ex.down_proj_input_scale.shape == (8,)
     assert load_target(path).tensors["layers.1.mlp.gate.weight"].dtype == torch.float32  # router
 
 
@@ -63,9 +69,10 @@ def test_gemma4_attention_mlp_and_per_layer_inputs_are_fp8(fp8_moe):
 
 def test_gemma4_moe_experts_are_fp8_router_is_not(fp8_moe):
     path = fp8_moe("gemma4_moe")
-    names = set(fp8_layers(build(path)))
-    assert len(names) == 4 * 9 + 8 + 3 * 7 + 1 + 8 * 8 * 3  # the dense Gemma-4 count + 8 layers x 8 experts x 3
-    assert "layers.3.moe.experts.7.down_proj" in names and "layers.3.moe.gate" not in names
+    model = build(path)
+    names, experts = set(fp8_layers(model)), fp8_experts(model)
+    assert len(names) == 4 * 9 + 8 + 3 * 7 + 1  # the dense Gemma-4 count
+    assert len(experts) == 8 and "layers.3.moe.experts" in experts and "layers.3.moe.gate" not in names
     assert load_target(path).tensors["layers.3.moe.gate.weight"].dtype == torch.float32
 
 
@@ -107,7 +114,8 @@ def test_mxfp4_checkpoint_requantizes_to_fp8(tiny_moe, tmp_path):
     dequantizes it for ModelOpt) into FP8 that our loader serves, speculation exact."""
     out = tmp_path / "gpt_oss_mxfp4-fp8"
     quantize_target(tiny_moe["gpt_oss_mxfp4"], out, SPEC, progress=None)
-    assert len(fp8_layers(build(out))) == FP8_LAYERS["gpt_oss"]
+    model = build(out)
+    assert len(fp8_layers(model)) == FP8_LAYERS["gpt_oss"] and len(fp8_experts(model)) == FP8_EXPERTS["gpt_oss"]
     models = {"fp8": out, "head": tiny_moe["drafter-gpt_oss"]}
     prompt = list(range(30, 45))
     plain = generate(make_decoder(models, "fp8", None, "none", 1, max_len=96), prompt, greedy(16)).output

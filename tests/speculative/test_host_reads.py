@@ -1,4 +1,4 @@
-"""The speculative step waits on the device ONCE per step (issue 57): one host-to-device upload
+"""The speculative step waits on the device ONCE per step: one host-to-device upload
 (the verify's host ints, non-blocking: peagle_trt/speculative/drafting.py `upload`) and one
 device-to-host read (the accepted tokens and counts); everything after the read is host bookkeeping.
 
@@ -14,10 +14,10 @@ Ops: no aten op whose output shape or value the host must wait for (nonzero, mas
 index, unique, repeat_interleave without output_size, item) runs inside the step, its forwards
 included (a TorchDispatchMode sees every op).
 At batch 1 and 8, every spec mode, trees and grammar off, the torch executor on CPU (attention
-spans come from the host, ops.reference.key_span); a request that finishes mid-batch adds one
+spans come from the host, ops.reference.key_span), dense and MoE targets; a request that finishes mid-batch adds one
 non-blocking upload (which requests go on) and no read; a tree adds one read (the drafter's top
 candidates: the tree is chosen on the host).
-Before issue 57 the read count gave 9 (none), 16 (eagle3 K = 3) and 12 (peagle K = 3) per step
+Before the step moved to the device the read count gave 9 (none), 16 (eagle3 K = 3) and 12 (peagle K = 3) per step
 (batch 1 and 8 alike: an attention span read per layer, the argmaxes, the drafts); before the
 one upload, the step made 4 synchronous uploads (last tokens, drafts per request twice, tables).
 """
@@ -106,8 +106,8 @@ def data_dependent(func, args, kwargs) -> bool:
     name = func.overloadpacket.__name__
     if name in ("nonzero", "masked_select", "_local_scalar_dense", "item") or "unique" in name:
         return True
-    if name == "repeat_interleave":
-        return kwargs.get("output_size") is None and any(isinstance(a, torch.Tensor) for a in args[:2])
+    if name == "repeat_interleave":  # tensor repeats (not self_int: an int count, e.g. GQA with sinks)
+        return kwargs.get("output_size") is None and func._overloadname != "self_int"
     if name in ("index", "index_put", "index_put_", "_index_put_impl_"):  # a bool index: nonzero inside
         return any(i is not None and i.dtype == torch.bool for i in args[1])
     return False
@@ -127,10 +127,11 @@ class DataDependentOps(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-def decoding(tiny, mode, drafter, k, batch, max_tokens=(), spec=None):
+def decoding(tiny, mode, drafter, k, batch, max_tokens=(), spec=None, target="llama"):
     """A decoder and `batch` prefilled requests past their first step (which drafts from the
-    prompt's rows); `max_tokens[i]` (else 40) for request i."""
-    dec = make_decoder(tiny, "llama", drafter, mode, k, slots=batch, deterministic=False, spec=spec)
+    prompt's rows); `max_tokens[i]` (else 40) for request i. `target`: a key of `tiny` (a MoE
+    target of tiny_moe, with its head as `drafter`)."""
+    dec = make_decoder(tiny, target, drafter, mode, k, slots=batch, deterministic=False, spec=spec)
     limits = list(max_tokens) + [40] * (batch - len(max_tokens))
     seqs = [dec.new_sequence([1, 2, 3 + i], SamplingParams(max_tokens=limits[i], ignore_eos=True))
             for i in range(batch)]
@@ -205,6 +206,26 @@ def test_no_data_dependent_op_in_the_step(tiny, mode, drafter, k, batch):
             for _ in range(6):
                 dec.step(seqs)
         assert not ops.seen, dict(ops.seen)
+
+
+MOE_CASES = [("none", False, 0, 1), ("eagle3", True, 3, 1), ("peagle", True, 3, 1), ("peagle", True, 3, 8)]
+
+
+@pytest.mark.parametrize("mode, head, k, batch", MOE_CASES)
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_moe_targets_read_once_per_step(tiny_moe, family, mode, head, k, batch):
+    """MoE targets too: the CPU path of the MoE layers (peagle_trt/ops/reference.py `moe`) sees the
+    routing through numpy views of CPU tensors, so the step keeps its one upload and one read, and
+    no data-dependent op runs in it (before: 7 reads a step on the tiny Qwen3-MoE, 9 on GPT-OSS)."""
+    drafter = f"drafter-{family}" if head else None
+    dec, seqs = decoding(tiny_moe, mode, drafter, k, batch, target=family)
+    for uploads, reads, _ in counted_steps(dec, seqs, 3):
+        assert dict(uploads) == {"upload": 1}, dict(uploads)
+        assert sum(reads.values()) == 1, dict(reads)
+    ops = DataDependentOps()
+    with ops:
+        dec.step(seqs)
+    assert not ops.seen, dict(ops.seen)
 
 
 def test_upload_packs_its_parts_in_one_buffer():

@@ -23,7 +23,7 @@ modeling_gemma4, the oracle of tests/models/test_gemma4.py):
                                   router on rmsnorm(x) * scale / sqrt(H), softmax, top-k,
                                   renormalised, x per_expert_scale; GeGLU experts stored stacked
                                   (`experts.gate_up_proj` [E, 2I, H]: gate rows first, `down_proj`
-                                  [E, H, I]), split into our per-expert linears by `convert`;
+                                  [E, H, I]), our layout as it is;
                                   ModelOpt's FP8 export writes them per expert (`experts.{e}.*`)
 Refused with a ConfigError naming the feature: `use_bidirectional_attention: "all"`, activations
 other than GELU-tanh.
@@ -175,16 +175,10 @@ class Gemma4Adapter(TargetAdapter):
         out = {}
         for name, tensor in super().convert(tensors, config, where).items():
             m = _EXPERTS.match(name)
-            if m:  # stacked experts -> per-expert linears [out, in]
-                prefix, half = f"layers.{m.group(1)}.moe.experts", tensor.shape[1] // 2
-                for e in range(tensor.shape[0]):
-                    if m.group(2) == "gate_up_proj":
-                        out[f"{prefix}.{e}.gate_proj.weight"] = tensor[e, :half].contiguous()
-                        out[f"{prefix}.{e}.up_proj.weight"] = tensor[e, half:].contiguous()
-                    else:
-                        out[f"{prefix}.{e}.down_proj.weight"] = tensor[e].contiguous()
+            if m:  # stacked experts ([E, 2I, H] gate rows first, [E, H, I]): our layout already
+                out[f"layers.{m.group(1)}.moe.experts.{m.group(2)}"] = tensor
                 continue
-            if _PER_EXPERT.match(name):  # ModelOpt's FP8 export writes the experts one by one
+            if _PER_EXPERT.match(name):  # ModelOpt's FP8 export writes them one by one (stacked on load)
                 out[name.replace(".experts.", ".moe.experts.", 1)] = tensor
                 continue
             layer, _, rest = name.partition(".")[2].partition(".")

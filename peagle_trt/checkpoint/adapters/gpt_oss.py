@@ -8,15 +8,18 @@ with gate and up INTERLEAVED along the last axis (gate = [..., 0::2], up = [...,
 `gate_up_proj_bias` [E, 2I], `down_proj` [E, I, H], `down_proj_bias` [E, H]; the released
 checkpoints store the two weights in MXFP4 instead (`*_blocks` + `*_scales`,
 `quantization_config.quant_method: "mxfp4"`), dequantized exactly here (peagle_trt/checkpoint/mxfp4.py).
-`convert` splits them into our per-expert linears; the router `mlp.router.*` becomes `mlp.gate.*`.
+`convert` maps them onto our stacked layout (peagle_trt/models/moe.py: [E, 2I, H] with the gate rows
+first, [E, H, I]); the router `mlp.router.*` becomes `mlp.gate.*`.
 FP8 (`peagle-trt quantize`): ModelOpt writes each stacked projection as one float8_e4m3fn tensor
-with ONE per-tensor `*_weight_scale` / `*_input_scale` shared by all experts; every expert's
-linear gets that shared pair (the same per-tensor FP8 math).
+with ONE per-tensor `*_weight_scale` / `*_input_scale` shared by all experts; every expert gets
+that shared pair ([E] scales of one value: the same per-tensor FP8 math).
 """
 
 from __future__ import annotations
 
 import re
+
+import torch
 
 from peagle_trt.architecture import MoEConfig, TargetConfig
 from peagle_trt.checkpoint import mxfp4
@@ -25,7 +28,7 @@ from peagle_trt.errors import CheckpointError, ConfigError
 
 _EXPERTS = re.compile(r"^layers\.(\d+)\.mlp\.experts\.(gate_up_proj|down_proj)"
                       r"(_bias|_blocks|_scales|_weight_scale|_input_scale)?$")
-_FP8_SCALES = {"_weight_scale": "weight_scale", "_input_scale": "input_scale"}
+_FP8_SCALES = {"_weight_scale": "scale", "_input_scale": "input_scale"}  # ours: `<proj>_scale`, `<proj>_input_scale`
 
 
 class GptOssAdapter(TargetAdapter):
@@ -69,27 +72,35 @@ class GptOssAdapter(TargetAdapter):
             else:
                 out[ours.replace(".mlp.router.", ".mlp.gate.")] = tensor
         for (layer, proj, kind), tensor in sorted(stacked.items()):
+            prefix = f"layers.{layer}.mlp.experts.{proj}"
             if kind == "_scales":
                 continue
-            if kind in _FP8_SCALES:  # shared by every expert of the stacked projection
-                names = ("gate_proj", "up_proj") if proj == "gate_up_proj" else ("down_proj",)
+            if kind in _FP8_SCALES:  # one per-tensor scale for the stacked projection: every expert's
                 experts = stacked[(layer, proj, "")].shape[0]
-                for e in range(experts):
-                    for n in names:
-                        out[f"layers.{layer}.mlp.experts.{e}.{n}.{_FP8_SCALES[kind]}"] = tensor
+                out[f"{prefix}_{_FP8_SCALES[kind]}"] = tensor.float().reshape(()).expand(experts).contiguous()
                 continue
             if kind == "_blocks":
                 scales = stacked.get((layer, proj, "_scales"))
                 if scales is None:
                     raise CheckpointError(f"{where}: layers.{layer}.mlp.experts.{proj}_blocks has no _scales")
                 tensor = mxfp4.dequantize(tensor, scales, f"{where}: layers.{layer} {proj}")  # [E, in, out]
-            prefix = f"layers.{layer}.mlp.experts"
-            suffix = "bias" if kind == "_bias" else "weight"
-            for e in range(tensor.shape[0]):
-                t = tensor[e] if kind == "_bias" else tensor[e].t()  # weight -> [out, in]
-                if proj == "gate_up_proj":
-                    out[f"{prefix}.{e}.gate_proj.{suffix}"] = t[0::2].contiguous()
-                    out[f"{prefix}.{e}.up_proj.{suffix}"] = t[1::2].contiguous()
-                else:
-                    out[f"{prefix}.{e}.down_proj.{suffix}"] = t.contiguous()
+            if kind == "_bias":  # [E, out]
+                out[f"{prefix}_bias"] = _gate_then_up(tensor, 1) if proj == "gate_up_proj" else tensor
+                continue
+            weight = _bytes(tensor).transpose(1, 2)  # [E, out, in]
+            weight = _gate_then_up(weight, 1) if proj == "gate_up_proj" else weight
+            out[prefix] = weight.contiguous().view(tensor.dtype)
         return out
+
+
+def _bytes(t):
+    """FP8 tensors moved as bytes (indexing, transposes); others as they are."""
+    return t.view(torch.uint8) if t.element_size() == 1 and t.is_floating_point() else t
+
+
+def _gate_then_up(t, axis: int):
+    """The interleaved gate / up halves along `axis` (gate = 0::2, up = 1::2) as [gate | up]."""
+    view = _bytes(t)
+    idx = torch.arange(view.shape[axis])
+    order = torch.cat([idx[0::2], idx[1::2]])
+    return view.index_select(axis, order).view(t.dtype)

@@ -3,8 +3,8 @@ sparse MoE MLPs. Layer i is sparse unless i is in `mlp_only_layers` or (i + 1) i
 of `decoder_sparse_step` (transformers' rule); dense layers use `intermediate_size`, experts
 `moe_intermediate_size` (`num_experts`, or `num_local_experts` as transformers 5 writes it).
 Routing: softmax over all experts in float32, top-k, renormalised when
-`norm_topk_prob`. The checkpoint's per-expert layout (`mlp.experts.{e}.gate_proj.weight`, router
-`mlp.gate.weight`) is already ours."""
+`norm_topk_prob`. The checkpoint's names (`mlp.experts.{e}.gate_proj.weight`, router
+`mlp.gate.weight`) are ours; the per-expert linears are stacked on load (peagle_trt/checkpoint/experts.py)."""
 
 from peagle_trt.architecture import MoEConfig
 from peagle_trt.checkpoint.adapters.base import require
