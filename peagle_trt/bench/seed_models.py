@@ -12,7 +12,7 @@ sinks 1) and converts each layer's experts (and attention, where the seed says) 
 the next layer exists, so a model larger than memory in bf16 is never whole in bf16: GPT-OSS-120B's
 experts are 114.7 GB in FP8 and 229 GB in bf16; `weight_bytes` checks the fit first.
 
-FP8 experts (`fp8_experts`, the one seam): `peagle_trt.models.moe.quantize_experts(moe, kind)` (kind
+FP8 experts (`fp8_experts`, the one seam): `quantize_experts(moe, kind)` of peagle_trt/models/moe.py (kind
 "tensor" | "channel" | "block": the stacked experts in place) where the installed models/moe.py has
 it; before it, per-expert `nn.Linear`s (the older layout) become per-tensor `FP8Linear`s and a
 requested "block" or "channel" format builds bf16 experts instead, reported as such in `BuiltTarget`
@@ -228,7 +228,7 @@ def fp8_experts(moe: nn.Module, fmt: str) -> tuple[str, str]:
         quantize(moe, fmt.removeprefix("fp8-"))
         return fmt, "models.moe.quantize_experts"
     if fmt != "fp8-tensor":  # the per-expert layout has per-tensor FP8 only
-        return "bf16", f"{fmt} needs peagle_trt.models.moe.quantize_experts, which this version lacks"
+        return "bf16", f"{fmt} needs quantize_experts, which this peagle_trt/models/moe.py lacks"
     experts = moe.experts
     if fp8_linears(experts) == 0:
         raise BuildError("the MoE's experts hold no nn.Linear to convert and models.moe has no quantize_experts: "
