@@ -14,27 +14,13 @@ import time
 import torch
 
 from peagle_trt.bench.harness import HBM_PEAK, Figure, alternate, finish, progress, records, summary
+from peagle_trt.bench.seed_models import GPT_OSS_20B, QWEN3_CODER_30B_A3B  # the published configs
 from peagle_trt.checkpoint.adapters import adapter_for
 from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
 from peagle_trt.models.target import decoder_layer
 
-QWEN3_CODER_30B_A3B = {  # Qwen/Qwen3-Coder-30B-A3B-Instruct config.json
-    "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 5472, "moe_intermediate_size": 768,
-    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True, "decoder_sparse_step": 1,
-    "mlp_only_layers": [], "rms_norm_eps": 1e-6, "rope_theta": 10000000, "max_position_embeddings": 262144,
-    "vocab_size": 151936, "tie_word_embeddings": False, "hidden_act": "silu"}
-GPT_OSS_20B = {  # openai/gpt-oss-20b config.json
-    "model_type": "gpt_oss", "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
-    "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 32,
-    "num_experts_per_tok": 4, "sliding_window": 128, "attention_bias": True, "rms_norm_eps": 1e-5,
-    "layer_types": ["sliding_attention", "full_attention"] * 12, "swiglu_limit": 7.0, "hidden_act": "silu",
-    "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
-                     "original_max_position_embeddings": 4096, "truncate": False},
-    "rope_theta": 150000, "max_position_embeddings": 131072, "vocab_size": 201088,
-    "tie_word_embeddings": False}
 # name -> (config, layers in the CPU slice, weight format, bytes per expert / attention weight value):
 # Qwen3-Coder as FP8 everywhere but lm_head (the P-EAGLE headline setting), GPT-OSS as released
 # (MXFP4 experts: 4 bits + one 8-bit scale per 32 values; attention in bf16)

@@ -16,7 +16,7 @@ ELSEWHERE = {  # suite -> the test that runs its --smoke (or, without a GPU, its
     "scheduler": "test_bench_cli.py", "gpu": "test_bench_gpu_smoke.py", "kernels": "test_bench_cli.py (no CUDA)",
     "aiperf": "test_aiperf_adapter.py (slow: AIPerf's own venv)",
     "paged": "test_paged.py", "speculation": "test_speculation.py", "draft-length": "test_draft_length_sim.py",
-    "curves": "test_curves.py", "heads": "test_heads.py",
+    "curves": "test_curves.py", "heads": "test_heads.py", "seeds": "test_seeds.py",
 }
 SMOKE = {  # suite -> extra options of its smoke run
     "drafter": [], "backends": [], "families": [], "step-cost": [], "verify-shapes": [], "structured": [],
