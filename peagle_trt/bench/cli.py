@@ -27,6 +27,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "kernels": ("kernels", "GPU: the Triton kernels alone (CUDA graphs), achieved bandwidth vs the roofline"),
     "aiperf": ("aiperf", "OpenAI endpoint under AIPerf: sweep K x concurrency on HumanEval, report + plots"),
     "families": ("families", "MoE targets at real widths on CPU: layer slices, cost per expert, bytes per step"),
+    "moe": ("moe", "a mid-size MoE target on CPU vs its dense twin: decode, P-EAGLE, verify rows, both backends"),
     "seeds": ("seeds", "GPU: the seeds' MoE targets at real shapes: none / EAGLE-3 / P-EAGLE, verify cost, adaptive K"),
     "acceptance": ("heads", "trained code pair: acceptance length and speed-up on HumanEval, P-EAGLE vs EAGLE-3"),
     "heads": ("heads", "real model + trained heads: P-EAGLE vs EAGLE-3 vs none by K (AL, b1/b8 speed, served)"),

@@ -20,6 +20,7 @@ from peagle_trt.config import BLOCK_SIZE
 from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
 from peagle_trt.models.target import decoder_layer
+from peagle_trt.ops import reference
 
 # name -> (config, layers in the CPU slice, weight format, bytes per expert / attention weight value):
 # Qwen3-Coder as FP8 everywhere but lm_head (the P-EAGLE headline setting), GPT-OSS as released
@@ -80,7 +81,11 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     out = {"layers_in_slice": layers, "layer_windows": [c.window(i) for i in range(layers)],
            "weight_gib": round(weight_bytes / 2 ** 30, 3),
            "step": timed({f"{n}_rows": step(n) for n in (1, K + 1, 128)}, reps)}
-    expert = next(m.mlp.experts[0] for m in mods if hasattr(m.mlp, "experts"))
+    moe = next(m.mlp for m in mods if hasattr(m.mlp, "experts"))
+    w13, w2 = moe.experts.gate_up_proj[0], moe.experts.down_proj[0]  # expert 0 of the stacked experts
+
+    def expert(x):  # its gate/up, activation and down (peagle_trt/ops/reference.py)
+        return torch.nn.functional.linear(reference.moe_act(torch.nn.functional.linear(x, w13), moe.cfg.activation), w2)
     xs = {n: torch.randn(n, c.hidden_size, dtype=DTYPE) for n in (1, K + 1)}
     out["one_expert"] = timed({f"{n}_rows": (lambda x=x: expert(x)) for n, x in xs.items()}, reps * 4)
     out["rss_gib_increase"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20 - rss0, 3)

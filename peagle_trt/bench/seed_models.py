@@ -12,11 +12,9 @@ sinks 1) and converts each layer's experts (and attention, where the seed says) 
 the next layer exists, so a model larger than memory in bf16 is never whole in bf16: GPT-OSS-120B's
 experts are 114.7 GB in FP8 and 229 GB in bf16; `weight_bytes` checks the fit first.
 
-FP8 experts (`fp8_experts`, the one seam): `quantize_experts(moe, kind)` of peagle_trt/models/moe.py (kind
-"tensor" | "channel" | "block": the stacked experts in place) where the installed models/moe.py has
-it; before it, per-expert `nn.Linear`s (the older layout) become per-tensor `FP8Linear`s and a
-requested "block" or "channel" format builds bf16 experts instead, reported as such in `BuiltTarget`
-(never silently: `experts` says what was built, `experts_note` why).
+FP8 experts (`fp8_experts`): `quantize_experts(moe, kind)` of peagle_trt/models/moe.py (kind "tensor" |
+"channel" | "block": the stacked experts in place, dynamic activation scales); `BuiltTarget` says
+what was built (`experts`) and how (`experts_note`).
 
 Heads (`build_head`): P-EAGLE 4 layers (peagle-spec.md 1.5), EAGLE-3 1 layer, hidden, attention and
 rope as `HEADS` states per seed (published values named; ASSUMED where no config was read). Their
@@ -223,17 +221,8 @@ def fp8_experts(moe: nn.Module, fmt: str) -> tuple[str, str]:
     """The experts of one SparseMoE in `fmt` (EXPERT_FORMATS), in place -> (the format built, how)."""
     if fmt == "bf16":
         return fmt, "model dtype"
-    quantize = getattr(moe_module, "quantize_experts", None)
-    if quantize is not None:
-        quantize(moe, fmt.removeprefix("fp8-"))
-        return fmt, "models.moe.quantize_experts"
-    if fmt != "fp8-tensor":  # the per-expert layout has per-tensor FP8 only
-        return "bf16", f"{fmt} needs quantize_experts, which this peagle_trt/models/moe.py lacks"
-    experts = moe.experts
-    if fp8_linears(experts) == 0:
-        raise BuildError("the MoE's experts hold no nn.Linear to convert and models.moe has no quantize_experts: "
-                         "FP8 experts cannot be built with this version of peagle_trt/models/moe.py")
-    return fmt, "per-expert FP8Linear (per-tensor scales)"
+    moe_module.quantize_experts(moe, fmt.removeprefix("fp8-"))  # dynamic activation scales, as the checkpoints
+    return fmt, "peagle_trt/models/moe.py quantize_experts"
 
 
 def build_target(name: str, device, dtype: torch.dtype, layers: int | None = None, small: bool = False,

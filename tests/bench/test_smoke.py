@@ -19,7 +19,7 @@ ELSEWHERE = {  # suite -> the test that runs its --smoke (or, without a GPU, its
     "curves": "test_curves.py", "heads": "test_heads.py", "seeds": "test_seeds.py",
 }
 SMOKE = {  # suite -> extra options of its smoke run
-    "drafter": [], "backends": [], "families": [], "step-cost": [], "verify-shapes": [], "structured": [],
+    "drafter": [], "backends": [], "families": [], "moe": [], "step-cost": [], "verify-shapes": [], "structured": [],
     "deterministic": [], "trees": [],
     "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
