@@ -39,7 +39,7 @@ from torch import nn
 from peagle_trt.architecture import DrafterConfig, RopeConfig, TargetConfig
 from peagle_trt.bench.gpu import GPT_OSS_ROPE
 from peagle_trt.checkpoint.adapters import adapter_for
-from peagle_trt.errors import BuildError, ConfigError
+from peagle_trt.errors import ConfigError
 from peagle_trt.models import moe as moe_module
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.fp8 import FP8_DTYPE, FP8_MAX, FP8Linear
