@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The GPU training run of SmolLM2's heads (issue 58), one script for every call; the plan, the
-# limits it is sized for and the knobs: peagle_trt/train/gpu.py's docstring.
+# The GPU training run of SmolLM2's heads, one script for every call of a remote GPU lease; the plan
+# of calls and the limits it is sized for: scripts/gpu_transfer.py's docstring; the recipe and its
+# knobs (the flags of `train`): peagle_trt/train/gpu_recipe.py.
 #
 #   scripts/gpu_train.sh prepare [--part-mib N]   here: GGUF parts in .gpu-part-K/, gguf in .gpu-site/,
 #                                                 the plan of device calls (JSON, last stdout line)
@@ -16,7 +17,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$(pwd)"
-cmd="${1:?usage: scripts/gpu_train.sh prepare|parts|train|collect [args]}"; shift
+cmd="${1:?usage: scripts/gpu_train.sh prepare|parts|train|back|collect [args]}"; shift
 if [[ -n "${PEAGLE_PYTHON:-}" ]]; then PY="$PEAGLE_PYTHON"
 elif [[ "$cmd" != parts && "$cmd" != train && "$cmd" != back && -x .venv/bin/python ]]; then PY=.venv/bin/python
 else PY=python3; fi
@@ -27,9 +28,9 @@ case "$cmd" in
   train)
     OUT_DIR="${OUT:-$REPO/gpu_results}"; mkdir -p "$OUT_DIR"
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >&2 || true
-    "$PY" -m peagle_trt.train.gpu train --out "$OUT_DIR" "$@" 2> >(tee "$OUT_DIR/train.log" >&2)
+    "$PY" scripts/gpu_transfer.py train --out "$OUT_DIR" "$@" 2> >(tee "$OUT_DIR/train.log" >&2)
     ;;
-  back) "$PY" -m peagle_trt.train.gpu back --out "${OUT:-$REPO/gpu_results}" "$@" ;;
-  prepare|parts|collect) "$PY" -m peagle_trt.train.gpu "$cmd" "$@" ;;
+  back) "$PY" scripts/gpu_transfer.py back --out "${OUT:-$REPO/gpu_results}" "$@" ;;
+  prepare|parts|collect) "$PY" scripts/gpu_transfer.py "$cmd" "$@" ;;
   *) echo "scripts/gpu_train.sh: unknown command $cmd (prepare, parts, train, back, collect)" >&2; exit 2 ;;
 esac

@@ -1,5 +1,6 @@
-"""`peagle-trt bench SUITE [options]` (`--help`: the suites) and `peagle-trt bench report [--write]` (the
-headline table of docs/BENCHMARKS.md from docs/results.json, peagle_trt/bench/results.py). A suite is imported only
+"""`peagle-trt bench SUITE [options]` (`--help`: the suites) and `peagle-trt bench report [--write]
+[--record-run RUN.json --commit SHA]` (the headline table of docs/BENCHMARKS.md from docs/results.json,
+and a run saved elsewhere recorded into it: peagle_trt/bench/results.py). A suite is imported only
 when it runs (heavy optional dependencies stay out of every other command); its report goes to stdout and
 OUTPUT_DIR/bench_SUITE.md, its results to OUTPUT_DIR/bench_SUITE.json and the LAST stdout line (printed by
 peagle_trt/cli.py); `--record FILE` copies its headline figures into the results file.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -48,7 +50,8 @@ SUITES: dict[str, tuple[str, str]] = {
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `bench` on an argparse subparsers object; sets func=cmd_bench."""
     listing = "\n".join(f"  {name:<12} {line}" for name, (_, line) in SUITES.items())
-    listing += "\n  report       the headline table of docs/BENCHMARKS.md from docs/results.json (--write, --results)"
+    listing += ("\n  report       the headline table of docs/BENCHMARKS.md from docs/results.json (--write, --results,"
+                "\n               --record-run RUN.json --commit SHA: a run saved elsewhere)")
     b = sub.add_parser("bench", help="run a benchmark suite (markdown report, JSON last line)",
                        description="Run one benchmark suite (docs/BENCHMARKS.md has one section per suite).",
                        epilog=f"suites:\n{listing}\n\n`peagle-trt bench SUITE --help` lists a suite's options.",
@@ -90,7 +93,8 @@ def run_suite(name: str, argv: list[str]) -> dict:
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    results = json.loads(json.dumps({**module.run(args), "total_s": round(time.perf_counter() - t0, 1)}, default=str))
+    results = json.loads(json.dumps({**module.run(args), "total_s": round(time.perf_counter() - t0, 1), "argv": argv},
+                                    default=str))
     if args.output_dir is not None:
         (args.output_dir / f"{stem(name)}.json").write_text(json.dumps(results, indent=1) + "\n")
     if args.record is not None:
@@ -105,7 +109,15 @@ def report(argv: list[str]) -> dict:
     parser.add_argument("--results", type=Path, default=Path("docs/results.json"))
     parser.add_argument("--write", type=Path, nargs="?", const=Path("docs/BENCHMARKS.md"), default=None,
                         help="put the table between the marker lines of this file (default docs/BENCHMARKS.md)")
+    parser.add_argument("--record-run", type=Path, default=None, metavar="RUN_JSON",
+                        help="first record a saved run (OUTPUT_DIR/bench_SUITE.json, e.g. from a GPU machine)")
+    parser.add_argument("--commit", default=None, help="--record-run: the commit that run measured")
+    parser.add_argument("--argv", default=None,
+                        help="--record-run: the run's options, for a run that did not save them")
     args = parser.parse_args(argv)
+    if args.record_run is not None:
+        results_file.record_run(args.results, args.record_run, args.commit,
+                                None if args.argv is None else shlex.split(args.argv))
     table = results_file.render(results_file.load(args.results))
     print(table, flush=True)
     if args.write is not None:

@@ -1,10 +1,19 @@
 """Suites `gpu` and `drafter` (docs/BENCHMARKS.md, one section each): the speculate-verify step at real
-shapes, random weights, torch executor, CUDA events. `gpu`: copy bandwidth (the MBU reference), drafting
-(parallel vs sequential), decode and verify (bf16, FP8; torch references and Triton kernels), the
-iteration overhead and its host syncs, a PROJECTION of tokens/s from published acceptance lengths,
-issue 15's targets; on CUDA the bf16 forwards and the iteration with CUDA graphs off and on, in the one run
-(executors/graphs.py; the projection and the targets read the graphs-on figures); OUTPUT_DIR (default
-$OUT, else gpu_results)/bench_gpu.json is rewritten after every section; --smoke: tiny shapes on CPU.
+shapes, random weights, torch executor, CUDA events.
+
+`gpu` (a Llama-3.1-8B-class target, bf16, context 1024 unless --context): copy bandwidth (the MBU
+reference), drafting (parallel vs sequential), decode and verify (bf16, FP8; torch references and
+Triton kernels) with CUDA graphs off and on in the one run (peagle_trt/executors/graphs.py), the
+iteration overhead and its host syncs, profile rows (kernels by device time, host ops by self time),
+a PROJECTION of tokens/s from published acceptance lengths, the batch-1 decode beside two peers
+(gpt-fast and transformers' compiled static-cache `generate`, peagle_trt/bench/gpu_peers.py) and the
+long-context rows (decode, verify and the step at 8K and 32K, the attention split over the context).
+`--sections` runs a subset (scripts/gpu_validate.sh runs them as stages of their own); the report
+checks the targets (`check_targets`) on what was measured. OUTPUT_DIR (default $OUT, else
+gpu_results)/bench_gpu.json is rewritten after every section; `commit` is PEAGLE_COMMIT, else this
+checkout's git HEAD. --smoke: tiny shapes on the CPU (peers eager unless --peer-compile says
+otherwise; tests/bench/test_bench_gpu_smoke.py).
+
 `drafter`: drafting alone on CPU, batch 1, fp32, per --heads.
 """
 
@@ -22,23 +31,24 @@ import torch
 from torch import nn
 
 from peagle_trt.architecture import TargetConfig
+from peagle_trt.bench import gpu_peers
 from peagle_trt.bench.decode import model_costs
 from peagle_trt.bench.forwards import forward
+from peagle_trt.bench.gpu_report import check_targets, figures, report, section_projection
 from peagle_trt.bench.harness import (
     Figure,
     alternate,
     device_clock,
     finish,
     int_list,
-    lines,
     machine,
     median_ms,
     options,
     progress,
     records,
-    series,
     summary,
 )
+from peagle_trt.bench.results import source_commit
 from peagle_trt.checkpoint.drafter import DrafterConfig
 from peagle_trt.config import SamplingParams, SpecConfig
 from peagle_trt.errors import ConfigError
@@ -74,9 +84,6 @@ HEADS = {  # P-EAGLE heads (aws layout). ASSUMED where the real config is unknow
 }
 ASSUMED = {"gpt-oss-20b-peagle": "intermediate 2880 and llama3 rope (theta 150000, factor 32) assumed; random",
            "llama-3.1-8b-peagle": "4 layers, intermediate 14336, draft vocab 32000 assumed (no public config)"}
-# Acceptance lengths of the projection: PUBLISHED, not measured here
-PUBLISHED_AL = {"peagle": {3: 2.87, 7: 3.70}, "eagle3": {3: 2.70, 7: 3.27}}
-AL_SOURCE = "published: vLLM/AWS P-EAGLE blog, GPT-OSS-20B MT-Bench (not measured here)"
 DRAFTER_REPEATS = {"tiny": (300, 10), "gpt-oss-20b-peagle": (7, 2)}  # suite `drafter`: head -> repeats, warm-up
 PRESETS = {"drafter": dict(context=512)}
 SMOKE = dict(heads="tiny", ks="1,3", repeats=3, warmup=1, context=16)  # `drafter`; `gpu` sets its own sizes
@@ -178,13 +185,13 @@ def section_drafter(a, head: str, device, dtype, kernels: str = "reference", pen
     return rows
 
 
-def section_target(a, ex, weights: str, copy_gbs: float) -> list[dict]:
+def section_target(a, ex, weights: str, copy_gbs: float, context: int | None = None) -> list[dict]:
     """Decode (k = 0: one row) and verify (k + 1 rows); floor = bytes read / the copy bandwidth."""
-    costs, rows = model_costs(ex.target_model), []
+    costs, rows, context = model_costs(ex.target_model), [], context or a.context
     for b in a.batches:
         for k in [0] + list(a.ks):
-            t = median_ms(forward(ex, b, k + 1, a.context), a.repeats, a.warmup)
-            read = costs["weight_bytes"] + b * costs["kv_bytes_per_pos"] * (a.context + k + 1)
+            t = median_ms(forward(ex, b, k + 1, context), a.repeats, a.warmup)
+            read = costs["weight_bytes"] + b * costs["kv_bytes_per_pos"] * (context + k + 1)
             floor = read / (copy_gbs * 1e6) if copy_gbs else None
             rows.append({"weights": weights, "kernels": ex.kernels, "graphs": ex.graphs is not None, "batch": b,
                          "k": k, "ms": t, "floor_ms": floor, "mbu": floor / t if floor else None})
@@ -203,33 +210,39 @@ def count_syncs(fn) -> list[str]:
     return [str(w.message).splitlines()[0][:120] for w in caught if "synchroniz" in str(w.message).lower()]
 
 
-def section_iteration(a, ex, device) -> list[dict]:
-    """One SpecDecoder.step minus its verify and draft forwards (timed alone), per mode and batch; each
-    sequence holds the blocks of the static layout that `forward` addresses."""
-    rows, hidden = [], ex.target_model.config.hidden_size
+def sequences(ex, b: int, context: int, k: int) -> list[Sequence]:
+    """`b` fresh sequences at position `context`, request i in the blocks `forward` addresses, each
+    with one generated token and `k` drafts pending."""
     params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
-    for mode in ("none", "eagle3", "peagle"):
+    tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
+    seqs = [Sequence([1] * context, params, None, stats=SpecStats(k), num_computed=context, cur=context,
+                     blocks=[group[i] for group in tables]) for i in range(b)]
+    for s in seqs:
+        s.output, s.drafts = [2], [3] * k
+    return seqs
+
+
+def section_iteration(a, ex, device, context: int | None = None, modes=("none", "eagle3", "peagle")) -> list[dict]:
+    """One SpecDecoder.step minus its verify and draft forwards (timed alone), per mode and batch."""
+    rows, hidden, context = [], ex.target_model.config.hidden_size, context or a.context
+    for mode in modes:
         spec = SpecConfig(mode, a.iter_k)
         decoder = SpecDecoder(ex, spec)
         for b in a.batches:
-            tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
-            seqs = [Sequence([1] * a.context, params, i, stats=SpecStats(spec.num_spec_tokens), num_computed=a.context,
-                             cur=a.context, blocks=[group[i] for group in tables]) for i in range(b)]
-            for s in seqs:
-                s.output, s.drafts = [2], [3] * spec.num_spec_tokens
+            seqs = sequences(ex, b, context, spec.num_spec_tokens)
             step_ms = median_ms(lambda: decoder.step(seqs), a.repeats, a.warmup)
-            verify_ms = median_ms(forward(ex, b, spec.num_spec_tokens + 1, a.context), a.repeats, a.warmup)
+            verify_ms = median_ms(forward(ex, b, spec.num_spec_tokens + 1, context), a.repeats, a.warmup)
             draft_ms = 0.0
             if spec.num_spec_tokens:
                 def full(v):
                     return torch.full((b,), v, dtype=torch.long, device=device)
                 batch = DraftBatch(seqs, full(0)[:, None], torch.randn(b, 1, 3 * hidden, device=device,
-                                   dtype=ex.target_model.lm_head.weight.dtype), full(1), full(a.context + 1),
+                                   dtype=ex.target_model.lm_head.weight.dtype), full(1), full(context + 1),
                                    torch.arange(b, device=device))
                 draft_ms = median_ms(lambda: decoder.proposer.propose(batch, spec.num_spec_tokens), a.repeats, a.warmup)
-            # one expected (issue 57): the read of the accepted tokens; the verify's host ints go up
-            # non-blocking from pinned memory (speculative/drafting.py upload). 5 on the H200 of 2026-11-28,
-            # before that upload (4 synchronous copies + the read)
+            # one expected: the read of the accepted tokens; the verify's host ints go up non-blocking from
+            # pinned memory (peagle_trt/speculative/drafting.py `upload`). 5 on the H200 of 2026-11-28, before
+            # that upload (4 synchronous copies + the read)
             syncs = count_syncs(lambda: decoder.step(seqs)) if device.type == "cuda" else None
             rows.append({"mode": mode, "k": spec.num_spec_tokens, "batch": b, "kernels": ex.kernels,
                          "graphs": ex.graphs is not None, "step_ms": step_ms,
@@ -241,8 +254,8 @@ def section_iteration(a, ex, device) -> list[dict]:
 
 def profile_rows(fn, what: str, top: int = 12) -> list[dict]:
     """torch.profiler over `fn()`: its `top` device kernels by total time (count, us), its `top` host ops
-    by self time, and the number of kernels it launched. Where a graph-replayed forward spends its time
-    (kernels) and where the step's host time goes (ops): what the next change should fuse or remove."""
+    by self time, and the number of kernels it launched: where a graph-replayed forward spends its time
+    (kernels) and where the step's host time goes (ops)."""
     from torch.profiler import ProfilerActivity, profile
 
     cuda = torch.cuda.is_available()
@@ -272,63 +285,74 @@ def section_profile(a, ex, device) -> list[dict]:
     """Profiles of a batch-1 decode forward (graph-replayed when the executor captures) and of one
     P-EAGLE step at the smallest and largest batch (`profile_rows`)."""
     rows = profile_rows(forward(ex, 1, 1, a.context), "decode forward, batch 1")
-    params = SamplingParams(max_tokens=1 << 20, ignore_eos=True)
-    spec = SpecConfig("peagle", a.iter_k)
-    decoder = SpecDecoder(ex, spec)
+    decoder = SpecDecoder(ex, SpecConfig("peagle", a.iter_k))
     for b in (min(a.batches), max(a.batches)):
-        tables = ex.target_cache.tables(torch.arange(b, device=ex.device)).tolist()  # [G, B, M]
-        seqs = [Sequence([1] * a.context, params, i, stats=SpecStats(spec.num_spec_tokens), num_computed=a.context,
-                         cur=a.context, blocks=[group[i] for group in tables]) for i in range(b)]
-        for s in seqs:
-            s.output, s.drafts = [2], [3] * spec.num_spec_tokens
-        rows += profile_rows(lambda: decoder.step(seqs), f"peagle step K={spec.num_spec_tokens}, batch {b}")
+        seqs = sequences(ex, b, a.context, a.iter_k)
+        rows += profile_rows(lambda: decoder.step(seqs), f"peagle step K={a.iter_k}, batch {b}")
     return rows
 
 
-def section_projection(res: dict) -> list[dict]:
-    """tokens/s = B * AL / (t_verify + t_draft + overhead); none: B / (t_decode + overhead); AL published."""
-    al = PUBLISHED_AL
-    kern, graphs = res["kernels_used"], res.get("graphs_used", False)
-    verify = {(r["batch"], r["k"]): r["ms"] for r in res.get("target", [])
-              if r["weights"] == "bf16" and r["kernels"] == kern and r.get("graphs", False) == graphs}
-    drafts = {(r["batch"], r["k"]): r for r in res.get("drafter", [])  # the target's own head
-              if r["head"] == res["heads"][-1] and r["kernels"] == kern}
+def step_margin(a) -> int:
+    """KV positions a timed step loop may add past its context (every step could accept K + 1)."""
+    return 64 + (a.repeats + a.warmup + 2) * (a.iter_k + 1)
+
+
+def section_long(a, model, drafter, kern: str, graphs: bool, copy_gbs: float | None, device) -> list[dict]:
+    """Batch 1 at each long context (`a.long_contexts`): decode and verify forwards (MBU with the KV
+    read), then the step with none and P-EAGLE; on the kernels the attention splits over the context
+    by shape (peagle_trt/ops/triton_kernels/kv_attention.py)."""
     rows = []
-    for it in res.get("iteration", []):
-        if it.get("graphs", False) != graphs:
-            continue
-        mode, b = it["mode"], it["batch"]
-        for k in [0] if mode == "none" else sorted(al.get(mode, {})):
-            if (b, k) not in verify or (mode != "none" and (b, k) not in drafts):
-                continue
-            draft = 0.0 if mode == "none" else drafts[(b, k)]["parallel_ms" if mode == "peagle" else "sequential_ms"]
-            length = 1.0 if mode == "none" else al[mode][k]
-            step = verify[(b, k)] + draft + it["overhead_ms"]
-            rows.append({"mode": mode, "batch": b, "k": k, "acceptance_length": length, "step_ms": step,
-                         "tokens_per_s": b * length / step * 1e3, "label": "PROJECTION"})
+    for context in a.long_contexts:
+        ex = TorchExecutor(model, drafter, 1, context + step_margin(a), kernels=kern, cuda_graphs=graphs)
+        one = argparse.Namespace(**{**vars(a), "batches": (1,), "ks": (a.iter_k,)})
+        rows += [{**r, "context": context, "part": "forward", "mode": "decode" if r["k"] == 0 else "verify"}
+                 for r in section_target(one, ex, "bf16", copy_gbs, context)]
+        rows += [{**r, "context": context, "part": "step"}
+                 for r in section_iteration(one, ex, device, context, ("none", "peagle"))]
+        progress(f"[bench gpu] long context {context}: " + ", ".join(
+            f"{r['part']} {r['mode']} {r['ms'] if 'ms' in r else r['step_ms']:.2f} ms"
+            for r in rows if r["context"] == context))
+        ex = None
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     return rows
 
 
-def check_targets(res: dict) -> list[dict]:
-    """Issue 15's targets on what was measured (value None when a figure is missing)."""
-    def one(rows, **want):
-        return next((r for r in res.get(rows, []) if all(r.get(k) == v for k, v in want.items())), None)
+def section_peers(a, model, drafter, kern: str, graphs: bool, copy_gbs: float | None, device, dtype) -> list[dict]:
+    """Our batch-1 decode (SpecDecoder.step, target only, `a.peer_tokens` steps a call from fresh
+    sequences at the context) beside gpt-fast's and transformers', alternated (peagle_trt/bench/gpu_peers.py)."""
+    n = a.peer_tokens
+    ex = TorchExecutor(model, drafter, 1, a.context + n + 64, kernels=kern, cuda_graphs=graphs)
+    decoder = SpecDecoder(ex, SpecConfig("none", 0))
 
-    kern, head = res["kernels_used"], res["heads"][0]
-    p1, p7 = (one("drafter", head=head, kernels=kern, batch=1, k=k) for k in (1, 7))
-    fp8 = one("target", weights="fp8", kernels=kern, batch=1, k=7)
-    it1, it64 = (one("iteration", mode="peagle", batch=b, graphs=res.get("graphs_used", False)) for b in (1, 64))
-    checks = [("parallel draft K=7 / K=1 (batch 1)", p7 and p1 and p7["parallel_ms"] / p1["parallel_ms"], "<=", 1.2),
-              ("sequential K=7 / parallel K=7 (batch 1)", p7 and p7["seq_over_par"], ">=", 4.0),
-              ("FP8 verify K=7 batch 1: fraction of the bandwidth floor", fp8 and fp8["mbu"], ">=", 0.7),
-              ("iteration overhead, peagle, batch 1 (ms)", it1 and it1["overhead_ms"], "<=", 0.3),
-              ("iteration overhead, peagle, batch 64 (ms)", it64 and it64["overhead_ms"], "<=", 1.0)]
-    return [{"target": name, "goal": f"{op} {goal}", "value": None if v is None else round(v, 3),
-             "met": None if v is None else (v <= goal if op == "<=" else v >= goal)} for name, v, op, goal in checks]
+    def ours():
+        seqs = sequences(ex, 1, a.context, 0)
+        for _ in range(n):
+            decoder.step(seqs)
+    costs = model_costs(model)
+    step_bytes = costs["weight_bytes"] + costs["kv_bytes_per_pos"] * (a.context + n // 2)
+    label = f"SpecDecoder.step, target only, kernels {kern}{', CUDA graphs' if graphs else ''}"
+    return gpu_peers.compare(ours, n, TARGETS[a.target_shape], a.target_shape, device, dtype, a.context, step_bytes,
+                             copy_gbs, a.gpt_fast, a.peer_compile, a.peer_rounds, label, a.deadline)
+
+
+SECTIONS = ("copy", "drafter", "target", "fp8", "iteration", "profile", "projection", "peers", "long-context")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget-s", type=float, default=300.0, help="gpu: skip the sections that start later")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"gpu: comma-separated, from {SECTIONS} (copy joins any that reports MBU)")
+    p.add_argument("--gpt-fast", type=Path, default=None, metavar="DIR",
+                   help="gpu peers: a gpt-fast checkout (github.com/pytorch-labs/gpt-fast), used in place")
+    p.add_argument("--peer-compile", default="auto", choices=gpu_peers.COMPILE_MODES,
+                   help="gpu peers: torch.compile mode (auto: reduce-overhead on CUDA, off on a CPU)")
+    p.add_argument("--peer-tokens", type=int, default=None, help="gpu peers: tokens per timed call (32; smoke 3)")
+    p.add_argument("--peer-rounds", type=int, default=None, help="gpu peers: alternated rounds (5; smoke 2)")
+    p.add_argument("--long-contexts", default=None, help="gpu: contexts of the long rows (8192,32768; smoke 32,48)")
+    p.add_argument("--kernel-modes", default="reference,cuda",
+                   help="gpu: the custom ops' backends timed, in order (cuda: the Triton kernels, where they run; "
+                        "the last is the product's, the one the step, peers and long rows use)")
     p.add_argument("--heads", default="tiny,gpt-oss-20b-peagle", help=f"drafter: from {sorted(DRAFTER_REPEATS)}")
     p.add_argument("--ks", default="1,3,7,11", help="drafter: comma-separated draft lengths K")
     p.add_argument("--no-cuda-graphs", action="store_true",
@@ -351,16 +375,41 @@ def run_drafter(args: argparse.Namespace) -> dict:
                                    repeats=args.repeats or repeats, warmup=warmup)
             rows += section_drafter(a, h, torch.device("cpu"), torch.float32)
     k = max(k for k in ks if k <= 7)
-    figures = [Figure(f"drafting step, {r['head']} head, P-EAGLE K={k} over K=1", r["par_over_par_k1"], "x", "<= 1.5x")
-               for r in rows if r["k"] == k and r["par_over_par_k1"]]
-    figures += [Figure(f"drafting step, {r['head']} head, K={k}: EAGLE-3 over P-EAGLE", r["seq_over_par"], "x")
-                for r in rows if r["k"] == k]
+    figures_ = [Figure(f"drafting step, {r['head']} head, P-EAGLE K={k} over K=1", r["par_over_par_k1"], "x", "<= 1.5x")
+                for r in rows if r["k"] == k and r["par_over_par_k1"]]
+    figures_ += [Figure(f"drafting step, {r['head']} head, K={k}: EAGLE-3 over P-EAGLE", r["seq_over_par"], "x")
+                 for r in rows if r["k"] == k]
     return finish(args, "Drafter forward: P-EAGLE parallel vs EAGLE-3 sequential", [
         f"Drafting step, batch 1, context {args.context}, 3 pending rows: median ms",
         records(rows, ["head", "k", "parallel_ms", "sequential_ms", "seq_over_par", "par_over_par_k1"])],
         {"context": args.context, "batch": 1, "dtype": "float32", "rows": rows,
          "heads": {h: {"config": {k: str(v) for k, v in HEADS[h].items()}, "assumed": ASSUMED.get(h)} for h in heads}},
-        figures)
+        figures_)
+
+
+def configure(a: argparse.Namespace, device) -> None:
+    """The run's sizes and sections on `a` (smoke: tiny shapes on the CPU)."""
+    a.output_dir = a.output_dir or Path(os.environ.get("OUT") or "gpu_results")
+    a.output_dir.mkdir(parents=True, exist_ok=True)
+    a.batches, a.ks, a.draft_ks = ((1, 2), (1, 3), (1, 3)) if a.smoke else ((1, 16, 64), (3, 7, 11), (1, 3, 7, 11))
+    a.iter_k, a.context = (3, a.context or 16) if a.smoke else (7, a.context or 1024)
+    a.repeats, a.warmup = (2, 1) if a.smoke else (10, 3)
+    a.peer_tokens = a.peer_tokens or (3 if a.smoke else 32)
+    a.peer_rounds = a.peer_rounds or (2 if a.smoke else 5)
+    a.long_contexts = int_list(a.long_contexts or ("32,48" if a.smoke else "8192,32768"))
+    a.target_shape = "tiny" if a.smoke else "llama-3.1-8b"
+    a.section_list = a.sections.split(",")
+    unknown = set(a.section_list) - set(SECTIONS)
+    if unknown or a.peer_tokens < 2:
+        raise ConfigError(f"--sections {sorted(unknown)} unknown (from {SECTIONS}); --peer-tokens >= 2")
+    if {"target", "fp8", "peers", "long-context", "projection"} & set(a.section_list):
+        a.section_list = ["copy"] + [s for s in a.section_list if s != "copy"]  # their MBU needs the bandwidth
+
+
+def refigure(res: dict) -> list[Figure]:
+    """The headline figures of a saved run (its rows), by the current targets: `bench report --record-run`."""
+    res["targets"] = check_targets(res)
+    return figures(res)
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -371,23 +420,25 @@ def run(a: argparse.Namespace) -> dict:
     if device.type == "cpu" and not a.smoke:
         raise ConfigError("no CUDA device: the GPU benchmark needs one (torch.cuda.is_available() is False); "
                           "run it on an H100/H200 (scripts/gpu_validate.sh), or pass --smoke for the CPU smoke run")
-    a.output_dir = a.output_dir or Path(os.environ.get("OUT") or "gpu_results")
-    a.output_dir.mkdir(parents=True, exist_ok=True)
+    configure(a, device)
+    a.deadline, want = t0 + a.budget_s, set(a.section_list)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    a.batches, a.ks, a.draft_ks = ((1, 2), (1, 3), (1, 3)) if a.smoke else ((1, 16, 64), (3, 7, 11), (1, 3, 7, 11))
-    a.iter_k, a.context = (3, a.context or 16) if a.smoke else (7, a.context or 1024)
-    a.repeats, a.warmup = (2, 1) if a.smoke else (10, 3)
     target, heads = ("tiny", ["tiny"]) if a.smoke else ("llama-3.1-8b", ["gpt-oss-20b-peagle", "llama-3.1-8b-peagle"])
-    kernel_modes = ["reference"] + (["cuda"] if device.type == "cuda" and cuda_kernels.available() else [])
+    usable = {"reference", *(["cuda"] if device.type == "cuda" and cuda_kernels.available() else [])}
+    kernel_modes = [m for m in a.kernel_modes.split(",") if m in usable]
+    if not kernel_modes or set(a.kernel_modes.split(",")) - {"reference", "cuda"}:
+        raise ConfigError(f"--kernel-modes {a.kernel_modes!r}: from reference, cuda; usable here: {sorted(usable)} "
+                          "(cuda needs a GPU and triton)")
     graph_modes = (False, True) if device.type == "cuda" and not a.no_cuda_graphs else (False,)
+    kern, graphs = kernel_modes[-1], graph_modes[-1]  # the product's configuration
     env = {"device": str(device), "cuda": torch.version.cuda, "triton_kernels": cuda_kernels.available()}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
         env.update(gpu=p.name, sm=f"{p.major}.{p.minor}", gpu_memory_gib=round(p.total_memory / 2**30, 1))
     res = {"smoke": a.smoke, "env": env, "device": env.get("gpu", env["device"]), "machine": machine(a.smoke),
-           "target_shape": target, "heads": heads, "assumed": {h: ASSUMED.get(h) for h in heads},
-           "context": a.context, "dtype": str(dtype), "kernels_used": kernel_modes[-1], "graphs_used": graph_modes[-1],
-           "kernel_modes": kernel_modes, "skipped": [], "errors": {}}
+           "commit": source_commit(), "target_shape": target, "heads": heads, "sections": a.section_list,
+           "assumed": {h: ASSUMED.get(h) for h in heads}, "context": a.context, "dtype": str(dtype),
+           "kernels_used": kern, "graphs_used": graphs, "kernel_modes": kernel_modes, "skipped": [], "errors": {}}
 
     def section(name: str, fn) -> None:
         if time.monotonic() - t0 > a.budget_s:
@@ -409,65 +460,46 @@ def run(a: argparse.Namespace) -> dict:
         t = median_ms(lambda: dst.copy_(src), a.repeats, a.warmup)
         return [{"bytes": 2 * src.numel() * 4, "ms": t, "gb_per_s": 2 * src.numel() * 4 / t / 1e6}]
 
-    section("copy", copy)
+    if "copy" in want:
+        section("copy", copy)
     copy_gbs = res["copy"][0]["gb_per_s"] if res.get("copy") else None
-    for head in heads:
-        for kern in kernel_modes:
-            section(f"drafter:{head}:{kern}", lambda: section_drafter(a, head, device, dtype, kern))
+    for head in heads if "drafter" in want else ():
+        for k in kernel_modes:
+            section(f"drafter:{head}:{k}", lambda: section_drafter(a, head, device, dtype, k))
     model, drafter = build_target(target, device, dtype), build_head(heads[-1], device, dtype)
-    slots, max_len = max(a.batches), a.context + 64 + (a.repeats + a.warmup) * 3 * 2
-    for weights in ("bf16", "fp8"):
+    if "peers" in want:  # first: bf16 weights as every peer's, before the FP8 conversion
+        section("peers", lambda: section_peers(a, model, drafter, kern, graphs, copy_gbs, device, dtype))
+    if "long-context" in want:
+        section("long-context", lambda: section_long(a, model, drafter, kern, graphs, copy_gbs, device))
+    steps = want & {"target", "iteration", "profile"}
+    slots, max_len = max(a.batches), a.context + step_margin(a)
+    for weights in ("bf16", "fp8") if steps or "fp8" in want else ():
         if weights == "fp8":
+            if "fp8" not in want:
+                break
             if device.type != "cuda":
                 res["skipped"].append("target:fp8 (CPU smoke: no FP8 matmul timing on CPU)")
                 break
             section("convert:fp8", lambda: to_fp8(model) or [])
             if "convert:fp8" in res["errors"] or "convert:fp8" in res["skipped"]:
                 break  # never time a half-converted model under the fp8 label
-        for kern in kernel_modes:
+        if weights == "bf16" and not steps:
+            continue
+        for k in kernel_modes:
             # off, then on (one run, one card): bf16 on the kernels the iteration uses
-            for graphs in graph_modes if weights == "bf16" and kern == kernel_modes[-1] else (False,):
-                ex = TorchExecutor(model, drafter, slots, max_len, kernels=kern, cuda_graphs=graphs)
-                label = f"{weights}:{kern}{':graphs' if graphs else ''}"
-                section(f"target:{label}", lambda: section_target(a, ex, weights, copy_gbs))
-                if weights == "bf16" and kern == kernel_modes[-1]:
+            for g in graph_modes if weights == "bf16" and k == kern else (False,):
+                ex = TorchExecutor(model, drafter, slots, max_len, kernels=k, cuda_graphs=g)
+                label = f"{weights}:{k}{':graphs' if g else ''}"
+                if "target" in want or weights == "fp8":
+                    section(f"target:{label}", lambda: section_target(a, ex, weights, copy_gbs))
+                if weights == "bf16" and k == kern and "iteration" in want:
                     section(f"iteration:{label}", lambda: section_iteration(a, ex, device))
-                    if graphs == graph_modes[-1]:  # the product's configuration: where its time goes
-                        section(f"profile:{label}", lambda: section_profile(a, ex, device))
+                if weights == "bf16" and k == kern and g == graphs and "profile" in want:
+                    section(f"profile:{label}", lambda: section_profile(a, ex, device))  # where its time goes
                 ex = None  # free this executor (and its graphs) before the next mode
-    section("projection", lambda: section_projection(res))
+    if "projection" in want:
+        section("projection", lambda: section_projection(res))
     res.pop("convert", None)
     res["wall_s"], res["targets"] = round(time.monotonic() - t0, 1), check_targets(res)
     return finish(a, f"GPU benchmark ({'SMOKE run: tiny shapes, figures meaningless' if a.smoke else 'real shapes'})",
-                  report(res, a), res, [Figure(f"GPU {t['target']}", t["value"], "", t["goal"], 3)
-                                        for t in res["targets"] if t["value"] is not None], res["machine"])
-
-
-def report(res: dict, a) -> list[str]:
-    env, kern = res["env"], res["kernels_used"]
-    out = [f"device {env['device']}: {env.get('gpu', 'CPU')} (sm {env.get('sm')}), CUDA {env['cuda']}; random "
-           f"weights, {res['dtype']}; target {res['target_shape']}, heads {res['heads']}, context {res['context']}; "
-           f"custom ops: {res['kernel_modes']}; assumed: {[v for v in res['assumed'].values() if v]}",
-           "### Targets (issue 15)", records(res["targets"], ["target", "goal", "value", "met"]),
-           "### Drafting step, parallel (one pass) vs sequential (K passes), ms",
-           records(res.get("drafter", []), ["head", "kernels", "batch", "k", "parallel_ms", "sequential_ms",
-                                            "seq_over_par"]),
-           "### Target forward: decode (k = 0) and verify (k + 1 rows), ms and MBU",
-           records(res.get("target", []), ["weights", "kernels", "graphs", "batch", "k", "ms", "floor_ms", "mbu"]),
-           "### Iteration overhead: one SpecDecoder.step minus its verify and draft forwards, ms",
-           records(res.get("iteration", []), ["mode", "graphs", "k", "batch", "step_ms", "verify_ms", "draft_ms",
-                                              "overhead_ms", "host_syncs", "sync_examples"]),
-           "### Profiles (torch.profiler): kernels by device time, host ops by self time, us",
-           records(res.get("profile", []), ["what", "kind", "name", "calls", "us"]),
-           f"### PROJECTION: end-to-end tokens/s (acceptance: {AL_SOURCE})",
-           records(res.get("projection", []), ["mode", "batch", "k", "acceptance_length", "step_ms", "tokens_per_s"]),
-           "\n".join([f"- skipped: {s}" for s in res["skipped"]] + [f"- FAILED {k}: {v}" for k, v in
-                                                                     res["errors"].items()])]
-    drafts = [r for r in res.get("drafter", []) if r["head"] == res["heads"][0] and r["kernels"] == kern]
-    drafting = {**series(drafts, "k", "parallel_ms", lambda r: f"parallel B={r['batch']}"),
-                **series(drafts, "k", "sequential_ms", lambda r: f"sequential B={r['batch']}")}
-    forwards = series([r for r in res.get("target", []) if r["kernels"] == kern], lambda r: r["k"] + 1, "ms",
-                      lambda r: f"{r['weights']}{' graphs' if r.get('graphs') else ''} B={r['batch']}")
-    return out + [lines(a, "", [(f"drafter {res['heads'][0]}", "K (draft tokens)", "ms per drafting step", drafting),
-                                (res["target_shape"], "rows per sequence (1 = decode)", "ms per target forward",
-                                 forwards)])]
+                  report(res, a), res, figures(res), res["machine"])

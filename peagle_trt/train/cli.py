@@ -3,7 +3,7 @@
     peagle-trt train --target TARGET_DIR --output HEAD_DIR --text-list FILES.txt [--method peagle]
     peagle-trt train --target TARGET_DIR --output HEAD_DIR --data prompts.jsonl --method eagle3
     peagle-trt train ... --data answers.jsonl --device cuda --online --wall-budget-s 200 --source-tokens 8000000
-    (the GPU run of SmolLM2's heads in one script: scripts/gpu_train.sh, peagle_trt/train/gpu.py)
+    (the GPU run of SmolLM2's heads in one script: scripts/gpu_train.sh; its recipe peagle_trt/train/gpu_recipe.py)
 
 Progress (loss, per-depth top-1 agreement with the target, tokens/s) goes to stderr; the last
 stdout line (printed by peagle_trt/cli.py) is the summary dict.
@@ -104,7 +104,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def comma_list(text: str | None, kind: type, flag: str, expected: str) -> tuple | None:
     """`text` ("1,2,3") as a tuple of `kind`, None when it is empty; ConfigError "FLAG 'TEXT': EXPECTED"
-    when an item is not a `kind` (--taps, --depth-weights here and in peagle_trt/train/gpu.py)."""
+    when an item is not a `kind` (--taps, --depth-weights here and in peagle_trt/train/gpu_recipe.py)."""
     if not text:
         return None
     try:

@@ -9,10 +9,10 @@ deeper slots;
 each sequence is split into `segments` partitions, each run forward+backward on its own (losses
 sum to the flat loss); AdamW with warm-up and cosine decay; resumable checkpoints (model,
 optimiser, RNG state) in `checkpoint_dir`; output in the AWS layout (default) or the
-speculators layout (train/save.py). Seeded: the same config gives the same weights, resumed or not.
-At GPU scale (peagle_trt/train/gpu.py): `online` passes the target over each step's batch at once
+speculators layout (peagle_trt/train/save.py). Seeded: the same config gives the same weights, resumed or not.
+At GPU scale (peagle_trt/train/gpu_recipe.py): `online` passes the target over each step's batch at once
 (no feature cache), `wall_budget_s` spans the cosine over wall time, `depth_weights` weights each
-depth's loss, `source_tokens` adds teacher-forced Python source of this machine (train/source.py).
+depth's loss, `source_tokens` adds teacher-forced Python source of this machine (peagle_trt/train/source.py).
 Tests: tests/train/.
 """
 

@@ -1,11 +1,14 @@
-"""The GPU training run (peagle_trt/train/gpu.py, scripts/gpu_train.sh) rehearsed on the CPU with the
-tiny target: files in parts and back (sha256-checked, a missing or damaged part named), the plan of
-device calls within the tool's limits, the site-packages source corpus, the batched (online) target
-pass against the per-sequence one, per-depth loss weights, and the whole run end to end: parts ->
-target -> online training of both heads -> parts back -> collect (reassembled, loaded, evaluated)."""
+"""The GPU training run rehearsed on the CPU with the tiny target: the transfer logistics
+(scripts/gpu_transfer.py: files in parts and back, sha256-checked, a missing or damaged part named;
+the plan of device calls within the tool's limits), the recipe (peagle_trt/train/gpu_recipe.py: the
+heads' shares of a call, the site-packages source corpus, the batched (online) target pass against the
+per-sequence one, per-depth loss weights), and the whole run end to end through scripts/gpu_train.sh:
+parts -> target -> online training of both heads -> parts back -> collect (reassembled, loaded,
+evaluated)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import subprocess
@@ -22,10 +25,13 @@ from peagle_trt.models.target import TargetModel
 from peagle_trt.tokenizer import TextCodec
 from peagle_trt.train import TrainConfig, train
 from peagle_trt.train import data as D
-from peagle_trt.train import gpu as G
+from peagle_trt.train import gpu_recipe as R
 from peagle_trt.train.source import python_files, source_corpus
 
 REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("gpu_transfer", REPO / "scripts" / "gpu_transfer.py")
+G = importlib.util.module_from_spec(_spec)  # the logistics: a script beside scripts/gpu_train.sh
+_spec.loader.exec_module(G)
 
 
 def _quiet(*a, **k):
@@ -82,12 +88,12 @@ def test_prepare_plans_calls_within_the_device_limits(tmp_path):
 
 
 def test_the_heads_share_the_call_p_eagle_first():
-    r = G.GpuRecipe(peagle_wall_s=200, eagle3_wall_s=120)
-    assert G.head_budget(r, "peagle", 540) == 200 and G.head_budget(r, "eagle3", 300) == 120
-    assert G.head_budget(r, "eagle3", 150) == pytest.approx(150 - 60 - 18)  # EAGLE-3 shrinks to what is left
-    assert G.head_budget(r, "eagle3", 90) is None  # then is skipped
-    assert G.head_budget(r, "peagle", 400) == 200  # P-EAGLE keeps its budget while EAGLE-3 can shrink
-    assert 20 <= G.head_budget(r, "peagle", 200) < 200 and G.head_budget(r, "peagle", 60) is None
+    r = R.GpuRecipe(peagle_wall_s=200, eagle3_wall_s=120)
+    assert R.head_budget(r, "peagle", 540) == 200 and R.head_budget(r, "eagle3", 300) == 120
+    assert R.head_budget(r, "eagle3", 150) == pytest.approx(150 - 60 - 18)  # EAGLE-3 shrinks to what is left
+    assert R.head_budget(r, "eagle3", 90) is None  # then is skipped
+    assert R.head_budget(r, "peagle", 400) == 200  # P-EAGLE keeps its budget while EAGLE-3 can shrink
+    assert 20 <= R.head_budget(r, "peagle", 200) < 200 and R.head_budget(r, "peagle", 60) is None
 
 
 def test_source_corpus_is_deterministic_capped_and_skips_tests(tiny, tmp_path):
@@ -203,10 +209,10 @@ def test_a_warm_head_with_its_own_embeddings_is_not_frozen_away(tiny, answers, t
     assert load_drafter(tmp_path / "own").config.has_embed
     with pytest.raises(ConfigError, match="drop --freeze-embeddings"):
         train(_cfg(tiny, answers, tmp_path / "x", init_from=tmp_path / "own", freeze_embeddings=True), _quiet)
-    recipe = G.GpuRecipe()
+    recipe = R.GpuRecipe()
     cfg = recipe.train_config("peagle", tiny["llama"], answers, tmp_path / "y", "cpu", init_from=tmp_path / "own")
     assert not cfg.freeze_embeddings and cfg.taps == (1, 3, 5) and cfg.online and cfg.wall_budget_s == 200
-    shipped = G.GpuRecipe().train_config("peagle", tiny["llama"], answers, tmp_path / "z", "cuda",
+    shipped = R.GpuRecipe().train_config("peagle", tiny["llama"], answers, tmp_path / "z", "cuda",
                                          init_from=REPO / "tests/data/smollm2-heads/peagle")
     assert shipped.freeze_embeddings and shipped.fc_norm and shipped.mask_token_id == 4 and shipped.draft_vocab == 8192
 

@@ -26,7 +26,7 @@ def test_train_on_cuda_matches_the_cpu_run(tiny, tmp_path, method, layout, onlin
                 depths=3, draft_vocab=200, taps=(1, 3, 5), log_every=100, max_context=16, held_out_every=4,
                 eval_every=1, lr=1e-12, warmup=1, feature_cache=tmp_path / "f.pt", layers=2)
     cpu = train(TrainConfig(output=tmp_path / "cpu", device="cpu", **base), lambda *a, **k: None)
-    # online (the GPU run's, peagle_trt/train/gpu.py): the target's pass per step, batched, on the GPU
+    # online (the GPU recipe's, peagle_trt/train/gpu_recipe.py): the target's pass per step, batched, on the GPU
     over = {"online": True, "feature_cache": None} if online else {}
     gpu = train(TrainConfig(output=tmp_path / "gpu", device="cuda", **{**base, **over}), lambda *a, **k: None)
     assert gpu["steps"] == 2 and (tmp_path / "gpu" / "model.safetensors").is_file()
