@@ -1,14 +1,19 @@
 """Models by hub id (peagle_trt/hub.py) and the published heads (peagle_trt/published.py), through
 huggingface_hub's real resolution path on a cache laid out as it lays it (tests/hub_layout.py),
 offline: ids resolve without a request, every error names what to do, a published head builds by
-name and refuses a target it was not trained for before anything is fetched. Gated, private and
-unknown revisions are answered by a loopback stand-in for the Hub (no network)."""
+name and refuses a target it was not trained for before anything is fetched. Downloads (only the
+files peagle-trt reads), gated, private and unknown revisions are answered by a loopback stand-in
+for the Hub (no network)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import threading
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -95,17 +100,59 @@ def test_only_what_peagle_trt_reads_is_fetched():
 
 
 class _Hub(BaseHTTPRequestHandler):
-    """The Hub's answer to any request: the status and X-Error-Code in `server.answer`."""
+    """A loopback stand-in for the Hub: `server.answer` = (status, X-Error-Code) for every request,
+    or else, for `server.repos` ({repo_id: folder}), the three endpoints a download reads (the
+    revision's commit, the file tree, each file). Every path asked is kept in `server.seen`."""
 
-    def do_GET(self):  # noqa: N802 (http.server's name)
-        status, code = self.server.answer
+    def do_GET(self):  # noqa: N802 (http.server's names)
+        self._reply(body=True)
+
+    def do_HEAD(self):  # noqa: N802
+        self._reply(body=False)
+
+    def _reply(self, body: bool):
+        path = urllib.parse.urlparse(self.path).path
+        self.server.seen.append(path)
+        if self.server.answer is not None:
+            status, code = self.server.answer
+            return self._send(status, json.dumps({"error": code}).encode(), body, {"X-Error-Code": code})
+        for pattern, handler in ((r"/api/models/([^/]+/[^/]+)/revision/([^/]+)", self._info),
+                                 (r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/.*)?", self._tree),
+                                 (r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", self._file)):
+            match = re.fullmatch(pattern, path)
+            if match and match[1] in self.server.repos:
+                return handler(body, *match.groups())
+        self._send(404, b'{"error": "not found"}', body, {"X-Error-Code": "RepoNotFound"})
+
+    def _files(self, repo: str) -> dict[str, Path]:
+        root = self.server.repos[repo]
+        return {str(p.relative_to(root)): p for p in sorted(root.rglob("*")) if p.is_file()}
+
+    def _commit(self, repo: str) -> str:
+        return hashlib.sha1(repo.encode()).hexdigest()
+
+    def _info(self, body, repo, _revision):
+        info = {"id": repo, "sha": self._commit(repo), "siblings": [{"rfilename": f} for f in self._files(repo)]}
+        self._send(200, json.dumps(info).encode(), body)
+
+    def _tree(self, body, repo, _revision):
+        tree = [{"type": "file", "path": f, "size": p.stat().st_size,
+                 "oid": hashlib.sha1(p.read_bytes()).hexdigest()} for f, p in self._files(repo).items()]
+        self._send(200, json.dumps(tree).encode(), body)
+
+    def _file(self, body, repo, _revision, name):
+        data = self._files(repo)[urllib.parse.unquote(name)].read_bytes()
+        self._send(200, data, body, {"X-Repo-Commit": self._commit(repo), "Content-Type": "application/octet-stream",
+                                     "ETag": f'"{hashlib.sha256(data).hexdigest()}"'})
+
+    def _send(self, status: int, data: bytes, body: bool, headers: dict | None = None):
         self.send_response(status)
-        self.send_header("X-Error-Code", code)
-        self.send_header("Content-Type", "application/json")
+        for key, value in {"Content-Type": "application/json", **(headers or {})}.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        self.wfile.write(json.dumps({"error": code}).encode())
-
-    do_HEAD = do_GET
+        if body:
+            self.wfile.write(data)
 
     def log_message(self, *args):
         pass
@@ -114,11 +161,32 @@ class _Hub(BaseHTTPRequestHandler):
 @pytest.fixture
 def stand_in_hub(cache, monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Hub)
+    server.answer, server.repos, server.seen = None, {}, []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
     yield server
     server.shutdown()
+
+
+def test_online_only_the_files_peagle_trt_reads_are_fetched(stand_in_hub, cache, tiny, tmp_path, capsys,
+                                                             monkeypatch):
+    repo = tmp_path / "published"
+    (repo / "original").mkdir(parents=True)
+    for f in tiny["llama"].iterdir():
+        (repo / f.name).write_bytes(f.read_bytes())
+    (repo / "original" / "model.safetensors").write_bytes(b"another layout")
+    (repo / "README.md").write_text("card")
+    (repo / "pytorch_model.bin").write_bytes(b"a pickle")
+    stand_in_hub.repos["acme/tiny-llama"] = repo
+    path = hub.resolve("acme/tiny-llama", what="--target")
+    assert sorted(p.name for p in path.iterdir()) == sorted(f.name for f in tiny["llama"].iterdir())
+    fetched = {p.rsplit("/", 1)[-1] for p in stand_in_hub.seen if "/resolve/" in p}
+    assert fetched == {f.name for f in tiny["llama"].iterdir()}  # never README, the pickle or original/
+    assert "acme/tiny-llama: config, tokenizer and safetensors weights into" in capsys.readouterr().err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # now cached: resolved offline, without a request
+    seen = len(stand_in_hub.seen)
+    assert hub.resolve("acme/tiny-llama") == path and len(stand_in_hub.seen) == seen
 
 
 @pytest.mark.parametrize("answer, expected", [

@@ -185,6 +185,9 @@ def prepare(args: argparse.Namespace, model: str) -> Prepared:
     if head is not None and target_ref is not None:  # before anything is fetched
         published.check_pairing(head, target_ref.repo_id, None)
     target = hub.resolve(model, revision=args.revision, what="MODEL")
+    if not target.is_dir():
+        raise ConfigError(f"{model}: not a built repository, a model directory or a hub id (org/name); pass one of "
+                          "them (`peagle-trt build` writes repositories)")
     if head is not None and target_ref is None:
         published.check_pairing(head, None, model_type(target))
     drafter = (hub.resolve(drafter_asked, revision=parsed.revision, what='the speculative config\'s "model"')

@@ -72,9 +72,11 @@ def test_the_card_command_is_taken_as_it_is():
     (["-tp", "2"], "--tensor-parallel-size 2: one device"),
     (["--trust-remote-code"], "--trust-remote-code is refused"),
     (["--kv-cache-dtype", "bfloat16"], "--kv-cache-dtype bfloat16"),
+    (["--model", "/no/such/model"], "not a built repository, a model directory or a hub id"),
 ])
 def test_flags_serve_does_not_have_are_refused_by_name(extra, expected, capsys):
-    assert main(["serve", "openai/gpt-oss-120b", *extra]) == 2
+    model = [] if "--model" in extra else ["openai/gpt-oss-120b"]
+    assert main(["serve", *model, *extra]) == 2
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["error_type"] == "ConfigError" and expected in result["error"]
 
