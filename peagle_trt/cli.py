@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     from peagle_trt.flags import normalize_argv
 
     parser = build_parser()
-    args, unknown = parser.parse_known_args(normalize_argv(sys.argv[1:] if argv is None else list(argv)))
+    args, unknown = parser.parse_known_args(normalize_argv(sys.argv[1:] if argv is None else list(argv), parser))
     refuse_unknown = getattr(args, "refuse_unknown", None)  # a verb that names what it does not take
     if unknown and refuse_unknown is None:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")

@@ -107,13 +107,19 @@ def model_type(model_dir: Path) -> str | None:
     return config.get("model_type") or (config.get("text_config") or {}).get("model_type")
 
 
-def normalize_argv(argv: list[str]) -> list[str]:
-    """A leading em or en dash (`—tp`, `–port`: how web pages and word processors print `--tp`) read as
-    `--`, said on stderr; every other argument unchanged."""
+def normalize_argv(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """A leading em or en dash (`—tp`: how web pages and word processors print `--tp`) read as `--`
+    where that makes a flag `parser` (or one of its verbs) knows, said on stderr; all else unchanged
+    (a prompt that starts with a dash stays as it is)."""
+    known = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for verb in action.choices.values():
+                known |= set(verb._option_string_actions)
     out = []
     for arg in argv:
-        if arg[:1] in ("\u2014", "\u2013") and len(arg) > 1 and arg[1] not in ("\u2014", "\u2013", " "):
-            fixed = "--" + arg[1:]
+        fixed = "--" + arg[1:]
+        if arg[:1] in ("\u2014", "\u2013") and fixed.split("=", 1)[0] in known:
             print(f"[cli] read {arg!r} as {fixed!r} (a typographic dash)", file=sys.stderr, flush=True)
             arg = fixed
         out.append(arg)

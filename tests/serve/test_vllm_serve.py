@@ -52,7 +52,8 @@ def card_argv(**values) -> list[str]:
 
 
 def test_the_card_command_is_taken_as_it_is():
-    args, unknown = build_parser().parse_known_args(normalize_argv(card_argv()))
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(normalize_argv(card_argv(), parser))
     assert unknown == [] and args.func.__name__ == "cmd_serve" and args.tensor_parallel_size == 1
     vllm.check_flags(args, model_mode=True)
     said = [note.split(":")[0] for note in vllm.notes(args)]
@@ -65,6 +66,8 @@ def test_the_card_command_is_taken_as_it_is():
         "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 5, "parallel_drafting": true}',
         "--max-seq-len", "32768", "--max-batch", "128", "--no-prefix-caching"]
     assert args.port == 8040
+    prompt = ["generate", "--prompt", "\u2014tp is a flag here"]  # only flags are read as such
+    assert normalize_argv(prompt + ["\u2014max-tokens", "4"], parser) == prompt + ["--max-tokens", "4"]
 
 
 @pytest.mark.parametrize("extra, expected", [
@@ -142,6 +145,7 @@ def test_the_card_command_builds_serves_and_reuses_a_pair_held_under_its_ids(tin
     expected = alone.generate(messages[0]["content"], SamplingParams(max_tokens=24, ignore_eos=True))
     assert reply.choices[0].model_extra["token_ids"] == expected["token_ids"]
     # the same request again: the repository in the cache, not rebuilt
-    args, _ = build_parser().parse_known_args(normalize_argv(argv))
+    parser = build_parser()
+    args, _ = parser.parse_known_args(normalize_argv(argv, parser))
     again = vllm.prepare(args, "openai/gpt-oss-120b")
     assert (str(again.repo), again.built) == (ready["repository"], False)
