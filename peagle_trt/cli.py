@@ -12,6 +12,9 @@
 Each verb is the folder of its name (peagle_trt/<verb>/, `make-tiny` in peagle_trt/make_tiny/), whose
 cli.py holds its parser and handler (`add_parser(sub)`); this module only registers them and runs the
 one chosen. It is the only module that catches broad exceptions: it prints them and exits non-zero.
+Arguments no parser knows are refused by argparse, or, for a verb that sets `refuse_unknown` (serve:
+vLLM's flags), by that function's ConfigError naming them (JSON last line). A leading typographic
+dash (`—tp`) is read as `--` (peagle_trt/flags.py, `normalize_argv`).
 Tested by tests/e2e/test_cli.py and tests/test_layout.py (verb = folder).
 """
 
@@ -69,11 +72,19 @@ def quiet_third_party_progress(verbose: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    from peagle_trt.flags import normalize_argv
+
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(normalize_argv(sys.argv[1:] if argv is None else list(argv), parser))
+    refuse_unknown = getattr(args, "refuse_unknown", None)  # a verb that names what it does not take
+    if unknown and refuse_unknown is None:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     quiet_third_party_progress(args.verbose)
     try:
+        if unknown:
+            refuse_unknown(unknown)  # raises a ConfigError naming them
         result = args.func(args)
     except PeagleError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -34,6 +34,12 @@ class BuildError(PeagleError):
     """A build/package step failed (unwritable output, missing template, ...); nothing was left behind."""
 
 
+class HubError(PeagleError):
+    """A model named by its Hugging Face hub id cannot be used: not in the cache while offline (or
+    with no network), gated or private without a token, not found, a revision that does not exist,
+    or a repository without safetensors weights (peagle_trt/hub.py)."""
+
+
 class ConvertError(PeagleError):
     """A model file cannot be converted (missing, not GGUF, an architecture the project cannot load)."""
 

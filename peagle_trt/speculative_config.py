@@ -11,7 +11,8 @@ does not have is refused too (a typo must not pass in silence).
      "draft_tree_budget": 16, "adaptive_draft_tree_budget": true}
 
 Implemented: method (eagle / eagle3), num_speculative_tokens, parallel_drafting (P-EAGLE), model
-(the drafter directory, when --drafter is not given), num_speculative_tokens_per_batch_size (3-item
+(the drafter: a directory or a hub id, peagle_trt/hub.py; when --drafter is not given), revision (its
+hub revision), num_speculative_tokens_per_batch_size (3-item
 entries), rejection_sample_method ("standard"; "synthetic" with synthetic_acceptance_rates or
 _length, for benchmarks), draft_sample_method ("greedy"), speculative_token_tree (a static draft tree
 of rank paths; num_speculative_tokens = its nodes, as in vLLM). Ours: adaptive_num_speculative_tokens,
@@ -51,8 +52,7 @@ IGNORED = {
     "attention_backend": (None, "attention is the PEagleKVAttention op"),
     "kv_cache_dtype": (None, "the drafter's KV cache dtype follows the build (--kv-cache-fp8)"),
     "max_model_len": (None, "the drafter shares the target's max_seq_len"),
-    "revision": (None, "checkpoints are local directories"),
-    "code_revision": (None, "checkpoints are local directories"),
+    "code_revision": (None, "no repository code is ever run here (safetensors and config only)"),
     "index_share_for_mtp_iteration": (None, "MTP only"),
     "disable_padded_drafter_batch": (False, "drafter batches are padded"),
     "disable_eagle_block_drop": (False, "the prefix cache keys drafter blocks with the next token"),
@@ -79,14 +79,15 @@ IMPLEMENTED = ("method", "num_speculative_tokens", "parallel_drafting", "model",
                "rejection_sample_method", "synthetic_acceptance_rates", "synthetic_acceptance_length",
                "draft_sample_method", "use_heterogeneous_vocab", "enable_adaptive_verification",
                "adaptive_num_speculative_tokens", "speculative_token_tree", "draft_tree_budget",
-               "draft_tree_budget_per_batch_size", "adaptive_draft_tree_budget")
+               "draft_tree_budget_per_batch_size", "adaptive_draft_tree_budget", "revision")
 
 
 @dataclass(frozen=True)
 class ParsedSpec:
     spec: SpecConfig
-    model: str | None = None  # the drafter directory named by "model", if any
+    model: str | None = None  # the drafter named by "model" (a directory or a hub id), if any
     source: str = "flag"  # "flag" | ENV
+    revision: str | None = None  # "revision": the drafter's hub revision (branch, tag or commit)
 
 
 def parse(text: str, source: str = "flag") -> ParsedSpec:
@@ -146,12 +147,16 @@ def parse(text: str, source: str = "flag") -> ParsedSpec:
         raise ConfigError(f"{where}: adaptive_draft_tree_budget must be true or false, got {adaptive_tree!r}")
     model = obj.get("model")
     if model is not None and not isinstance(model, str):
-        raise ConfigError(f"{where}: model must be a drafter directory path, got {model!r}")
+        raise ConfigError(f"{where}: model must be a drafter directory or hub id (org/name), got {model!r}")
+    revision = obj.get("revision")
+    if revision is not None and (not isinstance(revision, str) or model is None):
+        raise ConfigError(f"{where}: revision must be a string naming the hub revision of \"model\" (a branch, tag "
+                          f"or commit), given with \"model\"; got {revision!r}")
     tree_schedule = _schedule(obj.get("draft_tree_budget_per_batch_size"), where, "budget")
     spec = SpecConfig("peagle" if obj.get("parallel_drafting") else "eagle3", k,
                       _schedule(obj.get("num_speculative_tokens_per_batch_size"), where), adaptive,
                       _synthetic(obj, k, where), budget, tree_schedule, paths, adaptive_tree)
-    return ParsedSpec(spec, model, source)
+    return ParsedSpec(spec, model, source, revision)
 
 
 def resolve(flag_text: str | None, purpose: str) -> ParsedSpec | None:
@@ -254,8 +259,10 @@ def for_built(built: SpecConfig, parsed: ParsedSpec) -> SpecConfig:
         raise ConfigError(f"num_speculative_tokens={spec.num_spec_tokens} differs from the {built.num_spec_tokens} "
                           "the repository was built for; lower K with num_speculative_tokens_per_batch_size or "
                           "adaptive_num_speculative_tokens, or rebuild")
-    if parsed.model is not None:
-        raise ConfigError("\"model\" cannot change at serve time: the drafter is the repository's")
+    if parsed.model is not None or parsed.revision is not None:
+        raise ConfigError("\"model\" (and its \"revision\") cannot change when a built repository is served: the "
+                          "drafter is the repository's; serve the target instead (`peagle-trt serve MODEL "
+                          "--speculative-config ...` builds the pair into a cache) or rebuild")
     if not spec.tree:  # the build's draft tree, if any
         return dataclasses.replace(spec, tree_budget=built.tree_budget, tree_schedule=built.tree_schedule,
                                    static_tree=built.static_tree, adaptive_tree=built.adaptive_tree)

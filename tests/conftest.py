@@ -79,6 +79,18 @@ def tiny_moe(tmp_path_factory) -> dict[str, Path]:
     return make_families(tmp_path_factory.mktemp("tiny_moe"))
 
 
+@pytest.fixture(scope="session")
+def tiny_gpt_oss(tmp_path_factory) -> dict[str, Path]:
+    """A small GPT-OSS target and its AWS-layout P-EAGLE head: {'target': dir, 'drafter': dir}; the
+    pair tests/test_hub.py and tests/serve/test_vllm_serve.py hold under the published hub ids."""
+    from peagle_trt.make_tiny import make_drafter, make_target
+
+    root = tmp_path_factory.mktemp("tiny_gpt_oss")
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    target = make_target(root / "target", "gpt_oss", seed=6)
+    return {"target": target, "drafter": make_drafter(root / "drafter", target, "aws", seed=8)}
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     """Each test starts seeded and leaves torch's thread count as it found it (a bench suite run in

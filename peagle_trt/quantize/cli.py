@@ -14,8 +14,10 @@ from pathlib import Path
 
 
 def cmd_quantize(args: argparse.Namespace) -> dict:
+    from peagle_trt import hub
     from peagle_trt.quantize import QuantizeOptions, quantize_target
 
+    args.target = hub.resolve(args.target, what="--target")
     spec = QuantizeOptions(kv_cache_fp8=args.kv_cache_fp8, calib_data=args.calib_data, num_calib=args.num_calib,
                      max_calib_len=args.max_calib_len, device=args.device)
     t0 = time.perf_counter()
@@ -29,7 +31,7 @@ def cmd_quantize(args: argparse.Namespace) -> dict:
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `quantize` on the `peagle-trt` subparsers (sets func=cmd_quantize)."""
     q = sub.add_parser("quantize", help="FP8 post-training quantization of the target (NVIDIA ModelOpt)")
-    q.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
+    q.add_argument("--target", required=True, type=Path, help="target model: a Hugging Face model directory or hub id")
     q.add_argument("--output", required=True, type=Path, help="directory for the FP8 checkpoint")
     q.add_argument("--kv-cache-fp8", action="store_true",
                    help="also calibrate FP8 KV-cache scales (k_scale / v_scale)")

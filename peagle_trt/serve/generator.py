@@ -16,12 +16,16 @@ thread of the scheduler's `Grammars` (the model's tokenizer and vocabulary, the 
 max_grammar_bytes / grammar_timeout_s); text work per streamed piece is bounded (`TextStream`). `submit` returns
 the scheduler's uid of the request: the only handle `cancel` accepts (client ids may collide).
 A request whose step fails gets a final event with finish_reason "error"; the others continue.
-Tested by tests/serve/ (through tritonserver), tests/e2e/test_cli.py (in-process) and
+`serve --seed N` gives requests without a seed one derived from N and their arrival order
+(`seeded`). Tested by tests/serve/ (through tritonserver), tests/e2e/test_cli.py (in-process) and
 tests/faults/test_requests.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import itertools
 import logging
 import threading
 import time
@@ -38,7 +42,7 @@ from peagle_trt.errors import BuildError, ConfigError, RequestError, RuntimeInva
 from peagle_trt.executors.torch import TorchExecutor
 from peagle_trt.manifest import verify_manifest
 from peagle_trt.runtime.scheduler import Request, RequestOutput, Scheduler
-from peagle_trt.serve.options import ArtifactPaths, RepositoryOptions, with_deterministic
+from peagle_trt.serve.options import ArtifactPaths, RepositoryOptions, serve_seed, with_deterministic
 from peagle_trt.serve.protocol import InputLimits, generate_result
 from peagle_trt.speculative.decoder import SpecDecoder
 from peagle_trt.speculative.grammar import Grammars
@@ -107,6 +111,10 @@ class TextGenerator:
                                           options.max_stop_bytes)
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # `serve --seed N` (vLLM's flag): requests without a seed get one from N and their arrival
+        # order, so a run's sampled outputs repeat when the same requests arrive in the same order
+        self.default_seed: int | None = None
+        self._arrivals = itertools.count()
         self.on_step: Callable[[], None] | None = None  # e.g. metrics refresh (throttled by the callee)
         self.step_error: Exception | None = None
 
@@ -153,7 +161,16 @@ class TextGenerator:
         grammars = Grammars(codec.tok, config.vocab_size, options.max_grammar_bytes, options.grammar_timeout_s)
         scheduler = Scheduler(decoder, options.max_batch, options.prefill_chunk, prefix_caching=options.prefix_caching,
                               grammars=grammars)
-        return cls(codec, scheduler, options)
+        generator = cls(codec, scheduler, options)
+        generator.default_seed = serve_seed()
+        return generator
+
+    def seeded(self, params: SamplingParams) -> SamplingParams:
+        """`params` with a seed derived from `default_seed` and the arrival count when it has none."""
+        if params.seed is not None or self.default_seed is None:
+            return params
+        digest = hashlib.blake2b(f"{self.default_seed}:{next(self._arrivals)}".encode(), digest_size=8).digest()
+        return dataclasses.replace(params, seed=int.from_bytes(digest, "little") >> 1)
 
     # -- requests ------------------------------------------------------------------------------
     def submit(self, request_id: str, prompt: str, params: SamplingParams, on_event: Callable[[Event], None],
@@ -165,6 +182,7 @@ class TextGenerator:
             raise RequestError("text_input is empty; send a non-empty prompt")
         self.limits.check_prompt(prompt)  # before any tokenization
         self.limits.check_stop(params.stop)
+        params = self.seeded(params)
         ids = self.codec.encode_prompt(prompt, chat_template)
         stream = self.codec.stream(params.stop)
         prefix = [prompt if echo_prompt else "", ids if echo_prompt else []]

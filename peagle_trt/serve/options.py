@@ -12,6 +12,7 @@ tests/serve/test_options.py checks the round trip.
 the environment variable VLLM_BATCH_INVARIANT=1, is accepted where a repository is served: it
 turns the option on, never off) makes every forward row- and batch-invariant (torch and
 onnxruntime backends; docs/SERVING.md, "Deterministic mode"). `with_deterministic` applies both.
+`serve --seed N` reaches the served models as PEAGLE_SERVE_SEED (`serve_seed`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from peagle_trt.errors import BuildError, ConfigError
 
 BACKENDS = ("torch", "onnxruntime", "tensorrt")
 DETERMINISTIC_ENV = "VLLM_BATCH_INVARIANT"  # vLLM's switch for batch-invariant kernels: "1" turns ours on
+SEED_ENV = "PEAGLE_SERVE_SEED"  # `serve --seed N` -> the served models (`serve_seed`)
 _PARAM = re.compile(r'parameters\s*\{\s*key:\s*"([^"]+)"\s*value\s*\{\s*string_value:\s*"([^"]*)"\s*\}\s*\}')
 
 
@@ -219,6 +221,18 @@ def with_deterministic(options: RepositoryOptions, asked: bool = False) -> Repos
         return dataclasses.replace(options, deterministic=True)
     except BuildError as exc:
         raise ConfigError(str(exc)) from exc
+
+
+def serve_seed() -> int | None:
+    """`serve --seed N` (vLLM's flag), passed to the served models as PEAGLE_SERVE_SEED: the seed
+    from which requests that carry none get theirs (peagle_trt/serve/generator.py); None when unset."""
+    text = os.environ.get(SEED_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return int(text)
+    except ValueError as exc:
+        raise ConfigError(f"{SEED_ENV}={text!r}: expected an integer (serve --seed)") from exc
 
 
 def read_parameters(repo: str | Path, model: str = "peagle") -> tuple[Path, dict[str, str]]:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from peagle_trt.errors import ConfigError, PortInUseError, ServeError
-from peagle_trt.serve.options import DETERMINISTIC_ENV
+from peagle_trt.serve.options import DETERMINISTIC_ENV, SEED_ENV
 from peagle_trt.serve.procs import alive, check_ports, die_with_parent, pids_with_arg, sweep
 from peagle_trt.speculative_config import SERVE_ENV as SPEC_ENV
 
@@ -63,6 +63,7 @@ class ServeOptions:
     drain_timeout_s: float = 30.0  # SIGTERM: longest wait for running streams (tritonserver's exit timeout)
     speculative_config: str | None = None  # run-time keys over the built config (vLLM JSON; triton_model.py)
     deterministic: bool = False  # every model in deterministic mode (VLLM_BATCH_INVARIANT=1 for the models)
+    seed: int | None = None  # `serve --seed`: the models' default request seed (PEAGLE_SERVE_SEED)
 
     def __post_init__(self):
         for role, port in self.ports.items():
@@ -119,6 +120,8 @@ def command_and_env(options: ServeOptions, shm_prefix: str) -> tuple[list[str], 
         env[SPEC_ENV] = options.speculative_config
     if options.deterministic:  # read by TextGenerator.from_options (peagle_trt/serve/options.py, with_deterministic)
         env[DETERMINISTIC_ENV] = "1"
+    if options.seed is not None:  # read by TextGenerator.from_options (serve_seed)
+        env[SEED_ENV] = str(options.seed)
     on_path = shutil.which("tritonserver")
     args = [f"--model-repository={options.repo.absolute()}",
             f"--http-address={options.host}", f"--http-port={options.http_port}",

@@ -20,7 +20,8 @@ from peagle_trt.errors import ConfigError
 def add_parser(sub) -> argparse.ArgumentParser:
     """Register `train` on an argparse subparsers object; sets func=cmd_train."""
     t = sub.add_parser("train", help="train a P-EAGLE (or sequential EAGLE-3) drafter head for a target")
-    t.add_argument("--target", required=True, type=Path, help="Hugging Face target model directory")
+    t.add_argument("--target", required=True, type=Path,
+                   help="target model: a Hugging Face model directory or hub id (org/name[@revision])")
     t.add_argument("--output", required=True, type=Path, help="drafter directory to write")
     t.add_argument("--method", default="peagle", choices=["peagle", "eagle3"],
                    help="peagle: parallel head (mask token + mask_hidden); eagle3: sequential baseline")
@@ -114,8 +115,12 @@ def comma_list(text: str | None, kind: type, flag: str, expected: str) -> tuple 
 
 
 def cmd_train(args: argparse.Namespace) -> dict:
+    from peagle_trt import hub
     from peagle_trt.train import TrainConfig, train
 
+    args.target = hub.resolve(args.target, what="--target")
+    if args.init_from is not None:
+        args.init_from = hub.resolve(args.init_from, what="--init-from")
     text = list(args.text)
     if args.text_list:
         if not args.text_list.is_file():

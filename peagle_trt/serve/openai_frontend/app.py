@@ -121,9 +121,9 @@ def create_app(backend: TritonBackend, spec_metrics: str = "summary") -> FastAPI
             index = await asyncio.to_thread(backend.index)
         except ModelUnavailable as exc:
             return _error(503, str(exc), "service_unavailable", code="server_not_ready")
-        return {"object": "list", "data": [{"id": m["name"], "object": "model", "created": 0,
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                             "owned_by": "peagle-trt", "ready": m.get("state") == "READY"}
-                                           for m in index]}
+                                           for m in index for name in backend.served_names(m["name"])]}
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request):

@@ -32,8 +32,11 @@ class ModelNotFound(ServeError):
 class TritonBackend:
     POLL_S = 1.0  # how often a waiting stream checks whether its HTTP client is still there
 
-    def __init__(self, grpc_url: str, repo: Path):
+    def __init__(self, grpc_url: str, repo: Path, aliases: dict[str, str] | None = None):
         self.grpc_url, self.repo = grpc_url, Path(repo)
+        # served model names (vLLM's --served-model-name; by default the hub id `serve MODEL` was
+        # given) -> the Triton model they name; a Triton model's own name works too
+        self.aliases = dict(aliases or {})
         self._ready: set[str] = set()
         self._templates: dict[str, tuple] = {}
         self._lock = threading.Lock()
@@ -54,8 +57,17 @@ class TritonBackend:
         finally:
             client.close()
 
+    def triton_name(self, name: str) -> str:
+        """The Triton model a request's `model` names (an alias, or the model's own name)."""
+        return self.aliases.get(name, name)
+
+    def served_names(self, triton_name: str) -> list[str]:
+        """The names /v1/models lists for a Triton model: its aliases, else its own name."""
+        return [a for a, t in self.aliases.items() if t == triton_name] or [triton_name]
+
     def check_ready(self, name: str) -> None:
         """Raise ModelNotFound / ModelUnavailable unless `name` is a READY model."""
+        name = self.triton_name(name)
         if name in self._ready:
             return
         if not (self.repo / name / "config.pbtxt").is_file():
@@ -75,11 +87,12 @@ class TritonBackend:
                 pass
 
     def forget(self, name: str) -> None:
-        self._ready.discard(name)
+        self._ready.discard(self.triton_name(name))
 
     # -- prompts ---------------------------------------------------------------------------------------
     def _template(self, name: str):
         """(codec, max_seq_len, strip_bos) of a model, loaded once."""
+        name = self.triton_name(name)
         with self._lock:
             if name not in self._templates:
                 from peagle_trt.tokenizer import TextCodec
@@ -115,7 +128,7 @@ class TritonBackend:
         if self._channel is None:
             self._channel = AsyncGrpcChannel(self.grpc_url)
         queue: asyncio.Queue = asyncio.Queue()
-        stream = self._channel.open(name, prompt, params, queue.put_nowait)
+        stream = self._channel.open(self.triton_name(name), prompt, params, queue.put_nowait)
         finished, pending = False, None
         try:
             while True:

@@ -25,6 +25,7 @@ class FrontendOptions:
     port: int = 9000
     start_timeout_s: float = 20.0
     spec_metrics: str = "summary"  # vLLM's --per-request-spec-decode-metrics: none | summary | detailed
+    served_names: tuple[tuple[str, str], ...] = ()  # (served name, Triton model): vLLM's --served-model-name
 
 
 class OpenAIFrontend:
@@ -44,7 +45,7 @@ class OpenAIFrontend:
             self._sock.close()
             raise ServeError(f"cannot bind the OpenAI frontend to {options.host}:{options.port} ({exc.strerror}); "
                              "pick a free port with --openai-port") from exc
-        self.backend = TritonBackend(options.grpc_url, options.repo)
+        self.backend = TritonBackend(options.grpc_url, options.repo, dict(options.served_names))
         app = create_app(self.backend, options.spec_metrics)
         config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                                 timeout_graceful_shutdown=5, timeout_keep_alive=30)
