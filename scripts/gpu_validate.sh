@@ -38,9 +38,10 @@
 #
 # The check in a 15-minute lease: TWO calls of the device tool of at most 250 s each, so that the
 # machine's start (1-2 minutes), both calls and a rerun of either fit (120 + 3 x 250 s < 900 s). Here,
-# first (the GPU machine has no network, and the tree travels without its git history):
-#   git clone https://github.com/pytorch-labs/gpt-fast .gpt-fast      # ignored (.gitignore); never committed
-#   git rev-parse HEAD                                                 # the commit measured: SHA below
+# first (the GPU machine has no network, and the tree travels without its git history): a gpt-fast
+# checkout in .gpt-fast (ignored by .gitignore; never committed), e.g. from the session's `fetch` tool
+# (github:pytorch-labs/gpt-fast, then `git --git-dir=<its git dir> worktree add .gpt-fast` or an archive of
+# its HEAD), and `git rev-parse HEAD` here: the commit measured, SHA below.
 # then, with the SHA written into each command:
 #   run(command="PEAGLE_COMMIT=SHA GPU_VALIDATE_STAGES=env,step,longctx,seeds GPU_VALIDATE_BUDGET_S=230 "
 #               "bash scripts/gpu_validate.sh", timeout_s=250)
@@ -155,7 +156,14 @@ SEEDS_SUITE="${GPU_VALIDATE_SEEDS_SUITE:-seeds}"
 if wanted seeds; then
     if "$PY" -c "import sys; from peagle_trt.bench.cli import SUITES; sys.exit('$SEEDS_SUITE' not in SUITES)" \
         > "$WORK/seeds_check.log" 2>&1; then
-        read -ra SEEDS_ARGS <<< "${GPU_VALIDATE_SEEDS_ARGS:-${SMOKE[*]}}"
+        # on the GPU: the two published targets P-EAGLE's headline figures are on, at concurrency 1 and 8, the
+        # table and the verify cost curve; --budget-s skips a section that would start too late (each section's
+        # rows are written as it ends, so a stage cut short keeps what it measured)
+        SEEDS_GPU="--targets qwen3-coder-30b-a3b,gpt-oss-20b --concurrency 1,8 --sections table,curve --rounds 2"
+        SEEDS_LIMIT=$(( $(left) - 20 )); (( SEEDS_LIMIT > $(cap seeds 240) )) && SEEDS_LIMIT=$(cap seeds 240)
+        SEEDS_GPU="$SEEDS_GPU --steps 6 --budget-s $(( SEEDS_LIMIT > 60 ? SEEDS_LIMIT - 30 : SEEDS_LIMIT / 2 ))"
+        if [ -n "${SMOKE[*]}" ]; then SEEDS_GPU="${SMOKE[*]}"; fi
+        read -ra SEEDS_ARGS <<< "${GPU_VALIDATE_SEEDS_ARGS:-$SEEDS_GPU}"
         run_stage seeds "$(cap seeds 240)" "$WORK/seeds/bench_seeds.log" "$PY" -m peagle_trt.cli bench "$SEEDS_SUITE" \
             --output-dir "$WORK/seeds" "${SEEDS_ARGS[@]}"
     else

@@ -455,7 +455,7 @@ def report(res: dict, a) -> list[str]:
     out = [f"device {res['device']}, {res['dtype']}, custom ops {res['kernels']}, CUDA graphs {res['cuda_graphs']}; "
            f"random weights; context {res['context']}; {a.steps} steps x {a.rounds} rounds after {a.warmup}"
            + (f"; LAYER SLICES (not the models' speed): {sliced}" if sliced else ""),
-           "### Targets (issue 64)", records(res["targets"], ["target", "goal", "value", "met"]),
+           "### Targets", records(res["targets"], ["target", "goal", "value", "met"]),
            "### Built", records(res["built"], ["target", "layers", "of_layers", "experts", "expert_format", "how",
                                                "attention_fp8", "weight_gb", "build_s", "heads", "note"]),
            "### Synthetic acceptance (what each head is accepted at, and from which published figure)",

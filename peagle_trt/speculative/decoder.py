@@ -16,7 +16,7 @@ target row, one token; the drafter then gets that step's rows later (`Sequence.u
 Greedy output equals the target's own greedy output token for token; sampled output has the
 target's distribution (speculative/accept.py). Requests may join (prefill) and leave between steps.
 
-The step, on the device (issue 57): verify -> accept -> commit -> propose, one upload, one read.
+The step, on the device: verify -> accept -> commit -> propose, one upload, one read.
     verify   rows [B, n+1] from the last tokens and the drafts, which stay on the device between
              steps (`Sequence.drafts`: a row of the drafting pass's output); what the host knows
              (last tokens, positions, drafts per request, block tables, a tree's parents, depths

@@ -20,7 +20,7 @@ matcher per request; a constrained request's drafts and its verify rows follow t
                   tokens (the walk's picks, taken already, and the first token of a prefill); `sync`
                   puts the matcher back at a (restored) output.
   apply_masks     logits of disallowed tokens -> -inf, in place (numpy on CPU, xgrammar's kernel elsewhere).
-  fill            the bitmasks of every verify row at once (bench/structured.py's per-step cost of
+  fill            the bitmasks of every verify row at once (peagle_trt/bench/structured.py's per-step cost of
                   masking all K + 1 rows, the way the step did before `pick`).
 Greedy argmax and the rejection sampler both read the target's constrained distribution, so
 speculation stays exact against constrained target-only decoding (tests/speculative/test_grammar.py).

@@ -1,4 +1,4 @@
-"""peagle-trt workers behind NVIDIA Dynamo's own frontend and KV router (issue 25), on this machine:
+"""peagle-trt workers behind NVIDIA Dynamo's own frontend and KV router, on this machine:
 a private network namespace (loopback only), file discovery, workers on 127.0.0.2 / 127.0.0.3.
 
   - 32 concurrent streams through the frontend are token-identical to one in-process engine, and

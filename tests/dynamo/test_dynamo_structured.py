@@ -1,4 +1,4 @@
-"""Structured output through NVIDIA Dynamo's own frontend (issue 38): a client sends OpenAI's
+"""Structured output through NVIDIA Dynamo's own frontend: a client sends OpenAI's
 `response_format` with a JSON schema; Dynamo's preprocessor turns it into
 `sampling_options.guided_decoding` for the worker (peagle_trt/dynamo/engine.py), whose P-EAGLE
 output is token-identical to the constrained target alone (the same repository's target, no

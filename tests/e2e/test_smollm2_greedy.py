@@ -6,7 +6,7 @@
   MIN_AGREED identical tokens (tests/export/crossbackend.py, the rule for every cross-implementation
   comparison).
   transformers' cached decode itself drifts from its full forward by up to ~0.13 logits on long
-  outputs (issue 20: a tie at token 27 where its cached and uncached runs part), so a tie within
+  outputs (seen: a tie at token 27 where its cached and uncached runs part), so a tie within
   that is rounding, not a bug;
 - speculative output (P-EAGLE, a random head sized for the model: it accepts ~nothing, which is
   the hard case for the verify path) equals target-only output exactly, same backend.

@@ -1,4 +1,4 @@
-"""Issue 10, CLI items: `--num-spec-tokens 0` is an error (it silently ran K = 7), and `generate`
+"""CLI flags: `--num-spec-tokens 0` is an error (it silently ran K = 7), and `generate`
 has an option to raise the maximum sequence length its error message asks for."""
 
 from __future__ import annotations

@@ -276,7 +276,7 @@ def test_kill_9_of_the_model_process_fails_streams_promptly_and_serve_exits_clea
 
 
 def test_kill_9_of_an_idle_model_process_turns_readiness_off_at_once(repo):
-    """The health contract a router relies on (issue 25): a bare tritonserver whose stub died
+    """The health contract a router relies on: a bare tritonserver whose stub died
     while idle keeps answering ready (health 200, model ready 200) and fails every request; under
     `serve` the stub's death ends readiness within a second (the server is stopped) and `serve`
     exits with code 2 and the reason, so a supervisor restarts it."""
