@@ -9,7 +9,8 @@ tests/plugins/test_plugin_names.py checks that they agree with this module.
 KV_ATTENTION = "PEagleKVAttention"
 DRAFT_INPUTS = "PEagleDraftInputs"
 DRAFT_SAMPLE = "PEagleDraftSample"
-OP_TYPES = (KV_ATTENTION, DRAFT_INPUTS, DRAFT_SAMPLE)
+MOE = "PEagleMoE"  # the fused mixture-of-experts MLP (reference: ops/reference.py `moe`)
+OP_TYPES = (KV_ATTENTION, DRAFT_INPUTS, DRAFT_SAMPLE, MOE)
 
 DOMAIN = "peagle"  # ONNX domain of the custom nodes
 DOMAIN_VERSION = 2  # its opset version (the schemas' since_version); 2: paged KV (block_tables)

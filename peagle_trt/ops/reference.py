@@ -8,10 +8,11 @@ one trash block (index N) that padding rows (position -1) write to. A request's 
 the trash block and never visible. Blocks are assigned by the runtime (peagle_trt/runtime/blocks.py).
 
 Mixture of experts (PEagleMoE): `moe` is the contract of the fused MoE op (its Triton kernel:
-peagle_trt/ops/triton_kernels/moe.py), with small
+peagle_trt/ops/triton_kernels/moe.py; the plugin: plugins/src/plugins/moePlugin.cpp), with small
 public helpers the ONNX body and the CPU path reuse: `moe_route` (routing with the stable tie rule),
 `quantize_activation` (the three FP8 activation rules), `fp8_matmul`, `moe_act`, `moe_check`.
-How to test: tests/ops/test_reference_ops.py, tests/ops/test_moe_kernel.py (kernel against this).
+How to test: tests/ops/test_reference_ops.py, tests/ops/test_moe_kernel.py (the MoE: its checks, and
+the kernel against it).
 """
 
 from __future__ import annotations

@@ -101,19 +101,49 @@ def block_k_for(dtype: torch.dtype, kind: str) -> int:
     return 32 if dtype == torch.float32 else 64
 
 
-def choose_tiles(rows: int, top_k: int, experts: int, dtype: torch.dtype, kind: str) -> MoETiles:
-    """The default tiles for T = `rows`: "small" (16-row blocks, 64-wide N tiles, 4 stages) while
-    T * k <= 16 * E, else "large" (64-row blocks, 3 stages). fp32 keeps 32-row large blocks (registers).
-    plugins/src/launcher/tritonLauncher.cpp applies the same rule to the compiled variants."""
+def regime(rows: int, top_k: int, experts: int) -> str:
+    """"small" while the average rows per expert T * k / E is at most 16 (decode, verify), else "large"."""
+    return "small" if rows * top_k <= SMALL_ROWS * experts else "large"
+
+
+def regime_tiles(name: str, dtype: torch.dtype, kind: str) -> MoETiles:
+    """The tiles of a regime: small = 16-row blocks, 64-wide N tiles, 4 warps, 4 stages; large = 64-row
+    blocks (32 in fp32), 8 warps (4 spill the two fp32 accumulators of gate/up on sm_90a), 3 stages.
+    fp32 (FMA dots, operands in registers) takes 8 warps in both (4 spill on sm_100a). BLOCK_K from
+    `block_k_for` (dtype and kind only). Checked by aot.py: no spills on sm_90a / sm_100a."""
     k = block_k_for(dtype, kind)
-    if rows * top_k <= SMALL_ROWS * experts:
-        return MoETiles(16, 64, k, 4, 4)
-    return MoETiles(32 if dtype == torch.float32 else 64, 64, k, 4, 3)
+    fp32 = dtype == torch.float32
+    if name == "small":
+        return MoETiles(16, 64, k, 8 if fp32 else 4, 4)
+    return MoETiles(32 if fp32 else 64, 64, k, 8, 3)
+
+
+def choose_tiles(rows: int, top_k: int, experts: int, dtype: torch.dtype, kind: str) -> MoETiles:
+    """The default tiles for T = `rows` (`regime`, `regime_tiles`). plugins/src/launcher/tritonLauncher.cpp
+    applies the same rule to the compiled variants (variants.py)."""
+    return regime_tiles(regime(rows, top_k, experts), dtype, kind)
 
 
 def slots_for(pairs: int, experts: int, block_m: int) -> int:
     """Length of the aligned pair list: a bound on the padded total from shapes alone."""
     return pairs + min(experts, pairs) * (block_m - 1)
+
+
+def workspace_bytes(tokens: int, hidden: int, experts: int, inter: int, top_k: int, dtype: torch.dtype, kind: str,
+                    block_m: int = 64) -> int:
+    """Bytes of the plugin's workspace for `tokens` rows (plugins/src/launcher/tritonLauncher.cpp,
+    MoeLayout; the C API sizes it with the largest BLOCK_M, 64): routing weights and ids, the aligned
+    pair list, the block experts, the total, x's and h's E4M3 codes and scales (dynamic kinds), h and o,
+    each 256-byte aligned. This module allocates the same buffers as separate tensors."""
+    pairs = tokens * top_k
+    slots = slots_for(pairs, experts, block_m)
+    dynamic = kind in ("channel", "block")
+    h_groups, i_groups = (1, 1) if kind == "channel" else (-(-hidden // GROUP), -(-inter // GROUP))
+    act = torch.tensor([], dtype=dtype).element_size()
+    sizes = [pairs * 4, pairs * 4, slots * 4, -(-slots // block_m) * 4, 4,
+             tokens * hidden if dynamic else 0, tokens * h_groups * 4 if dynamic else 0, pairs * inter * act,
+             pairs * inter if dynamic else 0, pairs * i_groups * 4 if dynamic else 0, pairs * hidden * 4]
+    return sum(-(-n // 256) * 256 for n in sizes)
 
 
 # -- kernels --------------------------------------------------------------------------------------
@@ -277,7 +307,7 @@ def moe_gate_up_kernel(x_ptr, xs_ptr, w_ptr, ws_ptr, as_ptr, bias_ptr, h_ptr, so
     w_gate = w_ptr + (e * 2 * inter + cols)[:, None].to(tl.int64) * H  # [BLOCK_N, 1]
     w_up = w_gate + inter * H  # one expert's rows: in int32's range
     if ALIGNED:  # H a multiple of BLOCK_K, 16-byte aligned rows: full vector loads, no K mask
-        x_rows = tl.multiple_of(x_rows, [1, 16])
+        x_rows = tl.multiple_of(x_rows, [16, 1])
         w_gate = tl.multiple_of(w_gate, [16, 1])
         w_up = tl.multiple_of(w_up, [16, 1])
     a_static = 1.0
@@ -336,7 +366,7 @@ def moe_down_kernel(h_ptr, hs_ptr, w_ptr, ws_ptr, as_ptr, bias_ptr, o_ptr, sorte
     h_rows = h_ptr + row[:, None] * inter
     w_rows = w_ptr + (e * H + cols)[:, None].to(tl.int64) * inter
     if ALIGNED:
-        h_rows = tl.multiple_of(h_rows, [1, 16])
+        h_rows = tl.multiple_of(h_rows, [16, 1])
         w_rows = tl.multiple_of(w_rows, [16, 1])
     a_static = 1.0
     if QUANT == 1:
