@@ -133,6 +133,13 @@ def test_moe_matches_the_reference(family, weights, dtype, rows, routed):
     assert_close(got, reference.moe(*args, **kw), tol)
 
 
+def test_moe_with_twenty_experts_and_three_picks():
+    """E and k that are no powers of two (the routing's and alignment's padded lanes), every row's picks
+    spread over most experts."""
+    args, kw = make_case("gemma4", "fp8-block", torch.float32, 12, "random", experts=20, k=3, seed=4)
+    assert_close(mk.moe(*on_device(args), **kw), reference.moe(*args, **kw), TOL[torch.float32])
+
+
 @pytest.mark.parametrize("tiles", [mk.MoETiles(32, 32, 64, 4, 2), mk.MoETiles(64, 128, 32, 8, 1)])
 def test_forced_tiles_give_the_same_result(tiles):
     args, kw = make_case("gpt_oss", "bf16", torch.bfloat16, 12, "random", seed=3)
