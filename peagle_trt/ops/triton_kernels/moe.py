@@ -36,10 +36,11 @@ kind come from the dtype and scale kind alone (`choose_tiles`), whatever BLOCK_M
 picks - given an MMA whose output element depends on its own row and column only (the GPU's;
 tests/ops/conftest.py `rowwise_dot` models it under the interpreter). A `config=` with another
 BLOCK_K gives other (equally valid) bits.
-Tiles (`choose_tiles`, UNMEASURED: set from vLLM's published H200 tiles and shared-memory arithmetic;
-a GPU window sweeps them with `config=`): "small" while the average rows per expert T*k/E <= 16
-(decode and verify: each routed expert's rows in one 16-row block, 64-wide N tiles to spread the
-weight stream over more programs), "large" (64-row blocks) past it. The workspace (align buffers,
+Tiles (`choose_tiles`, UNMEASURED; `bench kernels` sweeps them on a GPU with `config=`): "small" while
+the average rows per expert T*k/E <= 16 (decode and verify: each routed expert's rows in one 16-row
+block, as vLLM's published H200 tile for E = 128, N = 768 FP8 blocks with BLOCK_K 128; 64-wide N tiles
+where vLLM takes 128, to give a decode step's few experts more programs), "large" (64-row blocks) past
+it; registers and spills checked by aot.py. The workspace (align buffers,
 codes, h, o) is allocated here from shapes; the C launcher takes it from TensorRT
 (`peagle_moe_workspace_size`, plugins/src/launcher/tritonLauncher.cpp, the same layout).
 Under the interpreter (TRITON_INTERPRET=1): E4M3 rounding by `_round_to_e4m3` and fp32 dots on the
