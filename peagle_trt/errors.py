@@ -26,6 +26,11 @@ class PairingError(ConfigError):
     """The target and the drafter do not fit together (hidden size, vocabulary, taps, mask token)."""
 
 
+class OpInputError(PeagleError, ValueError):
+    """A custom op (peagle_trt/ops) got inputs outside its contract: a shape, dtype, scale kind or
+    option it does not take. Also a ValueError, so callers of the kernels catching that keep working."""
+
+
 class RuntimeInvariantError(PeagleError):
     """An internal invariant of the runtime broke (a bug, never bad user input)."""
 

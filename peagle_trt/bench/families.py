@@ -85,7 +85,8 @@ def bench_slice(cfg: dict, layers: int, reps: int) -> dict:
     w13, w2 = moe.experts.gate_up_proj[0], moe.experts.down_proj[0]  # expert 0 of the stacked experts
 
     def expert(x):  # its gate/up, activation and down (peagle_trt/ops/reference.py)
-        return torch.nn.functional.linear(reference.moe_act(torch.nn.functional.linear(x, w13), moe.cfg.activation), w2)
+        gate, up = torch.nn.functional.linear(x, w13).chunk(2, dim=-1)
+        return torch.nn.functional.linear(reference.moe_act(gate, up, moe.cfg.activation), w2)
     xs = {n: torch.randn(n, c.hidden_size, dtype=DTYPE) for n in (1, K + 1)}
     out["one_expert"] = timed({f"{n}_rows": (lambda x=x: expert(x)) for n, x in xs.items()}, reps * 4)
     out["rss_gib_increase"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20 - rss0, 3)

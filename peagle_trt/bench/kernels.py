@@ -11,6 +11,12 @@ JIT through peagle_trt.ops.kernels) on a GPU, before and after in one run:
   `FP8Linear`'s dequant path (the bf16 copy of the weight on every call), the Triton FP8 GEMM,
   `torch._scaled_mm` (sm_89+); at M = 1 and 64 of the first shape also the GEMM's other candidate
   tilings (`fp8_linear.CANDIDATES`: `fp8-triton:c<i>`), the figures that set its defaults;
+- the fused MoE op (PEagleMoE, triton_kernels/moe.py) at decode / verify / prefill-chunk rows 1, 8, 64 on
+  the expert layers of the seeds' targets: Qwen3-30B-A3B (H 2048, 128 experts, top 8, I 768, FP8 128 x 128
+  blocks) and GPT-OSS-20B (H 2880, 32 experts, top 4, I 2880, bf16 with biases), random router logits (near
+  uniform routing: the most experts per row count, the pessimistic case); bandwidth = the weight bytes of the
+  experts the rows hit / time, and its share of HBM; at Qwen3's decode row a `sweep` of tilings (`MoETiles`),
+  the figures that set `moe.regime_tiles`;
 - the draft sampler (argmax + d2t). It does not matter at its sizes: 7 x 32k logits take one launch
   (~0.05 ms) and the largest case measured (224 x 152k fp32 logits, 136 MB) 0.17 ms at 17% of HBM on an
   H200, against >= 4 ms for one 8B-class forward's bandwidth floor (< 4%).
@@ -45,6 +51,16 @@ CALLS = 24  # calls per captured graph (its one launch is then a small share of 
 LAYER = dict(heads=32, kv_heads=8, head_dim=128, linears={"qkv": (6144, 4096), "gate_up": (28672, 4096),
                                                           "down": (4096, 14336)})
 TOY = dict(heads=8, kv_heads=2, head_dim=16, linears={"qkv": (48, 32), "gate_up": (64, 32), "down": (32, 64)})
+
+
+# the MoE layers timed: the seeds' targets' expert shapes; toy sizes for the CPU rehearsal
+MOE = {"qwen3-30b-a3b": dict(hidden=2048, experts=128, top_k=8, inter=768, weights="fp8-block", routing="softmax_topk",
+                             renormalize=True, activation="silu", bias=False),
+       "gpt-oss-20b": dict(hidden=2880, experts=32, top_k=4, inter=2880, weights="bf16", routing="topk_softmax",
+                           renormalize=False, activation="clamped_swiglu", bias=True)}
+MOE_TOY = {"qwen3-30b-a3b": dict(MOE["qwen3-30b-a3b"], hidden=128, experts=4, top_k=2, inter=128),
+           "gpt-oss-20b": dict(MOE["gpt-oss-20b"], hidden=64, experts=4, top_k=2, inter=64)}
+MOE_ROWS = (1, 8, 64)
 
 
 def on_gpu() -> bool:
@@ -224,6 +240,88 @@ def linear_cases(name, m, dtype, rounds, layer=LAYER, sweep=False):
     return out
 
 
+def moe_kernel():
+    from peagle_trt.ops.triton_kernels import moe
+
+    return moe
+
+
+def moe_weights(spec: dict, dtype: torch.dtype) -> tuple[tuple, int]:
+    """One copy of a MoE layer's expert weights (w13, w2, b13, b2, w13_scale, w2_scale) in the spec's kind,
+    and the bytes one expert's parameters take (what a routed expert costs to read)."""
+    e, h, i = spec["experts"], spec["hidden"], spec["inter"]
+    b13 = torch.randn(e, 2 * i, device=dev(), dtype=dtype) if spec["bias"] else None
+    b2 = torch.randn(e, h, device=dev(), dtype=dtype) if spec["bias"] else None
+    if spec["weights"] == "fp8-block":
+        fp8 = torch.float8_e4m3fn
+        w13 = (torch.randn(e, 2 * i, h, device=dev(), dtype=dtype) * 64).clamp(-448, 448).to(fp8)
+        w2 = (torch.randn(e, h, i, device=dev(), dtype=dtype) * 64).clamp(-448, 448).to(fp8)
+        s13 = torch.rand(e, -(-2 * i // 128), -(-h // 128), device=dev()) * h ** -0.5 / 64
+        s2 = torch.rand(e, -(-h // 128), -(-i // 128), device=dev()) * i ** -0.5 / 64
+    else:
+        w13, w2 = torch.randn(e, 2 * i, h, device=dev(), dtype=dtype) * 0.02, torch.randn(e, h, i, device=dev(),
+                                                                                            dtype=dtype) * 0.02
+        s13 = s2 = None
+    tensors = (w13, w2, b13, b2, s13, s2)
+    per_expert = sum(t[0].numel() * t.element_size() for t in tensors if t is not None)
+    return tensors, per_expert
+
+
+def moe_case(model: str, spec: dict, rows: int, dtype: torch.dtype, rounds: int, config=None, mode: str = "auto",
+             layers: list | None = None) -> dict:
+    """One MoE layer at `rows` rows: each call on its own copy of the weights (`copies`) with its own router
+    logits; bandwidth = the parameter bytes of the experts the rows hit (read back once, outside the timing)
+    / time. `layers`: copies made already (the sweep reuses them)."""
+    mk = moe_kernel()
+    e, k = spec["experts"], spec["top_k"]
+    x = torch.randn(rows, spec["hidden"], device=dev(), dtype=dtype)
+    if layers is None:
+        first, per_expert = moe_weights(spec, dtype)
+        n = copies(per_expert * min(e, rows * k)) if on_gpu() else 1  # the interpreter: one copy is slow enough
+        layers = [(first, per_expert)] + [moe_weights(spec, dtype) for _ in range(n - 1)]
+    gen = torch.Generator().manual_seed(rows)
+    logits = [torch.randn(rows, e, generator=gen).to(dev()) for _ in layers]
+    kw = dict(top_k=k, routing=spec["routing"], renormalize=spec["renormalize"], activation=spec["activation"],
+              config=config)
+    calls = [lambda lg=lg, w=w: mk.moe(x, lg, w[0], w[1], w[2], w[3], None, w[4], w[5], **kw)
+             for lg, (w, _) in zip(logits, layers)]
+    ms = graph_ms(calls, rounds)
+    hit = [len(set(mk.route(lg, k, spec["routing"], spec["renormalize"])[1].flatten().tolist())) for lg in logits]
+    weight_bytes = statistics.mean(hit) * layers[0][1]
+    gbps = weight_bytes / ms / 1e6
+    t = config or mk.choose_tiles(rows, k, e, dtype, "block" if spec["weights"] == "fp8-block" else "none")
+    return dict(op="moe", model=model, weights=spec["weights"], rows=rows, mode=mode, copies=len(layers),
+                tiles=f"m{t.block_m} n{t.block_n} k{t.block_k} w{t.num_warps} s{t.num_stages}",
+                experts_hit=round(statistics.mean(hit), 1), ms=round(ms, 4), weight_gbps=round(gbps, 1),
+                roofline=roofline(gbps))
+
+
+def moe_sweep(model: str, spec: dict, rows: int, dtype: torch.dtype, rounds: int) -> list[dict]:
+    """The decode case under other tilings (N tile x stages x warps, a 64-row block): what
+    `moe.regime_tiles` should pick, measured. A tiling this GPU cannot launch is a row with its error."""
+    mk = moe_kernel()
+    kind = "block" if spec["weights"] == "fp8-block" else "none"
+    base = mk.choose_tiles(rows, spec["top_k"], spec["experts"], dtype, kind)
+    cases = [mk.MoETiles(base.block_m, n, base.block_k, w, st) for n in (32, 64, 128) for w, st in ((4, 3), (4, 5),
+                                                                                                    (8, 4))]
+    cases += [mk.MoETiles(64, 64, base.block_k, 8, 3)]
+    if not on_gpu():  # the rehearsal: two tilings show the path runs
+        cases = cases[:1] + cases[-1:]
+    first, per_expert = moe_weights(spec, dtype)
+    n = copies(per_expert * rows * spec["top_k"]) if on_gpu() else 1
+    layers = [(first, per_expert)] + [moe_weights(spec, dtype) for _ in range(n - 1)]
+    rows_out = []
+    for config in cases:
+        try:
+            rows_out.append(moe_case(model, spec, rows, dtype, rounds, config, "sweep", layers))
+        except Exception as e:  # noqa: BLE001 -- a tiling over this GPU's limits is a finding, not a failure
+            rows_out.append(dict(op="moe", model=model, weights=spec["weights"], rows=rows, mode="sweep",
+                                 tiles=f"m{config.block_m} n{config.block_n} k{config.block_k} w{config.num_warps} "
+                                 f"s{config.num_stages}", ms=None, weight_gbps=None, roofline=None,
+                                 error=f"{type(e).__name__}: {str(e)[:120]}"))
+    return rows_out
+
+
 def sample_case(rows, vocab, rounds):
     logits = [torch.randn(rows, vocab, device=dev()) for _ in range(copies(rows * vocab * 4))]
     d2t = torch.zeros(vocab, dtype=torch.int64, device=dev())
@@ -295,6 +393,16 @@ def run(args: argparse.Namespace) -> dict:
                 progress(f"linear {name:7s} M={m:3d} {r['path']:15s}: {r['ms']} ms ({r.get('vs_bf16')}x bf16) "
                          f"{r.get('weight_gbps')} GB/s {r.get('error', '')}")
                 results.append(r)
+    for model, spec in (MOE if gpu else MOE_TOY).items():
+        for rows in MOE_ROWS:
+            r = moe_case(model, spec, rows, dtype, args.rounds)
+            progress(f"moe {model} {spec['weights']} rows={rows:3d} {r['tiles']}: {r['ms']:.4f} ms, "
+                     f"{r['experts_hit']} experts hit, {r['weight_gbps']:8.1f} GB/s")
+            results.append(r)
+    first = next(iter(MOE))
+    for r in moe_sweep(first, (MOE if gpu else MOE_TOY)[first], 1, dtype, args.rounds):
+        progress(f"moe sweep {r['tiles']}: {r['ms']} ms {r.get('weight_gbps')} GB/s {r.get('error', '')}")
+        results.append(r)
     for rows, vocab in samples:
         r = sample_case(rows, vocab, args.rounds)
         progress(f"draft_sample rows={rows:3d} vocab={vocab}: {r['ms']:.4f} ms  {r['gbps']:8.1f} GB/s")
@@ -322,6 +430,10 @@ def figures(results: list[dict], head: int = 8192) -> list[Figure]:
         out.append(Figure(f"kv_attention FP8 cache / bf16 cache time, batch 1 x 8 rows, context {longest}", ratio,
                           "x", "< 1", 3))
     for r in results:
+        if r["op"] == "moe" and r["mode"] == "auto" and r["rows"] == 1 and r["roofline"] is not None:
+            out.append(Figure(f"moe {r['model']} ({r['weights']}) at 1 row: routed experts' weights, share of the HBM "
+                              "peak", r["roofline"], "", ">= 0.6", 3))
+    for r in results:
         if r["op"] == "linear" and r["path"] == "fp8-triton" and r["m"] in (1, 64) and r.get("vs_bf16"):
             out.append(Figure(f"{r['shape']} linear at M = {r['m']}, fp8-triton / bf16", r["vs_bf16"], "x",
                               "<= 0.65" if r["m"] == 1 else "<= 1.0", 3))
@@ -334,5 +446,7 @@ def tables(results: list[dict]) -> list:
                            "roofline"], 4),
             records([r for r in results if r["op"] == "linear"],
                     ["shape", "m", "path", "ms", "vs_bf16", "weight_gbps", "roofline"], 4),
+            records([r for r in results if r["op"] == "moe"], ["model", "weights", "rows", "mode", "tiles",
+                                                               "experts_hit", "ms", "weight_gbps", "roofline"], 4),
             records([r for r in results if r["op"] == "draft_sample"], ["op", "rows", "vocab", "ms", "gbps",
                                                                         "roofline"], 4)]

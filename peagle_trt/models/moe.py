@@ -224,11 +224,16 @@ def fp8_experts(model: nn.Module) -> dict[str, StackedExperts]:
 def quantize_experts(moe: SparseMoE, kind: str = "block", act_scale: float | None = None) -> None:
     """Quantize `moe`'s experts to FP8 E4M3 in place, from their current weights: `kind` "tensor"
     (one scale per expert), "channel" (per output row) or "block" (128 x 128, as block-FP8 MoE
-    checkpoints ship them); `act_scale`: a static activation scale for every expert (ModelOpt's form),
-    None for dynamic activation scales. For random-weight targets at real shapes (bench seeds)."""
+    checkpoints ship them); `act_scale`: the amax of a static activation scale for every expert
+    (ModelOpt's form: per-tensor weights always have one, 4.0 if not given, as peagle_trt/bench/gpu.py
+    `to_fp8`), None for dynamic activation scales. For random-weight targets at real shapes (bench seeds)."""
     ex = moe.experts
     if kind not in ("tensor", "channel", "block"):
         raise ValueError(f"FP8 expert scales are 'tensor', 'channel' or 'block', got {kind!r}")
+    if kind == "block" and act_scale is not None:
+        raise ValueError("block-scaled FP8 experts quantize their activations per 128-column group: no act_scale")
+    if kind == "tensor" and act_scale is None:
+        act_scale = 4.0
     if ex.fp8:
         raise ValueError("the experts are FP8 already")
     values, shapes = {}, {}

@@ -18,6 +18,8 @@ domain and plugin version/namespace are declared once, in `ops.names`.
 | PEagleDraftInputs  | the drafter's input rows for a batch: pending real rows + K-1 mask rows, |
 |                    | their embeddings, hidden states and positions                           |
 | PEagleDraftSample  | greedy argmax over the draft vocabulary + d2t mapping to target ids  |
+| PEagleMoE          | a sparse mixture-of-experts MLP: routing, the routed experts' gated  |
+|                    | MLPs (bf16 / fp16 / fp32 or FP8 weights), the router-weighted sum      |
 """
 
 from peagle_trt.ops.names import (
@@ -26,11 +28,12 @@ from peagle_trt.ops.names import (
                                   DRAFT_INPUTS,
                                   DRAFT_SAMPLE,
                                   KV_ATTENTION,
+                                  MOE,
                                   OP_TYPES,
                                   PLUGIN_NAMESPACE,
                                   PLUGIN_VERSION,
 )
-from peagle_trt.ops.reference import draft_inputs, draft_sample, kv_attention
+from peagle_trt.ops.reference import draft_inputs, draft_sample, kv_attention, moe
 
-__all__ = ["DOMAIN", "DOMAIN_VERSION", "DRAFT_INPUTS", "DRAFT_SAMPLE", "KV_ATTENTION", "OP_TYPES",
-           "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "draft_inputs", "draft_sample", "kv_attention"]
+__all__ = ["DOMAIN", "DOMAIN_VERSION", "DRAFT_INPUTS", "DRAFT_SAMPLE", "KV_ATTENTION", "MOE", "OP_TYPES",
+           "PLUGIN_NAMESPACE", "PLUGIN_VERSION", "draft_inputs", "draft_sample", "kv_attention", "moe"]

@@ -8,12 +8,15 @@ tensors, on torch's current stream:
                  sliding_window, sinks, tree_mask)
     draft_inputs(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask, k, mask_token_id)
     draft_sample(logits, d2t)
+    moe(x, router_logits, w13, w2, b13, b2, expert_scale, w13_scale, w2_scale, a13_scale, a2_scale, *, top_k,
+        routing, renormalize, activation, swiglu_alpha, swiglu_limit)       (PEagleMoE, triton_kernels/moe.py)
 
-plus keyword-only extras: `out=` buffers (tests poison them) and FP8 caches (`k_scale=`, `v_scale=`;
-stored = value / scale). Two model ops that are no custom op of the export go the same way, so a
-graph-replayed step launches one kernel where torch launches ~8-10 (triton_kernels/norm_rope.py): the
-models' `rms_norm` and `rope` (peagle_trt/models/layers.py). The custom ops' kernels, compiled ahead of
-time, are what the TensorRT plugins launch (plugins/src/launcher/tritonLauncher.cpp).
+plus keyword-only extras: `out=` buffers (tests poison them), FP8 caches (`k_scale=`, `v_scale=`;
+stored = value / scale) and forced tilings (`config=`, for `bench kernels`' sweeps). Two model ops
+that are no custom op of the export go the same way, so a graph-replayed step launches one kernel
+where torch launches ~8-10 (triton_kernels/norm_rope.py): the models' `rms_norm` and `rope`
+(peagle_trt/models/layers.py). The custom ops' kernels, compiled ahead of time, are what the TensorRT
+plugins launch (plugins/src/launcher/tritonLauncher.cpp).
 
 Routing the torch executor through the kernels. The models call the op functions of
 `peagle_trt.models.layers` and `peagle_trt.executors.torch` by module-global name; `install()` swaps
@@ -27,13 +30,15 @@ those names for dispatchers (once per process). A dispatcher runs the kernel whe
   dtype other than q's). `disable()` undoes `enable()`.
 
 Everywhere else the dispatchers call the reference, so installing them changes nothing by itself.
+The MoE dispatcher replaces `fused_moe` of peagle_trt/models/moe.py (the models' one call of the op,
+with the reference's signature).
 
 Needs `triton` (pip install -c constraints.txt -e '.[dev]') and a CUDA device; without them, calls
 raise `KernelsUnavailable`. Inside `rehearsal()` under Triton's interpreter (TRITON_INTERPRET=1) they
 also take CPU tensors, so the kernels="cuda" executor runs end to end on a CPU, slowly: a rehearsal of
 the GPU path (tests/ops/test_kernel_executor.py), not a product path. How to test:
-tests/ops/test_triton_kernels.py (every kernel against the reference: interpreter on CPU, the GPU with
-PEAGLE_TRITON_DEVICE=cuda), tests/plugins/test_kernels_gpu.py (`pytest -m gpu`);
+tests/ops/test_triton_kernels.py and tests/ops/test_moe_kernel.py (every kernel against the reference:
+interpreter on CPU, the GPU with PEAGLE_TRITON_DEVICE=cuda), tests/plugins/test_kernels_gpu.py (`pytest -m gpu`);
 tests/executors/test_kernels_option.py (the option's plumbing and errors, CPU).
 """
 
@@ -152,6 +157,19 @@ def draft_sample(logits, d2t, *, out=None):
         return ds.draft_sample(logits, d2t, out=out)
 
 
+def moe(x, router_logits, w13, w2, b13=None, b2=None, expert_scale=None, w13_scale=None, w2_scale=None,
+        a13_scale=None, a2_scale=None, *, top_k, routing="softmax_topk", renormalize=False, activation="silu",
+        swiglu_alpha=1.702, swiglu_limit=7.0, out=None, config=None):
+    """PEagleMoE on the GPU; see `triton_kernels.moe.moe` (config: a forced `MoETiles`)."""
+    _cuda(x, router_logits, w13, w2, b13, b2, expert_scale, w13_scale, w2_scale, a13_scale, a2_scale)
+    from peagle_trt.ops.triton_kernels import moe as mk
+
+    with _on(x.device):
+        return mk.moe(x, router_logits, w13, w2, b13, b2, expert_scale, w13_scale, w2_scale, a13_scale, a2_scale,
+                      top_k=top_k, routing=routing, renormalize=renormalize, activation=activation,
+                      swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit, out=out, config=config)
+
+
 # -- routing the torch executor through the kernels -----------------------------------------------
 
 _ROUTED = contextvars.ContextVar("peagle_kernels_routed", default=False)  # inside routed()
@@ -210,11 +228,22 @@ def _rope_dispatch(x, cos, sin):
     return _original("peagle_trt.models.layers", "rope")(x, cos, sin)
 
 
+def _moe_dispatch(x, router_logits, w13, w2, b13=None, b2=None, expert_scale=None, w13_scale=None, w2_scale=None,
+                  a13_scale=None, a2_scale=None, *, top_k, routing="softmax_topk", renormalize=False,
+                  activation="silu", swiglu_alpha=1.702, swiglu_limit=7.0):
+    supported = x.is_cuda and w13.is_cuda and x.dtype in _DTYPES
+    op = moe if _use_kernel(supported) else _original("peagle_trt.models.moe", "fused_moe")
+    return op(x, router_logits, w13, w2, b13, b2, expert_scale, w13_scale, w2_scale, a13_scale, a2_scale,
+              top_k=top_k, routing=routing, renormalize=renormalize, activation=activation,
+              swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit)
+
+
 _PATCHES = (("peagle_trt.models.layers", "kv_attention", _kv_attention_dispatch),
             ("peagle_trt.models.layers", "rms_norm", _rms_norm_dispatch),
             ("peagle_trt.models.layers", "rope", _rope_dispatch),
             ("peagle_trt.executors.torch", "draft_inputs", _draft_inputs_dispatch),
-            ("peagle_trt.executors.torch", "draft_sample", _draft_sample_dispatch))
+            ("peagle_trt.executors.torch", "draft_sample", _draft_sample_dispatch),
+            ("peagle_trt.models.moe", "fused_moe", _moe_dispatch))
 _saved: dict[tuple[str, str], object] = {}
 
 

@@ -9,8 +9,8 @@ tests/plugins/test_plugin_names.py checks that they agree with this module.
 KV_ATTENTION = "PEagleKVAttention"
 DRAFT_INPUTS = "PEagleDraftInputs"
 DRAFT_SAMPLE = "PEagleDraftSample"
-MOE = "PEagleMoE"  # the sparse MoE MLP of MoE targets (peagle_trt/models/moe.py)
-OP_TYPES = (KV_ATTENTION, DRAFT_INPUTS, DRAFT_SAMPLE)
+MOE = "PEagleMoE"  # the sparse MoE MLP of MoE targets (reference: ops/reference.py `moe`; peagle_trt/models/moe.py)
+OP_TYPES = (KV_ATTENTION, DRAFT_INPUTS, DRAFT_SAMPLE, MOE)
 
 DOMAIN = "peagle"  # ONNX domain of the custom nodes
 DOMAIN_VERSION = 2  # its opset version (the schemas' since_version); 2: paged KV (block_tables)

@@ -437,16 +437,32 @@ def _fake_quant(b: Builder, x: str, a: str, fmax: str) -> str:
     return b.op("Mul", b.op("Cast", codes, to=TensorProto.FLOAT), a)
 
 
+MOE_ABSENT = "peagle_moe_absent"  # the TensorRT copy's 0-element float32 tensor in a PEagleMoE node's empty slot
+
+
 def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     """The TensorRT copy: same graph, no model-local functions (plugins resolve by op_type), and no
-    empty optional inputs (the plugin takes PEagleKVAttention's tree_mask as its 8th input: the
-    plugins have no sinks, and an empty slot is not a tensor TensorRT can hand over)."""
+    empty optional inputs, an empty slot not being a tensor TensorRT can hand over: PEagleKVAttention
+    drops them (the plugin takes tree_mask as its 8th input: the plugins have no sinks); PEagleMoE,
+    whose plugin reads its optional inputs by position, gets a 0-element float32 tensor in an empty
+    slot before a present one, and its empty tail is dropped (plugins/src/plugins/moePlugin.cpp)."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     del copy.functions[:]
+    absent = False
     for node in copy.graph.node:
-        if node.domain == DOMAIN and node.op_type == KV_ATTENTION and "" in node.input:
-            kept = [name for name in node.input if name]
-            del node.input[:]
-            node.input.extend(kept)
+        if node.domain != DOMAIN or "" not in node.input:
+            continue
+        inputs = list(node.input)
+        if node.op_type == KV_ATTENTION:
+            inputs = [name for name in inputs if name]
+        elif node.op_type == MOE:
+            while inputs and not inputs[-1]:
+                inputs.pop()
+            absent = absent or "" in inputs
+            inputs = [name or MOE_ABSENT for name in inputs]
+        del node.input[:]
+        node.input.extend(inputs)
+    if absent:
+        copy.graph.initializer.append(helper.make_tensor(MOE_ABSENT, TensorProto.FLOAT, [0], []))
     return copy

@@ -6,17 +6,26 @@ one trash block (index N) that padding rows (position -1) write to. A request's 
 [M] int64 lists its blocks in position order (entry j holds positions j*bs .. j*bs + bs - 1);
 -1 marks an entry without a block (past the request's end, or slid out of a window), read as
 the trash block and never visible. Blocks are assigned by the runtime (peagle_trt/runtime/blocks.py).
+
+Mixture of experts (PEagleMoE): `moe` is the contract of the fused MoE op (its Triton kernel:
+peagle_trt/ops/triton_kernels/moe.py; the plugin: plugins/src/plugins/moePlugin.cpp), with small
+public helpers the ONNX body and the CPU path reuse: `moe_route` (routing with the stable tie rule),
+`quantize_activation` (the three FP8 activation rules), `fp8_matmul`, `moe_act`, `moe_check`.
+How to test: tests/ops/test_reference_ops.py, tests/ops/test_moe_kernel.py (the MoE: its checks, and
+the kernel against it).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from peagle_trt.errors import OpInputError
 from peagle_trt.ops import deterministic
 
 _KEY_SPAN: contextvars.ContextVar[int | None] = contextvars.ContextVar("key_span", default=None)
@@ -253,52 +262,262 @@ def draft_sample(logits: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     return draft + d2t[draft]
 
 
-# -- PEagleMoE ---------------------------------------------------------------------------------------
-# The sparse MoE MLP of the target's MoE layers (peagle_trt/models/moe.py); the contract, FP8 kinds
-# included, is docs/EXPORT.md "PEagleMoE".
+# -- mixture of experts (PEagleMoE) ---------------------------------------------------------------
 
-MOE_ROUTINGS = ("softmax_topk", "topk_softmax")
-MOE_ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")
-MOE_BLOCK = 128  # FP8 block scales: 128 x 128 weight blocks, 128-column activation groups
-FP8_MAX = 448.0  # largest finite E4M3 value
+MOE_ROUTINGS = ("softmax_topk", "topk_softmax")  # position = the ONNX attribute `routing`
+MOE_ACTIVATIONS = ("silu", "gelu_tanh", "clamped_swiglu")  # position = the ONNX attribute `activation`
+FP8_MAX = 448.0  # largest float8_e4m3fn value
+FP8_GROUP = 128  # block FP8: 128 x 128 weight blocks, activations in 128-column groups
+FP8_MIN_AMAX = 1e-12  # dynamic scales: amax floored here (an all-zero row quantizes to zeros)
+_FP8 = getattr(torch, "float8_e4m3fn", None)
+_ACTS = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """The sizes of one valid `moe` call and its FP8 scale kind: "none" (act-dtype weights), "tensor",
+    "channel" or "block" (read from w13_scale's shape, see `moe`)."""
+    tokens: int
+    hidden: int
+    experts: int
+    inter: int
+    top_k: int
+    scale_kind: str
+
+
+def _refuse(what: str, expected: str, got, fix: str = "") -> None:
+    raise OpInputError(f"moe: {what} must be {expected}, got {got}" + (f"; {fix}" if fix else ""))
+
+
+def _desc(t: torch.Tensor | None) -> str:
+    return "None" if t is None else f"{t.dtype} {tuple(t.shape)}"
+
+
+def moe_scale_kind(scale: torch.Tensor, experts: int, n: int, k: int) -> str:
+    """The FP8 scale kind of an [E, N, K] weight's scale, from its shape: [E] per tensor, [E, N] per
+    channel, [E, ceil(N/128), ceil(K/128)] per 128 x 128 block; OpInputError for any other shape."""
+    g = FP8_GROUP
+    kinds = {(experts,): "tensor", (experts, n): "channel", (experts, -(-n // g), -(-k // g)): "block"}
+    kind = kinds.get(tuple(scale.shape))
+    if kind is None or scale.dtype != torch.float32:
+        _refuse("an FP8 weight scale", f"float32 [{experts}] (per tensor), [{experts}, {n}] (per channel) or "
+                f"[{experts}, {-(-n // g)}, {-(-k // g)}] (128 x 128 blocks)", _desc(scale))
+    return kind
+
+
+def moe_check(x, router_logits, w13, w2, b13=None, b2=None, expert_scale=None, w13_scale=None, w2_scale=None,
+              a13_scale=None, a2_scale=None, *, top_k: int, routing: str = "softmax_topk",
+              activation: str = "silu") -> MoEShape:
+    """Validate `moe`'s arguments (shapes, dtypes, devices, the scale kind); OpInputError naming what
+    is wrong. Shared by the reference and the Triton kernel."""
+    if x.dim() != 2 or x.dtype not in _ACTS:
+        _refuse("x", "a 2-D float32 / float16 / bfloat16 tensor [T, H]", _desc(x))
+    t, h = x.shape
+    if router_logits.dim() != 2 or router_logits.shape[0] != t or not router_logits.is_floating_point():
+        _refuse("router_logits", f"a float tensor [{t}, E]", _desc(router_logits))
+    e = router_logits.shape[1]
+    if w13.dim() != 3 or w13.shape[0] != e or w13.shape[2] != h or w13.shape[1] % 2 or w13.shape[1] == 0:
+        _refuse("w13", f"[{e}, 2I, {h}] (experts, gate rows then up rows, hidden)", _desc(w13))
+    i = w13.shape[1] // 2
+    if w2.shape != (e, h, i):
+        _refuse("w2", f"[{e}, {h}, {i}]", _desc(w2))
+    fp8 = _FP8 is not None and w13.dtype == _FP8
+    if w13.dtype != (_FP8 if fp8 else x.dtype) or w2.dtype != w13.dtype:
+        _refuse("w13 / w2", f"both x's dtype ({x.dtype}) or both float8_e4m3fn", f"{w13.dtype} / {w2.dtype}")
+    if not isinstance(top_k, int) or not 1 <= top_k <= e:
+        _refuse("top_k", f"an int in 1..{e} (the experts)", repr(top_k))
+    if routing not in MOE_ROUTINGS or activation not in MOE_ACTIVATIONS:
+        _refuse("routing / activation", f"one of {MOE_ROUTINGS} / {MOE_ACTIVATIONS}", f"{routing!r} / {activation!r}")
+    for name, b, n in (("b13", b13, 2 * i), ("b2", b2, h)):
+        if b is not None and (b.shape != (e, n) or b.dtype not in (x.dtype, torch.float32)):
+            _refuse(name, f"[{e}, {n}] in x's dtype or float32", _desc(b))
+    if expert_scale is not None and (expert_scale.shape != (e,) or expert_scale.dtype != torch.float32):
+        _refuse("expert_scale", f"float32 [{e}]", _desc(expert_scale))
+    kind = "none"
+    if not fp8:
+        if any(s is not None for s in (w13_scale, w2_scale, a13_scale, a2_scale)):
+            _refuse("w13_scale / w2_scale / a13_scale / a2_scale", "None for unquantized weights", "a scale",
+                    "pass FP8 (float8_e4m3fn) weights with their scales, or no scales")
+    else:
+        if w13_scale is None or w2_scale is None:
+            _refuse("w13_scale / w2_scale", "given with FP8 weights", f"{_desc(w13_scale)} / {_desc(w2_scale)}")
+        kind = moe_scale_kind(w13_scale, e, 2 * i, h)
+        if moe_scale_kind(w2_scale, e, h, i) != kind:
+            _refuse("w2_scale", f"the kind of w13_scale ({kind})", _desc(w2_scale))
+        if kind == "block" and i % FP8_GROUP:
+            _refuse("the intermediate size I", f"a multiple of {FP8_GROUP} with 128 x 128 block scales (gate and "
+                    "up blocks must not straddle)", i)
+        static = [s for s in (a13_scale, a2_scale) if s is not None]
+        if kind == "block" and static:
+            _refuse("a13_scale / a2_scale", "None with block scales (activations are quantized per 128-column "
+                    "group)", "a static scale")
+        if (kind == "tensor" or static) and (len(static) != 2 or any(s.shape != (e,) or s.dtype != torch.float32
+                                                                     for s in static)):
+            _refuse("a13_scale / a2_scale", f"float32 [{e}] each with per-tensor scales, or with per-channel "
+                    "scales and static activations (the experts' input scales)",
+                    f"{_desc(a13_scale)} / {_desc(a2_scale)}")
+    tensors = (x, router_logits, w13, w2, b13, b2, expert_scale, w13_scale, w2_scale, a13_scale, a2_scale)
+    devices = {a.device for a in tensors if a is not None}
+    if len(devices) != 1:
+        _refuse("every tensor", "on one device", sorted(str(d) for d in devices))
+    return MoEShape(t, h, e, i, top_k, kind)
 
 
 def moe_route(logits: torch.Tensor, top_k: int, routing: str = "softmax_topk", renormalize: bool = False,
               expert_scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Router logits [T, E] -> (weights [T, k] float32, expert ids [T, k] int64), in float32.
 
-    softmax_topk (Qwen3-MoE, Gemma-4): top-k of softmax(logits), divided by their sum if `renormalize`;
-    topk_softmax (GPT-OSS): softmax over the top-k logits. Picks in descending order, ties to the
-    lower expert id (a stable sort: what the kernel does). `expert_scale` [E] (Gemma-4) scales each
-    pick's weight."""
-    p = logits.float()
+    The experts are picked by descending float32 logit, ties to the LOWER expert id, so ids and the
+    pick order j agree bit for bit with the kernel. softmax_topk picks by logit, not by probability:
+    softmax is monotone, so the set is the same unless two different logits round to one probability
+    (then this picks the larger logit, top-k of the probabilities the lower id). Then
+      softmax_topk: w = softmax(logits)[ids], divided by its sum over the k picks if `renormalize`;
+      topk_softmax: w = softmax(the k picked logits) (GPT-OSS; its router bias is in the logits);
+    and w *= expert_scale[ids] (Gemma-4's per-expert scale). NaN logits: unspecified."""
+    logits = logits.float()
+    top, ids = torch.sort(logits, dim=-1, descending=True, stable=True)  # stable: equal logits by id
+    top, ids = top[:, :top_k], ids[:, :top_k]
     if routing == "softmax_topk":
-        p = p.softmax(dim=-1)
-    elif routing != "topk_softmax":
-        raise ValueError(f"MoE routing {routing!r} is not one of {MOE_ROUTINGS}")
-    vals, ids = torch.sort(p, dim=-1, descending=True, stable=True)
-    vals, ids = vals[:, :top_k], ids[:, :top_k]
-    if routing == "topk_softmax":
-        vals = vals.softmax(dim=-1)
-    elif renormalize:
-        vals = vals / vals.sum(dim=-1, keepdim=True)
+        weights = logits.softmax(dim=-1).gather(1, ids)
+        if renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+    else:
+        weights = top.softmax(dim=-1)
     if expert_scale is not None:
-        vals = vals * expert_scale.float()[ids]
-    return vals, ids
+        weights = weights * expert_scale.float()[ids]
+    return weights, ids
 
 
-def moe_act(gu: torch.Tensor, activation: str, alpha: float = 1.702, limit: float = 7.0) -> torch.Tensor:
-    """[..., 2I] gate | up (float32) -> [..., I]: SwiGLU, GeGLU, or GPT-OSS's clamped SwiGLU
-    (gate clamped above at `limit`, up to +-limit, (up + 1) * gate * sigmoid(alpha * gate))."""
-    gate, up = gu.chunk(2, dim=-1)
+def quantize_activation(x: torch.Tensor, kind: str, scale: torch.Tensor | None = None
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows x [R, K] -> (codes [R, K] float8_e4m3fn, a float32) with codes = fp8(clamp(x / a, +-448)):
+      tensor   a = scale (static: [R] per row, or one value), returned [R or 1, 1];
+      channel  a [R, 1] = max(amax_k |x[r, k]|, 1e-12) / 448 (dynamic, per row);
+      block    a [R, G] = max(amax |x[r, 128g : 128g + 128]|, 1e-12) / 448 (G = ceil(K / 128)).
+    IEEE division, round to nearest even (torch's conversion)."""
+    xf = x.float()
+    rows, k = xf.shape
+    if kind == "tensor":
+        a = scale.float().reshape(-1, 1)
+        div = a
+    elif kind == "channel":
+        a = xf.abs().amax(dim=-1, keepdim=True).clamp(min=FP8_MIN_AMAX) / FP8_MAX
+        div = a
+    elif kind == "block":
+        groups = -(-k // FP8_GROUP)
+        padded = F.pad(xf.abs(), (0, groups * FP8_GROUP - k))
+        a = padded.view(rows, groups, FP8_GROUP).amax(dim=-1).clamp(min=FP8_MIN_AMAX) / FP8_MAX
+        div = a.repeat_interleave(FP8_GROUP, dim=-1)[:, :k]
+    else:
+        raise OpInputError(f"quantize_activation: kind must be 'tensor', 'channel' or 'block', got {kind!r}")
+    return (xf / div).clamp(-FP8_MAX, FP8_MAX).to(_FP8), a
+
+
+def fp8_matmul(codes_x: torch.Tensor, a: torch.Tensor, codes_w: torch.Tensor, s: torch.Tensor,
+               kind: str) -> torch.Tensor:
+    """codes_x [R, K] with its activation scale a (`quantize_activation`) times codes_w [N, K] with its
+    scale s (one expert's: [] per tensor, [N] per channel, [ceil(N/128), ceil(K/128)] per block) ->
+    [R, N] float32: sum_k code_x * code_w * a * s, the products exact in float32, summed in float32;
+    block: each 128-column group's partial sum scaled by a[r, g] * s[n // 128, g], then summed."""
+    cx, cw = codes_x.float(), codes_w.float()
+    if kind != "block":  # F.linear: row-blocked in deterministic mode (peagle_trt/ops/deterministic.py)
+        return F.linear(cx, cw) * (a * s)
+    (rows, k), n = cx.shape, cw.shape[0]
+    groups = -(-k // FP8_GROUP)
+    cx = F.pad(cx, (0, groups * FP8_GROUP - k)).view(rows, groups, FP8_GROUP).transpose(0, 1)  # [G, R, 128]
+    cw = F.pad(cw, (0, groups * FP8_GROUP - k)).view(n, groups, FP8_GROUP).permute(1, 2, 0)  # [G, 128, N]
+    s_cols = s.float().repeat_interleave(FP8_GROUP, dim=0)[:n]  # [N, G]
+    scale = a.T[:, :, None] * s_cols.T[:, None, :]  # [G, R, N]
+    return (torch.bmm(cx, cw) * scale).sum(dim=0)
+
+
+def moe_act(g: torch.Tensor, u: torch.Tensor, activation: str, alpha: float = 1.702,
+            limit: float = 7.0) -> torch.Tensor:
+    """The gated activation of one expert, in g's dtype (float32 in `moe`): silu(g) * u,
+    gelu_tanh(g) * u, or GPT-OSS's clamped SwiGLU (u + 1) * g * sigmoid(alpha * g) with g <= limit and
+    |u| <= limit."""
     if activation == "silu":
-        return F.silu(gate) * up
+        return F.silu(g) * u
     if activation == "gelu_tanh":
-        return F.gelu(gate, approximate="tanh") * up
-    if activation != "clamped_swiglu":
-        raise ValueError(f"MoE activation {activation!r} is not one of {MOE_ACTIVATIONS}")
-    gate = gate.clamp(max=limit)
-    return (up.clamp(min=-limit, max=limit) + 1) * (gate * torch.sigmoid(gate * alpha))
+        return F.gelu(g, approximate="tanh") * u
+    g, u = g.clamp(max=limit), u.clamp(min=-limit, max=limit)
+    return (u + 1) * (g * torch.sigmoid(alpha * g))
+
+
+def moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+        b13: torch.Tensor | None = None, b2: torch.Tensor | None = None, expert_scale: torch.Tensor | None = None,
+        w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
+        a13_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None, *, top_k: int,
+        routing: str = "softmax_topk", renormalize: bool = False, activation: str = "silu",
+        swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+    """PEagleMoE: a sparse mixture-of-experts MLP over rows x [T, H] -> y [T, H] (x's dtype).
+
+    router_logits [T, E] (any float dtype; routing in float32, `moe_route`); w13 [E, 2I, H] (rows
+    [0, I) gate, [I, 2I) up: nn.Linear's [out, in], experts stacked), w2 [E, H, I], both x's dtype or
+    float8_e4m3fn; b13 [E, 2I] / b2 [E, H] optional (GPT-OSS; x's dtype or float32); expert_scale [E]
+    float32 optional (Gemma-4). Per row t and pick j (e = ids[t, j]), in float32:
+      g, u = x[t] @ w13[e, :I]^T (+ b13[e, :I]), x[t] @ w13[e, I:]^T (+ b13[e, I:])
+      h = act(g, u) (`moe_act`), rounded ONCE to x's dtype; o_j = h @ w2[e]^T (+ b2[e])
+      y[t] = sum over j = 0, 1, .., k-1 in that order of w[t, j] * o_j, rounded once to x's dtype.
+    FP8 weights: the scale kind comes from w13_scale's shape (`moe_scale_kind`; w2_scale of the same
+    kind): per tensor [E] with static activation scales a13_scale / a2_scale [E] (ModelOpt's input
+    scales; required there); per channel [E, N] with static scales (ModelOpt's experts stacked: gate and
+    up keep their own weight scales) or dynamic ones, per row; 128 x 128 blocks [E, N/128, K/128] with
+    activations quantized dynamically per row and 128-column group (`quantize_activation`); each GEMM
+    is `fp8_matmul`; h is quantized for the second GEMM by the same rule. Block scales need I % 128 == 0.
+
+    Decided here where the contract left it open: experts are picked by logit (`moe_route`); the
+    scales multiply the float32 sum as acc * (a * s); the bias is added after the scales.
+
+    The CPU path of the torch target: each expert a row picked runs once, over the rows that picked
+    it, by F.linear (row-blocked in deterministic mode, peagle_trt/ops/deterministic.py). Which experts
+    and how many rows: a count per expert read through a CPU tensor's numpy view (no device read and
+    no data-dependent op, as the step's CPU argmax), on another device by a copy (the reference only;
+    the kernel, triton_kernels/moe.py, reads nothing back)."""
+    moe_check(x, router_logits, w13, w2, b13, b2, expert_scale, w13_scale, w2_scale, a13_scale, a2_scale,
+              top_k=top_k, routing=routing, activation=activation)
+    t, h = x.shape
+    i = w2.shape[2]
+    kind = "none" if w13_scale is None else moe_scale_kind(w13_scale, w13.shape[0], 2 * i, h)
+    static = a13_scale is not None
+    weights, ids = moe_route(router_logits, top_k, routing, renormalize, expert_scale)  # [T, k] each
+    flat = ids.reshape(-1)  # [P]: pair p = t * k + j
+    order = torch.sort(flat, stable=True).indices  # the pairs grouped by expert
+    counts = torch.zeros(w13.shape[0], dtype=torch.int64, device=x.device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = (counts if counts.device.type == "cpu" else counts.cpu()).numpy()  # [E]
+    ends = np.cumsum(counts)
+    xq = quantize_activation(x, kind) if kind in ("channel", "block") and not static else None  # per row: once
+    o = torch.zeros(t * top_k, h, dtype=torch.float32, device=x.device)  # [P, H]
+    for e in np.flatnonzero(counts).tolist():  # numpy ints, not tensor reads
+        pairs = order[int(ends[e] - counts[e]):int(ends[e])]
+        o[pairs] = _expert(x, xq, pairs // top_k, e, w13, w2, b13, b2, w13_scale, w2_scale, a13_scale, a2_scale,
+                           kind, activation, swiglu_alpha, swiglu_limit)
+    o = o.view(t, top_k, h)
+    y = weights[:, 0, None] * o[:, 0]
+    for j in range(1, top_k):  # in pick order, float32
+        y = y + weights[:, j, None] * o[:, j]
+    return y.to(x.dtype)
+
+
+def _expert(x, xq, rows, e, w13, w2, b13, b2, w13_scale, w2_scale, a13_scale, a2_scale, kind, activation,
+            alpha, limit) -> torch.Tensor:
+    """o [n, H] float32 of expert e over x's rows `rows` [n] (see `moe`)."""
+    i = w2.shape[2]
+    if kind == "none":
+        gu = F.linear(x[rows], w13[e]).float()  # [n, 2I]
+    else:
+        cx, a = quantize_activation(x[rows], "tensor", a13_scale[e]) if a13_scale is not None else (
+            xq[0][rows], xq[1][rows])
+        gu = fp8_matmul(cx, a, w13[e], w13_scale[e], kind)
+    if b13 is not None:
+        gu = gu + b13[e].float()
+    h = moe_act(gu[:, :i], gu[:, i:], activation, alpha, limit).to(x.dtype)  # [n, I], rounded once
+    if kind == "none":
+        o = F.linear(h, w2[e]).float()
+    else:
+        ch, a = quantize_activation(h, "tensor", a2_scale[e]) if a2_scale is not None else quantize_activation(h, kind)
+        o = fp8_matmul(ch, a, w2[e], w2_scale[e], kind)
+    return o if b2 is None else o + b2[e].float()
 
 
 def moe_expand_scale(scale: torch.Tensor, weight_shape) -> torch.Tensor:
@@ -310,74 +529,9 @@ def moe_expand_scale(scale: torch.Tensor, weight_shape) -> torch.Tensor:
         return scale[..., None, None]
     if gap == 1:
         return scale[..., None]
-    return scale.repeat_interleave(MOE_BLOCK, -2).repeat_interleave(MOE_BLOCK, -1)[..., :n, :k]
+    return scale.repeat_interleave(FP8_GROUP, -2).repeat_interleave(FP8_GROUP, -1)[..., :n, :k]
 
 
 def moe_dequantize(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """float32 values of an FP8 expert weight [..., N, K] under its scale (`moe_expand_scale`)."""
     return weight.float() * moe_expand_scale(scale.float(), weight.shape)
-
-
-def moe_quantize_act(x: torch.Tensor, act_scale: torch.Tensor | None, block: bool) -> torch.Tensor:
-    """x [n, K] float32 as the FP8 GEMM sees it, code(x) * a: a static scale `act_scale` (a scalar:
-    ModelOpt's), else dynamic per row, or per row and 128-column group for block-scaled weights
-    (a = max(amax, 1e-12) / 448)."""
-    if act_scale is not None:
-        a = act_scale.float()
-    elif block:
-        n, k = x.shape
-        groups = F.pad(x, (0, -k % MOE_BLOCK)).reshape(n, -1, MOE_BLOCK)  # [n, G, 128]
-        a = (groups.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX).expand_as(groups)
-        a = a.reshape(n, -1)[:, :k]
-    else:
-        a = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
-    codes = (x / a).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-    return codes.float() * a
-
-
-def _moe_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None, act_scale: torch.Tensor | None,
-                bias: torch.Tensor | None) -> torch.Tensor:
-    """x [n, K] @ one expert's weight [N, K]^T (+ bias) -> [n, N] float32 (FP8: quantized activations)."""
-    if scale is None:
-        y = F.linear(x, weight).float()
-    else:
-        y = F.linear(moe_quantize_act(x.float(), act_scale, scale.dim() == 2), moe_dequantize(weight, scale))
-    return y if bias is None else y + bias.float()
-
-
-def moe(x: torch.Tensor, router_logits: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
-        b13: torch.Tensor | None = None, b2: torch.Tensor | None = None, expert_scale: torch.Tensor | None = None,
-        w13_scale: torch.Tensor | None = None, w2_scale: torch.Tensor | None = None,
-        a13_scale: torch.Tensor | None = None, a2_scale: torch.Tensor | None = None, *, top_k: int,
-        routing: str = "softmax_topk", renormalize: bool = False, activation: str = "silu",
-        swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
-    """PEagleMoE: x [T, H], router_logits [T, E] -> y [T, H] in x's dtype.
-
-    w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up), w2 [E, H, I], biases b13 [E, 2I] / b2 [E, H],
-    in x's dtype or float8_e4m3fn with float32 scales w13_scale / w2_scale ([E], [E, N] or blocks
-    [E, N/128, K/128]) and optional static activation scales a13_scale / a2_scale [E] (else dynamic).
-    Per row t and pick j (`moe_route`), expert e: h = act(x @ w13[e]^T + b13[e]) in float32, rounded
-    once to x's dtype; o_j = h @ w2[e]^T + b2[e]; y[t] = sum_j weight[t, j] * o_j in float32 in pick
-    order, rounded once.
-
-    Each expert a row picked runs once, over the rows that picked it. Which experts and how many
-    rows: a count per expert read on the host through a CPU tensor's numpy view (no device read,
-    no data-dependent op: the CPU path of the torch target), on another device by a copy (the
-    reference only; the GPU kernel reads nothing back)."""
-    weights, ids = moe_route(router_logits, top_k, routing, renormalize, expert_scale)  # [T, k] each
-    t, k = ids.shape
-    picks = ids.reshape(-1)  # [T k] pair p = row p // k, pick p % k
-    order = torch.sort(picks, stable=True).indices  # [T k] the pairs grouped by expert
-    counts = torch.zeros(w13.shape[0], dtype=torch.int64, device=ids.device).scatter_add_(
-        0, picks, torch.ones_like(picks))  # [E]
-    counts = (counts if counts.device.type == "cpu" else counts.cpu()).numpy()
-    ends = np.cumsum(counts)
-    out = x.new_zeros(t * k, x.shape[-1], dtype=torch.float32)  # [T k, H] each pick's down projection
-    for e in np.flatnonzero(counts).tolist():  # numpy ints, not tensor reads
-        pairs = order[int(ends[e] - counts[e]):int(ends[e])]  # [n] the pairs routed to e
-        gu = _moe_linear(x[pairs // k], w13[e], None if w13_scale is None else w13_scale[e],
-                         None if a13_scale is None else a13_scale[e], None if b13 is None else b13[e])
-        h = moe_act(gu, activation, swiglu_alpha, swiglu_limit).to(x.dtype)  # [n, I]
-        out[pairs] = _moe_linear(h, w2[e], None if w2_scale is None else w2_scale[e],
-                                 None if a2_scale is None else a2_scale[e], None if b2 is None else b2[e])
-    return (out.view(t, k, -1) * weights[..., None]).sum(dim=1).to(x.dtype)

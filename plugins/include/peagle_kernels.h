@@ -112,11 +112,55 @@ PEAGLE_KERNELS_API cudaError_t peagle_draft_sample(void const* logits, int64_t c
 /* 0 (kept for ABI stability). */
 PEAGLE_KERNELS_API size_t peagle_draft_sample_workspace_size(int32_t max_rows, int64_t vocab);
 
+/* ---------------------------------------------------------------------------------------------
+ * PEagleMoE: a sparse mixture-of-experts MLP (peagle_trt/ops/reference.py, moe)
+ *
+ *   x [T, H] act_dtype, router_logits [T, E] logits_dtype (F32, F16 or BF16; routing in float32),
+ *   w13 [E, 2I, H] (rows [0, I) gate, [I, 2I) up), w2 [E, H, I]: act_dtype, or FP8_E4M3 when
+ *   scale_kind != PEAGLE_MOE_NO_SCALE; b13 [E, 2I], b2 [E, H] act_dtype or NULL; expert_scale [E]
+ *   float32 or NULL; w13_scale / w2_scale float32: [E] per tensor, [E, N] per channel,
+ *   [E, ceil(N/128), ceil(K/128)] per 128 x 128 block (N, K: that weight's out / in features);
+ *   a13_scale / a2_scale [E] float32 (per tensor only, required there; NULL otherwise)
+ *   -> y [T, H] act_dtype
+ *
+ * Per row: the top_k experts by descending float32 logit (ties: the lower id); routing 0 =
+ * softmax over all experts then the picks (renormalize != 0: divided by their sum), 1 = softmax over
+ * the picked logits; weights times expert_scale[id]. Per pick: h = act(x W_gate^T (+b), x W_up^T (+b))
+ * (activation 0 silu, 1 gelu_tanh, 2 clamped SwiGLU with swiglu_alpha / swiglu_limit) in float32,
+ * rounded to act_dtype; o = h W2^T (+ b2) in float32; y = sum over the picks in order of weight * o,
+ * rounded once. FP8: activations quantized statically (a13 / a2, per tensor) or dynamically per row
+ * (per channel) / per row and 128 columns (block). Everything runs on the device from shapes alone
+ * (no host synchronization: capturable in a CUDA graph); no atomics (deterministic).
+ *
+ * Limits of the compiled variants: experts <= 256, top_k <= 8, H and I multiples of 32 (F32), 64
+ * (F16 / BF16) or 128 (FP8), FP8 under F16 / BF16 activations only, block scales need I % 128 == 0.
+ * workspace: at least peagle_moe_workspace_size(tokens, ...) bytes, 256-byte aligned.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum peagle_moe_scale
+{
+    PEAGLE_MOE_NO_SCALE = 0,    /* act_dtype weights */
+    PEAGLE_MOE_PER_TENSOR = 1,  /* FP8, one scale per expert, static activation scales */
+    PEAGLE_MOE_PER_CHANNEL = 2, /* FP8, one scale per output feature, dynamic per-row activation scales */
+    PEAGLE_MOE_BLOCK_128 = 3    /* FP8, 128 x 128 weight blocks, dynamic per-row, per-128-column scales */
+} peagle_moe_scale_t;
+
+PEAGLE_KERNELS_API cudaError_t peagle_moe(void const* x, void const* router_logits, void const* w13, void const* w2,
+    void const* b13, void const* b2, float const* expert_scale, float const* w13_scale, float const* w2_scale,
+    float const* a13_scale, float const* a2_scale, void* y, int32_t tokens, int32_t hidden, int32_t experts,
+    int32_t inter, int32_t top_k, int32_t routing, int32_t renormalize, int32_t activation, float swiglu_alpha,
+    float swiglu_limit, peagle_dtype_t act_dtype, peagle_dtype_t logits_dtype, peagle_moe_scale_t scale_kind,
+    void* workspace, size_t workspace_size, cudaStream_t stream);
+
+/* Workspace (bytes) of peagle_moe for up to max_tokens rows: the routing, the expert-aligned pair list,
+ * the FP8 codes (dynamic kinds), h [T*k, I] and the float32 expert outputs [T*k, H]. 0 on bad sizes. */
+PEAGLE_KERNELS_API size_t peagle_moe_workspace_size(int32_t max_tokens, int32_t hidden, int32_t experts,
+    int32_t inter, int32_t top_k, peagle_dtype_t act_dtype, peagle_moe_scale_t scale_kind);
+
 /* Human-readable name of a cudaError_t (cudaGetErrorString of the library's runtime). */
 PEAGLE_KERNELS_API char const* peagle_error_string(cudaError_t err);
 
 /* Library version (bumped when the C API changes; 2: paged KV cache, block tables; 3: the Triton
- * kernels, no workspace). */
+ * kernels, no workspace; 4: peagle_moe). */
 PEAGLE_KERNELS_API int32_t peagle_kernels_version(void);
 
 #ifdef __cplusplus

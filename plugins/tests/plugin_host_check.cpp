@@ -1,7 +1,7 @@
 // Host-side check of the plugin wrappers compiled against TensorRT's real public headers
 // (TensorRT 11.1, ../shared/third_party/tensorrt-11.1/include): creators and names, attribute parsing,
 // serialization round trip, output types and shapes, format support, KV aliasing, workspace sizes,
-// argument errors. Needs no GPU and no TensorRT library (getPluginRegistry is defined below; nothing
+// argument errors; PEagleMoE's optional inputs (empty slots, left-off tails) and FP8 scale kinds. Needs no GPU and no TensorRT library (getPluginRegistry is defined below; nothing
 // here launches a kernel). Built with -Werror and run by tests/plugins/test_kernels_build.py:
 //   g++ -std=c++17 -isystem <trt>/include -Iplugins/include -Iplugins/src/plugins -isystem <cuda>/include
 //       plugins/tests/plugin_host_check.cpp plugins/src/plugins/*.cpp -Lplugins/build -lpeagle_kernels ...
@@ -21,6 +21,8 @@ static_assert(NV_TENSORRT_MAJOR >= 10, "the IPluginV3 plugins need TensorRT >= 1
 static_assert(!std::is_abstract<peagle::trt::KVAttentionPlugin>::value, "PEagleKVAttention is abstract");
 static_assert(!std::is_abstract<peagle::trt::DraftInputsPlugin>::value, "PEagleDraftInputs is abstract");
 static_assert(!std::is_abstract<peagle::trt::DraftSamplePlugin>::value, "PEagleDraftSample is abstract");
+static_assert(!std::is_abstract<peagle::trt::MoEPlugin>::value, "PEagleMoE is abstract");
+static_assert(!std::is_abstract<peagle::trt::MoEPluginCreator>::value, "creator is abstract");
 static_assert(!std::is_abstract<peagle::trt::KVAttentionPluginCreator>::value, "creator is abstract");
 static_assert(!std::is_abstract<peagle::trt::DraftInputsPluginCreator>::value, "creator is abstract");
 static_assert(!std::is_abstract<peagle::trt::DraftSamplePluginCreator>::value, "creator is abstract");
@@ -422,6 +424,138 @@ void checkDraftSample()
     CHECK(!build->supportsFormatCombination(1, io.data(), 2, 1));
     delete p;
 }
+void checkMoe()
+{
+    IPluginCreatorV3One* c = creator("PEagleMoE");
+    CHECK(c != nullptr);
+    if (!c)
+        return;
+    CHECK(std::strcmp(c->getPluginVersion(), "2") == 0 && std::strcmp(c->getPluginNamespace(), "") == 0);
+    PluginFieldCollection const* names = c->getFieldNames();
+    CHECK(names->nbFields == 6 && std::strcmp(names->fields[0].name, "top_k") == 0);
+    int32_t const k = 8, routing = 0, renorm = 1, act = 0, badK = 9, badAct = 3;
+    float const alpha = 1.702f, limit = 7.f;
+    std::vector<PluginField> f = {{"top_k", &k, PluginFieldType::kINT32, 1},
+        {"routing", &routing, PluginFieldType::kINT32, 1}, {"renormalize", &renorm, PluginFieldType::kINT32, 1},
+        {"activation", &act, PluginFieldType::kINT32, 1}, {"swiglu_alpha", &alpha, PluginFieldType::kFLOAT32, 1},
+        {"swiglu_limit", &limit, PluginFieldType::kFLOAT32, 1}};
+    PluginFieldCollection fc{static_cast<int32_t>(f.size()), f.data()};
+    IPluginV3* p = c->createPlugin("moe", &fc, TensorRTPhase::kBUILD);
+    CHECK(p != nullptr);
+    if (!p)
+        return;
+    PluginFieldCollection noTopK{0, nullptr};
+    CHECK(c->createPlugin("bad", &noTopK, TensorRTPhase::kBUILD) == nullptr);
+    std::vector<PluginField> bad = f;
+    bad[0].data = &badK; // top_k past the compiled 8
+    PluginFieldCollection badFc{static_cast<int32_t>(bad.size()), bad.data()};
+    CHECK(c->createPlugin("bad", &badFc, TensorRTPhase::kBUILD) == nullptr);
+    bad[0].data = &k;
+    bad[3].data = &badAct; // activation 3: none such
+    CHECK(c->createPlugin("bad", &badFc, TensorRTPhase::kBUILD) == nullptr);
+
+    auto* build = static_cast<IPluginV3OneBuildV2*>(p->getCapabilityInterface(PluginCapabilityType::kBUILD));
+    auto* runtime = static_cast<IPluginV3OneRuntime*>(p->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+    CHECK(build->getNbOutputs() == 1 && build->getAliasedInput(0) == -1);
+
+    // Qwen3-30B-A3B's shapes, FP8 with 128 x 128 block scales; b13, b2 and expert_scale empty, a13 / a2 left off
+    int64_t const T = 8, H = 2048, E = 128, I = 768;
+    DataType in[9] = {DataType::kBF16, DataType::kFLOAT, DataType::kFP8, DataType::kFP8, DataType::kFLOAT,
+        DataType::kFLOAT, DataType::kFLOAT, DataType::kFLOAT, DataType::kFLOAT};
+    DataType out[1];
+    CHECK(build->getOutputDataTypes(out, 1, in, 9) == 0 && out[0] == DataType::kBF16);
+    DimsExprs inShapes[4] = {dimsExprs({T, H}), dimsExprs({T, E}), dimsExprs({E, 2 * I, H}), dimsExprs({E, H, I})};
+    DimsExprs outShapes[1];
+    TestBuilder eb;
+    CHECK(build->getOutputShapes(inShapes, 4, nullptr, 0, outShapes, 1, eb) == 0);
+    CHECK(outShapes[0].nbDims == 2 && outShapes[0].d[0]->getConstantValue() == T
+        && outShapes[0].d[1]->getConstantValue() == H);
+    CHECK(build->getOutputShapes(inShapes, 3, nullptr, 0, outShapes, 1, eb) != 0); // w2 missing
+
+    auto block = [&](DataType x, DataType w) {
+        return std::vector<DynamicPluginTensorDesc>{desc(x, {T, H}), desc(DataType::kFLOAT, {T, E}),
+            desc(w, {E, 2 * I, H}), desc(w, {E, H, I}), desc(DataType::kFLOAT, {0}), desc(DataType::kFLOAT, {0}),
+            desc(DataType::kFLOAT, {0}), desc(DataType::kFLOAT, {E, 2 * I / 128, H / 128}),
+            desc(DataType::kFLOAT, {E, H / 128, I / 128}), desc(x, {T, H})};
+    };
+    std::vector<DynamicPluginTensorDesc> io = block(DataType::kBF16, DataType::kFP8);
+    CHECK(allSupported(build, io, 9));
+    CHECK(build->configurePlugin(io.data(), 9, io.data() + 9, 1) == 0);
+    size_t const ws = build->getWorkspaceSize(io.data(), 9, io.data() + 9, 1);
+    CHECK(ws > 0 && ws == peagle_moe_workspace_size(T, H, E, I, k, PEAGLE_BF16, PEAGLE_MOE_BLOCK_128));
+    io[0].max.d[0] = io[1].max.d[0] = io[9].max.d[0] = 4 * T; // the profile's largest rows size the workspace
+    CHECK(build->getWorkspaceSize(io.data(), 9, io.data() + 9, 1)
+        == peagle_moe_workspace_size(4 * T, H, E, I, k, PEAGLE_BF16, PEAGLE_MOE_BLOCK_128));
+    CHECK(ws < build->getWorkspaceSize(io.data(), 9, io.data() + 9, 1));
+    io = block(DataType::kFLOAT, DataType::kFP8); // FP8 experts under fp32 activations: no such variant
+    CHECK(!build->supportsFormatCombination(2, io.data(), 9, 1));
+    io = block(DataType::kHALF, DataType::kFP8);
+    CHECK(allSupported(build, io, 9));
+    io[3].desc.type = DataType::kHALF; // w2 must share w13's type
+    CHECK(!build->supportsFormatCombination(3, io.data(), 9, 1));
+    io = block(DataType::kHALF, DataType::kFP8);
+    io[8] = desc(DataType::kFLOAT, {E, H}); // w2_scale per channel, w13_scale per block
+    CHECK(build->configurePlugin(io.data(), 9, io.data() + 9, 1) != 0);
+    io[7] = desc(DataType::kFLOAT, {E, 2 * I});
+    CHECK(build->configurePlugin(io.data(), 9, io.data() + 9, 1) == 0); // both per channel
+    io[7] = desc(DataType::kFLOAT, {E});
+    io[8] = desc(DataType::kFLOAT, {E});
+    CHECK(build->configurePlugin(io.data(), 9, io.data() + 9, 1) != 0); // per tensor without a13 / a2
+    io.insert(io.begin() + 9, {desc(DataType::kFLOAT, {E}), desc(DataType::kFLOAT, {E})});
+    CHECK(allSupported(build, io, 11));
+    CHECK(build->configurePlugin(io.data(), 11, io.data() + 11, 1) == 0);
+    CHECK(build->getWorkspaceSize(io.data(), 11, io.data() + 11, 1)
+        == peagle_moe_workspace_size(T, H, E, I, k, PEAGLE_F16, PEAGLE_MOE_PER_TENSOR));
+
+    // GPT-OSS-20B's shapes in bf16 with biases: every input by position, the scales empty
+    int64_t const H2 = 2880, E2 = 32, I2 = 2880;
+    std::vector<DynamicPluginTensorDesc> oss = {desc(DataType::kBF16, {T, H2}), desc(DataType::kBF16, {T, E2}),
+        desc(DataType::kBF16, {E2, 2 * I2, H2}), desc(DataType::kBF16, {E2, H2, I2}),
+        desc(DataType::kBF16, {E2, 2 * I2}), desc(DataType::kBF16, {E2, H2}), desc(DataType::kFLOAT, {0}),
+        desc(DataType::kFLOAT, {0}), desc(DataType::kFLOAT, {0}), desc(DataType::kFLOAT, {0}),
+        desc(DataType::kFLOAT, {0}), desc(DataType::kBF16, {T, H2})};
+    CHECK(allSupported(build, oss, 11));
+    CHECK(build->configurePlugin(oss.data(), 11, oss.data() + 11, 1) == 0);
+    oss[4].desc.type = DataType::kFLOAT; // biases in x's type
+    CHECK(!build->supportsFormatCombination(4, oss.data(), 11, 1));
+    oss[4].desc.type = DataType::kBF16;
+    oss[7] = desc(DataType::kFLOAT, {E2}); // a scale with unquantized weights
+    CHECK(build->configurePlugin(oss.data(), 11, oss.data() + 11, 1) != 0);
+    oss[7] = desc(DataType::kFLOAT, {0});
+    oss[3] = desc(DataType::kBF16, {E2, H2, I2 + 1}); // w2 [E, H, I] disagrees with w13 [E, 2I, H]
+    CHECK(build->configurePlugin(oss.data(), 11, oss.data() + 11, 1) != 0);
+    oss[2] = desc(DataType::kBF16, {E2, 2 * 100, H2}); // I = 100: no ALIGNED variant (64 | I)
+    oss[3] = desc(DataType::kBF16, {E2, H2, 100});
+    CHECK(build->configurePlugin(oss.data(), 11, oss.data() + 11, 1) != 0);
+
+    // serialization round trip through the creator (runtime phase)
+    PluginFieldCollection const* ser = runtime->getFieldsToSerialize();
+    CHECK(ser != nullptr && ser->nbFields == 6);
+    IPluginV3* q = c->createPlugin("moe", ser, TensorRTPhase::kRUNTIME);
+    CHECK(q != nullptr);
+    if (q)
+    {
+        auto* qr = static_cast<IPluginV3OneRuntime*>(q->getCapabilityInterface(PluginCapabilityType::kRUNTIME));
+        PluginFieldCollection const* ser2 = qr->getFieldsToSerialize();
+        double v = 0;
+        CHECK(peagle::trt::readNumber(ser2, "top_k", v) && v == 8);
+        CHECK(peagle::trt::readNumber(ser2, "renormalize", v) && v == 1);
+        CHECK(peagle::trt::readNumber(ser2, "swiglu_alpha", v) && static_cast<float>(v) == 1.702f);
+        delete q;
+    }
+
+    // enqueue refuses before launching anything: unknown types, then a missing workspace
+    PluginTensorDesc rd[9];
+    for (int i = 0; i < 9; ++i)
+        rd[i] = block(DataType::kBF16, DataType::kFP8)[i].desc;
+    void const* nullIn[9] = {};
+    void* nullOut[1] = {};
+    CHECK(runtime->onShapeChange(rd, 9, rd, 1) == 0);
+    CHECK(runtime->enqueue(rd, rd, nullIn, nullOut, nullptr, nullptr) != 0);
+    rd[0].type = DataType::kINT32;
+    CHECK(runtime->enqueue(rd, rd, nullIn, nullOut, nullptr, nullptr) != 0);
+    delete p;
+}
 } // namespace
 
 int main()
@@ -430,10 +564,11 @@ int main()
     setLoggerFinder(&finder);
     int32_t n = 0;
     getCreators(n);
-    CHECK(n == 3);
+    CHECK(n == 4);
     checkKvAttention();
     checkDraftInputs();
     checkDraftSample();
+    checkMoe();
     CHECK(finder.logger.count > 0); // the rejected calls above were logged through the finder
     for (TestExpr* e : gExprs)
         delete e;

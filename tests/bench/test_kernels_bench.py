@@ -1,6 +1,7 @@
 """`bench kernels --rehearse` on the CPU (peagle_trt/bench/kernels.py under Triton's interpreter, toy sizes): every
 case it times in a GPU window (attention unsplit / by shape / the tiling sweep, bf16 and FP8 caches, the FP8
-linears, the draft sampler) runs and reports, so a window is spent measuring, not debugging. Without a GPU
+linears, the fused MoE at the seeds' targets' expert layers and its tiling sweep, the draft sampler) runs and
+reports, so a window is spent measuring, not debugging. Without a GPU
 and without --rehearse the suite refuses with a ConfigError (tests/bench/test_bench_cli.py)."""
 
 from __future__ import annotations
@@ -42,4 +43,9 @@ def test_bench_kernels_rehearses_every_case_on_the_cpu(tmp_path):
     paths = {r["path"] for r in rows if r["op"] == "linear"}
     assert {"bf16", "fp8-dequant", "fp8-triton", "fp8-triton:c1"} <= paths and all(r["ms"] for r in rows)
     assert any(r["op"] == "draft_sample" for r in rows)
+    moe = [r for r in rows if r["op"] == "moe"]
+    assert {(r["model"], r["rows"]) for r in moe if r["mode"] == "auto"} == {
+        (m, t) for m in ("qwen3-30b-a3b", "gpt-oss-20b") for t in (1, 8, 64)}
+    assert {r["weights"] for r in moe} == {"fp8-block", "bf16"} and any(r["mode"] == "sweep" for r in moe)
+    assert all(r["ms"] and r["ms"] > 0 and r["experts_hit"] >= 1 for r in moe), moe
     assert {f["name"].split(",")[0] for f in result["figures"]} >= {"qkv linear at M = 1"}

@@ -102,3 +102,39 @@ def test_oracle_and_real_drafts_are_exact_on_the_kernels(tiny, launches):
         assert got == expected or _gap(plain, list(prompt), got, expected) <= 1e-5, (prompt, got, expected)
     assert {"kv_attention", "rms_norm", "rope", "draft_inputs", "draft_sample"} <= set(launches)
     assert max(launches["splits"]) > 1  # the split-KV kernels and their reduce ran
+
+
+def test_moe_target_on_the_kernels_reads_once_per_step(tiny_moe, monkeypatch):
+    """A MoE target (tiny Qwen3-MoE) on the kernels: the fused MoE kernel serves its sparse layers
+    (peagle_trt/ops/triton_kernels/moe.py), its logits match the reference ops', and a P-EAGLE step
+    reads the device once: the MoE path reads nothing back (what lets a GPU capture it in a graph)."""
+    import collections
+
+    from peagle_trt.config import SamplingParams
+    from peagle_trt.ops.triton_kernels import moe as moe_kernels
+    from tests.speculative.test_host_reads import counting_reads
+
+    calls = collections.Counter()
+    original = moe_kernels.moe
+    monkeypatch.setattr(moe_kernels, "moe", lambda *a, **k: calls.update(["moe"]) or original(*a, **k))
+    spec = SpecConfig("peagle", 2)
+    decoders = {}
+    for kernels in ("cuda", "reference"):
+        t, d = load_pair(tiny_moe["qwen3_moe"], tiny_moe["drafter-qwen3_moe"], spec).build("cpu", torch.float32)
+        decoders[kernels] = SpecDecoder(TorchExecutor(t, d, 1, 64, kernels=kernels, cuda_graphs=False), spec)
+    ids = torch.tensor([PROMPTS[0]])
+    pos = torch.arange(ids.shape[1])[None]
+    got, _ = decoders["cuda"].ex.target(ids, pos, torch.tensor([[0]]))
+    want, _ = decoders["reference"].ex.target(ids, pos, torch.tensor([[0]]))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    assert calls["moe"] == 6  # the six sparse layers (layers 0 and 5 are dense)
+    dec = decoders["cuda"]
+    seq = dec.new_sequence(PROMPTS[1], SamplingParams(max_tokens=8, ignore_eos=True))
+    seq.blocks = [list(range(dec.ex.kv.max_blocks))]
+    dec.batch = 1
+    dec.prefill([seq])
+    dec.step([seq])
+    reads = collections.Counter()
+    with counting_reads(reads):
+        dec.step([seq])
+    assert sum(reads.values()) == 1, dict(reads)

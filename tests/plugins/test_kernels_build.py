@@ -10,8 +10,8 @@ libpeagle_plugins.so when it finds TensorRT. Nothing here runs a kernel (see tes
 Missing TensorRT headers FAIL these tests (they are what proves the wrappers match TensorRT's API);
 missing cmake / g++ / CUDA headers skip the tests that need them.
 
-Timing on the 2-core CI machine: ~35 s from scratch (~20 s of it compiling 52 cubins), ~10 s when Triton's
-cache (~/.triton/cache) or plugins/build already holds them.
+Timing on a 2-core machine: 3:47 from scratch on 2 cores shared with other jobs (most of it compiling 190 cubins,
+98 of them the fused MoE's), ~20 s when Triton's cache (~/.triton/cache) or plugins/build already holds them.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ from tests.plugins.conftest import (
 
 PLUGINS = REPO / "plugins"
 API = ("peagle_kv_attention", "peagle_kv_attention_tree", "peagle_kv_attention_workspace_size", "peagle_draft_inputs",
-       "peagle_draft_sample", "peagle_draft_sample_workspace_size", "peagle_error_string",
-       "peagle_kernels_version")
+       "peagle_draft_sample", "peagle_draft_sample_workspace_size", "peagle_moe", "peagle_moe_workspace_size",
+       "peagle_error_string", "peagle_kernels_version")
 CUDA_ERROR_INVALID_VALUE = 1
 # what CMake uses for the plugin sources (plugins/CMakeLists.txt, PEAGLE_HOST_WARNINGS)
 HOST_WARNINGS = ("-Wall", "-Wextra", "-Wpedantic", "-Wsuggest-override", "-Woverloaded-virtual",
@@ -103,7 +103,7 @@ def test_plugin_wrappers_compile_against_tensorrt_headers(plugin_objects):
     """Every override (`override` + `noexcept` on each) matches IPluginV3OneCore / IPluginV3OneBuildV2 /
     IPluginV3OneRuntime / IPluginCreatorV3One of the real headers, no plugin class is abstract
     (static_asserts in plugin_host_check.cpp), and our sources compile without a warning."""
-    assert len(plugin_objects) == 5 and all(o.stat().st_size > 0 for o in plugin_objects)
+    assert len(plugin_objects) == 6 and all(o.stat().st_size > 0 for o in plugin_objects)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,8 @@ def test_the_library_embeds_the_cubins_for_sm90a_and_sm100a(kernels_lib):
         blob = (DEFAULT_BUILD_DIR / "triton" / entry["file"]).read_bytes()
         assert cubin_arch(blob) == f"{entry['arch']}a"
     assert {e["variant"].split(".")[0] for e in cubins} == {"kv_attention", "kv_write", "draft_inputs",
-                                                            "draft_sample"}
+                                                            "draft_sample", "moe_route", "moe_align", "moe_quant",
+                                                            "moe_gate_up", "moe_down", "moe_sum"}
     flags = " ".join(p.read_text() for p in (DEFAULT_BUILD_DIR / "CMakeFiles").rglob("flags.make"))
     assert "-Werror" in flags  # our warnings are errors
 
@@ -158,7 +159,7 @@ def test_c_api_is_exported_and_validates_arguments(kernels_lib):
     lib = ctypes.CDLL(str(kernels_lib))  # loads without a GPU (static CUDA runtime)
     for sym in API:
         assert hasattr(lib, sym), sym
-    assert lib.peagle_kernels_version() == 3  # 3: the Triton kernels (no workspace)
+    assert lib.peagle_kernels_version() == 4  # 4: peagle_moe
 
     ws = lib.peagle_kv_attention_workspace_size
     ws.restype, ws.argtypes = ctypes.c_size_t, [ctypes.c_int32] * 5
@@ -194,6 +195,57 @@ def test_c_api_is_exported_and_validates_arguments(kernels_lib):
 
 
 @needs_build_tools
+def test_the_moe_entry_point_sizes_its_workspace_and_validates_its_arguments(kernels_lib):
+    """peagle_moe_workspace_size is the layout of peagle_trt/ops/triton_kernels/moe.py `workspace_bytes`;
+    peagle_moe refuses what no compiled variant takes before launching anything (no GPU here)."""
+    import torch
+
+    from peagle_trt.ops.triton_kernels import moe
+
+    lib = ctypes.CDLL(str(kernels_lib))
+    size = lib.peagle_moe_workspace_size
+    size.restype, size.argtypes = ctypes.c_size_t, [ctypes.c_int32] * 7
+    dtypes = {0: torch.float32, 1: torch.float16, 2: torch.bfloat16}
+    kinds = ("none", "tensor", "channel", "block")
+    for t, h, e, i, k, act, kind in ((1, 2048, 128, 768, 8, 2, 3), (64, 2048, 128, 768, 8, 1, 2),
+                                     (8, 2880, 32, 2880, 4, 2, 0), (12, 256, 8, 128, 2, 0, 0),
+                                     (40, 512, 64, 256, 6, 1, 1)):
+        assert size(t, h, e, i, k, act, kind) == moe.workspace_bytes(t, h, e, i, k, dtypes[act], kinds[kind])
+    assert size(1, 2048, 257, 768, 8, 2, 3) == 0  # more experts than the compiled routing takes
+    assert size(1, 2048, 128, 768, 9, 2, 3) == 0  # top_k > 8
+    assert size(1, 2000, 128, 768, 8, 2, 3) == 0  # H not a multiple of 128 (FP8's BLOCK_K)
+    assert size(1, 2048, 128, 768, 8, 0, 3) == 0  # FP8 under fp32 activations: no variant
+
+    run = lib.peagle_moe
+    run.restype = ctypes.c_int
+    p, i32, f32 = ctypes.c_void_p, ctypes.c_int32, ctypes.c_float
+    run.argtypes = [p] * 12 + [i32] * 8 + [f32, f32] + [ctypes.c_int] * 3 + [p, ctypes.c_size_t, p]
+    # x logits w13 w2 b13 b2 expert_scale w13_scale w2_scale a13 a2 y; T H E I k routing renorm act; alpha limit;
+    # act logits kind; workspace, bytes, stream: Qwen3-30B-A3B's FP8 block layer at T = 1
+    ws = moe.workspace_bytes(1, 2048, 128, 768, 8, torch.bfloat16, "block")
+    args = [256] * 4 + [None] * 3 + [256, 256, None, None, 256] + [1, 2048, 128, 768, 8, 0, 1, 0] + [1.702, 7.0]
+    args += [2, 2, 3, 256, ws, None]
+
+    def call(**changes):
+        a = list(args)
+        for index, value in changes.items():
+            a[int(index[1:])] = value
+        return run(*a)
+
+    assert call(a12=0) == 0  # no rows: nothing to do
+    assert call(a0=None) == CUDA_ERROR_INVALID_VALUE  # no x
+    assert call(a7=None) == CUDA_ERROR_INVALID_VALUE  # FP8 without w13_scale
+    assert call(a9=256, a10=256) == CUDA_ERROR_INVALID_VALUE  # static activation scales with block scales
+    assert call(a24=1) == CUDA_ERROR_INVALID_VALUE  # per-tensor scales without a13 / a2
+    assert call(a15=64) == CUDA_ERROR_INVALID_VALUE  # I = 64: not a multiple of 128 (FP8's BLOCK_K)
+    assert call(a17=2) == CUDA_ERROR_INVALID_VALUE  # routing 2: none such
+    assert call(a19=3) == CUDA_ERROR_INVALID_VALUE  # activation 3: none such
+    need = moe.workspace_bytes(1, 2048, 128, 768, 8, torch.bfloat16, "block", block_m=16)  # T = 1: 16-row blocks
+    assert need < ws and call(a26=need - 1) == CUDA_ERROR_INVALID_VALUE  # workspace too small
+    assert call(a25=None) == CUDA_ERROR_INVALID_VALUE  # no workspace
+
+
+@needs_build_tools
 def test_plugin_wrappers_behave(plugin_objects, compilers, kernels_lib, tmp_path):
     """Link the wrappers (compiled against the real headers) with libpeagle_kernels.so and run
     plugin_host_check.cpp: names, attributes, output shapes/types, formats, aliasing, serialization."""
@@ -214,7 +266,7 @@ def test_plugin_wrappers_behave(plugin_objects, compilers, kernels_lib, tmp_path
 def test_cmake_builds_the_plugin_library_when_tensorrt_is_found(trt_include, compilers, tmp_path):
     """CMake pointed at the real headers and a dummy libnvinfer.so takes the plugin branch and builds the
     wrappers with -Werror (TensorRT's headers as -isystem); the library exports getCreators /
-    setLoggerFinder with 3 creators."""
+    setLoggerFinder with 4 creators."""
     gxx, _ = compilers
     src = tmp_path / "nvinfer_stub.cpp"
     src.write_text('extern "C" void* getPluginRegistry() noexcept { return nullptr; }\n')
@@ -238,5 +290,5 @@ def test_cmake_builds_the_plugin_library_when_tensorrt_is_found(trt_include, com
     plugins.getCreators.argtypes = [ctypes.POINTER(ctypes.c_int32)]  # int32_t& is a pointer in the ABI
     n = ctypes.c_int32(0)
     creators = plugins.getCreators(ctypes.byref(n))
-    assert n.value == 3 and all(creators[i] for i in range(3))
+    assert n.value == 4 and all(creators[i] for i in range(4))
     assert hasattr(plugins, "peagle_register_plugins")

@@ -1,8 +1,8 @@
 """The plugin library's own path on a GPU: the C API of libpeagle_kernels.so (the hand-written
 launcher, plugins/src/launcher/tritonLauncher.cpp) launching the embedded sm_90a / sm_100a cubins,
-against the CPU references. This is what the TensorRT plugins' enqueue calls; TensorRT itself is
-not needed. Build first: scripts/build_plugins.sh (scripts/gpu_validate.sh does), for this GPU's
-architecture (an `a` cubin runs only on its exact compute capability)."""
+against the CPU references (PEagleMoE included: peagle_moe). This is what the TensorRT plugins'
+enqueue calls; TensorRT itself is not needed. Build first: scripts/build_plugins.sh (scripts/gpu_validate.sh
+does), for this GPU's architecture (an `a` cubin runs only on its exact compute capability)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def lib() -> ctypes.CDLL:
                                                                                            i32, p]
     lib.peagle_draft_inputs.argtypes = [p] * 10 + [i32, i32, i32, i64, i32, i64, ctypes.c_int, p]
     lib.peagle_draft_sample.argtypes = [p, p, p, i32, i64, ctypes.c_int, p, ctypes.c_size_t, p]
+    lib.peagle_moe.argtypes = [p] * 12 + [i32] * 8 + [f32] * 2 + [ctypes.c_int] * 3 + [p, ctypes.c_size_t, p]
+    lib.peagle_moe_workspace_size.restype = ctypes.c_size_t
+    lib.peagle_moe_workspace_size.argtypes = [i32] * 5 + [ctypes.c_int] * 2
     lib.peagle_error_string.restype = ctypes.c_char_p
     return lib
 
@@ -91,3 +94,51 @@ def test_kv_attention_cubin(lib, dtype, d):
     tol = {torch.float32: 2e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}[dtype]
     torch.testing.assert_close(out.float().cpu()[live], want[live], atol=tol, rtol=tol)
     assert torch.equal(dev[5].float().cpu()[:-1], kc_ref[:-1])  # the writes (trash block aside)
+
+
+MOE_KINDS = {"none": 0, "tensor": 1, "channel": 2, "block": 3}
+
+
+@pytest.mark.parametrize("dtype,kind,rows", [(torch.bfloat16, "block", 1), (torch.bfloat16, "block", 40),
+                                             (torch.float16, "tensor", 8), (torch.bfloat16, "channel", 12),
+                                             (torch.bfloat16, "none", 8), (torch.float32, "none", 40)])
+def test_moe_cubin(lib, dtype, kind, rows):
+    """peagle_moe (routing, alignment, grouped GEMMs, sum from the embedded cubins, at both tile regimes)
+    against reference.moe; GPT-OSS's routing, biases and clamped SwiGLU for unquantized weights, Qwen3's
+    softmax-top-k with FP8. Tolerances as tests/ops/test_moe_kernel.py."""
+    gen = torch.Generator().manual_seed(rows)
+    e, k, h, i = 8, 2, 256, 128  # H and I multiples of every K step (the ALIGNED variants)
+    x, logits = torch.randn(rows, h, generator=gen).to(dtype), torch.randn(rows, e, generator=gen)
+    fp8 = kind != "none"
+    s13 = s2 = a13 = a2 = b13 = b2 = None
+    if fp8:
+        w13 = (torch.randn(e, 2 * i, h, generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        w2 = (torch.randn(e, h, i, generator=gen) * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+        shapes = {"tensor": ((e,), (e,)), "channel": ((e, 2 * i), (e, h)),
+                  "block": ((e, 2 * i // 128, h // 128), (e, h // 128, i // 128))}[kind]
+        s13 = (torch.rand(*shapes[0], generator=gen) + 0.5) * h ** -0.5 / 64
+        s2 = (torch.rand(*shapes[1], generator=gen) + 0.5) * i ** -0.5 / 64
+        if kind == "tensor":
+            a13, a2 = torch.full((e,), 3 / 448), torch.full((e,), 1 / 448)
+        kw = dict(top_k=k, routing="softmax_topk", renormalize=True, activation="silu")
+    else:
+        w13 = (torch.randn(e, 2 * i, h, generator=gen) * h ** -0.5).to(dtype)
+        w2 = (torch.randn(e, h, i, generator=gen) * i ** -0.5).to(dtype)
+        b13, b2 = torch.randn(e, 2 * i, generator=gen).to(dtype), torch.randn(e, h, generator=gen).to(dtype)
+        kw = dict(top_k=k, routing="topk_softmax", activation="clamped_swiglu", swiglu_limit=1.5)
+    args = (x, logits, w13, w2, b13, b2, None, s13, s2, a13, a2)
+    want = reference.moe(*args, **kw)
+    dev = [None if t is None else t.cuda() for t in args]
+    y = torch.full((rows, h), float("nan"), dtype=dtype, device="cuda")
+    code = DTYPE_CODE[dtype]
+    size = lib.peagle_moe_workspace_size(rows, h, e, i, k, code, MOE_KINDS[kind])
+    assert size > 0
+    ws = torch.empty(size, dtype=torch.uint8, device="cuda")
+    ptrs = [0 if t is None else t.data_ptr() for t in dev]
+    check(lib, lib.peagle_moe(*ptrs, y.data_ptr(), rows, h, e, i, k, ["softmax_topk", "topk_softmax"].index(
+        kw["routing"]), int(kw.get("renormalize", False)), ["silu", "gelu_tanh", "clamped_swiglu"].index(
+        kw["activation"]), 1.702, kw.get("swiglu_limit", 7.0), code, DTYPE_CODE[torch.float32], MOE_KINDS[kind],
+        ws.data_ptr(), size, stream()))
+    tol = 2.5e-2 if fp8 else {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}[dtype]
+    err = (y.double().cpu() - want.double()).abs().max().item() / want.double().abs().max().item()
+    assert err <= tol, f"max |cubin - reference| = {err:.3g} x max |reference|"

@@ -21,7 +21,7 @@ def test_plugin_names_are_the_op_types():
     header = (PLUGINS / "peaglePlugins.h").read_text()
     classes = dict(re.findall(r'class\s+(\w+Plugin)\s+final\b[^{]*\{[^}]*?kName\s*=\s*"([^"]*)"', header))
     assert classes == {"KVAttentionPlugin": names.KV_ATTENTION, "DraftInputsPlugin": names.DRAFT_INPUTS,
-                       "DraftSamplePlugin": names.DRAFT_SAMPLE}
+                       "DraftSamplePlugin": names.DRAFT_SAMPLE, "MoEPlugin": names.MOE}
     assert sorted(_constants(header, "kName")) == sorted(names.OP_TYPES)
 
 

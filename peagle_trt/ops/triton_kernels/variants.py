@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, fp8_linear, kv_attention, norm_rope
+from peagle_trt.ops.triton_kernels import draft_inputs, draft_sample, fp8_linear, kv_attention, moe, norm_rope
 
 PTR = {"f32": "*fp32", "f16": "*fp16", "bf16": "*bf16", "fp8": "*fp8e4nv"}
 ACTS = ("f32", "f16", "bf16")
@@ -29,6 +29,10 @@ DTYPES = {"f32": torch.float32, "f16": torch.float16, "bf16": torch.bfloat16}
 HEAD_DIMS = (64, 128, 256)  # 512 (Gemma-4 global layers) spills with a 16-row tile: JIT path only
 BLOCK_M = 16  # query rows (S x G) per program; more rows take more programs (grid axis 2)
 NUM_WARPS = 4
+MOE_EXPERTS = 256  # the MoE variants' expert bins (BLOCK_E): up to 256 experts
+MOE_TOP_K = 8  # and up to 8 picks a row (BLOCK_TOPK)
+MOE_WEIGHTS = ("w", "fp8t", "fp8c", "fp8b")  # act-dtype weights; FP8 per tensor, per channel, 128 x 128 blocks
+MOE_KIND = {"w": "none", "fp8t": "tensor", "fp8c": "channel", "fp8b": "block"}
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,73 @@ def _kv_attention(act: str, cache: str, d: int, block_m: int, sinks: bool, tree:
     return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=t.num_warps, num_stages=t.num_stages)
 
 
+def _moe_route(logits: str) -> Variant:
+    fn = moe.moe_route_kernel
+    consts = {"BLOCK_E": MOE_EXPERTS, "BLOCK_TOPK": MOE_TOP_K}
+    types = {"logits_ptr": PTR[logits], "scale_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32"}
+    types.update({n: "i32" for n in ("E", "top_k", "routing", "renormalize", "has_scale")})
+    return Variant(f"moe_route.{logits}", fn, _sig(fn, types, consts), consts)
+
+
+def _moe_align(block_m: int) -> Variant:
+    fn = moe.moe_align_kernel
+    consts = {"BLOCK_M": block_m, "BLOCK_E": MOE_EXPERTS, "CHUNK": moe.ALIGN_TILE // MOE_EXPERTS}
+    types = {n: "*i32" for n in ("ids_ptr", "sorted_ptr", "expert_ptr", "total_ptr")}
+    types.update({"pairs": "i32", "num_blocks": "i32"})
+    return Variant(f"moe_align.m{block_m}", fn, _sig(fn, types, consts), consts, num_warps=8)
+
+
+def _moe_quant(act: str, per_row: bool) -> Variant:
+    fn = moe.moe_quant_kernel
+    consts = {"PER_ROW": per_row, "EMULATE": False}
+    types = {"x_ptr": PTR[act], "codes_ptr": "*fp8e4nv", "scales_ptr": "*fp32", "K": "i32", "groups": "i32"}
+    return Variant(f"moe_quant.{act}.{'row' if per_row else 'group'}", fn, _sig(fn, types, consts), consts)
+
+
+def _moe_gemm(which: str, act: str, weights: str, regime: str) -> Variant:
+    """`moe_gate_up` / `moe_down` for activations `act`, weights of kind `weights` (MOE_WEIGHTS) and
+    the tiles of `regime` (moe.regime_tiles), ALIGNED (H and I multiples of BLOCK_K: the launcher checks)."""
+    kind = MOE_KIND[weights]
+    tiles = moe.regime_tiles(regime, DTYPES[act], kind)
+    fn = moe.moe_gate_up_kernel if which == "gate_up" else moe.moe_down_kernel
+    codes = kind in ("channel", "block")  # the GEMM's activations arrive as E4M3 codes (moe_quant)
+    a, out = ("x_ptr", "h_ptr") if which == "gate_up" else ("h_ptr", "o_ptr")
+    scales = "xs_ptr" if which == "gate_up" else "hs_ptr"
+    consts = {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k,
+              "NUM_STAGES": tiles.num_stages, "QUANT": moe.KINDS[kind], "ALIGNED": True, "IEEE": act == "f32",
+              "UPCAST": False, "EMULATE": False}
+    weight = "*fp8e4nv" if kind != "none" else PTR[act]
+    types = {a: "*fp8e4nv" if codes else PTR[act], scales: "*fp32", "w_ptr": weight, "ws_ptr": "*fp32",
+             "as_ptr": "*fp32", "bias_ptr": PTR[act], out: PTR[act] if which == "gate_up" else "*fp32"}
+    types.update({n: "*i32" for n in ("sorted_ptr", "expert_ptr", "total_ptr")})
+    types.update({n: "i32" for n in ("pairs", "top_k", "H", "inter", "k_groups", "n_groups", "activation", "has_bias")})
+    types.update({"alpha": "fp32", "limit": "fp32"})
+    name = f"moe_{which}.{act}.{weights}.{regime}"
+    return Variant(name, fn, _sig(fn, types, consts), consts, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+
+
+def _moe_sum(act: str) -> Variant:
+    fn = moe.moe_sum_kernel
+    consts = {"BLOCK": moe.SUM_BLOCK}
+    types = {"o_ptr": "*fp32", "weights_ptr": "*fp32", "y_ptr": PTR[act], "H": "i32", "top_k": "i32"}
+    return Variant(f"moe_sum.{act}", fn, _sig(fn, types, consts), consts)
+
+
+def moe_variants() -> list[Variant]:
+    """The fused MoE op's kernels as the plugin launches them: routing for f32 / f16 / bf16 logits (up to
+    MOE_EXPERTS experts, MOE_TOP_K picks), the alignment at both regimes' BLOCK_M, the dynamic FP8
+    quantization, both GEMMs for every activation dtype and weight kind (FP8 under 16-bit activations
+    only, as the FP8 GEMM's variants) at both regimes, the in-order sum."""
+    out = [_moe_route(a) for a in ACTS]
+    out += [_moe_align(m) for m in sorted({moe.regime_tiles(r, DTYPES[a], "none").block_m
+                                           for r in ("small", "large") for a in ACTS})]
+    out += [_moe_quant(a, per_row) for a in ("f16", "bf16") for per_row in (True, False)]
+    for act in ACTS:
+        for weights in MOE_WEIGHTS if act != "f32" else ("w",):
+            out += [_moe_gemm(which, act, weights, r) for which in ("gate_up", "down") for r in ("small", "large")]
+    return out + [_moe_sum(a) for a in ACTS]
+
+
 def all_variants() -> list[Variant]:
     """Every variant the plugins can launch: the three activation dtypes, caches of the activation
     dtype or FP8 (16-bit activations), head sizes 64, 128, 256, 16-row tiles. No sinks: the
@@ -112,7 +183,7 @@ def all_variants() -> list[Variant]:
         for tree in (False, True):
             out.append(_kv_write(act, cache, tree))
             out += [_kv_attention(act, cache, d, BLOCK_M, False, tree) for d in HEAD_DIMS]
-    return out
+    return out + moe_variants()
 
 
 def _kv_split(act: str, cache: str, d: int, tree: bool = False, rows: int = BLOCK_M) -> Variant:

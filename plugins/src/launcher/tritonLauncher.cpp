@@ -9,6 +9,7 @@
 #include "peagle_kernels.h"
 #include "tritonCubins.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -109,6 +110,87 @@ char const* dtypeName(peagle_dtype_t t)
 bool isActivation(peagle_dtype_t t)
 {
     return t == PEAGLE_F32 || t == PEAGLE_F16 || t == PEAGLE_BF16;
+}
+
+size_t elementBytes(peagle_dtype_t t)
+{
+    return t == PEAGLE_F32 ? 4 : t == PEAGLE_FP8_E4M3 ? 1 : 2;
+}
+
+// ---- PEagleMoE (peagle_trt/ops/triton_kernels/moe.py: the same launches, tiles and buffers) -----------
+
+constexpr int32_t kMoeMaxExperts = 256; // BLOCK_E of the routing / alignment variants (variants.py)
+constexpr int32_t kMoeMaxTopK = 8;      // BLOCK_TOPK
+constexpr int32_t kMoeGroup = 128;      // FP8 block scales / dynamic activation groups
+constexpr int32_t kMoeBlockN = 64;      // N tile of both regimes (moe.regime_tiles)
+constexpr int32_t kMoeSumBlock = 512;   // moe.SUM_BLOCK
+constexpr int32_t kMoeSmallRows = 16;   // moe.SMALL_ROWS: "small" tiles while T * k <= 16 * E
+constexpr int32_t kMoeMaxBlockM = 64;   // the largest BLOCK_M: the workspace is sized with it
+
+int64_t ceilDiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+int32_t moeBlockK(peagle_dtype_t act, peagle_moe_scale_t kind) // moe.block_k_for
+{
+    return kind != PEAGLE_MOE_NO_SCALE ? kMoeGroup : act == PEAGLE_F32 ? 32 : 64;
+}
+
+int32_t moeBlockM(bool small, peagle_dtype_t act) // moe.regime_tiles
+{
+    return small ? 16 : act == PEAGLE_F32 ? 32 : 64;
+}
+
+//! Byte offsets of peagle_moe's buffers in its workspace (each 256-byte aligned), for T rows and BLOCK_M.
+struct MoeLayout
+{
+    size_t weights, ids, sorted, blockExpert, total, xCodes, xScales, h, hCodes, hScales, o, bytes;
+    int64_t pairs, slots, blocks;
+
+    MoeLayout(int64_t tokens, int64_t hidden, int64_t experts, int64_t inter, int64_t topK, peagle_dtype_t act,
+        peagle_moe_scale_t kind, int64_t blockM)
+    {
+        pairs = tokens * topK;
+        slots = pairs + std::min(experts, pairs) * (blockM - 1); // moe.slots_for: shapes only
+        blocks = ceilDiv(slots, blockM);
+        bool const dynamic = kind == PEAGLE_MOE_PER_CHANNEL || kind == PEAGLE_MOE_BLOCK_128;
+        int64_t const hGroups = kind == PEAGLE_MOE_PER_CHANNEL ? 1 : ceilDiv(hidden, kMoeGroup);
+        int64_t const iGroups = kind == PEAGLE_MOE_PER_CHANNEL ? 1 : ceilDiv(inter, kMoeGroup);
+        size_t at = 0;
+        auto take = [&at](int64_t bytes) {
+            size_t const here = at;
+            at += static_cast<size_t>(ceilDiv(bytes, 256) * 256);
+            return here;
+        };
+        weights = take(pairs * 4);
+        ids = take(pairs * 4);
+        sorted = take(slots * 4);
+        blockExpert = take(blocks * 4);
+        total = take(4);
+        xCodes = take(dynamic ? tokens * hidden : 0);
+        xScales = take(dynamic ? tokens * hGroups * 4 : 0);
+        h = take(pairs * inter * static_cast<int64_t>(elementBytes(act)));
+        hCodes = take(dynamic ? pairs * inter : 0);
+        hScales = take(dynamic ? pairs * iGroups * 4 : 0);
+        o = take(pairs * hidden * 4);
+        bytes = at;
+    }
+};
+
+bool moeSizesValid(int32_t tokens, int32_t hidden, int32_t experts, int32_t inter, int32_t topK, peagle_dtype_t act,
+    peagle_moe_scale_t kind)
+{
+    if (!isActivation(act) || static_cast<int>(kind) < 0 || static_cast<int>(kind) > 3 || tokens < 0 || hidden < 1
+        || inter < 1 || experts < 1 || experts > kMoeMaxExperts || topK < 1 || topK > kMoeMaxTopK || topK > experts
+        || (kind != PEAGLE_MOE_NO_SCALE && act == PEAGLE_F32))
+        return false;
+    int32_t const blockK = moeBlockK(act, kind); // the compiled variants are ALIGNED: no K remainder
+    if (hidden % blockK || inter % blockK)
+        return false;
+    // every offset of the kernels stays in int32 per expert and the pair count in int32 overall
+    return static_cast<int64_t>(tokens) * topK < (int64_t{1} << 31)
+        && static_cast<int64_t>(2) * inter * hidden < (int64_t{1} << 31);
 }
 
 } // namespace
@@ -214,6 +296,114 @@ size_t peagle_draft_sample_workspace_size(int32_t, int64_t)
     return 0;
 }
 
+size_t peagle_moe_workspace_size(int32_t max_tokens, int32_t hidden, int32_t experts, int32_t inter, int32_t top_k,
+    peagle_dtype_t act_dtype, peagle_moe_scale_t scale_kind)
+{
+    if (!moeSizesValid(max_tokens, hidden, experts, inter, top_k, act_dtype, scale_kind))
+        return 0;
+    // monotone in the rows and in BLOCK_M: the largest BLOCK_M at max_tokens bounds every launch
+    return MoeLayout(max_tokens, hidden, experts, inter, top_k, act_dtype, scale_kind, kMoeMaxBlockM).bytes;
+}
+
+cudaError_t peagle_moe(void const* x, void const* router_logits, void const* w13, void const* w2, void const* b13,
+    void const* b2, float const* expert_scale, float const* w13_scale, float const* w2_scale, float const* a13_scale,
+    float const* a2_scale, void* y, int32_t tokens, int32_t hidden, int32_t experts, int32_t inter, int32_t top_k,
+    int32_t routing, int32_t renormalize, int32_t activation, float swiglu_alpha, float swiglu_limit,
+    peagle_dtype_t act_dtype, peagle_dtype_t logits_dtype, peagle_moe_scale_t scale_kind, void* workspace,
+    size_t workspace_size, cudaStream_t stream)
+{
+    bool const fp8 = scale_kind != PEAGLE_MOE_NO_SCALE;
+    bool const perTensor = scale_kind == PEAGLE_MOE_PER_TENSOR;
+    if (!moeSizesValid(tokens, hidden, experts, inter, top_k, act_dtype, scale_kind) || !isActivation(logits_dtype)
+        || !x || !router_logits || !w13 || !w2 || !y || (fp8 && (!w13_scale || !w2_scale))
+        || (perTensor != (a13_scale != nullptr)) || (perTensor != (a2_scale != nullptr))
+        || (scale_kind == PEAGLE_MOE_BLOCK_128 && inter % kMoeGroup) || routing < 0 || routing > 1 || activation < 0
+        || activation > 2)
+        return cudaErrorInvalidValue;
+    if (tokens == 0)
+        return cudaSuccess;
+    bool const small = static_cast<int64_t>(tokens) * top_k <= static_cast<int64_t>(kMoeSmallRows) * experts;
+    int32_t const blockM = moeBlockM(small, act_dtype);
+    MoeLayout const L(tokens, hidden, experts, inter, top_k, act_dtype, scale_kind, blockM);
+    if (!workspace || workspace_size < L.bytes || reinterpret_cast<uintptr_t>(workspace) % 256)
+        return cudaErrorInvalidValue;
+    char* ws = static_cast<char*>(workspace);
+    void* weights = ws + L.weights;
+    void* ids = ws + L.ids;
+    void* sorted = ws + L.sorted;
+    void* blockExpert = ws + L.blockExpert;
+    void* total = ws + L.total;
+    void* h = ws + L.h;
+    void* o = ws + L.o;
+    int32_t pairs = static_cast<int32_t>(L.pairs), blocks = static_cast<int32_t>(L.blocks);
+    std::string const act = dtypeName(act_dtype);
+    std::string const regime = small ? "small" : "large";
+    static char const* const kWeights[] = {"w", "fp8t", "fp8c", "fp8b"}; // variants.MOE_WEIGHTS
+    std::string const weightKind = kWeights[scale_kind];
+
+    // routing: weights [P] f32, ids [P] i32
+    int32_t hasScale = expert_scale != nullptr;
+    void const* scale = hasScale ? static_cast<void const*>(expert_scale) : weights; // unread without one
+    void* routeArgs[] = {&router_logits, &scale, &weights, &ids, &experts, &top_k, &routing, &renormalize, &hasScale};
+    cudaError_t err = launch(std::string("moe_route.") + dtypeName(logits_dtype), dim3(tokens), routeArgs, 9, stream);
+    if (err != cudaSuccess)
+        return err;
+    // the pairs grouped by expert, padded to BLOCK_M; the padded total stays on the device
+    void* alignArgs[] = {&ids, &sorted, &blockExpert, &total, &pairs, &blocks};
+    if ((err = launch("moe_align.m" + std::to_string(blockM), dim3(1), alignArgs, 6, stream)) != cudaSuccess)
+        return err;
+    bool const dynamic = scale_kind == PEAGLE_MOE_PER_CHANNEL || scale_kind == PEAGLE_MOE_BLOCK_128;
+    std::string const quantForm = scale_kind == PEAGLE_MOE_PER_CHANNEL ? ".row" : ".group"; // per row / 128 columns
+    void const* a = x;
+    void const* aScales = weights; // unread without dynamic quantization
+    int32_t hGroups = static_cast<int32_t>(ceilDiv(hidden, kMoeGroup));
+    int32_t iGroups = static_cast<int32_t>(ceilDiv(inter, kMoeGroup));
+    int32_t nGroups13 = static_cast<int32_t>(ceilDiv(2 * static_cast<int64_t>(inter), kMoeGroup));
+    if (dynamic)
+    {
+        void* codes = ws + L.xCodes;
+        void* scales = ws + L.xScales;
+        void* quantArgs[] = {&x, &codes, &scales, &hidden, &hGroups};
+        if ((err = launch("moe_quant." + act + quantForm, dim3(tokens), quantArgs, 5, stream)) != cudaSuccess)
+            return err;
+        a = codes;
+        aScales = scales;
+    }
+    void const* none = nullptr; // absent optional inputs: never read
+    void const* s13 = fp8 ? static_cast<void const*>(w13_scale) : none;
+    void const* s2 = fp8 ? static_cast<void const*>(w2_scale) : none;
+    void const* a13 = perTensor ? static_cast<void const*>(a13_scale) : none;
+    void const* a2 = perTensor ? static_cast<void const*>(a2_scale) : none;
+    int32_t hasB13 = b13 != nullptr, hasB2 = b2 != nullptr;
+    void* gateUpArgs[] = {&a, &aScales, &w13, &s13, &a13, &b13, &h, &sorted, &blockExpert, &total, &pairs, &top_k,
+        &hidden, &inter, &hGroups, &nGroups13, &activation, &swiglu_alpha, &swiglu_limit, &hasB13};
+    dim3 const gateUpGrid(blocks, static_cast<uint32_t>(ceilDiv(inter, kMoeBlockN)));
+    if ((err = launch("moe_gate_up." + act + "." + weightKind + "." + regime, gateUpGrid, gateUpArgs, 20, stream))
+        != cudaSuccess)
+        return err;
+    void const* hIn = h;
+    void const* hScales = weights;
+    if (dynamic)
+    {
+        void* codes = ws + L.hCodes;
+        void* scales = ws + L.hScales;
+        void* quantArgs[] = {&h, &codes, &scales, &inter, &iGroups};
+        if ((err = launch("moe_quant." + act + quantForm, dim3(pairs), quantArgs, 5, stream)) != cudaSuccess)
+            return err;
+        hIn = codes;
+        hScales = scales;
+    }
+    void* downArgs[] = {&hIn, &hScales, &w2, &s2, &a2, &b2, &o, &sorted, &blockExpert, &total, &pairs, &hidden, &inter,
+        &iGroups, &hGroups, &hasB2};
+    dim3 const downGrid(blocks, static_cast<uint32_t>(ceilDiv(hidden, kMoeBlockN)));
+    if ((err = launch("moe_down." + act + "." + weightKind + "." + regime, downGrid, downArgs, 16, stream))
+        != cudaSuccess)
+        return err;
+    void* sumArgs[] = {&o, &weights, &y, &hidden, &top_k};
+    dim3 const sumGrid(tokens, static_cast<uint32_t>(ceilDiv(hidden, kMoeSumBlock)));
+    return launch("moe_sum." + act, sumGrid, sumArgs, 5, stream);
+}
+
 char const* peagle_error_string(cudaError_t err)
 {
     return cudaGetErrorString(err);
@@ -221,7 +411,7 @@ char const* peagle_error_string(cudaError_t err)
 
 int32_t peagle_kernels_version(void)
 {
-    return 3;
+    return 4;
 }
 
 } // extern "C"

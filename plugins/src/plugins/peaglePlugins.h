@@ -14,6 +14,14 @@
 //                      outputs embeds [B,R,H], hidden [B,R,H], positions [B,R] i64, sample_rows [B,K] i64
 //                      attrs   num_spec_tokens (K), mask_token_id            (R = P + K - 1)
 //   PEagleDraftSample  inputs  logits [B,K,V_d] f32, d2t [V_d] i64; output draft_ids [B,K] i64
+//   PEagleMoE          inputs  x [T,H], router_logits [T,E], w13 [E,2I,H], w2 [E,H,I] (x's type or FP8),
+//                              then optional b13 [E,2I], b2 [E,H] (x's type), expert_scale [E], w13_scale,
+//                              w2_scale (FP8: [E] per tensor, [E,N] per channel, [E,N/128,K/128] blocks),
+//                              a13_scale [E], a2_scale [E] (per tensor), all f32: by position, an absent
+//                              one as an empty (0-element) tensor, or left off at the end of the list
+//                      outputs y [T,H] (x's type)
+//                      attrs   top_k; routing (0 softmax_topk, 1 topk_softmax), renormalize (0/1), activation
+//                              (0 silu, 1 gelu_tanh, 2 clamped_swiglu), swiglu_alpha, swiglu_limit (floats)
 //
 // Plugin names equal the ONNX op_types; version "2" (2: paged KV), namespace "". Each plugin object implements
 // the core, build (V2: I/O aliasing) and runtime capabilities itself; the enqueue calls the C API of
@@ -28,7 +36,7 @@ namespace peagle
 namespace trt
 {
 
-//! Capability plumbing shared by the three plugins.
+//! Capability plumbing shared by the plugins.
 class PluginBase : public nvinfer1::IPluginV3,
                    public nvinfer1::IPluginV3OneCore,
                    public nvinfer1::IPluginV3OneBuildV2,
@@ -257,6 +265,69 @@ public:
     char const* getPluginName() const noexcept override
     {
         return DraftSamplePlugin::kName;
+    }
+
+    nvinfer1::IPluginV3* createPlugin(
+        char const* name, nvinfer1::PluginFieldCollection const* fc, nvinfer1::TensorRTPhase phase) noexcept override;
+};
+
+// ------------------------------------------------------------------------------------------------
+
+class MoEPlugin final : public PluginBase
+{
+public:
+    static constexpr char const* kName = "PEagleMoE";
+
+    MoEPlugin(int32_t topK, int32_t routing, int32_t renormalize, int32_t activation, float swigluAlpha,
+        float swigluLimit);
+
+    nvinfer1::IPluginV3* clone() noexcept override;
+    char const* getPluginName() const noexcept override
+    {
+        return kName;
+    }
+
+    int32_t getNbOutputs() const noexcept override
+    {
+        return 1;
+    }
+
+    int32_t getOutputDataTypes(nvinfer1::DataType* outputTypes, int32_t nbOutputs,
+        nvinfer1::DataType const* inputTypes, int32_t nbInputs) const noexcept override;
+    int32_t getOutputShapes(nvinfer1::DimsExprs const* inputs, int32_t nbInputs,
+        nvinfer1::DimsExprs const* shapeInputs, int32_t nbShapeInputs, nvinfer1::DimsExprs* outputs,
+        int32_t nbOutputs, nvinfer1::IExprBuilder& exprBuilder) noexcept override;
+    bool supportsFormatCombination(int32_t pos, nvinfer1::DynamicPluginTensorDesc const* inOut, int32_t nbInputs,
+        int32_t nbOutputs) noexcept override;
+    int32_t configurePlugin(nvinfer1::DynamicPluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+    size_t getWorkspaceSize(nvinfer1::DynamicPluginTensorDesc const* inputs, int32_t nbInputs,
+        nvinfer1::DynamicPluginTensorDesc const* outputs, int32_t nbOutputs) const noexcept override;
+    int32_t onShapeChange(nvinfer1::PluginTensorDesc const* in, int32_t nbInputs,
+        nvinfer1::PluginTensorDesc const* out, int32_t nbOutputs) noexcept override;
+
+    int32_t enqueue(nvinfer1::PluginTensorDesc const* inputDesc, nvinfer1::PluginTensorDesc const* outputDesc,
+        void const* const* inputs, void* const* outputs, void* workspace, cudaStream_t stream) noexcept override;
+    nvinfer1::PluginFieldCollection const* getFieldsToSerialize() noexcept override;
+
+private:
+    int32_t mTopK;
+    int32_t mRouting;
+    int32_t mRenormalize;
+    int32_t mActivation;
+    float mSwigluAlpha;
+    float mSwigluLimit;
+    int32_t mNbInputs{0}; // inputs of the node (4..11), from configurePlugin / onShapeChange
+    FieldList mFields;
+};
+
+class MoEPluginCreator final : public CreatorBase
+{
+public:
+    MoEPluginCreator();
+    char const* getPluginName() const noexcept override
+    {
+        return MoEPlugin::kName;
     }
 
     nvinfer1::IPluginV3* createPlugin(

@@ -66,7 +66,8 @@ nvinfer1::IPluginCreatorInterface* const* creators(int32_t& count) noexcept
     static KVAttentionPluginCreator kvAttention;
     static DraftInputsPluginCreator draftInputs;
     static DraftSamplePluginCreator draftSample;
-    static nvinfer1::IPluginCreatorInterface* const kCreators[] = {&kvAttention, &draftInputs, &draftSample};
+    static MoEPluginCreator moe;
+    static nvinfer1::IPluginCreatorInterface* const kCreators[] = {&kvAttention, &draftInputs, &draftSample, &moe};
     count = static_cast<int32_t>(sizeof(kCreators) / sizeof(kCreators[0]));
     return kCreators;
 }
