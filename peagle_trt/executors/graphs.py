@@ -14,8 +14,10 @@ follows the host (docs/BENCHMARKS.md "gpu": MBU 0.07-0.18). A graph replays them
     GraphRunner   per key (what, bucket, shapes past the batch) one graph over static input buffers
                   (block tables included): captured on first use after a warm-up on a side stream,
                   replayed after the inputs are copied in; outputs are sliced back to the batch.
-                  A forward that cannot be captured (a host sync inside: a MoE's routing, the
-                  deterministic ops) runs eagerly from then on, once warned.
+                  A forward that cannot be captured (a host sync inside: the reference ops' MoE
+                  routing, kernels="reference" on a GPU; the deterministic ops) runs eagerly from
+                  then on, once warned. On the kernels (kernels="cuda") a MoE target is captured like
+                  a dense one: its fused MoE reads nothing back (peagle_trt/ops/triton_kernels/moe.py).
 Attention spans are static inside a graph: the whole block table (ops.reference.key_span), so a
 replay serves any context length. The same forward run eagerly at the same bucket and span gives the
 same bits (tests/executors/test_cuda_graphs.py, GPU-marked; its bucket and padding tests run on CPU).
