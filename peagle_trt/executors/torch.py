@@ -3,9 +3,9 @@ peagle_trt/speculative/executor.py, on CPU or CUDA.
 
 KV caches live in the executor, paged (models/kv_cache.py, laid out by a `KVLayout`); which blocks
 a request holds is the runtime's business (runtime/blocks.py): every forward gets block tables.
-The kernels option: `TorchExecutor(kernels="cuda")` runs the three custom ops on the Triton kernels
-(peagle_trt/ops/triton_kernels, JIT-compiled on the GPU through peagle_trt.ops.kernels.routed()) instead
-of their torch references; the TensorRT plugins launch the same kernels compiled ahead of time.
+The kernels option: `TorchExecutor(kernels="cuda")` runs the custom ops (the MoE layers' included) on the
+Triton kernels (peagle_trt/ops/triton_kernels, JIT-compiled on the GPU through peagle_trt.ops.kernels.routed())
+instead of their torch references; the TensorRT plugins launch the same kernels compiled ahead of time.
 The deterministic option: `TorchExecutor(deterministic=True)` runs every forward inside
 peagle_trt.ops.deterministic.rows() (GEMMs on fixed row blocks, attention row by row, fixed
 threads): a request's output no longer depends on its batch, its draft count or the thread count.
