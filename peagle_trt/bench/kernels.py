@@ -335,7 +335,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dtype", default="bfloat16", choices=["float16", "bfloat16"])
     ap.add_argument("--rounds", type=int, default=20, help="graph replays per case (median reported)")
     ap.add_argument("--rehearse", action="store_true", help="without a GPU: every case at toy sizes on the CPU "
-                    "under Triton's interpreter (proves the suite runs before a GPU window; no figures)")
+                    "under Triton's interpreter (proves the suite runs before it meets a GPU; no figures)")
 
 
 def interpret() -> None:

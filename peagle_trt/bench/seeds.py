@@ -21,7 +21,7 @@ Flags (`peagle-trt bench seeds --help`): --targets (comma list of seed_models.SE
 --concurrency, --context, --steps, --rounds, --warmup, --curve-rows, --adaptive-ks, --layers (a layer
 slice of each target: labelled, not the model's speed), --experts (override the seeds' expert format),
 --no-cuda-graphs, and --budget-s N: a section (a target's build, one concurrency of a table or adaptive
-run, a curve) that would start after N seconds is skipped and listed, so a GPU window's run stops in
+run, a curve) that would start after N seconds is skipped and listed, so a time-boxed GPU run stops in
 time (scripts/gpu_validate.sh: `python -m peagle_trt.cli bench seeds --budget-s N --output-dir $OUT`).
 OUTPUT_DIR (default $OUT, else gpu_results)/bench_seeds.json is rewritten after every section.
 Needs CUDA; --smoke runs every section end to end on the CPU at SMALL widths (4 layers, seconds:
@@ -321,7 +321,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 class Sections:
     """Runs the sections under --budget-s: one that would start after the budget is skipped (listed);
-    one that fails is recorded in res["errors"] and the run goes on (a GPU window must not lose the
+    one that fails is recorded in res["errors"] and the run goes on (a time-boxed GPU run must not lose the
     others); its rows go to res[key]; OUTPUT_DIR/bench_seeds.json is rewritten after each."""
 
     def __init__(self, a, res: dict):

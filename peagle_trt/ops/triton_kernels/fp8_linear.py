@@ -52,14 +52,14 @@ Deterministic mode (`ops.deterministic.rows()`) does not run this kernel: models
 `choose_path` takes the dequantizing path there.
 
 Configs: `FP8Config` (block_n, block_k, split_k, row_groups, num_warps, num_stages, prequant, mma);
-`choose_config(m, n, k)` the default; `CANDIDATES` the configs per regime a GPU window should time
+`choose_config(m, n, k)` the default; `CANDIDATES` the configs per regime `bench kernels` times on a GPU
 (`fp8_linear(..., config=c)` for each); variants.py compiles them all (`aot.py --jit-only`).
 Triton versions: the GPU image's Triton (3.6 on the H100 / H200 image; 3.9 is pinned here and cannot
 be carried there: 1 GB) compiles this kernel otherwise: the weight loop is not staged through shared
 memory the same way (16 KB shared, ~254 registers at sm_90a) and the 4-row-group tiles of the "small"
 regime spill 192-1064 B (1-row-group tiles do not); a window's sweep of CANDIDATES is on that Triton.
 UNMEASURED: no timing of this design exists yet. The defaults come from the sm_90a / sm_100a
-PTX and SASS (read on a CPU box) and bandwidth arithmetic; the next GPU window times CANDIDATES
+PTX and SASS (read on a CPU box) and bandwidth arithmetic; `bench kernels` times CANDIDATES on a GPU
 against bf16 (targets: <= 0.65x at M = 1, <= 1x at M = 64) and sets the defaults, NUM_SMS,
 MIN_SPLIT_CHUNK and models/fp8.py TRITON_MAX_M.
 
@@ -133,7 +133,7 @@ class FP8Config:
                               f"{self.num_stages}")
 
 
-# Per regime, the configs a GPU window times (`fp8_linear(..., config=c)` for each c); the first of
+# Per regime, the configs `bench kernels` times (`fp8_linear(..., config=c)` for each c); the first of
 # each is the default (`choose_config`). The mma = "fp8", block_k = 256 and split_k = 1 entries
 # change a row's arithmetic (other bits); the others only move work.
 CANDIDATES = {

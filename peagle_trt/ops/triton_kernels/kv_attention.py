@@ -54,7 +54,7 @@ from peagle_trt.ops import deterministic, reference
 from peagle_trt.ops.triton_kernels.common import FP8, check_dtype, interpreted, next_pow2, out_buffer, same_device
 
 LOG2E = 1.4426950408889634
-# split-KV plan (`split_plan`) and tiles (`tiles_for`): to be tuned in a GPU window (bench kernels' sweep)
+# split-KV plan (`split_plan`) and tiles (`tiles_for`): unmeasured: `bench kernels` sweeps them on a GPU
 WAVES = 2  # programs per SM the unsplit grid must reach before it is left unsplit
 MIN_CHUNK = 256  # fewest key positions per segment (fewer: the partials' traffic outweighs the gain)
 MAX_SPLITS = 64  # most segments (the reduce reads all their maxima in one vector)
