@@ -21,7 +21,14 @@ from peagle_trt.config import KVLayout
 from peagle_trt.models.target import kv_groups
 from peagle_trt.ops.names import DOMAIN, DOMAIN_VERSION, DRAFT_INPUTS, DRAFT_SAMPLE
 from peagle_trt.ops.onnx_builder import Builder
-from peagle_trt.ops.onnx_defs import OPSET, draft_inputs_function, draft_sample_function, plugin_attrs
+from peagle_trt.ops.onnx_defs import (
+    OPSET,
+    draft_inputs_function,
+    draft_sample_function,
+    fp8_act_quant,
+    fp8_weight,
+    plugin_attrs,
+)
 
 NP = {"float32": np.float32, "float16": np.float16}
 ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
@@ -58,9 +65,12 @@ class ModelWriter(Builder):
         return ONNX_T[self.dtype]
 
     def linear(self, x: str, module, name: str) -> str:
-        """x @ W^T (+ b); FP8 layers become QuantizeLinear/DequantizeLinear around an FP8 weight."""
+        """x @ W^T (+ b); FP8 layers become QuantizeLinear/DequantizeLinear around an FP8 weight; block-scaled
+        FP8 layers dequantize their weight per 128 x 128 block and quantize x per row and 128-column group."""
         weight = module.weight
-        if weight.dtype == torch.float8_e4m3fn:
+        if weight.dtype == torch.float8_e4m3fn and getattr(module, "block", False):
+            y = self._block_fp8_linear(x, module, name)
+        elif weight.dtype == torch.float8_e4m3fn:
             zero = self.weight(f"{name}.fp8_zero", helper.make_tensor(f"{name}.fp8_zero", TensorProto.FLOAT8E4M3FN,
                                                                          [], [0.0]))
             in_scale = self.weight(f"{name}.input_scale", np.asarray(float(module.input_scale), np.float32))
@@ -77,6 +87,20 @@ class ModelWriter(Builder):
         if getattr(module, "bias", None) is not None:
             y = self.op("Add", y, self.param(f"{name}.bias", module.bias))
         return y
+
+    def _block_fp8_linear(self, x: str, module, name: str) -> str:
+        """x @ W^T for a block-scaled FP8Linear (peagle_trt/models/fp8.py): float32 math, x's type out."""
+        weight = module.weight
+        raw = weight.detach().contiguous().view(torch.uint8).cpu().numpy().tobytes()
+        w_fp8 = self.weight(f"{name}.weight", helper.make_tensor(f"{name}.weight", TensorProto.FLOAT8E4M3FN,
+                                                                  list(weight.shape), raw, raw=True))
+        inv = self.weight(f"{name}.weight_scale_inv", module.weight_scale_inv.detach().float().cpu().numpy())
+        codes = self.op("Unsqueeze", self.op("Cast", w_fp8, to=TensorProto.FLOAT), self.ints(0))  # [1, out, in]
+        dequant = fp8_weight(self, codes, "block", self.op("Unsqueeze", inv, self.ints(0)))
+        w32 = self.op("Transpose", self.op("Squeeze", dequant, self.ints(0)), perm=[1, 0])  # [in, out]
+        x32 = self.op("Cast", x, to=TensorProto.FLOAT) if self.dtype != "float32" else x
+        y = self.op("MatMul", fp8_act_quant(self, x32, None, True), w32)
+        return self.op("Cast", y, to=self.float_type) if self.dtype != "float32" else y
 
     def rope_tables(self, inv_freq: torch.Tensor, scale: float, max_len: int, positions: str) -> tuple[str, str]:
         """cos/sin [B, S, 1, d] gathered from tables of max_len + 1 positions (padding -> 0)."""

@@ -18,6 +18,16 @@ QuantizeLinear / DequantizeLinear define it (docs/EXPORT.md, "FP8"):
 scales by name and shape like any other parameter. The FP8 weight and its fp32 scales keep
 their dtypes when the model is cast (`.to(dtype)`); only the bias follows the model dtype.
 
+Block-scaled FP8 checkpoints (Qwen3-Coder-30B-A3B-Instruct-FP8, DeepSeek-style `quant_method: fp8`,
+`weight_block_size: [128, 128]`, dynamic activations) store instead
+
+    X.weight            float8_e4m3fn [out, in]
+    X.weight_scale_inv  [ceil(out / 128), ceil(in / 128)]   the dequantized weight is code * it, per block
+
+and quantize activations per row and 128-column group at run time. `FP8Linear(block=True)` computes
+that (the PEagleMoE op's block math, peagle_trt/ops/reference.py `quantize_activation` / `fp8_matmul`):
+on every device the codes' products in float32, scaled per group (no Triton GEMM for blocks yet).
+
 The KV-cache scales are kept (`FP8Linear.kv_scale`) for the exporters but are NOT applied by the
 reference attention: the reference KV cache stays in the model dtype.
 
@@ -34,7 +44,7 @@ roundings only. The Triton GEMM's row bits do not depend on M (its K order comes
 `_scaled_mm` (cuBLASLt) picks its kernel by shape, so a row's bits change where M crosses
 TRITON_MAX_M: deterministic mode (`ops.deterministic.rows()`) therefore stays on the dequant path,
 whose row-blocked F.linear gives a row the same bits in any batch. Unmeasured: the GEMM's speed
-(the design's timings wait for a GPU window; TRITON_MAX_M too). CPU results are unchanged.
+(unmeasured on a GPU so far; TRITON_MAX_M too). CPU results are unchanged.
 How to test: tests/quantize/test_fp8.py (the dequant path), tests/ops/test_fp8_linear.py.
 """
 
@@ -62,6 +72,7 @@ def fake_quant_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (q.float() * scale).to(x.dtype)
 
 
+BLOCK = 128  # block-scaled FP8: weight blocks of 128 x 128, activation groups of 128 columns
 TRITON_MAX_M = 64  # rows up to which the Triton FP8 GEMM runs; `_scaled_mm` above (to be measured: bench kernels)
 
 
@@ -114,14 +125,19 @@ class FP8Linear(nn.Module):
     KV cache), `bias` (model dtype or None)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False,
-                 kv_scale_name: str | None = None, scale_shapes: dict | None = None):
-        # scale_shapes: stored shape of each scale, () or (1,) (default ()); load_strict checks it
+                 kv_scale_name: str | None = None, scale_shapes: dict | None = None, block: bool = False):
+        # scale_shapes: stored shape of each scale, () or (1,) (default ()); load_strict checks it.
+        # block: 128 x 128 block scales (`weight_scale_inv`) and dynamic activations (module docstring)
         super().__init__()
         shapes = scale_shapes or {}
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.block = in_features, out_features, block
         self.weight = _frozen(torch.empty(out_features, in_features, dtype=FP8_DTYPE))
-        self.weight_scale = _frozen(torch.empty(shapes.get("weight_scale", ()), dtype=torch.float32))
-        self.input_scale = _frozen(torch.empty(shapes.get("input_scale", ()), dtype=torch.float32))
+        if block:
+            self.weight_scale_inv = _frozen(torch.empty(-(-out_features // BLOCK), -(-in_features // BLOCK),
+                                                        dtype=torch.float32))
+        else:
+            self.weight_scale = _frozen(torch.empty(shapes.get("weight_scale", ()), dtype=torch.float32))
+            self.input_scale = _frozen(torch.empty(shapes.get("input_scale", ()), dtype=torch.float32))
         self.bias = _frozen(torch.empty(out_features)) if bias else None
         self.kv_scale_name = kv_scale_name
         if kv_scale_name is not None:  # registered under the checkpoint's name (k_scale / v_scale)
@@ -133,10 +149,22 @@ class FP8Linear(nn.Module):
         return getattr(self, self.kv_scale_name) if self.kv_scale_name else None
 
     def dequantized_weight(self) -> torch.Tensor:
-        """float32 [out, in] = weight * weight_scale (what ModelOpt's fake-quant weight holds)."""
+        """float32 [out, in] = weight * weight_scale (what ModelOpt's fake-quant weight holds); block:
+        each 128 x 128 block times its weight_scale_inv."""
+        if self.block:
+            s = self.weight_scale_inv.float().repeat_interleave(BLOCK, 0).repeat_interleave(BLOCK, 1)
+            return self.weight.float() * s[:self.out_features, :self.in_features]
         return self.weight.float() * self.weight_scale.float()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.block:  # dynamic activations per row and 128-column group, float32 sums scaled per group
+            from peagle_trt.ops.reference import fp8_matmul, quantize_activation
+
+            flat = x.reshape(-1, self.in_features)
+            codes, a = quantize_activation(flat, "block")
+            y = fp8_matmul(codes, a, self.weight, self.weight_scale_inv, "block")
+            y = y if self.bias is None else y + self.bias.float()
+            return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
         path = linear_path(x, self.in_features, self.out_features)
         if path == "triton":
             from peagle_trt.ops.triton_kernels import fp8_linear
@@ -164,7 +192,7 @@ class FP8Linear(nn.Module):
     def extra_repr(self) -> str:
         kv = f", {self.kv_scale_name}" if self.kv_scale_name else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
-                f"bias={self.bias is not None}, fp8_e4m3{kv}")
+                f"bias={self.bias is not None}, fp8_e4m3{', 128x128 blocks' if self.block else ''}{kv}")
 
 
 def fp8_swap(model: nn.Module, tensors: dict, what: str = "checkpoint") -> list[str]:
@@ -172,14 +200,9 @@ def fp8_swap(model: nn.Module, tensors: dict, what: str = "checkpoint") -> list[
     `FP8Linear` on the same device (meta included); the weights are loaded afterwards (e.g. by
     `load_strict`). Returns the swapped module names ([] for an unquantized checkpoint: no-op).
 
-    Raises CheckpointError for FP8 layouts other than ModelOpt's per-tensor E4M3 (block-scaled
-    `weight_scale_inv` checkpoints, per-channel scales, E5M2) and for FP8 tensors that are not
-    the weight of a linear layer."""
-    block = sorted(k for k in tensors if k.endswith(".weight_scale_inv"))
-    if block:
-        raise CheckpointError(
-            f"{what}: block-scaled FP8 weights ({block[0]!r}, ...) are not supported; quantize the "
-            "unquantized model with `peagle-trt quantize` (ModelOpt per-tensor FP8) instead")
+    Two layouts: ModelOpt's per-tensor E4M3 (`weight_scale`, `input_scale`) and 128 x 128 blocks
+    (`weight_scale_inv`, dynamic activations). Raises CheckpointError for others (per-channel scales,
+    E5M2) and for FP8 tensors that are not the weight of a linear layer."""
     fp8_names = {k for k, t in tensors.items() if is_fp8(t)}
     if not fp8_names:
         return []
@@ -192,6 +215,19 @@ def fp8_swap(model: nn.Module, tensors: dict, what: str = "checkpoint") -> list[
         if weight.dtype != FP8_DTYPE:
             raise CheckpointError(f"{what}: {key!r} is {weight.dtype}; only float8_e4m3fn weights "
                                   "(ModelOpt FP8) are supported")
+        inv = tensors.get(f"{name}.weight_scale_inv")
+        if inv is not None:  # 128 x 128 block scales
+            want = (-(-module.out_features // BLOCK), -(-module.in_features // BLOCK))
+            if tuple(inv.shape) != want:
+                raise CheckpointError(f"{what}: {name + '.weight_scale_inv'!r} has shape {tuple(inv.shape)}; "
+                                      f"128 x 128 block scales of a {tuple(weight.shape)} weight are {want}")
+            with torch.device(module.weight.device):
+                new = FP8Linear(module.in_features, module.out_features, module.bias is not None, block=True)
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, new)
+            swapped.append(name)
+            fp8_names.discard(key)
+            continue
         shapes = {}
         for scale in ("weight_scale", "input_scale", *KV_SCALE_NAMES):
             s = tensors.get(f"{name}.{scale}")

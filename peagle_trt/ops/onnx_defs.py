@@ -353,12 +353,12 @@ def _moe_dense(b: Builder, form: MoEForm, x: str, float_type: int) -> str:
         vals = b.op("Mul", vals, b.op("Gather", "expert_scale", ids, axis=0))
     dense = b.op("ScatterElements", b.op("Mul", logits, b.const(np.float32(0))), ids, vals, axis=-1)  # [N, E]
     route = b.op("Unsqueeze", b.op("Transpose", dense, perm=[1, 0]), b.ints(2))  # [E, N, 1]
-    w13, w2 = (_moe_weight(b, w, form.fp8[i] if form.fp8 else None, scale)
+    w13, w2 = (fp8_weight(b, w, form.fp8[i] if form.fp8 else None, scale)
                for i, (w, scale) in enumerate((("w13", "w13_scale"), ("w2", "w2_scale"))))
     kinds = form.fp8 or (None, None)
     rows = b.op("Unsqueeze", x, b.ints(0))  # [1, N, H]
     if kinds[0]:
-        rows = _moe_act_quant(b, rows, "a13_scale" if form.static_act else None, kinds[0] == "block")
+        rows = fp8_act_quant(b, rows, "a13_scale" if form.static_act else None, kinds[0] == "block")
     gu = b.op("MatMul", rows, b.op("Transpose", w13, perm=[0, 2, 1]))  # [E, N, 2I]
     if form.bias:
         gu = b.op("Add", gu, b.op("Unsqueeze", b.op("Cast", "b13", to=f32), b.ints(1)))
@@ -376,15 +376,16 @@ def _moe_dense(b: Builder, form: MoEForm, x: str, float_type: int) -> str:
     if float_type != f32:  # h is rounded once to the activations' type
         h = b.op("Cast", b.op("Cast", h, to=float_type), to=f32)
     if kinds[1]:
-        h = _moe_act_quant(b, h, "a2_scale" if form.static_act else None, kinds[1] == "block")
+        h = fp8_act_quant(b, h, "a2_scale" if form.static_act else None, kinds[1] == "block")
     out = b.op("MatMul", h, b.op("Transpose", w2, perm=[0, 2, 1]))  # [E, N, H]
     if form.bias:
         out = b.op("Add", out, b.op("Unsqueeze", b.op("Cast", "b2", to=f32), b.ints(1)))
     return b.op("ReduceSum", b.op("Mul", out, route), b.ints(0), keepdims=0)  # [N, H]
 
 
-def _moe_weight(b: Builder, w: str, kind: str | None, scale: str) -> str:
-    """An expert weight [E, N, K] in float32, FP8 codes dequantized by their scale's kind."""
+def fp8_weight(b: Builder, w: str, kind: str | None, scale: str) -> str:
+    """FP8 weights [E, N, K] in float32: codes times their scale by its kind ([E], [E, N] or blocks
+    [E, N/128, K/128]); a function of the initializers alone, which onnxruntime folds once."""
     w32 = b.op("Cast", w, to=TensorProto.FLOAT)
     if kind == "tensor":
         return b.op("Mul", w32, b.op("Unsqueeze", scale, b.ints(1, 2)))
@@ -405,7 +406,7 @@ def _moe_weight(b: Builder, w: str, kind: str | None, scale: str) -> str:
     return w32
 
 
-def _moe_act_quant(b: Builder, x: str, static: str | None, block: bool) -> str:
+def fp8_act_quant(b: Builder, x: str, static: str | None, block: bool) -> str:
     """x [.., N, K] float32 as code(x) * a (ops.reference.moe_quantize_act): a static per-expert scale
     [E], else per row, or per row and 128-column group."""
     fmax = b.const(np.float32(448.0))

@@ -369,8 +369,8 @@ def test_loader_rejects_unsupported_fp8(fp8, tmp_path):
     tensors = {**ckpt.tensors, f"{name}.weight_scale": torch.ones(128)}
     with pytest.raises(CheckpointError, match="only per-tensor"):
         load(tensors)
-    tensors = {**ckpt.tensors, f"{name}.weight_scale_inv": torch.ones(1, 1)}
-    with pytest.raises(CheckpointError, match="block-scaled"):
+    tensors = {**ckpt.tensors, f"{name}.weight_scale_inv": torch.ones(3, 3)}
+    with pytest.raises(CheckpointError, match=r"128 x 128 block scales of a .* weight are"):
         load(tensors)
     tensors = {**ckpt.tensors, "norm.weight": ckpt.tensors["norm.weight"].to(torch.float8_e4m3fn)}
     with pytest.raises(CheckpointError, match="not the weight of a linear layer"):
@@ -379,7 +379,7 @@ def test_loader_rejects_unsupported_fp8(fp8, tmp_path):
     with pytest.raises(CheckpointError, match="not a positive"):
         load(tensors)
     cfg = json.loads((fp8.dir / "config.json").read_text())
-    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128]}
+    cfg["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [64, 64]}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ConfigError, match="not supported"):
         load_target_config(tmp_path)

@@ -25,8 +25,10 @@ def token_ids(value) -> tuple[int, ...]:
 
 
 def quantization(cfg: dict, where: str) -> str | None:
-    """config.json `quantization_config` -> None or "fp8" (ModelOpt FP8, as `peagle-trt quantize`
-    writes it; the weights load through peagle_trt/models/fp8.py)."""
+    """config.json `quantization_config` -> None or "fp8": ModelOpt FP8 (as `peagle-trt quantize` writes
+    it) or 128 x 128 block-scaled FP8 with dynamic activations (`quant_method: fp8`, `weight_block_size:
+    [128, 128]`: Qwen3-Coder-30B-A3B-Instruct-FP8's); the weights load through peagle_trt/models/fp8.py
+    and peagle_trt/models/moe.py."""
     q = cfg.get("quantization_config")
     if q is None:
         return None
@@ -34,9 +36,17 @@ def quantization(cfg: dict, where: str) -> str | None:
     algo = q.get("quant_algo") if isinstance(q, dict) else None
     if method == "modelopt" and str(algo).upper() == "FP8":
         return "fp8"
+    if method == "fp8":
+        block, scheme, fmt = q.get("weight_block_size"), q.get("activation_scheme", "dynamic"), q.get("fmt", "e4m3")
+        if list(block or []) == [128, 128] and scheme == "dynamic" and fmt == "e4m3":
+            return "fp8"
+        raise ConfigError(f"{where}: FP8 quantization_config with weight_block_size={block!r}, activation_scheme="
+                          f"{scheme!r}, fmt={fmt!r} is not supported; supported: 128 x 128 E4M3 blocks with dynamic "
+                          "activations, or ModelOpt per-tensor FP8 (`peagle-trt quantize`)")
     raise ConfigError(f"{where}: quantization_config (quant_method={method!r}, quant_algo={algo!r}) is "
                       "not supported; supported: ModelOpt per-tensor FP8 as written by `peagle-trt "
-                      "quantize`. Start from the unquantized checkpoint and run `peagle-trt quantize`")
+                      "quantize`, and 128 x 128 block-scaled FP8 (quant_method fp8). Start from the unquantized "
+                      "checkpoint and run `peagle-trt quantize`")
 
 
 class TargetAdapter:
