@@ -13,23 +13,24 @@ linears into it, the adapters in peagle_trt/checkpoint/adapters/ map the stacked
 The math is the PEagleMoE op's (peagle_trt/ops/reference.py `moe`, docs/EXPORT.md "PEagleMoE"):
 routing in float32 (softmax-top-k, renormalised or not, or top-k-softmax; Gemma-4's per-expert
 scale), per routed expert gate/up, the activation, down, the routing-weighted sum over the picks.
-Three paths compute it, chosen by where the forward runs, none reading the device back:
+The forward calls the op once, by the module-global name `fused_moe`; none of its paths reads the
+device back:
 
-- GPU (and the kernels' CPU rehearsal): `fused_moe`, the op's reference, which
-  `ops.kernels.install()` swaps for the Triton kernel (peagle_trt/ops/triton_kernels/ (the MoE kernel)):
-  routing, expert alignment and the grouped GEMMs stay on the device, so a MoE target is captured
-  in CUDA graphs like a dense one (peagle_trt/executors/graphs.py).
-- CPU: per expert that a row picked, one batched gate/up and one down over its rows; the routing
-  is read through the CPU tensor's numpy view (no device read, as the step's CPU argmax), never
-  through `.tolist()` / `.item()`.
-- ONNX: one `PEagleMoE` node (`write_onnx`), whose model-local function body onnxruntime runs
-  (peagle_trt/ops/onnx_defs.py `moe_function`: onnxruntime's own `com.microsoft::MoE` where its
-  CPU kernel computes the family's activation, reading only the routed experts; the exact dense
-  form for FP8 experts and GeGLU) and which TensorRT maps to the plugin launching the same kernel.
+- on a CPU, the op's reference: each expert a row picked runs once over its rows, the routing read
+  through a CPU tensor's numpy view (no device read, as the step's CPU argmax);
+- on a GPU (and in the kernels' CPU rehearsal), `ops.kernels.install()` swaps `fused_moe` for the
+  Triton kernel (peagle_trt/ops/triton_kernels/moe.py): routing, expert alignment and the grouped
+  GEMMs stay on the device, so a MoE target is captured in CUDA graphs like a dense one
+  (peagle_trt/executors/graphs.py);
+- in ONNX, one `PEagleMoE` node (`write_onnx`), whose model-local function body onnxruntime runs
+  (peagle_trt/ops/onnx_defs.py `moe_function`: onnxruntime's own `com.microsoft::MoE` where its CPU
+  kernel computes the family's activation, reading only the routed experts; the exact dense form for
+  FP8 experts and GeGLU) and which TensorRT maps to the plugin launching the kernel's cubins.
 
-Tests: tests/models/test_moe.py (paths against the op's reference, FP8 kinds), tests/models/
-test_families.py (equal to transformers' models), tests/e2e/test_families_e2e.py (onnxruntime equals
-torch), tests/speculative/test_host_reads.py (one read per step with MoE targets).
+Tests: tests/models/test_moe.py (the op against the contract spelled out, the ONNX bodies, FP8 kinds),
+tests/ops/test_moe_kernel.py (the kernel against the op), tests/models/test_families.py (equal to
+transformers' models), tests/e2e/test_families_e2e.py (onnxruntime equals torch),
+tests/speculative/test_host_reads.py (one read per step with MoE targets).
 """
 
 from __future__ import annotations
