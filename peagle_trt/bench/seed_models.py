@@ -69,8 +69,9 @@ GPT_OSS_120B = {**GPT_OSS_20B,  # openai/gpt-oss-120b config.json: 20b's but for
 QWEN3_ROPE = RopeConfig(theta=10000000.0, max_position_embeddings=262144)
 
 # The reduced shape of tests and --smoke: widths, experts and vocabulary small, every rule kept (a
-# window of 8 positions, below the smoke context, so that sliding layers slide)
-SMALL = {"qwen3_moe": {"hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+# window of 8 positions, below the smoke context, so that sliding layers slide; Qwen3's experts keep
+# an intermediate size of 128, the least block-scaled FP8 experts take)
+SMALL = {"qwen3_moe": {"hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 128,
                        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_experts": 16,
                        "num_experts_per_tok": 4, "vocab_size": 512},
          "gpt_oss": {"hidden_size": 64, "intermediate_size": 32, "num_attention_heads": 4,

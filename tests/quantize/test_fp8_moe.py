@@ -79,7 +79,10 @@ def test_gemma4_moe_experts_are_fp8_router_is_not(fp8_moe):
 @pytest.mark.parametrize("family", ALL)
 def test_loader_reproduces_modelopt_fake_quant(fp8_moe, tiny_moe, family, monkeypatch):
     """Same check as for the dense families (tests/quantize/test_fp8.py): with ModelOpt's quantizer
-    in the division form our FP8 forward is the same numbers."""
+    in the division form our FP8 forward is the same numbers. The prompts are fixed (their own
+    generator, not the test order's): the MoE op sums a row's picks in pick order, transformers in
+    expert order, and an activation sitting on an E4M3 rounding boundary can take the other code
+    from that last-bit difference (seen on about 1 in 40 random 40-token prompts, before the op too)."""
     from modelopt.torch.quantization import tensor_quant
 
     if not hasattr(tensor_quant, "_fp8_eager"):
@@ -92,7 +95,8 @@ def test_loader_reproduces_modelopt_fake_quant(fp8_moe, tiny_moe, family, monkey
         return ((x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
     monkeypatch.setattr(tensor_quant, "_fp8_eager", division_form)
-    for ids in ([7, 8, 9, 100, 200, 300], torch.randint(0, 500, (40,)).tolist()):
+    prompt = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(0)).tolist()
+    for ids in ([7, 8, 9, 100, 200, 300], prompt):
         ref, got = hf(modelopt_model, ids), ours(model, ids)
         assert (ref - got).abs().max() < 1e-5 * ref.abs().max()
         assert torch.equal(ref.argmax(-1), got.argmax(-1))
