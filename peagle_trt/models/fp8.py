@@ -18,8 +18,9 @@ QuantizeLinear / DequantizeLinear define it (docs/EXPORT.md, "FP8"):
 scales by name and shape like any other parameter. The FP8 weight and its fp32 scales keep
 their dtypes when the model is cast (`.to(dtype)`); only the bias follows the model dtype.
 
-The KV-cache scales are kept (`FP8Linear.kv_scale`) for the exporters but are NOT applied by the
-reference attention: the reference KV cache stays in the model dtype.
+The KV-cache scales are kept (`FP8Linear.kv_scale`): an FP8 KV cache (`--kv-cache-dtype fp8`) stores
+and reads that layer's K / V with them (`Attention.kv_scales`, peagle_trt/models/layers.py; the ONNX
+node's k_scale / v_scale attributes); with the default cache (`auto`, the model's dtype) they are unused.
 
 Paths (`linear_path`): `FP8Linear.forward` runs the dequantized matmul above ("dequant": the weight
 copied to x's dtype on every call) everywhere but on CUDA with the kernels on (`ops.kernels.routed()`,
