@@ -55,7 +55,7 @@ EXACT = (
     "tests/quantize/test_fp8.py",
     "tests/export/test_fp8_onnx.py",
     "tests/e2e/test_kv_fp8.py::test_speculative_equals_target_only_with_fp8_caches",
-    "tests/ops/test_kv_fp8.py::test_e4m3_bits_equal_torch_float8",
+    "tests/ops/test_fp8_kv_cache.py::test_e4m3_bits_equal_torch_float8",
 )
 
 

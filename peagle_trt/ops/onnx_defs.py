@@ -20,7 +20,7 @@ holding the E4M3 bit patterns: a write rounds through Cast to float8e4m3fn and b
 the value's bits arithmetically (`_e4m3_bits`) and ScatterND stores them; a read gathers the blocks
 and looks the codes up in a 256-entry table of their values times the scale. The TensorRT copy
 declares the same caches float8e4m3fn (same bytes): how the plugin tells an FP8 cache
-(`strip_functions`). How to test: tests/ops/test_kv_fp8.py (the body against the reference).
+(`strip_functions`). How to test: tests/ops/test_fp8_kv_cache.py (the body against the reference).
 """
 
 from __future__ import annotations
