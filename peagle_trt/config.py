@@ -1,8 +1,8 @@
 """Run-time configuration as frozen dataclasses: what to speculate (`SpecConfig`), how to sample
 one request (`SamplingParams`, with its `StructuredOutput`), how the KV cache is paged
-(`KVLayout`). Each validates itself on
-construction. Also the run-time constants several floors share: the custom-op implementations
-(`KERNELS`), the KV block size and the default input byte limits of a served model."""
+(`KVLayout`). Each validates itself on construction. Also the run-time constants several floors
+share: the custom-op implementations (`KERNELS`), what a KV cache may store (`KV_CACHE_DTYPES`), the
+KV block size and the default input byte limits of a served model."""
 
 from __future__ import annotations
 
@@ -20,6 +20,11 @@ SPEC_MODES = ("none", "eagle3", "peagle")
 TEMPERATURE_FLOOR = 1e-5
 PREFILL_CHUNK = 256  # prompt tokens per prefill forward: the default of `build` and `generate`
 KERNELS = ("reference", "cuda")  # the custom ops: torch references | Triton kernels on the GPU
+# What the KV cache stores (vLLM's --kv-cache-dtype): "auto" the model's dtype, "fp8" E4M3 codes
+# (float8_e4m3fn) with a per-layer scale for K and one for V: stored = fp8(clamp(value / scale, +-448)),
+# read = code * scale (peagle_trt/ops/reference.py kv_attention). The scales are the checkpoint's
+# calibrated k_scale / v_scale where it has them (ModelOpt), else 1.0 (vLLM's default).
+KV_CACHE_DTYPES = ("auto", "fp8")
 # Default input limits, in UTF-8 bytes: a token averages ~4 bytes of text, so 16 bytes per
 # position of max_seq_len leaves 4x room; stop strings are matched on every streamed piece.
 PROMPT_BYTES_PER_TOKEN = 16
@@ -48,17 +53,22 @@ class KVLayout:
     """How the paged KV cache is laid out: `num_blocks` blocks of `block_size` positions (for the
     full-attention layers and the drafter; windowed layers get their window's worth per request,
     peagle_trt/models/kv_cache.py), at most `max_len` positions per request, `max_batch` requests per step,
-    `max_rows` rows of one request per forward (max(prefill chunk, K + 1))."""
+    `max_rows` rows of one request per forward (max(prefill chunk, K + 1)), elements stored as
+    `cache_dtype` (KV_CACHE_DTYPES: "auto" the model's dtype, "fp8" E4M3 codes; target and drafter alike)."""
     num_blocks: int
     max_len: int = 2048
     max_batch: int = 1
     block_size: int = BLOCK_SIZE
     max_rows: int = PREFILL_CHUNK
+    cache_dtype: str = "auto"
 
     def __post_init__(self):
         for name in ("num_blocks", "max_len", "max_batch", "block_size", "max_rows"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ConfigError(f"KV layout: {name} must be a positive integer, got {getattr(self, name)!r}")
+        if self.cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"KV cache dtype {self.cache_dtype!r} is not one of {KV_CACHE_DTYPES}: auto stores "
+                              "the model's dtype, fp8 E4M3 codes with per-layer scales")
 
     @property
     def max_blocks(self) -> int:

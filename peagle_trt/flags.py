@@ -1,6 +1,7 @@
 """The flags several verbs share and what they resolve to: the speculation flags (`--spec-mode`,
 `--num-spec-tokens`, `--speculative-config`, `--allow-synthetic-acceptance`) of `generate`, `build` and
-`export`, resolved to one `SpecConfig` by `resolve_spec`; the paged KV flags of `build` and `export`;
+`export`, resolved to one `SpecConfig` by `resolve_spec`; the paged KV flags of `build` and `export`
+(`--kv-cache-dtype` also of `generate`);
 the help of `--deterministic`; `resolve_models`, which turns `--target` / `--drafter` (and the
 speculative config's "model") into local directories through peagle_trt/hub.py, the published heads
 of peagle_trt/published.py naming a missing target and refusing a wrong one; and `normalize_argv`
@@ -16,9 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-from peagle_trt.config import BLOCK_SIZE, SPEC_MODES, SpecConfig
+from peagle_trt.config import BLOCK_SIZE, KV_CACHE_DTYPES, SPEC_MODES, SpecConfig
 from peagle_trt.errors import ConfigError
 
+KV_DTYPE_HELP = ("what the KV caches (target and drafter) store: auto = the model's dtype (default); fp8 = E4M3 "
+                 "codes with the checkpoint's calibrated k_scale / v_scale, else 1.0 (vLLM's --kv-cache-dtype fp8)")
 DETERMINISTIC_HELP = ("row- and batch-invariant forwards: a request's output does not depend on its batch, draft "
                       "count or thread count (torch / onnxruntime backends; docs/SERVING.md, Deterministic mode)")
 
@@ -143,3 +146,8 @@ def add_kv_flags(p: argparse.ArgumentParser) -> None:
                    help="KV cache blocks (full-attention layers and drafter); requests hold the blocks their "
                         "tokens need (default 0: room for --max-batch requests of --max-seq-len)")
     p.add_argument("--block-size", type=int, default=BLOCK_SIZE, help=f"positions per KV block (default {BLOCK_SIZE})")
+    add_kv_dtype_flag(p)
+
+
+def add_kv_dtype_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES, help=KV_DTYPE_HELP)

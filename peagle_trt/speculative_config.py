@@ -50,7 +50,7 @@ IGNORED = {
     "quantization": (None, "the drafter's precision follows the build (--quantization)"),
     "moe_backend": (None, "kernels are chosen at build"),
     "attention_backend": (None, "attention is the PEagleKVAttention op"),
-    "kv_cache_dtype": (None, "the drafter's KV cache dtype follows the build (--kv-cache-fp8)"),
+    "kv_cache_dtype": (None, "the drafter's KV cache follows the target's (--kv-cache-dtype of build / serve)"),
     "max_model_len": (None, "the drafter shares the target's max_seq_len"),
     "code_revision": (None, "no repository code is ever run here (safetensors and config only)"),
     "index_share_for_mtp_iteration": (None, "MTP only"),

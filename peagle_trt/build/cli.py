@@ -43,7 +43,8 @@ def cmd_build(args: argparse.Namespace) -> dict:
                     max_prompt_bytes=args.max_prompt_bytes, max_stop_bytes=args.max_stop_bytes,
                     kv_blocks=args.kv_blocks, block_size=args.block_size, prefix_caching=not args.no_prefix_caching,
                     max_grammar_bytes=args.max_grammar_bytes, grammar_timeout_s=args.grammar_timeout,
-                    deterministic=args.deterministic, cuda_graphs=not args.no_cuda_graphs)
+                    deterministic=args.deterministic, cuda_graphs=not args.no_cuda_graphs,
+                    kv_cache_dtype=args.kv_cache_dtype)
     quant = None
     if args.quantization == "fp8":
         from peagle_trt.quantize import QuantizeOptions
@@ -98,7 +99,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
                         "P-EAGLE drafter pass replayed as CUDA graphs per batch bucket)")
     b.add_argument("--quantization", default="none", choices=["none", "fp8"],
                    help="fp8: FP8 (E4M3) post-training quantization of the target with ModelOpt first")
-    b.add_argument("--kv-cache-fp8", action="store_true", help="with --quantization fp8: also calibrate KV scales")
+    b.add_argument("--kv-cache-fp8", action="store_true",
+                   help="with --quantization fp8: also calibrate the KV scales (k_scale / v_scale) an FP8 KV cache "
+                        "(--kv-cache-dtype fp8) uses")
     b.add_argument("--calib-data", type=Path, default=None,
                    help="with --quantization fp8: calibration prompts, JSONL with 'prompt' or 'text' keys")
     b.add_argument("--gpu-arch", default="sm_90", choices=["sm_90", "sm_100"],

@@ -87,7 +87,7 @@ def _write_artifacts(pair, target: Path, drafter: Path | None, version: Path,
     dtype = "float32" if repo.backend == "onnxruntime" else "float16"
     export_models(target_model, drafter_model, artifacts / "onnx",
                   ExportOptions(repo.speculation, repo.max_batch, repo.max_seq_len, dtype, repo.max_rows,
-                                repo.kv_blocks, repo.block_size))
+                                repo.kv_blocks, repo.block_size, repo.kv_cache_dtype))
     if repo.backend != "tensorrt":
         return ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx")
     from peagle_trt.engine import EngineOptions, build_engines
@@ -158,6 +158,6 @@ def kv_memory_of(pair, repo: RepositoryOptions):
     """KV bytes this build's executor allocates (peagle_trt/models/memory.py), for `repo.kv_layout`."""
     from peagle_trt.models.memory import kv_memory
 
-    dtype_bytes = 4 if repo.backend != "tensorrt" and repo.dtype == "float32" else 2
+    dtype_bytes = 4 if repo.backend != "tensorrt" and repo.dtype == "float32" else 2  # an FP8 cache: 1 (kv_memory)
     drafter = pair.drafter.config if pair.drafter is not None else None
     return kv_memory(pair.target.config, drafter, repo.kv_layout, dtype_bytes)

@@ -485,7 +485,9 @@ def build_engines(export_dir: Path, out_dir: Path, spec: EngineOptions) -> dict:
                  "aliased_plugin_io": aliased_plugin_io(trt),
                  "hardware_compatibility": "AMPERE_PLUS" if spec.gpu_arch != visible else "NONE",
                  "spec": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(spec).items()},
-                 "kv": asdict(spec.kv_layout),  # the paged cache the plans are built for
+                 # the paged cache the plans are built for; its element type is the export's
+                 "kv": {**asdict(spec.kv_layout),
+                        "cache_dtype": export_manifest.get("export", {}).get("kv", {}).get("cache_dtype", "auto")},
                  "timing_cache": str(cache_path), "plugin_library": None, "graphs": {}}
         if spec.plugin_library is not None:
             rel = Path("plugins") / spec.gpu_arch / Path(spec.plugin_library).name

@@ -6,7 +6,9 @@ paged host arrays per layer ([blocks + 1, block_size, kv_heads, head_dim], peagl
 allocated once and bound through IO binding as both `past_*` and `present_*`: the graph's
 ScatterND writes the new rows into that very buffer (no per-step cache copy) and attention
 gathers only the blocks of the batch's requests, through the block tables. Other outputs (logits, taps) are allocated by
-onnxruntime per run and handed over without a copy.
+onnxruntime per run and handed over without a copy. An FP8 KV cache (KVLayout.cache_dtype "fp8") is a
+uint8 array of E4M3 bit patterns: ONNX has no ScatterND / Gather on float8, so the graphs store and read
+codes that way (peagle_trt/ops/onnx_defs.py); they are the bytes torch's float8_e4m3fn cache holds.
 
 Threads: every session of the process runs on ONE intra-op thread pool (`_thread_pool`). With a
 pool per session, the pool of the graph that just ran keeps spinning and takes the cores from the
@@ -40,6 +42,8 @@ from peagle_trt.models.kv_cache import move_rows
 from peagle_trt.ops.reference import causal_tree_mask
 
 _POOL: dict = {}  # the process's onnxruntime thread pool, once made: {"threads": int | None}
+# KV cache arrays by the graph's cache type; uint8: an FP8 cache's E4M3 bit patterns (ops/onnx_defs.py)
+_KV_ARRAYS = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
 
 
 def _thread_pool(threads: int | None) -> None:
@@ -112,7 +116,7 @@ class _Graph:
         self.outputs = [o.name for o in self.session.get_outputs()]
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.kv = shared if shared is not None else {
-            i.name: np.zeros(list(i.shape), dtype=np.float16 if "16" in i.type else np.float32)
+            i.name: np.zeros(list(i.shape), dtype=_KV_ARRAYS[i.type])
             for i in self.session.get_inputs() if i.name.startswith("past_")}
         self.binding = self.session.io_binding()
         self.plain = [o for o in self.outputs if not o.startswith("present_")]

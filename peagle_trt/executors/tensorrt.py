@@ -169,7 +169,8 @@ def _kv_layout(entry: dict, runners: dict[str, _Runner], caches: dict[str, torch
     batch = max((t[-2] for t in tables), default=1)
     if entries < 1:
         raise RuntimeInvariantError(f"{target.path.name}: no {TABLES} input; rebuild the engines from a paged export")
-    return KVLayout(blocks, entries * block_size, batch, block_size)
+    return KVLayout(blocks, entries * block_size, batch, block_size,
+                    cache_dtype="fp8" if cache.dtype == torch.float8_e4m3fn else "auto")
 
 
 class TensorRTExecutor:

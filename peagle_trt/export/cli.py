@@ -18,7 +18,8 @@ def cmd_export(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     manifest = export_pair(args.target, args.drafter, args.output,
                            ExportOptions(spec, args.max_batch, args.max_seq_len, args.dtype,
-                                         kv_blocks=args.kv_blocks, block_size=args.block_size), args.force)
+                                         kv_blocks=args.kv_blocks, block_size=args.block_size,
+                                         kv_cache_dtype=args.kv_cache_dtype), args.force)
     return {"output": str(args.output), "graphs": manifest["graphs"], "export_s": manifest["export_s"],
             "total_s": round(time.perf_counter() - t0, 3)}
 

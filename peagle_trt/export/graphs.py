@@ -37,8 +37,9 @@ ONNX_T = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16}
 class ModelWriter(Builder):
     """The graph being written. What the layer writers (`write_onnx` in peagle_trt/models/) use
     besides the `Builder` blocks: `param` (a weight in the export dtype), `linear`, `rope`,
-    `np` / `dtype` / `float_type`, `functions`, `written` (KV sharing) and `max_len` (positions per
-    request: a window at least this long cuts nothing)."""
+    `np` / `dtype` / `float_type`, `functions`, `written` (KV sharing), `max_len` (positions per
+    request: a window at least this long cuts nothing) and `kv_fp8` (the KV caches hold E4M3 codes:
+    uint8 bit patterns here, float8e4m3fn in the TensorRT copy; ops/onnx_defs.py)."""
 
     def __init__(self, dtype: str):
         super().__init__()
@@ -46,8 +47,9 @@ class ModelWriter(Builder):
         self.inputs: list[onnx.ValueInfoProto] = []
         self.outputs: list[onnx.ValueInfoProto] = []
         self.functions: dict[str, onnx.FunctionProto] = {}  # op_type -> model-local function (ops.onnx_defs)
-        self.written: dict[int, tuple] = {}  # layer -> (k, v, present) for KV-shared readers
+        self.written: dict[int, tuple] = {}  # layer -> (k, v, present, (k_scale, v_scale)) for KV-shared readers
         self.max_len = 1 << 62  # set by the export functions
+        self.kv_fp8 = False  # set by the export functions from the KV layout's cache_dtype
         self.tree_mask: str | None = None  # the target graph's tree_mask input, which its attention reads
 
     def param(self, name: str, tensor: torch.Tensor) -> str:
@@ -125,18 +127,18 @@ class ModelWriter(Builder):
         head_dim] (layer_shapes: (kv_heads, head_dim) per layer); a KV-shared layer
         (kv_sources[i] != i) has none: (None, None)."""
         past, present = [], []
+        cache_type = TensorProto.UINT8 if self.kv_fp8 else self.float_type  # E4M3 bit patterns, or activations
         for i, (kv, d) in enumerate(layer_shapes):
             if kv_sources and kv_sources[i] != i:
                 past.append(None)
                 present.append(None)
                 continue
             shape = [group_blocks[layer_groups[i]] + 1, block_size, kv, d]
-            pair = (self.input(f"past_key_{i}", self.float_type, shape),
-                    self.input(f"past_value_{i}", self.float_type, shape))
+            pair = (self.input(f"past_key_{i}", cache_type, shape), self.input(f"past_value_{i}", cache_type, shape))
             past.append(pair)
             present.append((f"present_key_{i}", f"present_value_{i}"))
-            self.output(f"present_key_{i}", self.float_type, shape)
-            self.output(f"present_value_{i}", self.float_type, shape)
+            self.output(f"present_key_{i}", cache_type, shape)
+            self.output(f"present_value_{i}", cache_type, shape)
         return past, present
 
     def model(self, graph_name: str) -> onnx.ModelProto:
@@ -156,7 +158,7 @@ def export_target(model, kv: KVLayout, dtype: str = "float32") -> onnx.ModelProt
     `tree_mask` [B, S, ceil(S / 32)] int32 (full-attention targets only): the rows' ancestor bits (a
     causal mask for plain rows)."""
     c, w = model.config, ModelWriter(dtype)
-    w.max_len = kv.max_len
+    w.max_len, w.kv_fp8 = kv.max_len, kv.cache_dtype == "fp8"
     ids = w.input("input_ids", TensorProto.INT64, ["batch", "rows"])
     positions = w.input("positions", TensorProto.INT64, ["batch", "rows"])
     windows, groups = kv_groups(c)
@@ -214,7 +216,7 @@ def _drafter_kv(w: ModelWriter, model, kv: KVLayout) -> tuple[str, list, list]:
     """The drafter's block tables input [B, M] (KV group 0, the target's full-attention tables) and
     its paged KV I/O."""
     c = model.config
-    w.max_len = kv.max_len
+    w.max_len, w.kv_fp8 = kv.max_len, kv.cache_dtype == "fp8"
     table = w.input("block_tables", TensorProto.INT64, ["batch", kv.max_blocks])
     past, present = w.kv_io(((c.num_kv_heads, c.head_dim),) * c.num_layers, (kv.num_blocks,), (0,) * c.num_layers,
                             kv.block_size)

@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 
 from peagle_trt.atomic import check_output, staged_dir
-from peagle_trt.config import BLOCK_SIZE, PREFILL_CHUNK, KVLayout, SpecConfig
+from peagle_trt.config import BLOCK_SIZE, KV_CACHE_DTYPES, PREFILL_CHUNK, KVLayout, SpecConfig
 from peagle_trt.errors import ConfigError
 from peagle_trt.manifest import write_manifest
 
@@ -32,10 +32,13 @@ class ExportOptions:
     max_rows: int | None = None  # most rows of a request per target run (None: max(prefill chunk, K + 1))
     kv_blocks: int = 0  # KV blocks of the full-attention layers and the drafter; 0: max_batch full requests
     block_size: int = BLOCK_SIZE
+    kv_cache_dtype: str = "auto"  # auto: the export dtype; fp8: E4M3 codes (config.KV_CACHE_DTYPES)
 
     def __post_init__(self):
         if self.dtype not in ("float32", "float16"):
             raise ConfigError(f"export dtype {self.dtype!r} is not supported (float32 | float16)")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ConfigError(f"--kv-cache-dtype {self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}")
 
     @property
     def max_len(self) -> int:
@@ -48,8 +51,9 @@ class ExportOptions:
         RepositoryOptions.kv_layout)."""
         rows = self.max_rows or max(PREFILL_CHUNK, self.speculation.max_nodes + 1)
         if not self.kv_blocks:
-            return KVLayout.for_sequences(self.max_batch, self.max_len, self.block_size, max_rows=rows)
-        return KVLayout(self.kv_blocks, self.max_len, self.max_batch, self.block_size, rows)
+            return KVLayout.for_sequences(self.max_batch, self.max_len, self.block_size, max_rows=rows,
+                                          cache_dtype=self.kv_cache_dtype)
+        return KVLayout(self.kv_blocks, self.max_len, self.max_batch, self.block_size, rows, self.kv_cache_dtype)
 
 
 def _described(spec: ExportOptions) -> dict:

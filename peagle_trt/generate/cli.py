@@ -13,7 +13,7 @@ from pathlib import Path
 
 from peagle_trt.config import SamplingParams
 from peagle_trt.errors import ConfigError
-from peagle_trt.flags import DETERMINISTIC_HELP, add_spec_flags, fill_target, resolve_spec
+from peagle_trt.flags import DETERMINISTIC_HELP, add_kv_dtype_flag, add_spec_flags, fill_target, resolve_spec
 
 
 def _sampling(args: argparse.Namespace) -> SamplingParams:
@@ -54,6 +54,10 @@ def cmd_generate(args: argparse.Namespace) -> dict:
     if len(sources) != 1:
         raise ConfigError("pass exactly one of --target DIR (in-process from checkpoints), "
                           "--repo REPO (in-process from a built repository) or --url HOST:PORT (gRPC)")
+    if (args.url or args.repo) and args.kv_cache_dtype != "auto":
+        raise ConfigError(f"--kv-cache-dtype {args.kv_cache_dtype} applies to --target (in-process from "
+                          "checkpoints); a repository's KV cache dtype is its build's: `peagle-trt build "
+                          "--kv-cache-dtype`")
     if args.url and args.deterministic:
         raise ConfigError("--deterministic is the server's setting: start it with `peagle-trt serve --deterministic` "
                           "(or build the repository with --deterministic); --url only sends the request")
@@ -88,7 +92,7 @@ def _load_generator(args: argparse.Namespace):
     def load(name: str):
         return TextGenerator.from_checkpoints(args.target, args.drafter, spec, args.device,
                                                args.dtype, args.max_seq_len, backend=name,
-                                               deterministic=args.deterministic)
+                                               deterministic=args.deterministic, kv_cache_dtype=args.kv_cache_dtype)
 
     if backend == "onnxruntime" and args.backend == "auto":
         from peagle_trt.errors import BuildError
@@ -144,6 +148,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="with --target: prompt + output tokens the KV cache holds (default 4096)")
     g.add_argument("--deterministic", action="store_true",
                    help=DETERMINISTIC_HELP)
+    add_kv_dtype_flag(g)
     g.add_argument("--backend", default="auto", choices=["auto", "torch", "onnxruntime"],
                    help="with --target: auto (default) = onnxruntime for float32 on CPU (fastest there), "
                         "else torch")

@@ -22,7 +22,7 @@ from torch import nn
 
 from peagle_trt.architecture import DrafterConfig
 from peagle_trt.config import BLOCK_SIZE, KVLayout
-from peagle_trt.models.kv_cache import KVCache
+from peagle_trt.models.kv_cache import KVCache, storage_dtype
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.rope import inv_freq as rope_inv_freq
 from peagle_trt.models.rope import rope_cos_sin
@@ -104,7 +104,8 @@ class DrafterModel(nn.Module):
             block_size = BLOCK_SIZE
             blocks = KVCache.static_blocks(layout, max_len, block_size)
         return KVCache(((c.num_kv_heads, c.head_dim),) * c.num_layers, (0,) * c.num_layers, (blocks,), block_size,
-                       max_len, p.dtype, p.device)
+                       max_len, storage_dtype(layout, p.dtype), p.device,
+                       scales=tuple(layer.self_attn.kv_scales() for layer in self.layers))
 
     def project(self, aux: torch.Tensor) -> torch.Tensor:
         """Target taps [..., num_aux * H_t] -> drafter hidden input [..., H] (fc norms, then fc)."""

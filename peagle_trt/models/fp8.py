@@ -28,8 +28,9 @@ and quantize activations per row and 128-column group at run time. `FP8Linear(bl
 that (the PEagleMoE op's block math, peagle_trt/ops/reference.py `quantize_activation` / `fp8_matmul`):
 on every device the codes' products in float32, scaled per group (no Triton GEMM for blocks yet).
 
-The KV-cache scales are kept (`FP8Linear.kv_scale`) for the exporters but are NOT applied by the
-reference attention: the reference KV cache stays in the model dtype.
+The KV-cache scales are kept (`FP8Linear.kv_scale`): an FP8 KV cache (`--kv-cache-dtype fp8`) stores
+and reads that layer's K / V with them (`Attention.kv_scales`, peagle_trt/models/layers.py; the ONNX
+node's k_scale / v_scale attributes); with the default cache (`auto`, the model's dtype) they are unused.
 
 Paths (`linear_path`): `FP8Linear.forward` runs the dequantized matmul above ("dequant": the weight
 copied to x's dtype on every call) everywhere but on CUDA with the kernels on (`ops.kernels.routed()`,

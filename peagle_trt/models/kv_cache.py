@@ -15,6 +15,12 @@ sequence indices `[B]` instead: the static layout of `static(num_seqs, ...)`, wh
 owns blocks i*M .. i*M + M - 1 of every group (`tables()` turns them into block tables).
 
 Blocks per group: `KVLayout.group_blocks(windows)` (peagle_trt/config.py, shared with the runtime).
+
+Element type: the model's dtype, or FP8 codes (float8_e4m3fn) when the layout's `cache_dtype` is
+"fp8" (`storage_dtype`); then `k_scale[layer]` / `v_scale[layer]` (floats) are the scales
+kv_attention stores and reads them with (peagle_trt/ops/reference.py `kv_store` / `kv_load`): the
+checkpoint's calibrated k_scale / v_scale where it has them, else 1.0 (`Attention.kv_scales`,
+peagle_trt/models/layers.py). A KV-shared layer uses its owner's. Tested by tests/e2e/test_kv_fp8.py.
 """
 
 from __future__ import annotations
@@ -23,20 +29,35 @@ import math
 
 import torch
 
+from peagle_trt.config import KVLayout
 from peagle_trt.ops.reference import block_rows
+
+
+def storage_dtype(layout: KVLayout | int, model_dtype: torch.dtype) -> torch.dtype:
+    """The element type of a cache laid out by `layout` for a model in `model_dtype`: float8_e4m3fn
+    when its cache_dtype is "fp8", else the model's (a static layout, N sequences: the model's)."""
+    fp8 = isinstance(layout, KVLayout) and layout.cache_dtype == "fp8"
+    return torch.float8_e4m3fn if fp8 else model_dtype
 
 
 class KVCache:
     def __init__(self, layer_shapes: tuple[tuple[int, int], ...], layer_groups: tuple[int, ...],
                  group_blocks: tuple[int, ...], block_size: int, max_len: int, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu", kv_sources: tuple[int, ...] | None = None):
+                 device: str | torch.device = "cpu", kv_sources: tuple[int, ...] | None = None,
+                 scales: tuple[tuple[float, float], ...] | None = None):
+        # dtype: the elements' (the model's, or float8_e4m3fn); scales: per layer (k_scale, v_scale), None: 1.0
         sources = kv_sources or tuple(range(len(layer_shapes)))
+        scales = scales or ((1.0, 1.0),) * len(layer_shapes)
         self.k, self.v, groups = [], [], []
+        self.k_scale, self.v_scale = [], []  # per layer: the FP8 cache's scales (unused by other caches)
         for i, (kv_heads, d) in enumerate(layer_shapes):
-            if sources[i] != i:  # KV-shared: the owner's tensors and group (owners come first)
-                self.k.append(self.k[sources[i]])
-                self.v.append(self.v[sources[i]])
-                groups.append(groups[sources[i]])
+            owner = sources[i]
+            self.k_scale.append(float(scales[owner][0]))
+            self.v_scale.append(float(scales[owner][1]))
+            if owner != i:  # KV-shared: the owner's tensors, group and scales (owners come first)
+                self.k.append(self.k[owner])
+                self.v.append(self.v[owner])
+                groups.append(groups[owner])
                 continue
             n = group_blocks[layer_groups[i]]
             self.k.append(torch.zeros((n + 1, block_size, kv_heads, d), dtype=dtype, device=device))

@@ -109,8 +109,19 @@ class Attention(nn.Module):
         window = self.window if self.window < cache.max_len else 0
         # windows, sinks and read-only (KV-shared, k = v = None) layers included: the kernels take them all
         out = kv_attention(q, k, v, positions, table, cache.k[layer], cache.v[layer], self.num_heads,
-                           self.num_kv_heads, self.head_dim, self.scale, window, self.sinks, tree_mask)
+                           self.num_kv_heads, self.head_dim, self.scale, window, self.sinks, tree_mask,
+                           k_scale=cache.k_scale[layer], v_scale=cache.v_scale[layer])  # FP8 caches only
         return self.o_proj(out)
+
+    def kv_scales(self) -> tuple[float, float]:
+        """(k_scale, v_scale) of an FP8 KV cache for this layer: the checkpoint's calibrated scales
+        (ModelOpt's k_proj.k_scale / v_proj.v_scale, peagle_trt/models/fp8.py) where present, else 1.0
+        (vLLM's default for a checkpoint without them)."""
+        def calibrated(name: str) -> float:
+            scale = getattr(getattr(self, name, None), "kv_scale", None)
+            return 1.0 if scale is None else float(scale)
+
+        return calibrated("k_proj"), calibrated("v_proj")
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """q, k, v of x: three matmuls, or one where `fuse` joined them (`qkv_proj`, split into views);
@@ -151,9 +162,10 @@ class Attention(nn.Module):
             q = self.q_norm.write_onnx_heads(w, q, f"{prefix}.q_norm", h, d)
         q = w.rope(q, h, d, cos, sin)
         if self.kv_shared:
-            k, v, past = w.written[source]  # the owner's present_*: its cache after its write
+            k, v, past, kv_scales = w.written[source]  # the owner's present_*: its cache after its write
             present = (w.name(f"{prefix}.k_cache_copy"), w.name(f"{prefix}.v_cache_copy"))
         else:
+            kv_scales = self.kv_scales()
             k = w.linear(x, self.k_proj, f"{prefix}.k_proj")
             v = k if self.v_proj is None else w.linear(x, self.v_proj, f"{prefix}.v_proj")
             if hasattr(self, "k_norm"):
@@ -161,18 +173,20 @@ class Attention(nn.Module):
                 if self.v_norm is not None:
                     v = self.v_norm.write_onnx_heads(w, v, f"{prefix}.v_norm", kv, d)
             k = w.rope(k, kv, d, cos, sin)
-            w.written[layer] = (k, v, present)
+            w.written[layer] = (k, v, present, kv_scales)
         scale = self.scale if self.scale is not None else float(d) ** -0.5
         if KV_ATTENTION not in w.functions:
-            w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None, w.tree_mask is not None)
+            w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None, w.tree_mask is not None,
+                                                              w.kv_fp8)
         extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
         if w.tree_mask is not None:  # the target graph: draft-tree verifies (an empty name: no sinks)
             extra = (extra or [""]) + [w.tree_mask]
         # a window spanning every position a request can have (W >= max_len) cuts nothing: no attribute
         window = {"sliding_window": self.window} if 0 < self.window < w.max_len else {}
+        fp8 = {"k_scale": kv_scales[0], "v_scale": kv_scales[1]} if w.kv_fp8 else {}  # the cache's (KVCache)
         out = w.op(KV_ATTENTION, q, k, v, positions, table, *past, *extra, domain=DOMAIN,
                    outputs=[w.name(f"{prefix}.attn"), *present], name=f"{prefix}.{KV_ATTENTION}",
-                   **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window))
+                   **plugin_attrs(num_heads=h, num_kv_heads=kv, head_dim=d, scale=scale, **window, **fp8))
         return w.linear(out[0], self.o_proj, f"{prefix}.o_proj")
 
 

@@ -18,7 +18,7 @@ from peagle_trt.architecture import TargetConfig
 from peagle_trt.config import BLOCK_SIZE, KVLayout
 from peagle_trt.models.fp8 import fp8_swap
 from peagle_trt.models.gemma4 import Gemma4DecoderLayer, Gemma4PerLayerInputs
-from peagle_trt.models.kv_cache import KVCache
+from peagle_trt.models.kv_cache import KVCache, storage_dtype
 from peagle_trt.models.layers import MLP, Attention, DecoderLayer, RMSNorm
 from peagle_trt.models.moe import SparseMoE, fp8_experts_swap
 from peagle_trt.models.rope import inv_freq, rope_cos_sin
@@ -72,7 +72,8 @@ class TargetModel(nn.Module):
             block_size = BLOCK_SIZE
             counts = (KVCache.static_blocks(layout, max_len, block_size),) * len(windows)
         return KVCache(tuple((a.num_kv_heads, a.head_dim) for a in attn), groups, counts, block_size, max_len,
-                       p.dtype, p.device, tuple(a.kv_source for a in attn))
+                       storage_dtype(layout, p.dtype), p.device, tuple(a.kv_source for a in attn),
+                       tuple(layer.self_attn.kv_scales() for layer in self.layers))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, tables: torch.Tensor,
                 cache: KVCache, logit_rows: torch.Tensor | None = None, tree_mask: torch.Tensor | None = None

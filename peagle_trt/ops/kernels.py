@@ -27,7 +27,7 @@ those names for dispatchers (once per process). A dispatcher runs the kernel whe
   ValueError), and only that executor is affected; or
 - `enable()` was called (process-wide, for experiments and tests): the kernel runs on CUDA tensors of
   a supported dtype, and the reference serves everything else (CPU tensors, FP8 activations, a cache
-  dtype other than q's). `disable()` undoes `enable()`.
+  dtype other than q's or FP8). `disable()` undoes `enable()`.
 
 Everywhere else the dispatchers call the reference, so installing them changes nothing by itself.
 The MoE dispatcher replaces `fused_moe` of peagle_trt/models/moe.py (the models' one call of the op,
@@ -56,6 +56,7 @@ from peagle_trt.errors import ConfigError
 from peagle_trt.ops import reference
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP8 = getattr(torch, "float8_e4m3fn", None)  # FP8 KV caches (k_scale / v_scale)
 _lock = threading.Lock()
 
 
@@ -189,12 +190,13 @@ def in_use() -> bool:
 
 
 def _kv_attention_dispatch(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
-                           head_dim, scale=None, sliding_window=0, sinks=None, tree_mask=None):
+                           head_dim, scale=None, sliding_window=0, sinks=None, tree_mask=None, *, k_scale=1.0,
+                           v_scale=1.0):
     supported = (q.is_cuda and k_cache.is_cuda and q.dtype in _DTYPES
-                 and k_cache.dtype == q.dtype and k_cache.is_contiguous() and v_cache.is_contiguous())
+                 and k_cache.dtype in (q.dtype, _FP8) and k_cache.is_contiguous() and v_cache.is_contiguous())
     op = kv_attention if _use_kernel(supported) else reference.kv_attention
     return op(q, k, v, positions, block_tables, k_cache, v_cache, num_heads, num_kv_heads, head_dim, scale,
-              sliding_window, sinks, tree_mask)
+              sliding_window, sinks, tree_mask, k_scale=k_scale, v_scale=v_scale)
 
 
 def _draft_inputs_dispatch(pending_tokens, pending_hidden, num_pending, cur, embed_tokens, h_mask,

@@ -11,6 +11,16 @@ verifies) and an attribute `sliding_window` (default 0 = full attention, read by
 through an attribute reference, so one body serves sliding and full layers). The Triton kernels
 implement them; the TensorRT plugins in plugins/ do not expose them yet (see docs/EXPORT.md). TensorRT must NOT see the
 functions (its parser would inline them instead of calling the plugin): `strip_functions`.
+
+FP8 KV caches (`kv_attention_function(fp8=True)`; attributes `k_scale` / `v_scale`, default 1): the
+body stores fp8(clamp(value / scale, +-448)) and reads code * scale (ops.reference.kv_store /
+kv_load). ONNX allows ScatterND and Gather on no float8 type (any opset through 25; onnxruntime
+refuses such a graph at load), so in the graphs onnxruntime runs the caches are uint8 tensors
+holding the E4M3 bit patterns: a write rounds through Cast to float8e4m3fn and back, then encodes
+the value's bits arithmetically (`_e4m3_bits`) and ScatterND stores them; a read gathers the blocks
+and looks the codes up in a 256-entry table of their values times the scale. The TensorRT copy
+declares the same caches float8e4m3fn (same bytes): how the plugin tells an FP8 cache
+(`strip_functions`). How to test: tests/ops/test_fp8_kv_cache.py (the body against the reference).
 """
 
 from __future__ import annotations
@@ -47,9 +57,12 @@ def _param(name: str, type_str: str) -> defs.OpSchema.FormalParameter:
     return _P(name, type_str)
 
 
+_ATTR_DEFAULTS = {"sliding_window": 0, "k_scale": 1.0, "v_scale": 1.0}  # PEagleKVAttention's optional ones
+
+
 def _attr(name: str, kind, doc: str):
-    if name == "sliding_window":  # optional, default 0 (full attention)
-        return _A(name, helper.make_attribute(name, 0), doc)
+    if name in _ATTR_DEFAULTS:  # optional: full attention, unscaled FP8 caches
+        return _A(name, helper.make_attribute(name, _ATTR_DEFAULTS[name]), doc)
     return _A(name, kind, doc)
 
 
@@ -61,6 +74,9 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
         inputs=[_param(n, t) for n, t in inputs], outputs=[_P(n, t) for n, t in outputs],
         type_constraints=[("T", _FLOATS, "activations"), ("I", ["tensor(int64)"], "indices"),
                           ("M", ["tensor(int32)"], "packed bits"),
+                          ("C", _FLOATS + ["tensor(uint8)", "tensor(float8e4m3fn)"],
+                           "KV caches: the activations' type, or E4M3 codes (uint8 bit patterns for onnxruntime, "
+                           "float8e4m3fn in the TensorRT copy)"),
                           ("W", _FLOATS + ["tensor(float8e4m3fn)"], "weights (FP8 or the activations' type)"),
                           ("F", ["tensor(float)"], "float32 logits and scales")],
         attributes=[_attr(a, kind, d) for a, kind, d in attrs] + plugin)
@@ -68,12 +84,14 @@ def _schema(name: str, doc: str, inputs, outputs, attrs) -> defs.OpSchema:
 
 SCHEMAS = [
     _schema(KV_ATTENTION, "attention of new rows over a paged KV cache (block tables), in-place writes",
-            [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("block_tables", "I"), ("k_cache", "T"),
-             ("v_cache", "T"), ("sinks?", "T"), ("tree_mask?", "M")],
-            [("out", "T"), ("k_cache_out", "T"), ("v_cache_out", "T")],
+            [("q", "T"), ("k", "T"), ("v", "T"), ("positions", "I"), ("block_tables", "I"), ("k_cache", "C"),
+             ("v_cache", "C"), ("sinks?", "T"), ("tree_mask?", "M")],
+            [("out", "T"), ("k_cache_out", "C"), ("v_cache_out", "C")],
             [("num_heads", _T.INT, ""), ("num_kv_heads", _T.INT, ""), ("head_dim", _T.INT, ""),
              ("scale", _T.FLOAT, "softmax scale"),
-             ("sliding_window", _T.INT, "attend to keys at positions > p - W only; 0: full attention")]),
+             ("sliding_window", _T.INT, "attend to keys at positions > p - W only; 0: full attention"),
+             ("k_scale", _T.FLOAT, "FP8 caches: stored K = fp8(clamp(K / k_scale, +-448)), read code * k_scale"),
+             ("v_scale", _T.FLOAT, "FP8 caches: as k_scale, for V")]),
     _schema(DRAFT_INPUTS, "drafter rows of one parallel pass: pending rows + K-1 mask rows",
             [("pending_ids", "I"), ("pending_hidden", "T"), ("num_pending", "I"), ("cur", "I"),
              ("embed_tokens", "T"), ("h_mask", "T")],
@@ -128,12 +146,14 @@ def _attr_tensor(b: Builder, attr: str, kind: str = "int") -> str:
     return out
 
 
-def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = False) -> onnx.FunctionProto:
+def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = False,
+                          fp8: bool = False) -> onnx.FunctionProto:
     """Body of PEagleKVAttention over the paged cache (layout [NB+1, bs, KV, d], block NB the trash
     block; block_tables [B, M], -1 = no block; see ops.reference.kv_attention). Head counts, head
     size and scale come from the calling node's attributes, so one body serves layers of different
     shapes (Gemma-4). `sinks`: the body reads the 8th input; `tree`: the 9th (tree_mask): rows
-    write slot positions[b, 0] + s and see the context below it plus their tree bits."""
+    write slot positions[b, 0] + s and see the context below it plus their tree bits. `fp8`: the
+    caches are uint8 E4M3 codes scaled by the attributes k_scale / v_scale (module docstring)."""
     b = Builder("att_")
     kv1 = b.op("Unsqueeze", _attr_tensor(b, "num_kv_heads"), b.ints(0))  # [1]
     d = _attr_tensor(b, "head_dim")
@@ -168,8 +188,12 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = Fa
     index = b.op("Concat", b.op("Unsqueeze", block, b.ints(2)), b.op("Unsqueeze", offset, b.ints(2)),
                  axis=2)  # [B,S,2] = (block, offset)
     rows = b.op("Concat", b.ints(0, 0), kv1, d1, axis=0)  # [B, S, KV, d]
-    b.op("ScatterND", "k_cache", index, b.op("Reshape", "k", rows), outputs=["k_cache_out"])
-    b.op("ScatterND", "v_cache", index, b.op("Reshape", "v", rows), outputs=["v_cache_out"])
+    k_new, v_new = b.op("Reshape", "k", rows), b.op("Reshape", "v", rows)
+    if fp8:  # ops.reference.kv_store, as E4M3 bit patterns (module docstring)
+        k_scale, v_scale = _attr_tensor(b, "k_scale", "float"), _attr_tensor(b, "v_scale", "float")
+        k_new, v_new = _e4m3_bits(b, k_new, k_scale), _e4m3_bits(b, v_new, v_scale)
+    b.op("ScatterND", "k_cache", index, k_new, outputs=["k_cache_out"])
+    b.op("ScatterND", "v_cache", index, v_new, outputs=["v_cache_out"])
     # 2. attention of each row over the keys of the blocks spanning positions 0 .. max position
     #    (L = nb * bs keys, gathered block by block through the table; positions past a row are
     #    masked, so no slice to the exact length), causal by position, GQA by broadcasting
@@ -180,11 +204,16 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = Fa
     table = b.op("Where", b.op("GreaterOrEqual", table, zero), table, trash)
     flat = b.op("Concat", b.ints(0, -1), kv1, b.ints(1), d1, axis=0)  # [B, L, KV, 1, d]
 
-    def read(cache: str, perm: list[int]) -> str:  # [NB+1,bs,KV,d] -> the request's L keys, head-major
-        return b.op("Transpose", b.op("Reshape", b.op("Gather", cache, table, axis=0), flat), perm=perm)
+    def read(cache: str, perm: list[int], fp8_scale: str | None) -> str:  # [NB+1,bs,KV,d] -> L keys, head-major
+        blocks = b.op("Gather", cache, table, axis=0)  # [B, nb, bs, KV, d]
+        if fp8_scale is not None:  # ops.reference.kv_load: code * scale in float32, then the compute dtype
+            decoded = b.op("Cast", b.op("Mul", b.const(E4M3_VALUES), fp8_scale),
+                           to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))  # [256]: by bit pattern
+            blocks = b.op("Gather", decoded, b.op("Cast", blocks, to=TensorProto.INT64), axis=0)
+        return b.op("Transpose", b.op("Reshape", blocks, flat), perm=perm)
 
-    keys = read("k_cache_out", [0, 2, 3, 1, 4])  # [B,KV,1,L,d]: whole d-rows move, a cheap transpose
-    values = read("v_cache_out", [0, 2, 3, 1, 4])  # [B,KV,1,L,d]
+    keys = read("k_cache_out", [0, 2, 3, 1, 4], k_scale if fp8 else None)  # [B,KV,1,L,d]: whole d-rows move
+    values = read("v_cache_out", [0, 2, 3, 1, 4], v_scale if fp8 else None)  # [B,KV,1,L,d]
     q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
     q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
     # q @ keys^T: onnxruntime fuses this Transpose into the MatMul (FusedMatMul, transB)
@@ -215,7 +244,48 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = Fa
     inputs += ["tree_mask"] if tree else []
     return _function(KV_ATTENTION, b, inputs, ["out", "k_cache_out", "v_cache_out"],
                      ["num_heads", "num_kv_heads", "head_dim", "scale"],
-                     [helper.make_attribute("sliding_window", 0)])
+                     [helper.make_attribute(name, value) for name, value in _ATTR_DEFAULTS.items()])
+
+
+def _e4m3_table() -> np.ndarray:
+    """float32 [256]: the value of each float8_e4m3fn bit pattern (0x7F / 0xFF: NaN)."""
+    codes = np.arange(256)
+    exponent, mantissa = (codes >> 3) & 15, (codes & 7).astype(np.float64)
+    magnitude = np.where(exponent == 0, mantissa * 2.0 ** -9, (1 + mantissa / 8) * 2.0 ** (exponent - 7))
+    values = np.where(codes >= 128, -magnitude, magnitude)
+    values[(exponent == 15) & (mantissa == 7)] = np.nan
+    return values.astype(np.float32)
+
+
+E4M3_VALUES = _e4m3_table()
+_E4M3_MIN_NORMAL = 2.0 ** -6
+
+
+def _e4m3_bits(b: Builder, x: str, scale: str) -> str:
+    """uint8 E4M3 bit patterns of fp8(clamp(x / scale, +-448)) (x: any float type; divided in float32):
+    the bytes torch's float8_e4m3fn holds for ops.reference.kv_store. The value y is rounded by Cast
+    to float8e4m3fn and back (nearest even); then its bits: the sign 128 (from 1 / y, so -0 keeps
+    it); a normal |y| = (1 + m/8) 2^e (e in -6..8) is 8 (e + 6) + 8 |y| 2^-e, e = floor(log2 |y| +
+    0.04) (log2(1 + m/8) has a fraction of at most 0.907, so the floor is e despite Log's last bits);
+    a subnormal m 2^-9 is 512 |y|; NaN is 0x7F."""
+    f32 = TensorProto.FLOAT
+    fmax = b.const(np.float32(448.0))
+    x = b.op("Div", b.op("Cast", x, to=f32), scale)
+    y = b.op("Cast", b.op("Cast", b.op("Clip", x, b.op("Neg", fmax), fmax), to=TensorProto.FLOAT8E4M3FN), to=f32)
+    nan = b.op("IsNaN", y)
+    a = b.op("Where", nan, b.const(np.float32(0)), b.op("Abs", y))  # NaN: no out-of-range table index below
+    log2 = b.op("Mul", b.op("Log", b.op("Max", a, b.const(np.float32(_E4M3_MIN_NORMAL)))),
+                b.const(np.float32(1 / np.log(2))))
+    e = b.op("Add", b.op("Floor", b.op("Add", log2, b.const(np.float32(0.04)))), b.const(np.float32(6)))  # e + 6
+    inverse = b.const((2.0 ** -np.arange(-6, 9)).astype(np.float32))  # [15]: 2^-e at e + 6
+    step = b.op("Gather", inverse, b.op("Cast", e, to=TensorProto.INT64), axis=0)
+    normal = b.op("Mul", b.const(np.float32(8)), b.op("Add", e, b.op("Mul", a, step)))
+    subnormal = b.op("Mul", a, b.const(np.float32(512)))
+    magnitude = b.op("Where", b.op("Less", a, b.const(np.float32(_E4M3_MIN_NORMAL))), subnormal, normal)
+    negative = b.op("Less", b.op("Div", b.const(np.float32(1)), y), b.const(np.float32(0)))
+    bits = b.op("Where", negative, b.op("Add", magnitude, b.const(np.float32(128))), magnitude)
+    bits = b.op("Where", nan, b.const(np.float32(127)), bits)
+    return b.op("Cast", bits, to=TensorProto.UINT8)
 
 
 def _tree_visible(b: Builder, key_pos: str, base: str) -> str:
@@ -446,10 +516,14 @@ def strip_functions(model: onnx.ModelProto) -> onnx.ModelProto:
     empty optional inputs, an empty slot not being a tensor TensorRT can hand over: PEagleKVAttention
     drops them (the plugin takes tree_mask as its 8th input: the plugins have no sinks); PEagleMoE,
     whose plugin reads its optional inputs by position, gets a 0-element float32 tensor in an empty
-    slot before a present one, and its empty tail is dropped (plugins/src/plugins/moePlugin.cpp)."""
+    slot before a present one, and its empty tail is dropped (plugins/src/plugins/moePlugin.cpp).
+    uint8 KV caches (past_* / present_*: E4M3 bit patterns, module docstring) become float8e4m3fn."""
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
     del copy.functions[:]
+    for value in (*copy.graph.input, *copy.graph.output):
+        if value.name.startswith(("past_", "present_")) and value.type.tensor_type.elem_type == TensorProto.UINT8:
+            value.type.tensor_type.elem_type = TensorProto.FLOAT8E4M3FN
     absent = False
     for node in copy.graph.node:
         if node.domain != DOMAIN or "" not in node.input:

@@ -61,11 +61,30 @@ def block_rows(tables: torch.Tensor, positions: torch.Tensor, trash: int, block_
     return torch.where(valid, block, trash), torch.where(valid, pos % block_size, 0)
 
 
+def kv_store(x: torch.Tensor, cache_dtype: torch.dtype, scale: float = 1.0) -> torch.Tensor:
+    """What a KV cache of `cache_dtype` holds for values x: x in that dtype, or for an FP8 cache
+    (float8_e4m3fn) the codes fp8(clamp(x / scale, -448, 448)), divided in float32 (round to nearest
+    even; NaN stays NaN)."""
+    if cache_dtype != _FP8:
+        return x.to(cache_dtype)
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(_FP8)
+
+
+def kv_load(stored: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Values of cache entries `stored` in the compute `dtype`: FP8 codes read as code * scale in
+    float32, rounded once to `dtype` (as the kernels do); other caches converted as they are."""
+    if stored.dtype != _FP8:
+        return stored.to(dtype)
+    values = stored.float()
+    return (values if scale == 1.0 else values * scale).to(dtype)  # x * 1.0 is x: one pass fewer
+
+
 def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
                  block_tables: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None,
                  sliding_window: int = 0, sinks: torch.Tensor | None = None,
-                 tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 tree_mask: torch.Tensor | None = None, *, k_scale: float = 1.0, v_scale: float = 1.0
+                 ) -> torch.Tensor:
     """PEagleKVAttention over a paged cache.
 
     q [B, S, H*d], k/v [B, S, KV*d] (RoPE applied); positions [B, S] int64 (-1 = padding row);
@@ -87,6 +106,11 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     positions[b, 0] (the committed context; within the window) and the rows j of this forward
     whose bit j % 32 of word j // 32 is set (its ancestors and itself; the tree is assumed
     shallower than the window). The causal mask (row i sees rows 0..i) gives the plain op.
+
+    The caches hold q's dtype, or FP8 (float8_e4m3fn) codes with per-tensor scales `k_scale` /
+    `v_scale` (ignored otherwise): a row writes `kv_store` (fp8(clamp(value / scale, +-448)), in
+    float32) and attention reads `kv_load` (code * scale in float32, rounded once to q's dtype), its
+    own new key included.
     Returns out [B, S, H*d]; padding rows return finite values that callers ignore.
     """
     b, s, _ = q.shape
@@ -94,18 +118,18 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     slots = positions if tree_mask is None else tree_slots(positions)  # [B, S] where rows write
     if k is not None:  # k = v = None: read only (a KV-shared layer over the cache another layer wrote)
         block, offset = block_rows(block_tables, slots, trash, bs)  # [B, S]
-        k_cache[block, offset] = k.view(b, s, num_kv_heads, head_dim).to(k_cache.dtype)
-        v_cache[block, offset] = v.view(b, s, num_kv_heads, head_dim).to(v_cache.dtype)
+        k_cache[block, offset] = kv_store(k.view(b, s, num_kv_heads, head_dim), k_cache.dtype, k_scale)
+        v_cache[block, offset] = kv_store(v.view(b, s, num_kv_heads, head_dim), v_cache.dtype, v_scale)
     if deterministic.active():  # one query row at a time over exactly its visible keys
         return _kv_attention_rows(q, positions, slots, tree_mask, block_tables, k_cache, v_cache, num_heads,
-                                  num_kv_heads, head_dim, scale, sliding_window, sinks)
+                                  num_kv_heads, head_dim, scale, sliding_window, sinks, k_scale, v_scale)
     span = _KEY_SPAN.get()
     length = min(int(slots.max()) + 1 if span is None else span, block_tables.shape[1] * bs)
     nb = -(-length // bs)  # blocks spanned by the longest row
     table = block_tables[:, :nb]
     table = torch.where(table >= 0, table, trash)  # [B, nb]
-    keys = k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)  # [B, KV, L, d]
-    values = v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2).to(q.dtype)
+    keys = kv_load(k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2), k_scale, q.dtype)  # [B, KV, L, d]
+    values = kv_load(v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2), v_scale, q.dtype)
     key_pos = torch.arange(length, device=q.device)[None, None]  # [1, 1, L]
     pos = positions[:, :, None]  # [B, S, 1]
     visible = key_pos <= pos if tree_mask is None else tree_visible(tree_mask, positions, key_pos)  # [B, S, L]
@@ -135,7 +159,7 @@ def _attend(qh: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible:
 
 
 def _kv_attention_rows(q, positions, slots, tree_mask, block_tables, k_cache, v_cache, num_heads, num_kv_heads,
-                       head_dim, scale, sliding_window, sinks) -> torch.Tensor:
+                       head_dim, scale, sliding_window, sinks, k_scale=1.0, v_scale=1.0) -> torch.Tensor:
     """kv_attention's read side, one query row at a time over exactly the keys that row sees (its
     request's positions max(0, p - W + 1) .. p, cut at the table's end; with a tree mask, the
     context below the request's first slot and the rows its bits name), copied contiguous: every
@@ -153,8 +177,8 @@ def _kv_attention_rows(q, positions, slots, tree_mask, block_tables, k_cache, v_
             tree_mask[i:i + 1], positions[i:i + 1], torch.arange(length, device=q.device)[None, None])[0]
         table = block_tables[i, :-(-length // bs)]
         table = torch.where(table >= 0, table, trash)
-        keys = k_cache[table].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)  # [KV, L, d]
-        values = v_cache[table].flatten(0, 1)[:length].transpose(0, 1).to(q.dtype)
+        keys = kv_load(k_cache[table].flatten(0, 1)[:length].transpose(0, 1), k_scale, q.dtype)  # [KV, L, d]
+        values = kv_load(v_cache[table].flatten(0, 1)[:length].transpose(0, 1), v_scale, q.dtype)
         for j, p in enumerate(row):
             if p < 0:
                 continue

@@ -131,15 +131,17 @@ class TextGenerator:
     def from_checkpoints(cls, target_dir: str | Path, drafter_dir: str | Path | None, spec: SpecConfig,
                          device: str = "cpu", dtype: str = "float32", max_seq_len: int = 4096,
                          max_batch: int = 1, prefill_chunk: int = 256, backend: str = "torch",
-                         threads: int | None = None, deterministic: bool = False) -> TextGenerator:
+                         threads: int | None = None, deterministic: bool = False,
+                         kv_cache_dtype: str = "auto") -> TextGenerator:
         """Serve checkpoint directories in-process (`generate --target`): `backend` "torch", or
         "onnxruntime" (float32 CPU: the graphs `export` writes, made in memory;
         peagle_trt/executors/onnxruntime.py; `threads`: its intra-op threads, None = onnxruntime's default);
-        `deterministic`: row- and batch-invariant forwards (peagle_trt/serve/options.py)."""
+        `deterministic`: row- and batch-invariant forwards (peagle_trt/serve/options.py); `kv_cache_dtype`:
+        auto (the model's dtype) or fp8 (E4M3 KV caches)."""
         try:
             options = RepositoryOptions(spec, backend=backend, max_batch=max_batch, max_seq_len=max_seq_len,
                                         prefill_chunk=prefill_chunk, device=device, dtype=dtype,
-                                        threads=threads, deterministic=deterministic)
+                                        threads=threads, deterministic=deterministic, kv_cache_dtype=kv_cache_dtype)
         except BuildError as exc:
             raise ConfigError(str(exc)) from exc
         paths = ArtifactPaths(str(Path(target_dir).absolute()),

@@ -12,7 +12,9 @@ tests/serve/test_options.py checks the round trip.
 the environment variable VLLM_BATCH_INVARIANT=1, is accepted where a repository is served: it
 turns the option on, never off) makes every forward row- and batch-invariant (torch and
 onnxruntime backends; docs/SERVING.md, "Deterministic mode"). `with_deterministic` applies both.
-`serve --seed N` reaches the served models as PEAGLE_SERVE_SEED (`serve_seed`).
+`serve --seed N` reaches the served models as PEAGLE_SERVE_SEED (`serve_seed`). `kv_cache_dtype`
+(`--kv-cache-dtype` of build, generate and vLLM's serve command) says what every KV cache of the
+executor stores (`kv_layout`, peagle_trt/config.py KVLayout.cache_dtype).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from peagle_trt.config import (
     BLOCK_SIZE,
     GRAMMAR_TIMEOUT_S,
     KERNELS,
+    KV_CACHE_DTYPES,
     MAX_GRAMMAR_BYTES,
     MAX_STOP_BYTES,
     PREFILL_CHUNK,
@@ -68,12 +71,16 @@ class RepositoryOptions:
     # row- and batch-invariant forwards (peagle_trt/ops/deterministic.py; torch, onnxruntime)
     deterministic: bool = False
     cuda_graphs: bool = True  # torch backend on CUDA: forwards replayed as CUDA graphs (peagle_trt/executors/graphs.py)
+    kv_cache_dtype: str = "auto"  # what the KV caches store: the model's dtype | fp8 (E4M3; config.KV_CACHE_DTYPES)
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise BuildError(f"backend {self.backend!r} is not available yet; choose from {BACKENDS}")
         if self.kernels not in KERNELS:
             raise BuildError(f"kernels {self.kernels!r} is not one of {KERNELS}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise BuildError(f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of {KV_CACHE_DTYPES}: auto stores "
+                             "the model's dtype, fp8 E4M3 codes (--kv-cache-dtype)")
         if self.kernels == "cuda" and (self.backend != "torch" or not self.device.startswith("cuda")):
             raise BuildError(f"kernels='cuda' runs the torch backend's custom ops on the Triton kernels: it "
                              f"needs --backend torch --device cuda (got backend {self.backend!r}, device "
@@ -112,8 +119,9 @@ class RepositoryOptions:
         or a draft tree's nodes + 1)."""
         max_len = self.max_seq_len + self.speculation.max_nodes + 1
         if not self.kv_blocks:
-            return KVLayout.for_sequences(self.max_batch, max_len, self.block_size, max_rows=self.max_rows)
-        return KVLayout(self.kv_blocks, max_len, self.max_batch, self.block_size, self.max_rows)
+            return KVLayout.for_sequences(self.max_batch, max_len, self.block_size, max_rows=self.max_rows,
+                                          cache_dtype=self.kv_cache_dtype)
+        return KVLayout(self.kv_blocks, max_len, self.max_batch, self.block_size, self.max_rows, self.kv_cache_dtype)
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,16 @@ docs/SERVING.md, "vLLM's serve command"):
 * honoured: MODEL / --model (a hub id or directory, peagle_trt/hub.py), --revision, the
   speculative config (its "model" is the drafter, "revision" its revision), --max-model-len,
   --max-num-seqs, --enable-prefix-caching / --no-enable-prefix-caching, --dtype, --enforce-eager
-  (no CUDA graphs), --seed, --port (the OpenAI API), --host, --served-model-name, and
+  (no CUDA graphs), --kv-cache-dtype auto / fp8 / fp8_e4m3 (fp8: E4M3 KV caches for the target and
+  the drafter, build's --kv-cache-dtype fp8, scaled by the checkpoint's calibrated k_scale / v_scale,
+  else 1.0 as vLLM), --seed, --port (the OpenAI API), --host, --served-model-name, and
   -tp / --tensor-parallel-size 1 (one device; more is refused);
 * accepted without effect, said on stderr and in the ready line, each with why (`NO_EFFECT`):
   scheduling and memory knobs that cannot change the output (--async-scheduling,
   --max-num-batched-tokens, --stream-interval, --max-cudagraph-capture-size,
-  --gpu-memory-utilization) and --kv-cache-dtype fp8 (the KV cache stays in the model dtype here);
-* refused by name: --trust-remote-code, any other --kv-cache-dtype, and every flag serve does not
-  know (`refuse_unknown`, through peagle_trt/cli.py).
+  --gpu-memory-utilization);
+* refused by name: --trust-remote-code, any other --kv-cache-dtype (`KV_CACHE_DTYPES`), and every
+  flag serve does not know (`refuse_unknown`, through peagle_trt/cli.py).
 
 `prepare(args)` resolves the models, checks a published head's pairing before any fetch, and
 builds the repository with `peagle-trt build` in a child process (build sits above serve in the
@@ -60,8 +62,8 @@ NO_EFFECT = {
                               "--max-model-len tokens (build --kv-blocks to size it); preemption, if any, "
                               "recomputes exactly",
 }
-KV_FP8 = ("--kv-cache-dtype fp8: NOT applied: the KV cache stays in the model's dtype here (no executor stores "
-          "FP8 KV yet); speculative output still equals the target's own at that precision")
+# vLLM's --kv-cache-dtype values taken here -> build's --kv-cache-dtype (fp8 is E4M3 on NVIDIA GPUs in vLLM)
+KV_CACHE_DTYPES = {"auto": "auto", "fp8": "fp8", "fp8_e4m3": "fp8"}
 # flags that only mean something when serve builds (MODEL), not for a built repository
 BUILD_FLAGS = {"max_model_len": "--max-model-len", "max_num_seqs": "--max-num-seqs",
                "enable_prefix_caching": "--enable-prefix-caching", "dtype": "--dtype",
@@ -97,7 +99,8 @@ def add_vllm_flags(s: argparse.ArgumentParser) -> None:
                    help="reuse the KV of cached prompt prefixes (default on)")
     g.add_argument("--dtype", choices=sorted(DTYPES), default=None, help="weight dtype (auto: float32 on CPU)")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs (torch backend)")
-    g.add_argument("--kv-cache-dtype", default=None, help="auto; fp8 is accepted but not applied (see docs)")
+    g.add_argument("--kv-cache-dtype", default=None,
+                   help="auto (the model dtype) | fp8 / fp8_e4m3 (E4M3 KV caches, checkpoint scales else 1.0)")
     g.add_argument("-tp", "--tp", "--tensor-parallel-size", dest="tensor_parallel_size", type=int, default=None,
                    help="1: one device (more is refused)")
     g.add_argument("--seed", type=int, default=None,
@@ -126,10 +129,7 @@ def refuse_unknown(unknown: list[str]) -> None:
 
 def notes(args: argparse.Namespace) -> list[str]:
     """Why each accepted-without-effect flag given has none (said on stderr and in the ready line)."""
-    out = [why for dest, why in NO_EFFECT.items() if getattr(args, dest, None) is not None]
-    if args.kv_cache_dtype is not None and args.kv_cache_dtype.startswith("fp8"):
-        out.append(KV_FP8)
-    return out
+    return [why for dest, why in NO_EFFECT.items() if getattr(args, dest, None) is not None]
 
 
 def check_flags(args: argparse.Namespace, model_mode: bool) -> None:
@@ -141,8 +141,10 @@ def check_flags(args: argparse.Namespace, model_mode: bool) -> None:
         raise ConfigError(f"--tensor-parallel-size {args.tensor_parallel_size}: one device serves a model here; "
                           "use 1, or scale out with several replicas (docs/DEPLOY.md: Dynamo)")
     kv = args.kv_cache_dtype
-    if kv is not None and kv != "auto" and not kv.startswith("fp8"):
-        raise ConfigError(f"--kv-cache-dtype {kv}: the KV cache follows the model dtype (--dtype); use auto")
+    if kv is not None and kv not in KV_CACHE_DTYPES:
+        why = ("only E4M3 FP8 caches are implemented here" if kv.startswith("fp8") else
+               "the KV cache stores the model dtype (--dtype) or FP8")
+        raise ConfigError(f"--kv-cache-dtype {kv}: {why}; use one of {', '.join(KV_CACHE_DTYPES)}")
     if not model_mode:
         given = [flag for dest, flag in BUILD_FLAGS.items() if getattr(args, dest, None) is not None]
         if given:
@@ -232,6 +234,8 @@ def _build_argv(args: argparse.Namespace, parsed) -> list[str]:
         argv += ["--dtype", DTYPES[args.dtype]]
     if args.enforce_eager:
         argv.append("--no-cuda-graphs")
+    if KV_CACHE_DTYPES.get(args.kv_cache_dtype or "auto") == "fp8":
+        argv += ["--kv-cache-dtype", "fp8"]
     return argv
 
 

@@ -23,7 +23,7 @@ SMOKE = {  # suite -> extra options of its smoke run
     "deterministic": [], "trees": [],
     "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
-TARGET_SUITES = ("decode", "fp8-quality")  # --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
+TARGET_SUITES = ("decode", "fp8-quality", "kv-fp8")  # --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
 NEEDS_TRITON = ("serving",)
 
 
@@ -48,11 +48,14 @@ def test_smoke(name, tmp_path):
 
 
 def check_target_suite(name: str, target, out) -> None:
-    flag = "--target" if name == "decode" else "--fp32"
+    flag = "--fp32" if name == "fp8-quality" else "--target"
     result = run_suite(name, ["--smoke", "--output-dir", str(out), flag, str(target)])
     check(name, result, out)
     if name == "decode":
         assert {"transformers", "ours (torch)", "ours (onnxruntime)"} == set(result["decode"])
+    elif name == "kv-fp8":
+        assert result["agreement"]["tokens"] == 16 and all(r["torch"] > 0 for r in result["ratios"])
+        assert result["kv_bytes_per_position"]["auto"] == 4 * result["kv_bytes_per_position"]["fp8"]
     else:
         assert 0.0 <= result["top1_agreement"] <= 1.0 and result["positions"] == 64
 

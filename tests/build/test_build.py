@@ -3,6 +3,7 @@ nothing behind; the config.pbtxt parses as a Triton ModelConfig text proto."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -149,6 +150,45 @@ def test_build_with_fp8_quantization_serves_the_fp8_target(tiny, tmp_path, capsy
     events = []
     engine.generate("hi", SamplingParams(max_tokens=5, ignore_eos=True), events.append, chat_template=False)
     assert sum(len(e.token_ids) for e in events) == 5
+
+
+def test_kv_cache_dtype_fp8_goes_from_build_to_the_served_executor(tiny, tmp_path, capsys):
+    """build --kv-cache-dtype fp8 (onnxruntime): config.pbtxt and the manifest say so, the KV memory
+    is a quarter of float32's, and the repository's executor stores E4M3 codes (uint8 caches) and
+    decodes what the same pair does from checkpoints with FP8 caches (target-only, greedy, exact)."""
+    from peagle_trt.cli import main
+    from peagle_trt.config import SamplingParams
+
+    code = main(["build", "--target", str(tiny["llama"]), "--output",
+                 str(tmp_path / "r"), "--spec-mode", "none", "--max-batch", "1", "--max-seq-len", "64",
+                 "--backend", "onnxruntime", "--kv-cache-dtype", "fp8", "--deterministic"])
+    assert code == 0 and "(1-byte FP8 E4M3 elements)" in capsys.readouterr().err
+    model_dir, options, paths = read_options(tmp_path / "r")
+    manifest = json.loads((model_dir / "manifest.json").read_text())
+    assert options.kv_cache_dtype == "fp8" and manifest["repo"]["kv_cache_dtype"] == "fp8"
+    memory = manifest["kv_memory"]
+    auto = build_kv_memory(tiny, dataclasses.replace(options, kv_cache_dtype="auto"))
+    assert memory["element_bytes"] == 1 and memory["total_bytes"] * 4 == auto.total_bytes
+    engine = TextGenerator.load(model_dir, options, paths)
+    kv = engine.scheduler.decoder.ex.g_target.kv
+    assert {a.dtype.name for a in kv.values()} == {"uint8"}
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    served = engine.generate("hello there", params, chat_template=False)["token_ids"]
+    alone = TextGenerator.from_checkpoints(tiny["llama"], None, SpecConfig("none", 1), max_seq_len=64,
+                                           backend="onnxruntime", deterministic=True, kv_cache_dtype="fp8")
+    assert served == alone.generate("hello there", params, chat_template=False)["token_ids"]
+    assert kv["past_key_0"].any()  # the served request wrote its codes there
+    capsys.readouterr()
+    assert main(["generate", "--repo", str(tmp_path / "r"), "--prompt", "hi", "--kv-cache-dtype", "fp8"]) == 2
+    error = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["error"]
+    assert "a repository's KV cache dtype is its build's" in error  # refused by name, never ignored
+
+
+def build_kv_memory(tiny, options):
+    from peagle_trt.build import kv_memory_of
+    from peagle_trt.checkpoint import load_pair
+
+    return kv_memory_of(load_pair(tiny["llama"], None, options.speculation), options)
 
 
 def test_build_writes_the_input_byte_limits_the_model_enforces(tiny, tmp_path):

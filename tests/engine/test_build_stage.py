@@ -442,7 +442,8 @@ def test_build_end_to_end_with_fake_tensorrt(env):
     assert entry["hardware_compatibility"] == "NONE"
     assert entry["graphs"]["target"]["profiles"]["decode"]["past_key_0"]["max"] == [NB1, BS, KV, D]
     assert entry["graphs"]["target"]["profiles"]["decode"]["block_tables"]["max"] == [1, N, M]
-    assert entry["kv"] == {"num_blocks": NB1 - 1, "max_len": 36, "max_batch": N, "block_size": BS, "max_rows": 16}
+    assert entry["kv"] == {"num_blocks": NB1 - 1, "max_len": 36, "max_batch": N, "block_size": BS, "max_rows": 16,
+                           "cache_dtype": "auto"}  # the export's (its manifest's kv)
     assert {"target.sm_90.plan", "drafter.sm_90.plan", "plugins/sm_90/libpeagle_trt_plugins.so"} <= set(
         manifest["files"])
     # a rebuild loads the saved timing cache

@@ -65,6 +65,27 @@ def test_kernel_executor_logits_match_the_reference_ops(tiny):
     torch.testing.assert_close(aux, aux_want, atol=1e-4, rtol=1e-4)
 
 
+def test_kernel_executor_with_fp8_caches_matches_the_reference_ops(tiny):
+    """--kv-cache-dtype fp8 on the kernels: the cache's scales reach the Triton kernel, which stores the
+    reference's codes and reads them back as it does (a prefill, then a decode row over them). Codes are
+    compared as values: the interpreter's rounding (`_round_to_e4m3`) stores -0 as +0."""
+    from peagle_trt.config import KVLayout
+
+    t, _ = load_pair(tiny["llama"], None, SpecConfig("none", 1)).build("cpu", torch.float32)
+    exs = [TorchExecutor(t, None, KVLayout.for_sequences(1, 64, cache_dtype="fp8"), kernels=k)
+           for k in ("cuda", "reference")]
+    for ex in exs:  # not 1.0: a scale that did not reach the kernel would show
+        cache = ex.target_cache
+        cache.k_scale[:], cache.v_scale[:] = [0.25] * len(cache.k_scale), [0.5] * len(cache.v_scale)
+    prefill = (torch.tensor([PROMPTS[0][:4]]), torch.arange(4)[None])
+    for rows, pos in (prefill, (torch.tensor([[9]]), torch.tensor([[4]]))):  # then a decode row
+        got, want = (ex.target(rows, pos, torch.tensor([[0]]))[0] for ex in exs)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    caches = [ex.target_cache.k + ex.target_cache.v for ex in exs]
+    assert all(c.dtype == torch.float8_e4m3fn for c in caches[0])
+    assert all(torch.equal(got.float(), want.float()) for got, want in zip(*caches))
+
+
 @pytest.fixture
 def launches(monkeypatch):
     """Counts the kernel launchers' calls, and splits every attention over the context (segments of

@@ -177,26 +177,24 @@ def test_kv_attention_read_only_layer():
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("window,with_sinks", [(0, False), (6, True)])
 def test_kv_attention_fp8_cache(dtype, window, with_sinks):
-    """Stored codes = fp8(value / scale) within one fp8 step; attention over stored * scale equals the
-    reference run on the dequantized cache."""
+    """The reference's FP8 cache (reference.kv_store / kv_load): the kernel stores exactly its codes
+    fp8(clamp(value / scale, +-448)), saturated ones included, and attends over code * scale as it does."""
     rows, h, kv, d, bs = CASES["verify-k3"]
     gen = torch.Generator().manual_seed(8)
     q, k, v, positions, tables, kc, vc = _paged_case(gen, rows, h, kv, d, bs, dtype, window)
+    k, v = k.clone(), v.clone()
+    k[..., :3] *= 40  # past 448 * k_scale: stored as +-448
     k_scale, v_scale = 0.05, 0.03
-    kc8, vc8 = (kc.float() / k_scale).to(FP8), (vc.float() / v_scale).to(FP8)
+    kc8, vc8 = reference.kv_store(kc, FP8, k_scale), reference.kv_store(vc, FP8, v_scale)
     sinks = torch.randn(h, generator=gen) if with_sinks else None
     got, kc_got, vc_got = _run(q, k, v, positions, tables, kc8.clone(), vc8.clone(), h, kv, d,
                                sliding_window=window, sinks=sinks, k_scale=k_scale, v_scale=v_scale)
-    want_k, want_v = kc8.clone(), vc8.clone()  # the reference write in the fp8 domain
-    reference.kv_attention(q.float(), k.float() / k_scale, v.float() / v_scale, positions, tables, want_k, want_v,
-                           h, kv, d)
+    want_k, want_v = kc8.clone(), vc8.clone()
+    want = reference.kv_attention(q.float(), k.float(), v.float(), positions, tables, want_k, want_v, h, kv, d,
+                                  None, window, sinks, k_scale=k_scale, v_scale=v_scale)
+    assert bool((want_k.float().abs() == 448).any())  # the clamp was exercised (the poison: NaN codes)
     for name, g, w in (("k", kc_got[:-1], want_k[:-1]), ("v", vc_got[:-1], want_v[:-1])):  # trash aside
-        step = (g.view(torch.uint8).int() - w.view(torch.uint8).int()).abs()
-        nan = torch.isnan(w.float())
-        assert torch.equal(torch.isnan(g.float()), nan), f"{name} cache: NaN pattern changed (a stray write)"
-        assert int(step[~nan].max()) == 0, f"{name} cache: a stored code differs from torch's fp8 rounding"
-    want = reference.kv_attention(q.float(), None, None, positions, tables, kc_got.float() * k_scale,
-                                  vc_got.float() * v_scale, h, kv, d, None, window, sinks)
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8)), f"{name} cache: a code differs from kv_store"
     _check_attention(got, want.to(dtype), positions, dtype)
 
 

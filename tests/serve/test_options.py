@@ -16,7 +16,8 @@ from peagle_trt.serve.options import ArtifactPaths, RepositoryOptions, from_para
     (RepositoryOptions(SpecConfig("eagle3", 5), backend="tensorrt", gpu_arch="sm_100",
                        plugin_library="/x/lib.so", max_prompt_bytes=4096, max_stop_bytes=64),
      ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx", engine="artifacts/engines")),
-    (RepositoryOptions(SpecConfig("none", 1), backend="onnxruntime", max_prompt_bytes=7, max_stop_bytes=9),
+    (RepositoryOptions(SpecConfig("none", 1), backend="onnxruntime", max_prompt_bytes=7, max_stop_bytes=9,
+                       kv_cache_dtype="fp8"),
      ArtifactPaths("artifacts/tokenizer", onnx="artifacts/onnx")),
 ])
 def test_options_round_trip_through_parameters(options, paths):
@@ -42,3 +43,20 @@ def test_missing_or_malformed_parameters_are_named():
         from_parameters({**params, "max_batch": "eight"})
     with pytest.raises(ConfigError, match="backend"):
         from_parameters({**params, "backend": "vllm"})
+
+
+def test_kv_cache_dtype_reaches_the_layout_and_is_checked():
+    """`--kv-cache-dtype` is one parameter of config.pbtxt: the executors' KVLayout carries it; a
+    repository built before it existed reads as auto; a value outside auto / fp8 is refused by name."""
+    from peagle_trt.errors import BuildError
+
+    options = RepositoryOptions(SpecConfig("peagle", 2), kv_cache_dtype="fp8")
+    params = to_parameters(options, ArtifactPaths("t"))
+    assert params["kv_cache_dtype"] == "fp8"
+    assert from_parameters(params)[0].kv_layout.cache_dtype == "fp8"
+    older = {k: v for k, v in params.items() if k != "kv_cache_dtype"}
+    assert from_parameters(older)[0].kv_layout.cache_dtype == "auto"
+    with pytest.raises(ConfigError, match="kv_cache_dtype 'fp8_e5m2' is not one of"):
+        from_parameters({**params, "kv_cache_dtype": "fp8_e5m2"})
+    with pytest.raises(BuildError, match="kv_cache_dtype 'float16'"):
+        RepositoryOptions(SpecConfig("peagle", 2), kv_cache_dtype="float16")

@@ -1,10 +1,11 @@
 """vLLM's serve command on `peagle-trt serve` (peagle_trt/serve/vllm.py): the gpt-oss-120b head
 card's command, program name aside, is taken as it is (its flags honoured or said to have no
-effect, with why) and flags serve does not have are refused by name; with a small GPT-OSS pair held
+effect, with why; `--kv-cache-dtype fp8` builds E4M3 KV caches) and flags serve does not have are
+refused by name; with a small GPT-OSS pair held
 under the card's hub ids in an offline cache, the command builds into the cache, serves on the
 OpenAI port, and a chat request through the `openai` client equals target-only greedy decoding of
-the same checkpoint; the same request again reuses the built repository. `--seed` seeds unseeded
-requests."""
+the same checkpoint with the same FP8 KV cache; the same request again reuses the built repository.
+`--seed` seeds unseeded requests."""
 
 from __future__ import annotations
 
@@ -58,13 +59,13 @@ def test_the_card_command_is_taken_as_it_is():
     vllm.check_flags(args, model_mode=True)
     said = [note.split(":")[0] for note in vllm.notes(args)]
     assert said == ["--async-scheduling", "--max-num-batched-tokens", "--stream-interval",
-                    "--max-cudagraph-capture-size", "--gpu-memory-utilization", "--kv-cache-dtype fp8"]
+                    "--max-cudagraph-capture-size", "--gpu-memory-utilization"]  # --kv-cache-dtype fp8: applied
     parsed = speculative_config.resolve(args.speculative_config, "serve")
     assert (parsed.model, parsed.spec) == ("amazon/gpt-oss-120b-p-eagle", SpecConfig("peagle", 5))
     assert vllm._build_argv(args, parsed) == [
         "--backend", "auto", "--device", "cpu",
         "--speculative-config", '{"method": "eagle3", "num_speculative_tokens": 5, "parallel_drafting": true}',
-        "--max-seq-len", "32768", "--max-batch", "128", "--no-prefix-caching"]
+        "--max-seq-len", "32768", "--max-batch", "128", "--no-prefix-caching", "--kv-cache-dtype", "fp8"]
     assert args.port == 8040
     prompt = ["generate", "--prompt", "\u2014tp is a flag here"]  # only flags are read as such
     assert normalize_argv(prompt + ["\u2014max-tokens", "4"], parser) == prompt + ["--max-tokens", "4"]
@@ -74,7 +75,8 @@ def test_the_card_command_is_taken_as_it_is():
     (["--pipeline-parallel-size", "2"], "does not take --pipeline-parallel-size"),
     (["-tp", "2"], "--tensor-parallel-size 2: one device"),
     (["--trust-remote-code"], "--trust-remote-code is refused"),
-    (["--kv-cache-dtype", "bfloat16"], "--kv-cache-dtype bfloat16"),
+    (["--kv-cache-dtype", "bfloat16"], "--kv-cache-dtype bfloat16: the KV cache stores the model dtype"),
+    (["--kv-cache-dtype", "fp8_e5m2"], "--kv-cache-dtype fp8_e5m2: only E4M3 FP8 caches are implemented"),
     (["--model", "/no/such/model"], "not a built repository, a model directory or a hub id"),
 ])
 def test_flags_serve_does_not_have_are_refused_by_name(extra, expected, capsys):
@@ -109,6 +111,7 @@ def test_the_card_command_builds_serves_and_reuses_a_pair_held_under_its_ids(tin
     openai = pytest.importorskip("openai")
     pytest.importorskip("pytriton")
     from peagle_trt.serve.generator import TextGenerator
+    from peagle_trt.serve.options import read_options
 
     cache = tmp_path / "hf-cache"
     cache.mkdir()
@@ -128,7 +131,8 @@ def test_the_card_command_builds_serves_and_reuses_a_pair_held_under_its_ids(tin
             pytest.fail(f"serve exited before it was ready: {proc.communicate(timeout=30)}")
         ready = json.loads(line)
         assert ready["built"] is True and ready["served_model_names"] == ["openai/gpt-oss-120b"]
-        assert ready["target"] == str(target) and len(ready["notes"]) == 6
+        assert ready["target"] == str(target) and len(ready["notes"]) == 5
+        assert read_options(ready["repository"])[1].kv_layout.cache_dtype == "fp8"  # the card's --kv-cache-dtype fp8
         client = openai.OpenAI(base_url=ready["openai"], api_key="unused", max_retries=0, timeout=120)
         assert [m.id for m in client.models.list().data] == ["openai/gpt-oss-120b"]
         messages = [{"role": "user", "content": "Explain how a transformer attends to earlier tokens"}]
@@ -141,7 +145,7 @@ def test_the_card_command_builds_serves_and_reuses_a_pair_held_under_its_ids(tin
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     alone = TextGenerator.from_checkpoints(target, None, SpecConfig("none", 1), max_seq_len=256,
-                                           backend="onnxruntime", deterministic=True)
+                                           backend="onnxruntime", deterministic=True, kv_cache_dtype="fp8")
     expected = alone.generate(messages[0]["content"], SamplingParams(max_tokens=24, ignore_eos=True))
     assert reply.choices[0].model_extra["token_ids"] == expected["token_ids"]
     # the same request again: the repository in the cache, not rebuilt

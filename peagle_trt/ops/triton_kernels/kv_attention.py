@@ -4,7 +4,8 @@ Contract: `peagle_trt.ops.reference.kv_attention`. Caches [N+1, bs, KV, d] (bloc
 block), block tables [B, M] int64 (-1 = no block), positions [B, S] (-1 = padding row). Features:
 GQA, any head size d (per-layer head sizes: one compiled variant per d), sliding windows
 (keys at positions > p - W), attention sinks (one logit per head in the denominator, no value),
-read-only layers (k = v = None), FP8 e4m3 caches with per-tensor scales (stored = value / scale),
+read-only layers (k = v = None), FP8 e4m3 caches with per-tensor scales (`reference.kv_store` /
+`kv_load`: stored = fp8(clamp(value / scale, +-448)), read = code * scale in fp32, then q's dtype),
 draft trees (a packed ancestor mask [B, S, W] int32: rows at KV slots positions[b, 0] + s, each
 seeing the context below that slot and the rows whose bits it has).
 
@@ -110,9 +111,9 @@ def kv_write_kernel(k_ptr, v_ptr, positions_ptr, tables_ptr, k_cache, v_cache, S
         inside = c < KVD
         kk = tl.load(k_ptr + (b * S + s) * KVD + c, mask=inside, other=0.0).to(tl.float32)
         vv = tl.load(v_ptr + (b * S + s) * KVD + c, mask=inside, other=0.0).to(tl.float32)
-        if FP8_CACHE:
-            kk = kk / k_scale
-            vv = vv / v_scale
+        if FP8_CACHE:  # reference.kv_store: fp8(clamp(value / scale, +-448)), divided in fp32
+            kk = tl.minimum(tl.maximum(kk / k_scale, -448.0), 448.0)
+            vv = tl.minimum(tl.maximum(vv / v_scale, -448.0), 448.0)
             if ROUND_FP8:
                 kk = _round_to_e4m3(kk)
                 vv = _round_to_e4m3(vv)
@@ -302,7 +303,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None
 
     q [B, S, H*d], k/v [B, S, KV*d] (float32/float16/bfloat16, one dtype); positions [B, S];
     block_tables [B, M]; tree_mask [B, S, W] int32 | None; k_cache/v_cache [N+1, bs, KV, d] contiguous,
-    q's dtype or float8_e4m3fn (then k_scale/v_scale dequantize: stored = value / scale).
+    q's dtype or float8_e4m3fn (then k_scale/v_scale scale them: `reference.kv_store` / `kv_load`).
     num_splits: context segments (flash-decoding); None picks them by shape (`split_plan`: 1 under
     deterministic mode or when the unsplit grid fills the GPU), 1 forces the unsplit kernel.
     Returns out [B, S, H*d]."""
