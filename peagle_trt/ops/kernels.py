@@ -251,7 +251,11 @@ _saved: dict[tuple[str, str], object] = {}
 
 def _original(module: str, name: str):
     """The function `install()` replaced (the module's own while none is installed)."""
-    return _saved.get((module, name)) or getattr(importlib.import_module(module), name)
+    fn = _saved.get((module, name)) or getattr(importlib.import_module(module), name)
+    if any(fn is patch for _, _, patch in _PATCHES):  # a dispatcher put back by hand after disable()
+        raise RuntimeError(f"{module}.{name} is a kernels dispatcher but no original is saved: something "
+                           "restored it after ops.kernels.disable(); call install() / disable() in order")
+    return fn
 
 
 def install() -> None:
