@@ -3,25 +3,30 @@ token against context length, none vs EAGLE-3 vs P-EAGLE, batch 1, in process th
 serves (TextGenerator and its scheduler; peagle_trt/bench/measure.py), backend onnxruntime by default.
 
     peagle-trt bench long-context [--target smollm2] [--contexts 512,2048,4096,8192] [--prompts 1]
-        [--configs none,peagle:1,peagle:3,eagle3:1,eagle3:3] [--heads peagle-long=DIR] [--max-tokens 64]
+        [--configs none,peagle:3,eagle3:3] [--heads peagle-long=DIR] [--max-tokens 32] [--rounds 1]
 
 Prompts (peagle_trt/bench/long_prompts.py): per context, --prompts of each kind, "source" (whole
 held-out module files, then a request about a function of the last) and "chat" (held-out turns of the
 self-distillation answers, then a new request), of at most the context's tokens, chat template
 included; a context is capped at the target's max_position_embeddings - --max-tokens - MARGIN (8192
-becomes 8096 on SmolLM2 with 64 new tokens); the report gives the actual counts.
+becomes 8128 on SmolLM2 with 32 new tokens); the report gives the actual counts.
 Per context, one generator per configuration, its KV sized for that context (so a step reads what the
 context needs, not a longer allocation), prefix caching on: round 1 runs every prompt cold and gives
 the TTFT (submit to first token: the prefill, target and drafter); later rounds reuse the cached
 prompt and time decoding again. Within a prompt the configurations take turns, the order reversed
-every other round (and prompt). Decode tok/s counts only the tokens after the first and the time
-after it (the decode steps); its median over rounds is what the speed-up over none (same context)
-compares. AL and per-position acceptance pool the verify steps of all prompts; every greedy output
-is compared with none's (mismatches: the gate, 0).
-Default configurations: none, and each head at K = 1 (the fastest batch-1 K on short prompts,
-docs/BENCHMARKS.md "heads") and K = 3 (acceptance shown to position 3, where both heads reach ~98% of
-their K = 5 AL; and the K that gains when verify rows get cheaper relative to a step, as they do when
-attention over a long KV dominates). K = 5 adds ~0.02 AL and a third more prefill time per context.
+every other round (and prompt, and context). Decode tok/s counts only the tokens after the first
+and the time after it (the decode steps); its median over rounds is what the speed-up over none
+(same context) compares. AL and per-position acceptance pool the verify steps of all prompts; every
+greedy output is compared with none's (mismatches: the gate, 0). Each finished context's rows are
+appended to OUTPUT_DIR/bench_long_context_rows.jsonl at once (a run stopped early keeps them).
+Defaults, sized by the prefill: on a 2-core CPU an 8K prompt's prefill takes minutes (quadratic
+attention in 256-token chunks), and every configuration prefills every prompt itself, so the cost is
+configurations x prompts x prefill; 3 configurations, one prompt of each kind, one round and 32 new
+tokens make a ~15-20 min run on an idle 2-core machine. K = 3 for both heads: acceptance shows to
+position 3 (both reach ~98% of their K = 5 AL, docs/BENCHMARKS.md "heads"), and at long contexts a
+step's time is the attention over the KV, which a 4-row verify reads once like a 1-row one, so K = 3
+loses less to K = 1 there than on short prompts (where K = 1 is the fastest batch-1 K). Add
+peagle:1,eagle3:1 (or K = 5) to --configs for the short-prompt best.
 --heads NAME=DIR adds a head (its method read from its config.json), configured as NAME:K.
 """
 
@@ -52,7 +57,7 @@ from peagle_trt.errors import ConfigError, RuntimeInvariantError
 
 SHIPPED_HEADS = Path(__file__).resolve().parents[2] / "tests" / "data" / "smollm2-heads"
 MARGIN = 32  # positions kept free past prompt + max tokens (verify rows, drafter mask rows)
-DEFAULT_CONFIGS = "none,peagle:1,peagle:3,eagle3:1,eagle3:3"
+DEFAULT_CONFIGS = "none,peagle:3,eagle3:3"
 SMOKE = dict(target="code-pair", backend="torch", contexts="256,384", prompts=1, max_tokens=6, rounds=1,
              configs="none,peagle:3,eagle3:3")
 
@@ -69,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eagle3", type=Path, default=None,
                    help="EAGLE-3 head (default TARGET/drafter-eagle3, else the shipped SmolLM2 head)")
     p.add_argument("--heads", default="", help="more heads, comma-separated NAME=DIR (configs NAME:K)")
-    options(p, target="smollm2", backend="onnxruntime", threads=None, max_tokens=64, rounds=3)
+    options(p, target="smollm2", backend="onnxruntime", threads=None, max_tokens=32, rounds=1)
 
 
 # -- configurations ------------------------------------------------------------------------------------
@@ -145,8 +150,9 @@ def one_request(gen, ids: tuple[int, ...], params: SamplingParams) -> dict:
                                                                     "steps")}}
 
 
-def measure_context(args, configs: list[Config], prompts: list, max_seq_len: int, label: str) -> list[dict]:
-    """One context: per prompt, every configuration in turn within each round (see the docstring)."""
+def measure_context(args, configs: list[Config], prompts: list, max_seq_len: int, label: str, turn: int = 0) -> list[dict]:
+    """One context: per prompt, every configuration in turn within each round (see the docstring);
+    `turn` (the context's index) flips the first order, so single rounds alternate across contexts."""
     params = SamplingParams(max_tokens=args.max_tokens)
     gens = {}
     for c in configs:
@@ -156,7 +162,7 @@ def measure_context(args, configs: list[Config], prompts: list, max_seq_len: int
     runs: dict = {c.name: [[None] * args.rounds for _ in prompts] for c in configs}
     for j, p in enumerate(prompts):
         for r in range(args.rounds):
-            order = configs if (r + j) % 2 == 0 else configs[::-1]
+            order = configs if (r + j + turn) % 2 == 0 else configs[::-1]
             for c in order:
                 runs[c.name][j][r] = one_request(gens[c.name], p.ids, params)
             progress(f"[long-context] {label}: prompt {j + 1}/{len(prompts)} ({p.kind}, {p.tokens} tokens), "
@@ -213,11 +219,14 @@ def run(args: argparse.Namespace) -> dict:
         sets[ctx] = long_prompts(codec, min(ctx, cap), args.prompts, kinds, args.seed)
     rows = []
     with stdout_to_stderr():
-        for ctx in contexts:
+        for i, ctx in enumerate(contexts):
             longest = max(p.tokens for p in sets[ctx])
-            rows += measure_context(args, configs, sets[ctx], longest + args.max_tokens + MARGIN, ctx_label(ctx))
+            rows += measure_context(args, configs, sets[ctx], longest + args.max_tokens + MARGIN, ctx_label(ctx), i)
             for r in rows[-len(configs):]:
                 r["context_tokens"], r["prompt_tokens"] = ctx, [p.tokens for p in sets[ctx]]
+            if args.output_dir is not None:  # a run stopped early keeps its finished contexts
+                with open(args.output_dir / "bench_long_context_rows.jsonl", "a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows[-len(configs):])
             progress(f"[long-context] {ctx_label(ctx)}: " + ", ".join(
                 f"{r['config']} {r['decode_tokens_per_s']} tok/s AL {r['acceptance_length']:.2f}"
                 for r in rows[-len(configs):]))
