@@ -84,7 +84,7 @@ def head_method(path: Path) -> str:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"--heads: no readable head config at {path / 'config.json'} ({exc})") from exc
-    method = (cfg.get("training") or {}).get("method") or ("eagle3" if "Eagle3" in str(cfg.get("architectures")) else "")
+    method = (cfg.get("training") or {}).get("method")  # both kinds of head share one architecture name
     if method not in ("peagle", "eagle3"):
         raise ConfigError(f"--heads: {path} does not say whether it is a peagle or eagle3 head (training.method)")
     return method
@@ -150,7 +150,8 @@ def one_request(gen, ids: tuple[int, ...], params: SamplingParams) -> dict:
                                                                     "steps")}}
 
 
-def measure_context(args, configs: list[Config], prompts: list, max_seq_len: int, label: str, turn: int = 0) -> list[dict]:
+def measure_context(args, configs: list[Config], prompts: list, max_seq_len: int, label: str,
+                    turn: int = 0) -> list[dict]:
     """One context: per prompt, every configuration in turn within each round (see the docstring);
     `turn` (the context's index) flips the first order, so single rounds alternate across contexts."""
     params = SamplingParams(max_tokens=args.max_tokens)
