@@ -79,12 +79,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 # -- configurations ------------------------------------------------------------------------------------
 def head_method(path: Path) -> str:
-    """peagle | eagle3: the method a head was trained with (its config.json)."""
+    """peagle | eagle3: the method a head was trained with (its config.json's training record, else
+    whether it names a mask token)."""
     try:
         cfg = json.loads((path / "config.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"--heads: no readable head config at {path / 'config.json'} ({exc})") from exc
-    method = (cfg.get("training") or {}).get("method")  # both kinds of head share one architecture name
+    method = (cfg.get("training") or {}).get("method")  # both kinds share one architecture name
+    if method is None:  # a head from elsewhere: P-EAGLE's names its mask token
+        from peagle_trt.checkpoint.drafter import mask_token_id
+
+        method = "peagle" if mask_token_id(cfg, str(path)) is not None else "eagle3"
     if method not in ("peagle", "eagle3"):
         raise ConfigError(f"--heads: {path} does not say whether it is a peagle or eagle3 head (training.method)")
     return method

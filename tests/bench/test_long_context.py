@@ -54,6 +54,9 @@ def test_configs_parsed_and_checked(tmp_path):
     configs = long_context.parse_configs(args)
     assert [(c.name, c.spec.mode, c.spec.num_spec_tokens) for c in configs] == [
         ("none", "none", 0), ("peagle K=1", "peagle", 1), ("mine K=2", "eagle3", 2)]
+    for cfg, method in (({"mask_token_id": 5}, "peagle"), ({}, "eagle3")):  # a head without a training record
+        (tmp_path / "config.json").write_text(json.dumps(cfg))
+        assert long_context.head_method(tmp_path) == method
     for bad in ("peagle:1,none", "none,peagle:0", "none,other:1", "none,peagle"):
         with pytest.raises(ConfigError):
             long_context.parse_configs(argparse.Namespace(**{**vars(args), "configs": bad}))
