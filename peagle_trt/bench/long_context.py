@@ -261,14 +261,14 @@ def run(args: argparse.Namespace) -> dict:
         "TTFT from the cold first round (mean over prompts), decode tok/s the median over rounds.",
         table(header, body, 2), *pngs],
         {"contexts": contexts, "cap": cap, "rows": rows, "prompts": sets_json,
-         "heads": {c.name: str(c.head) for c in configs if c.head}}, figures(rows, contexts))
+         "heads": {c.name: str(c.head) for c in configs if c.head}}, figures(rows, contexts, label))
 
 
 def ctx_label(ctx: int) -> str:
     return f"{ctx // 1024}K" if ctx >= 1024 and ctx % 1024 == 0 else str(ctx)
 
 
-def figures(rows: list[dict], contexts: list[int]) -> list[Figure]:
+def figures(rows: list[dict], contexts: list[int], label: str) -> list[Figure]:
     """The headline figures: P-EAGLE's AL (its largest K) and speed-up (its fastest K at the longest
     context) at the longest context over the shortest, and the target alone's decode tok/s likewise."""
     if len(contexts) < 2:
@@ -281,10 +281,15 @@ def figures(rows: list[dict], contexts: list[int]) -> list[Figure]:
         k_al = max(r["K"] for r in peagle)
         fast = max((r for r in peagle if r["context"] == hi), key=lambda r: r["decode_tokens_per_s"])["config"]
         al = f"peagle K={k_al}"
-        out += [Figure(f"long context, P-EAGLE ({al}) AL at {hi} over AL at {lo}",
+        out += [Figure(f"{label} long context: P-EAGLE ({al}) AL at {hi} over at {lo}",
                        at[hi, al]["acceptance_length"] / at[lo, al]["acceptance_length"], "x", "", 2),
-                Figure(f"long context, P-EAGLE ({fast}) decode speed-up over none at {hi} over at {lo}",
+                Figure(f"{label} long context: P-EAGLE ({fast}) decode speed-up over none, at {hi} over at {lo}",
                        at[hi, fast]["speedup"] / at[lo, fast]["speedup"], "x", "", 2)]
-    out.append(Figure(f"long context, target alone decode tok/s at {hi} over at {lo}",
+    out.append(Figure(f"{label} long context: target alone decode tok/s at {hi} over at {lo}",
                       at[hi, "none"]["decode_tokens_per_s"] / at[lo, "none"]["decode_tokens_per_s"], "x", "", 2))
     return out
+
+
+def refigure(results: dict) -> list[Figure]:
+    """The figures of a saved run (`peagle-trt bench report --record-run`), from its rows."""
+    return figures(results["rows"], results["contexts"], Path(results["options"]["target"]).name)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -39,7 +40,8 @@ def test_long_context_suite_smoke(tmp_path, capsys):
         assert r["speedup"] == 1.0 if r["config"] == "none" else r["acceptance_length"] >= 1.0
     assert any(r["acceptance_length"] > 1.0 for r in rows)  # the trained pair accepts drafts
     names = [f["name"] for f in result["figures"]]
-    assert len(names) == 3 and f"AL at {contexts[1]} over AL at {contexts[0]}" in names[0]
+    assert len(names) == 3 and f"AL at {contexts[1]} over at {contexts[0]}" in names[0]
+    assert [asdict(f) for f in long_context.refigure(result)] == result["figures"]  # --record-run re-derives them
     assert json.loads((tmp_path / "bench_long_context.json").read_text())["smoke"] is True
 
 
