@@ -19,14 +19,15 @@ and the time after it (the decode steps); its median over rounds is what the spe
 (same context) compares. AL and per-position acceptance pool the verify steps of all prompts; every
 greedy output is compared with none's (mismatches: the gate, 0). Each finished context's rows are
 appended to OUTPUT_DIR/bench_long_context_rows.jsonl at once (a run stopped early keeps them).
-Defaults, sized by the prefill: on a 2-core CPU an 8K prompt's prefill takes minutes (quadratic
-attention in 256-token chunks), and every configuration prefills every prompt itself, so the cost is
-configurations x prompts x prefill; 3 configurations, one prompt of each kind, one round and 32 new
-tokens make a ~15-20 min run on an idle 2-core machine. K = 3 for both heads: acceptance shows to
-position 3 (both reach ~98% of their K = 5 AL, docs/BENCHMARKS.md "heads"), and at long contexts a
-step's time is the attention over the KV, which a 4-row verify reads once like a 1-row one, so K = 3
-loses less to K = 1 there than on short prompts (where K = 1 is the fastest batch-1 K). Add
-peagle:1,eagle3:1 (or K = 5) to --configs for the short-prompt best.
+Defaults, sized by the prefill: on a 2-core CPU an 8K prompt's prefill takes minutes (attention in
+256-token chunks over everything before), and every configuration prefills every prompt itself, so
+the cost is configurations x prompts x prefill; 3 configurations, one prompt of each kind, one round
+and 32 new tokens took 46 minutes on a 2-core machine other jobs kept at load 6-9 (2026-12-01).
+K = 3 for both heads: acceptance shows to position 3 (both reach ~98% of their K = 5 AL on short
+prompts, docs/BENCHMARKS.md "heads"), and at long contexts a step's time is the attention over the
+KV, which a 4-row verify reads once like a 1-row one (at 8K a K = 3 step cost 3-12% more than the
+target's plain step, "long-context"). K = 1 is the fastest batch-1 K on short prompts: add
+peagle:1,eagle3:1 to --configs to compare.
 --heads NAME=DIR adds a head (its method read from its config.json), configured as NAME:K.
 """
 
