@@ -37,6 +37,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "fp8-quality": ("fp8_quality", "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 and KL"),
     "decode": ("decode", "real model: decode and verify vs transformers and the roofline, batch 8 vs 1"),
     "kv-fp8": ("kv_fp8", "real model: FP8 (E4M3) KV cache vs float32's, decode speed and greedy agreement"),
+    "long-context": ("long_context", "real model + trained heads vs context length (512-8K): AL, decode tok/s, TTFT"),
     "paged": ("paged", "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),
     "speculation": ("speculation", "real model: speed vs synthetic acceptance length; adaptive K vs fixed K"),
     "verify-shapes": ("forwards", "real model: one verify forward by shape (requests x rows), adaptive K's costs"),
