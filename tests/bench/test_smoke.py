@@ -23,7 +23,8 @@ SMOKE = {  # suite -> extra options of its smoke run
     "deterministic": [], "trees": [],
     "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
-TARGET_SUITES = ("decode", "fp8-quality", "kv-fp8", "context-decode")  # --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
+# --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
+TARGET_SUITES = ("decode", "fp8-quality", "kv-fp8", "context-decode")
 NEEDS_TRITON = ("serving",)
 
 
