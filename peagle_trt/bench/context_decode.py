@@ -6,10 +6,12 @@ P-EAGLE drafter pass (a random-weight head of the target's shape: --pending rows
 KV cache); medians in ms and each one's ratio to the same forward at the first context.
 
     peagle-trt bench context-decode [--target smollm2] [--contexts 512,2048,4096,8192] [--rounds 7]
+                                    [--backends onnxruntime | torch]
 
-The cached positions are never written (their K/V are zeros): attention reads them all the same, so the time
-is the time of a real context of that length. The headline figures: decode at the last context over the first,
-per backend.
+One backend per process for figures (the default: onnxruntime, the CPU default): in a process that also
+runs onnxruntime, torch's OpenMP threads wait on onnxruntime's spinning pool. The cached positions are never
+written (their K/V are zeros): attention reads them all the same, so the time is the time of a real context
+of that length. The headline figures: decode at the last context over the first, per backend.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ from peagle_trt.bench.forwards import forward
 from peagle_trt.bench.harness import Figure, alternate, finish, int_list, machine, options, progress, records
 
 BACKENDS = ("torch", "onnxruntime")
-SMOKE = dict(contexts="16,64", rounds=2, spec_tokens=3, pending=2)
+SMOKE = dict(contexts="16,64", rounds=2, spec_tokens=3, pending=2, backends=",".join(BACKENDS))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     options(p, target="smollm2", threads=2, rounds=7)
     p.add_argument("--contexts", default="512,2048,4096,8192",
                    help="comma-separated cached positions before the timed rows (default: %(default)s)")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated, from %(default)s")
+    p.add_argument("--backends", default="onnxruntime",
+                   help=f"comma-separated, from {','.join(BACKENDS)} (default: %(default)s)")
     p.add_argument("--spec-tokens", type=int, default=3, help="K: verify rows 1 + K, drafter mask rows K - 1 "
                    "(default: %(default)s; 0: no verify, no drafter)")
     p.add_argument("--pending", type=int, default=2, help="the drafter pass's pending rows (default: %(default)s)")
