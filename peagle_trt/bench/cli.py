@@ -36,6 +36,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "step-cost": ("heads", "trained code pair: where a decode step's time goes (target, drafter, other)"),
     "fp8-quality": ("fp8_quality", "real model: FP8 (ModelOpt) against float32 on held-out text, top-1 and KL"),
     "decode": ("decode", "real model: decode and verify vs transformers and the roofline, batch 8 vs 1"),
+    "context-decode": ("context_decode", "real model: decode, verify and drafter forward by context, 512 to 8K"),
     "kv-fp8": ("kv_fp8", "real model: FP8 (E4M3) KV cache vs float32's, decode speed and greedy agreement"),
     "long-context": ("long_context", "real model + trained heads vs context length (512-8K): AL, decode tok/s, TTFT"),
     "paged": ("paged", "real model: paged KV vs contiguous slots at a fixed budget, prefix-reuse TTFT, block size"),

@@ -19,6 +19,8 @@ from peagle_trt.models.kv_cache import KVCache
 from peagle_trt.models.rope import apply_rope
 from peagle_trt.ops.reference import kv_attention
 
+HEADS_IN_GEMM = 4  # the ONNX attention body's block-diagonal GQA up to this many KV heads (ops/onnx_defs.py)
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last axis in fp32, rounded to x's dtype, times `weight` (None: no scale). A
@@ -177,7 +179,7 @@ class Attention(nn.Module):
         scale = self.scale if self.scale is not None else float(d) ** -0.5
         if KV_ATTENTION not in w.functions:
             w.functions[KV_ATTENTION] = kv_attention_function(w.np, self.sinks is not None, w.tree_mask is not None,
-                                                              w.kv_fp8)
+                                                              w.kv_fp8, self.num_kv_heads <= HEADS_IN_GEMM)
         extra = [w.param(f"{prefix}.sinks", self.sinks)] if self.sinks is not None else []
         if w.tree_mask is not None:  # the target graph: draft-tree verifies (an empty name: no sinks)
             extra = (extra or [""]) + [w.tree_mask]

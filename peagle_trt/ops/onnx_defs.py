@@ -147,13 +147,20 @@ def _attr_tensor(b: Builder, attr: str, kind: str = "int") -> str:
 
 
 def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = False,
-                          fp8: bool = False) -> onnx.FunctionProto:
+                          fp8: bool = False, heads_in_gemm: bool = True) -> onnx.FunctionProto:
     """Body of PEagleKVAttention over the paged cache (layout [NB+1, bs, KV, d], block NB the trash
     block; block_tables [B, M], -1 = no block; see ops.reference.kv_attention). Head counts, head
     size and scale come from the calling node's attributes, so one body serves layers of different
     shapes (Gemma-4). `sinks`: the body reads the 8th input; `tree`: the 9th (tree_mask): rows
     write slot positions[b, 0] + s and see the context below it plus their tree bits. `fp8`: the
-    caches are uint8 E4M3 codes scaled by the attributes k_scale / v_scale (module docstring)."""
+    caches are uint8 E4M3 codes scaled by the attributes k_scale / v_scale (module docstring).
+    `heads_in_gemm` (how GQA reads the gathered blocks, [B, L, KV * d] rows): True, two block-diagonal
+    products over all KV heads at once, keys [L, KV*d] x q [KV*d, KV*G*S] (q's rows of head h zero outside
+    h's d columns) and probs [KV*G*S, L] x values [L, KV*d] keeping each row's own head's d columns:
+    no transpose of the context (onnxruntime moves it element by element: 27% of a decode step at 8K
+    positions, docs/BENCHMARKS.md "context-decode") and each key read once for all G query heads, at
+    KV times the multiply-adds; False (many KV heads): the keys and values transposed head-major, G
+    query heads by broadcasting."""
     b = Builder("att_")
     kv1 = b.op("Unsqueeze", _attr_tensor(b, "num_kv_heads"), b.ints(0))  # [1]
     d = _attr_tensor(b, "head_dim")
@@ -196,29 +203,49 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = Fa
     b.op("ScatterND", "v_cache", index, v_new, outputs=["v_cache_out"])
     # 2. attention of each row over the keys of the blocks spanning positions 0 .. max position
     #    (L = nb * bs keys, gathered block by block through the table; positions past a row are
-    #    masked, so no slice to the exact length), causal by position, GQA by broadcasting
+    #    masked, so no slice to the exact length), causal by position. GQA (`heads_in_gemm`):
+    #    block-diagonal products over the gathered [B, L, KV * d] rows, or head-major keys by broadcasting
     live = b.op("Min", b.op("Add", b.op("ReduceMax", slots, keepdims=0), b.const(np.int64(1))),
                 b.op("Mul", m, bs))  # scalar: most positions a row sees
     nb = b.op("Div", b.op("Sub", b.op("Add", live, bs), b.const(np.int64(1))), bs)  # blocks spanned
     table = b.op("Slice", "block_tables", b.ints(0), b.op("Unsqueeze", nb, b.ints(0)), b.ints(1))  # [B, nb]
     table = b.op("Where", b.op("GreaterOrEqual", table, zero), table, trash)
-    flat = b.op("Concat", b.ints(0, -1), kv1, b.ints(1), d1, axis=0)  # [B, L, KV, 1, d]
+    key_pos = b.op("Range", zero, b.op("Mul", nb, bs), b.const(np.int64(1)))  # [L]
+    kvd = b.op("Mul", kv1, d1)  # [1] = KV * d
 
-    def read(cache: str, perm: list[int], fp8_scale: str | None) -> str:  # [NB+1,bs,KV,d] -> L keys, head-major
-        blocks = b.op("Gather", cache, table, axis=0)  # [B, nb, bs, KV, d]
+    def read(cache: str, fp8_scale: str | None) -> str:  # [NB+1,bs,KV,d] -> [B, nb, bs, KV, d]
+        blocks = b.op("Gather", cache, table, axis=0)
         if fp8_scale is not None:  # ops.reference.kv_load: code * scale in float32, then the compute dtype
             decoded = b.op("Cast", b.op("Mul", b.const(E4M3_VALUES), fp8_scale),
                            to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))  # [256]: by bit pattern
             blocks = b.op("Gather", decoded, b.op("Cast", blocks, to=TensorProto.INT64), axis=0)
-        return b.op("Transpose", b.op("Reshape", blocks, flat), perm=perm)
+        return blocks
 
-    keys = read("k_cache_out", [0, 2, 3, 1, 4], k_scale if fp8 else None)  # [B,KV,1,L,d]: whole d-rows move
-    values = read("v_cache_out", [0, 2, 3, 1, 4], v_scale if fp8 else None)  # [B,KV,1,L,d]
+    keys = read("k_cache_out", k_scale if fp8 else None)
+    values = read("v_cache_out", v_scale if fp8 else None)
     q = b.op("Reshape", "q", b.op("Concat", b.ints(0, 0), kv1, b.ints(-1), d1, axis=0))  # [B,S,KV,G,d]
-    q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
-    # q @ keys^T: onnxruntime fuses this Transpose into the MatMul (FusedMatMul, transB)
-    scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])), scale)  # [B,KV,G,S,L]
-    key_pos = b.op("Range", zero, b.op("Mul", nb, bs), b.const(np.int64(1)))  # [L]
+    if heads_in_gemm:
+        # eye [KV, 1, KV, 1]: the rows of KV head h (of q, of the output) meet only head h's keys (values)
+        heads = b.op("Range", zero, _attr_tensor(b, "num_kv_heads"), b.const(np.int64(1)))
+        eye = b.op("Cast", b.op("Equal", b.op("Unsqueeze", heads, b.ints(1)), b.op("Unsqueeze", heads, b.ints(0))),
+                   to=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+        eye = b.op("Unsqueeze", eye, b.ints(1, 3))  # [KV, 1, KV, 1]
+        keys, values = (b.op("Reshape", t, b.op("Concat", b.ints(0, -1), kvd, axis=0)) for t in (keys, values))
+        q_shape = b.op("Shape", b.op("Transpose", q, perm=[0, 2, 3, 1, 4]))  # [5]: B, KV, G, S, d
+        q_cols = b.op("Reshape", b.op("Transpose", q, perm=[0, 2, 4, 3, 1]),
+                      b.ints(0, 0, 0, 1, -1))  # [B, KV, d, 1, G*S]
+        q_diag = b.op("Reshape", b.op("Mul", q_cols, eye),
+                      b.op("Concat", b.ints(0), kvd, b.ints(-1), axis=0))  # [B, KV*d, KV*G*S]
+        scores = b.op("Transpose", b.op("MatMul", keys, q_diag), perm=[0, 2, 1])  # [B, KV*G*S, L]
+        rows_l = b.op("Concat", b.op("Slice", q_shape, b.ints(0), b.ints(4)), b.op("Shape", key_pos), axis=0)
+        scores = b.op("Mul", b.op("Reshape", scores, rows_l), scale)  # [B,KV,G,S,L]
+    else:
+        flat = b.op("Concat", b.ints(0, -1), kv1, b.ints(1), d1, axis=0)  # [B, L, KV, 1, d]
+        keys, values = (b.op("Transpose", b.op("Reshape", t, flat), perm=[0, 2, 3, 1, 4])
+                        for t in (keys, values))  # [B,KV,1,L,d]: whole d-rows move
+        q = b.op("Transpose", q, perm=[0, 2, 3, 1, 4])  # [B,KV,G,S,d]
+        # q @ keys^T: onnxruntime fuses this Transpose into the MatMul (FusedMatMul, transB)
+        scores = b.op("Mul", b.op("MatMul", q, b.op("Transpose", keys, perm=[0, 1, 2, 4, 3])), scale)  # [B,KV,G,S,L]
     pos = b.op("Unsqueeze", "positions", b.ints(2))  # [B,S,1]
     visible = b.op("LessOrEqual", key_pos, pos) if not tree else _tree_visible(b, key_pos, base)  # [B,S,L]
     window = _attr_tensor(b, "sliding_window")
@@ -237,7 +264,13 @@ def kv_attention_function(dtype=np.float32, sinks: bool = False, tree: bool = Fa
         probs = b.op("Slice", probs, b.ints(0), b.ints(-1), b.ints(-1))
     else:
         probs = b.op("Softmax", scores, axis=-1)
-    out = b.op("MatMul", probs, values)  # [B,KV,G,S,d]
+    if heads_in_gemm:  # every row times every head's values, then each row keeps its own head's d columns
+        probs = b.op("Reshape", probs, b.op("Concat", b.ints(0, -1), b.op("Shape", key_pos), axis=0))  # [B,KV*G*S,L]
+        out = b.op("Reshape", b.op("MatMul", probs, values),
+                   b.op("Concat", b.ints(0), kv1, b.ints(-1), kv1, d1, axis=0))  # [B, KV, G*S, KV, d]
+        out = b.op("Reshape", b.op("ReduceSum", b.op("Mul", out, eye), b.ints(3), keepdims=0), q_shape)
+    else:
+        out = b.op("MatMul", probs, values)  # [B,KV,G,S,d]
     out = b.op("Transpose", out, perm=[0, 3, 1, 2, 4])  # [B,S,KV,G,d]
     b.op("Reshape", out, b.ints(0, 0, -1), outputs=["out"])
     inputs = ["q", "k", "v", "positions", "block_tables", "k_cache", "v_cache"] + (["sinks"] if sinks or tree else [])

@@ -126,19 +126,41 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     span = _KEY_SPAN.get()
     length = min(int(slots.max()) + 1 if span is None else span, block_tables.shape[1] * bs)
     nb = -(-length // bs)  # blocks spanned by the longest row
-    table = block_tables[:, :nb]
-    table = torch.where(table >= 0, table, trash)  # [B, nb]
-    keys = kv_load(k_cache[table].flatten(1, 2)[:, :length].transpose(1, 2), k_scale, q.dtype)  # [B, KV, L, d]
-    values = kv_load(v_cache[table].flatten(1, 2)[:, :length].transpose(1, 2), v_scale, q.dtype)
+    keys = kv_load(_blocks(k_cache, block_tables, nb, trash)[:, :length].transpose(1, 2), k_scale, q.dtype)
+    values = kv_load(_blocks(v_cache, block_tables, nb, trash)[:, :length].transpose(1, 2), v_scale, q.dtype)
     key_pos = torch.arange(length, device=q.device)[None, None]  # [1, 1, L]
     pos = positions[:, :, None]  # [B, S, 1]
     visible = key_pos <= pos if tree_mask is None else tree_visible(tree_mask, positions, key_pos)  # [B, S, L]
     if sliding_window:
         visible &= key_pos > pos - sliding_window
     visible[..., 0] |= positions < 0  # keep padding rows' softmax finite
-    qh = q.view(b, s, num_heads, head_dim).transpose(1, 2)  # [B, H, S, d]
-    out = _attend(qh, keys, values, visible[:, None], num_heads, num_kv_heads, head_dim, scale, sinks)
-    return out.transpose(1, 2).reshape(b, s, num_heads * head_dim)
+    if sinks is not None:
+        qh = q.view(b, s, num_heads, head_dim).transpose(1, 2)  # [B, H, S, d]
+        out = _attend(qh, keys, values, visible[:, None], num_heads, num_kv_heads, head_dim, scale, sinks)
+        return out.transpose(1, 2).reshape(b, s, num_heads * head_dim)
+    # GQA as rows: a KV head's G query heads are G * S rows of one attention over its keys, read once
+    # (not G times, nor repeated per head); a mask only where some key is hidden from some row (a
+    # decode row at the end of its context sees every key: the kernel then needs none)
+    g = num_heads // num_kv_heads
+    qh = q.view(b, s, num_kv_heads, g, head_dim).permute(0, 2, 3, 1, 4).reshape(b, num_kv_heads, g * s, head_dim)
+    mask = None
+    if q.device.type != "cpu" or not bool(visible.all()):  # (a host read: CPU only)
+        mask = visible[:, None, None].expand(b, 1, g, s, length).reshape(b, 1, g * s, length)
+    out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=scale)  # [B, KV, G*S, d]
+    return out.view(b, num_kv_heads, g, s, head_dim).permute(0, 3, 1, 2, 4).reshape(b, s, num_heads * head_dim)
+
+
+def _blocks(cache: torch.Tensor, block_tables: torch.Tensor, nb: int, trash: int) -> torch.Tensor:
+    """The first `nb` blocks of each request's table as [B, nb * bs, KV, d] rows of `cache`
+    [N + 1, bs, KV, d] (entries -1: the trash block): on the CPU, a single request whose blocks
+    follow each other (what a fresh allocation gives) is a view, no copy; else one index_select."""
+    table = block_tables[:, :nb]
+    if table.device.type == "cpu" and table.shape[0] == 1:
+        t = table[0].numpy()
+        if t[0] >= 0 and (nb == 1 or (t[-1] - t[0] == nb - 1 and bool((t[1:] - t[:-1] == 1).all()))):
+            return cache[int(t[0]):int(t[0]) + nb].flatten(0, 1)[None]
+    table = torch.where(table >= 0, table, trash)  # [B, nb]
+    return cache.index_select(0, table.flatten()).view(table.shape[0], -1, *cache.shape[2:])
 
 
 def _attend(qh: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, visible: torch.Tensor | None,

@@ -23,7 +23,8 @@ SMOKE = {  # suite -> extra options of its smoke run
     "deterministic": [], "trees": [],
     "serving": ["--openai"], "acceptance": ["--no-served"],  # served: test_heads.py
 }
-TARGET_SUITES = ("decode", "fp8-quality", "kv-fp8")  # --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
+# --smoke on the tiny llama; slow: on SmolLM2 (tests/conftest.py)
+TARGET_SUITES = ("decode", "fp8-quality", "kv-fp8", "context-decode")
 NEEDS_TRITON = ("serving",)
 
 
@@ -53,6 +54,10 @@ def check_target_suite(name: str, target, out) -> None:
     check(name, result, out)
     if name == "decode":
         assert {"transformers", "ours (torch)", "ours (onnxruntime)"} == set(result["decode"])
+    elif name == "context-decode":
+        assert result["contexts"] == [16, 64] and {r["backend"] for r in result["rows"]} == {"torch", "onnxruntime"}
+        assert {r["forward"] for r in result["rows"]} == {"decode", "verify 4 rows", "drafter"}
+        assert all(v > 0 for v in result["ms"].values()) and len(result["ms"]) == 12
     elif name == "kv-fp8":
         assert result["agreement"]["tokens"] == 16 and all(r["torch"] > 0 for r in result["ratios"])
         assert result["kv_bytes_per_position"]["auto"] == 4 * result["kv_bytes_per_position"]["fp8"]

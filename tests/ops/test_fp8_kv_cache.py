@@ -130,7 +130,7 @@ def test_e4m3_bits_equal_torch_float8():
     assert np.array_equal(E4M3_VALUES, torch.arange(256, dtype=torch.uint8).view(FP8).float().numpy(), equal_nan=True)
 
 
-def _node_model(tree: bool, attrs: dict) -> onnx.ModelProto:
+def _node_model(tree: bool, attrs: dict, heads_in_gemm: bool = True) -> onnx.ModelProto:
     """One PEagleKVAttention node over uint8 (E4M3) caches, its function body attached."""
     register_schemas()
     u8, f32, i64 = TensorProto.UINT8, TensorProto.FLOAT, TensorProto.INT64
@@ -149,15 +149,17 @@ def _node_model(tree: bool, attrs: dict) -> onnx.ModelProto:
                helper.make_tensor_value_info("k_out", u8, cache), helper.make_tensor_value_info("v_out", u8, cache)]
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(DOMAIN, DOMAIN_VERSION)]
     model = helper.make_model(helper.make_graph([node], "kv", inputs, outputs), opset_imports=opsets,
-                              functions=[kv_attention_function(np.float32, tree=tree, fp8=True)])
+                              functions=[kv_attention_function(np.float32, tree=tree, fp8=True,
+                                                                 heads_in_gemm=heads_in_gemm)])
     model.ir_version = 10
     onnx.checker.check_model(model, full_check=True)
     return model
 
 
+@pytest.mark.parametrize("heads_in_gemm", [True, False])  # block-diagonal GQA products, or head-major keys
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("scales", [(0.05, 0.02), None])  # None: the attributes left out (default 1.0)
-def test_onnx_body_equals_reference(tree, scales):
+def test_onnx_body_equals_reference(tree, scales, heads_in_gemm):
     gen = torch.Generator().manual_seed(1)
     q, k, v, positions, tables = _paged(gen, [[12, 13, 14], [12, 13, -1]])
     ks, vs = scales or (1.0, 1.0)
@@ -165,7 +167,7 @@ def test_onnx_body_equals_reference(tree, scales):
     mask = torch.from_numpy(pack_tree_mask([(-1, -1), (-1,)], 3)) if tree else None
     if tree:
         positions = torch.tensor([[12, 13, 13], [12, 13, -1]])  # two siblings; a chain and a padding row
-    model = _node_model(tree, {"k_scale": ks, "v_scale": vs} if scales else {})
+    model = _node_model(tree, {"k_scale": ks, "v_scale": vs} if scales else {}, heads_in_gemm)
     session = _session(model)
     feeds = {"q": q.numpy(), "k": k.numpy(), "v": v.numpy(), "positions": positions.numpy(),
              "block_tables": tables.numpy(), "k_cache": _bits(kc).copy(), "v_cache": _bits(vc).copy()}

@@ -63,6 +63,22 @@ def test_kv_attention_matches_naive_loop(h, kv, d, window):
     assert torch.equal(k_cache[14], base[14]) and torch.equal(k_cache[15], base[15])  # blocks nobody holds
 
 
+@pytest.mark.parametrize("table", [[3, 4, 5, 6, -1], [6, 3, 5, 4, -1]])  # consecutive blocks: read as a view
+@pytest.mark.parametrize("positions", [[13], [11, 12, 13, 14], [13, -1]])  # decode (no mask), verify, padding
+def test_kv_attention_one_request_matches_naive_loop(table, positions):
+    h, kv, d, bs = 6, 2, 8, 4
+    k_cache, v_cache = torch.randn(8, bs, kv, d), torch.randn(8, bs, kv, d)
+    k2, v2 = k_cache.clone(), v_cache.clone()
+    s = len(positions)
+    q, k, v = torch.randn(1, s, h * d), torch.randn(1, s, kv * d), torch.randn(1, s, kv * d)
+    positions, tables = torch.tensor([positions]), torch.tensor([table])
+    out = kv_attention(q, k, v, positions, tables, k_cache, v_cache, h, kv, d)
+    ref = naive_attention(q, k, v, positions, tables, k2, v2, h, kv, d)
+    valid = positions >= 0
+    torch.testing.assert_close(out[valid], ref[valid], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_cache[:7], k2[:7])
+
+
 def test_kv_attention_sends_rows_past_the_table_to_the_trash_block():
     base = torch.randn(3, 4, 1, 2)  # blocks 0, 1 + trash
     k_cache, v_cache = base.clone(), base.clone()
