@@ -27,7 +27,7 @@ curve.png), train.log.
 
 On 2 shared CPU cores the target's pass over one 8K piece costs ~200 CPU s (~5 wall minutes under
 load: attention over the cache is quadratic, and 135M parameters times 8K tokens is ~2 TFLOP);
-threads: --threads (OMP_NUM_THREADS of the training process). Last stdout line: JSON.
+threads: --threads (OMP_NUM_THREADS of the training process; 1 on a shared machine, where two spin). Last stdout line: JSON.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
     ap.add_argument("--lr", default="3e-4")
     ap.add_argument("--eval-every", default="40")
     ap.add_argument("--wall-budget-s", type=float, default=1500, help="training wall seconds (the cosine spans them)")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--init-from", type=Path, default=SHIPPED)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
