@@ -96,7 +96,8 @@ def main() -> None:
     ap.add_argument("--stage", choices=("prepare", "train", "all"), default="all")
     ap.add_argument("--answers", type=int, default=222, help="training answers beside the long pieces")
     ap.add_argument("--long-tokens", type=int, default=29_000, help="about this many tokens of long source pieces")
-    ap.add_argument("--held-tokens", type=int, default=8_500, help="and this many of held-out source")
+    ap.add_argument("--held-tokens", type=int, default=12_000,
+                    help="and this many of held-out source (at least one 8K piece)")
     ap.add_argument("--min-bytes", type=int, default=26_000, help="modules of at least this size (~8K tokens)")
     ap.add_argument("--max-bytes", type=int, default=40_000, help="and at most this size (about one piece each)")
     ap.add_argument("--pieces", default="8192,8192,8192,4096", help="--text-piece sizes, in turn")

@@ -234,13 +234,25 @@ def target_pass(target, ids: torch.Tensor, chunk: int = 512) -> tuple[torch.Tens
 def features(target, ids: torch.Tensor, supervised: torch.Tensor, normed: torch.Tensor, aux: torch.Tensor,
              draft_ids: torch.Tensor) -> SeqFeatures:
     """The drafter's view of a sequence (N = T - 1 positions, EAGLE shift) from the target's pass:
-    only the draft vocabulary's probabilities are made."""
+    the draft vocabulary's probabilities are made per partition (`SeqFeatures.probs_at`)."""
     dev = target.lm_head.weight.device
     t = ids.numel()
-    probs = torch.softmax(target.head_logits(normed[1:].to(dev, target.lm_head.weight.dtype), draft_ids.to(dev)),
-                          dim=-1)  # [N, V_d]
     nxt = torch.arange(2, t + 1).clamp(max=t - 1)  # position i is supervised iff token i+2 is
-    return SeqFeatures(ids[1:].to(dev), aux[:-1].float().to(dev), probs, supervised[nxt].to(dev))
+    return SeqFeatures(ids[1:].to(dev), aux[:-1].float().to(dev), normed[1:].to(dev), lm_rows(target, draft_ids),
+                       supervised[nxt].to(dev), target.config.logit_softcap)
+
+
+def lm_rows(target, draft_ids: torch.Tensor) -> torch.Tensor:
+    """The target's lm_head rows of the draft vocabulary [V_d, H], gathered once per target and
+    vocabulary (kept on the target: every sequence's features share them)."""
+    kept = getattr(target, "_draft_lm_rows", None)
+    if kept is None or not torch.equal(kept[0], draft_ids.cpu()):
+        w = target.lm_head.weight
+        kept = (draft_ids.cpu().clone(), w[draft_ids.to(w.device)].detach())
+        target._draft_lm_rows = kept
+    return kept[1]
+
+
 
 
 @torch.no_grad()

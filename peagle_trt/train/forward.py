@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import apply_rope, rope_cos_sin
@@ -45,11 +46,27 @@ class TrainHead(nn.Module):
 @dataclass(frozen=True)
 class SeqFeatures:
     """One training sequence as the drafter sees it (EAGLE shift, as in the P-EAGLE paper): position i holds
-    token x_{i+1}, the target taps at i, and the target's distribution for x_{i+2}."""
+    token x_{i+1}, the target taps at i, and the target's distribution for x_{i+2}. The distribution is
+    made where it is needed (`probs_at`: each partition's supervised rows), from the target's final-normed
+    hidden state at i + 1 and its lm_head rows of the draft vocabulary: O(N * H) kept, not O(N * V_d)."""
     tokens: torch.Tensor  # [N] int64
     aux: torch.Tensor  # [N, num_aux * H_t]
-    probs: torch.Tensor  # [N, V_d] target distribution restricted to the draft vocabulary
+    normed: torch.Tensor  # [N, H_t] the target's final-normed hidden state (any float dtype: the cache's float16)
+    lm_rows: torch.Tensor  # [V_d, H_t] the target's lm_head rows of the draft vocabulary (shared)
     loss_mask: torch.Tensor  # [N] bool
+    softcap: float | None = None  # the target family's logit soft-cap (TargetModel.head_logits)
+
+    def probs_at(self, idx: torch.Tensor) -> torch.Tensor:
+        """The target's distribution over the draft vocabulary at positions `idx`: [len(idx), V_d]."""
+        logits = F.linear(self.normed[idx].to(self.lm_rows.dtype), self.lm_rows).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.softmax(logits, dim=-1)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """[N, V_d] at every position (tests, small sequences: training takes `probs_at` of its rows)."""
+        return self.probs_at(torch.arange(len(self.tokens), device=self.tokens.device))
 
 
 def _attention(m, h: torch.Tensor, cos, sin, bank, mask: torch.Tensor | None):
@@ -102,16 +119,25 @@ def _extend(banks: list | None, kv: list) -> list:
 
 
 def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
-                    mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
+                    mask_token_id: int | None, recompute: bool = False) -> tuple[Elements, torch.Tensor, torch.Tensor]:
     """Run the rows of one segment. Returns (elements of the rows, pre-norm outputs x [R, H]
-    (`head.model.logits(x)` gives their draft logits), charged [R] bool: the rows this segment owns)."""
+    (`head.model.logits(x)` gives their draft logits), charged [R] bool: the rows this segment owns).
+    `recompute`: the depth-0 group (the segment's context: every earlier position) keeps no
+    activations for backward, only its outputs, and runs again there (activation checkpointing:
+    the same gradients, a partition's memory no longer grows with its context)."""
     model = head.model
     rows, charged = segment_rows(el, owned)
     sub = el.select(rows)
     is0 = sub.depth == 0
     pos0 = sub.anchor[is0]  # [R0] consecutive positions 0..last
-    x0, banks = run_group(model, model.embed_tokens(seq.tokens[pos0]), model.project(seq.aux[pos0]),
-                          pos0, None, None)
+
+    def group0(rows: torch.Tensor):
+        return run_group(model, model.embed_tokens(seq.tokens[rows]), model.project(seq.aux[rows]), rows, None, None)
+
+    if torch.is_grad_enabled() and recompute:  # keep only the outputs; recomputed in backward
+        x0, banks = checkpoint(group0, pos0, use_reentrant=False)
+    else:
+        x0, banks = group0(pos0)
     outs, order = [x0], [torch.nonzero(is0).flatten()]
     keys = sub.select(order[0])
     if head.parallel:
@@ -154,16 +180,16 @@ def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
                  mask_token_id: int | None, normaliser: float, stats: dict | None = None,
-                 depth_weights: torch.Tensor | None = None) -> torch.Tensor:
+                 depth_weights: torch.Tensor | None = None, recompute: bool = False) -> torch.Tensor:
     """Summed KL over the segment's owned supervised elements / normaliser. Only those rows go
     through the lm_head: prompt rows and rows of other segments are context only. `stats`
     (optional) accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}.
-    `depth_weights` [depths] (optional) weights each element's KL by its depth."""
-    sub, x, charged = segment_forward(head, seq, el, owned, mask_token_id)
+    `depth_weights` [depths] (optional) weights each element's KL by its depth; `recompute`: segment_forward's."""
+    sub, x, charged = segment_forward(head, seq, el, owned, mask_token_id, recompute)
     pos = sub.position
     sup = charged & seq.loss_mask[pos]
     logits = head.model.logits(x[sup])
-    probs = seq.probs[pos[sup]]
+    probs = seq.probs_at(pos[sup])
     terms = kl_terms(logits, probs)
     if depth_weights is not None:
         terms = terms * depth_weights.to(terms.device)[sub.depth[sup]]

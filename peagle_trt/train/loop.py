@@ -4,8 +4,9 @@ head, features, optimiser, resume), `step` (one optimiser step), `evaluate` (a h
 
 Per step: sample `batch` sequences, run the frozen target over them (taps + distribution over the
 draft vocabulary: from the feature cache, or `online` in one batched pass), COD-sample the flat
-multi-depth elements, then forward+backward each sequence partition (segment) with the loss
-divided by the batch's supervised element count (each depth's KL weighted by `depth_weights`
+multi-depth elements, then forward+backward each sequence partition (segment; its context of
+earlier positions recomputed in backward, and the target's distribution made for its rows only,
+so memory stays flat in the sequence's length) with the loss divided by the batch's supervised element count (each depth's KL weighted by `depth_weights`
 where given), clip, AdamW step. Checkpoints hold the head, the optimiser and the data/COD
 generator state, so a resumed run continues with exactly the batches an uninterrupted run would
 have drawn. The summary reports supervised tokens (depth-0 positions) per second of training wall time.
@@ -285,7 +286,7 @@ def evaluate(s: Session, loss: float | None) -> None:
            "supervised_seen": s.tokens_seen, "loss": None if loss is None else round(loss, 4), "top1": top1,
            "chain_accepted_k7": C.chain_acceptance(top1, 7)}
     if s.held_text is not None:
-        by_pos = C.evaluate_by_position(s.head, s.held_text, s.mask_id, s.cfg.depths)
+        by_pos = C.evaluate_by_position(s.head, s.held_text, s.mask_id, s.cfg.depths, segment_tokens=2048)
         row.update(top1_text=by_pos.pop("all"), top1_text_by_position=by_pos)
         s.progress("held-out text top-1: " + " ".join(f"{a:.3f}" for a in row["top1_text"]) + " | position 1 by "
                    "context: " + " ".join(f"{k}: {v[0]:.3f}" for k, v in by_pos.items()), final=True)
@@ -447,8 +448,9 @@ def train_step(head, cache, corpus, cfg, gen, mask_id, depths: int) -> tuple[flo
         for owned in partition(el, len(f.tokens), segments):
             if owned.numel() == 0:
                 continue
+            # partitioned: each segment's context (depth 0 from position 0) is recomputed in backward
             loss = segment_loss(head, f, el.to(f.tokens.device), owned.to(f.tokens.device), mask_id,
-                                normaliser, stats, weights)
+                                normaliser, stats, weights, recompute=segments > 1)
             loss.backward()
             total += float(loss.detach())
     return total, stats, sum(len(ids) for _, ids, _ in batch), normaliser
