@@ -238,7 +238,7 @@ def features(target, ids: torch.Tensor, supervised: torch.Tensor, normed: torch.
     dev = target.lm_head.weight.device
     t = ids.numel()
     nxt = torch.arange(2, t + 1).clamp(max=t - 1)  # position i is supervised iff token i+2 is
-    return SeqFeatures(ids[1:].to(dev), aux[:-1].float().to(dev), normed[1:].to(dev), lm_rows(target, draft_ids),
+    return SeqFeatures(ids[1:].to(dev), aux[:-1].to(dev), normed[1:].to(dev), lm_rows(target, draft_ids),
                        supervised[nxt].to(dev), target.config.logit_softcap)
 
 

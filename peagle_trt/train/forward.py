@@ -50,7 +50,7 @@ class SeqFeatures:
     made where it is needed (`probs_at`: each partition's supervised rows), from the target's final-normed
     hidden state at i + 1 and its lm_head rows of the draft vocabulary: O(N * H) kept, not O(N * V_d)."""
     tokens: torch.Tensor  # [N] int64
-    aux: torch.Tensor  # [N, num_aux * H_t]
+    aux: torch.Tensor  # [N, num_aux * H_t] (the feature cache's float16, or float32: made float per block)
     normed: torch.Tensor  # [N, H_t] the target's final-normed hidden state (any float dtype: the cache's float16)
     lm_rows: torch.Tensor  # [V_d, H_t] the target's lm_head rows of the draft vocabulary (shared)
     loss_mask: torch.Tensor  # [N] bool
@@ -112,6 +112,25 @@ def run_group(model: DrafterModel, e: torch.Tensor, g: torch.Tensor, positions: 
     return x, new_kv
 
 
+def depth0_group(model: DrafterModel, seq: SeqFeatures, pos0: torch.Tensor, block: int = 0) -> tuple[torch.Tensor, list]:
+    """The depth-0 rows at positions pos0 (consecutive, causal): x [R0, H] and per layer (k, v). With
+    `block` and more rows than it: in checkpointed blocks (segment_forward's `recompute`)."""
+    def rows_of(idx: torch.Tensor, banks: list | None, mask: torch.Tensor | None):
+        aux = seq.aux[idx].to(model.embed_tokens.weight.dtype)  # the cache's float16 taps, per block
+        return run_group(model, model.embed_tokens(seq.tokens[idx]), model.project(aux), idx, banks, mask)
+
+    if not block or len(pos0) <= block:
+        return rows_of(pos0, None, None)
+    xs, banks = [], None
+    for a in range(0, len(pos0), block):
+        idx = pos0[a:a + block]
+        mask = pos0[None, :a + len(idx)] <= idx[:, None]  # [B, a + B]: every earlier key and the causal block
+        x, kv = checkpoint(rows_of, idx, banks, mask, use_reentrant=False)
+        xs.append(x)
+        banks = _extend(banks, kv)
+    return torch.cat(xs), banks
+
+
 def _extend(banks: list | None, kv: list) -> list:
     if banks is None:
         return kv
@@ -119,25 +138,20 @@ def _extend(banks: list | None, kv: list) -> list:
 
 
 def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
-                    mask_token_id: int | None, recompute: bool = False) -> tuple[Elements, torch.Tensor, torch.Tensor]:
+                    mask_token_id: int | None, recompute: int = 0) -> tuple[Elements, torch.Tensor, torch.Tensor]:
     """Run the rows of one segment. Returns (elements of the rows, pre-norm outputs x [R, H]
     (`head.model.logits(x)` gives their draft logits), charged [R] bool: the rows this segment owns).
-    `recompute`: the depth-0 group (the segment's context: every earlier position) keeps no
-    activations for backward, only its outputs, and runs again there (activation checkpointing:
-    the same gradients, a partition's memory no longer grows with its context)."""
+    `recompute` (a block size; 0: off): the depth-0 group (the segment's context: every earlier
+    position) runs in blocks of that many positions, each attending the earlier blocks' keys, and
+    keeps only its outputs (x, keys, values) for backward, where it runs again one block at a time
+    (activation checkpointing: the same loss and gradients up to float rounding, and a partition's
+    memory no longer grows with its context)."""
     model = head.model
     rows, charged = segment_rows(el, owned)
     sub = el.select(rows)
     is0 = sub.depth == 0
     pos0 = sub.anchor[is0]  # [R0] consecutive positions 0..last
-
-    def group0(rows: torch.Tensor):
-        return run_group(model, model.embed_tokens(seq.tokens[rows]), model.project(seq.aux[rows]), rows, None, None)
-
-    if torch.is_grad_enabled() and recompute:  # keep only the outputs; recomputed in backward
-        x0, banks = checkpoint(group0, pos0, use_reentrant=False)
-    else:
-        x0, banks = group0(pos0)
+    x0, banks = depth0_group(model, seq, pos0, recompute if torch.is_grad_enabled() else 0)
     outs, order = [x0], [torch.nonzero(is0).flatten()]
     keys = sub.select(order[0])
     if head.parallel:
@@ -180,7 +194,7 @@ def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
                  mask_token_id: int | None, normaliser: float, stats: dict | None = None,
-                 depth_weights: torch.Tensor | None = None, recompute: bool = False) -> torch.Tensor:
+                 depth_weights: torch.Tensor | None = None, recompute: int = 0) -> torch.Tensor:
     """Summed KL over the segment's owned supervised elements / normaliser. Only those rows go
     through the lm_head: prompt rows and rows of other segments are context only. `stats`
     (optional) accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}.

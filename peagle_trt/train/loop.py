@@ -448,9 +448,9 @@ def train_step(head, cache, corpus, cfg, gen, mask_id, depths: int) -> tuple[flo
         for owned in partition(el, len(f.tokens), segments):
             if owned.numel() == 0:
                 continue
-            # partitioned: each segment's context (depth 0 from position 0) is recomputed in backward
+            # partitioned: each segment's context (depth 0 from position 0) runs in checkpointed blocks
             loss = segment_loss(head, f, el.to(f.tokens.device), owned.to(f.tokens.device), mask_id,
-                                normaliser, stats, weights, recompute=segments > 1)
+                                normaliser, stats, weights, recompute=-(-len(f.tokens) // segments) if segments > 1 else 0)
             loss.backward()
             total += float(loss.detach())
     return total, stats, sum(len(ids) for _, ids, _ in batch), normaliser

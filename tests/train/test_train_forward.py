@@ -134,12 +134,12 @@ def test_lazy_probs_equal_the_eager_ones(setup):
 
 
 def test_recomputed_context_gives_the_same_loss_and_gradient(setup):
-    """Partitions with their depth-0 context checkpointed (recomputed in backward) train exactly as without."""
+    """Partitions with their depth-0 context in checkpointed blocks (recomputed in backward) train as without."""
     _, _, f, _ = setup
     el = cod_sample(f.loss_mask, 5, 0.7, 0.2, torch.Generator().manual_seed(7))
     normaliser = float(f.loss_mask[el.position].sum())
     results = []
-    for recompute in (False, True):
+    for recompute in (0, 6):  # blocks of 6 positions: a segment's context (up to 39) in up to 7 blocks
         head = _head(setup, "peagle")
         losses = []
         for owned in partition(el, len(f.tokens), 4):
@@ -149,7 +149,8 @@ def test_recomputed_context_gives_the_same_loss_and_gradient(setup):
                 losses.append(float(loss.detach()))
         results.append((losses, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}))
     (plain_loss, plain), (again_loss, recomputed) = results
-    assert plain_loss == again_loss and len(plain_loss) == 4
+    assert again_loss == pytest.approx(plain_loss, rel=1e-6) and len(plain_loss) == 4
     assert plain.keys() == recomputed.keys() and len(plain) > 5
     for name in plain:
-        assert torch.equal(recomputed[name], plain[name]), name
+        torch.testing.assert_close(recomputed[name], plain[name], atol=1e-7, rtol=1e-5, msg=name)
+        assert not torch.equal(plain[name], torch.zeros_like(plain[name])), name
