@@ -82,10 +82,9 @@ def _attention(m, h: torch.Tensor, cos, sin, bank, mask: torch.Tensor | None):
     new = (k, v)
     if bank is not None:
         k, v = torch.cat((bank[0], k), dim=1), torch.cat((bank[1], v), dim=1)
-    rep = m.num_heads // m.num_kv_heads
-    k, v = k.repeat_interleave(rep, dim=0)[None], v.repeat_interleave(rep, dim=0)[None]  # [1, H, Rk, d]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[None, None],
-                                         is_causal=mask is None)
+    # grouped-query attention without repeating the keys/values per head (no [H, Rk, d] copies)
+    out = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=None if mask is None else mask[None, None],
+                                         is_causal=mask is None, enable_gqa=m.num_heads != m.num_kv_heads)
     return m.o_proj(out[0].transpose(0, 1).reshape(r, -1)), new
 
 
@@ -114,20 +113,27 @@ def run_group(model: DrafterModel, e: torch.Tensor, g: torch.Tensor, positions: 
 
 def depth0_group(model: DrafterModel, seq: SeqFeatures, pos0: torch.Tensor, block: int = 0) -> tuple[torch.Tensor, list]:
     """The depth-0 rows at positions pos0 (consecutive, causal): x [R0, H] and per layer (k, v). With
-    `block` and more rows than it: in checkpointed blocks (segment_forward's `recompute`)."""
-    def rows_of(idx: torch.Tensor, banks: list | None, mask: torch.Tensor | None):
+    `block` and more rows than it: in checkpointed blocks (segment_forward's `recompute`), each
+    saving only its own inputs (positions, the earlier blocks' keys/values as they were made)."""
+    def rows_of(idx: torch.Tensor, earlier: list, mask: torch.Tensor | None = None):
+        if earlier:  # the earlier blocks' keys/values, joined here (recomputed, not kept), and a causal mask
+            banks = [(torch.cat([kv[i][0] for kv in earlier], dim=1), torch.cat([kv[i][1] for kv in earlier], dim=1))
+                     for i in range(len(earlier[0]))]
+            start = int(idx[0])
+            mask = torch.arange(start + len(idx), device=idx.device)[None] <= idx[:, None]  # [B, start + B]
         aux = seq.aux[idx].to(model.embed_tokens.weight.dtype)  # the cache's float16 taps, per block
-        return run_group(model, model.embed_tokens(seq.tokens[idx]), model.project(aux), idx, banks, mask)
+        return run_group(model, model.embed_tokens(seq.tokens[idx]), model.project(aux), idx,
+                         banks if earlier else None, mask)
 
     if not block or len(pos0) <= block:
-        return rows_of(pos0, None, None)
-    xs, banks = [], None
+        return rows_of(pos0, [])
+    xs, made = [], []
     for a in range(0, len(pos0), block):
-        idx = pos0[a:a + block]
-        mask = pos0[None, :a + len(idx)] <= idx[:, None]  # [B, a + B]: every earlier key and the causal block
-        x, kv = checkpoint(rows_of, idx, banks, mask, use_reentrant=False)
+        x, kv = checkpoint(rows_of, pos0[a:a + block], list(made), use_reentrant=False)
         xs.append(x)
-        banks = _extend(banks, kv)
+        made.append(kv)
+    banks = [(torch.cat([kv[i][0] for kv in made], dim=1), torch.cat([kv[i][1] for kv in made], dim=1))
+             for i in range(len(made[0]))]
     return torch.cat(xs), banks
 
 
