@@ -47,6 +47,7 @@ SUITES: dict[str, tuple[str, str]] = {
     "structured": ("structured", "structured output: free vs a regex/JSON schema, P-EAGLE vs none, masks, compile"),
     "trees": ("trees", "trained code pair: P-EAGLE draft trees (budgets B) vs chains (K): AL, tok/s (b1, b8)"),
     "curves": ("curves", "training recipes at equal CPU time, from the curve.jsonl `peagle-trt train` writes"),
+    "train-memory": ("train_memory", "one training step's peak memory by tokens per sequence, partitioned or not"),
 }
 
 

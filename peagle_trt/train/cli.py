@@ -32,6 +32,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
                    help="plain text file (repeatable); beside --data, extra training data: the target's "
                         "distributions over it in pieces of up to 1024 tokens (teacher-forced, no generation)")
     t.add_argument("--text-list", type=Path, help="a file listing plain text files, one path a line")
+    t.add_argument("--text-piece", default=None,
+                   help="beside --data: cut the text into pieces of N tokens (default 1024, at most --seq-len); "
+                        "several sizes, comma-separated, are taken in turn (8192,8192,4096: long-context pieces)")
+    t.add_argument("--held-out-text-list", type=Path, default=None,
+                   help="beside --data: text files (a listing) cut like --text-piece, never trained on: a second "
+                        "held-out curve (curve rows' top1_text, and top1_text_by_position per 2K positions)")
     t.add_argument("--regen-max-tokens", type=int, default=128, help="response tokens regenerated per prompt")
     t.add_argument("--regen-temperature", type=float, default=0.0, help="0 = greedy responses (default)")
     t.add_argument("--no-chat-template", action="store_true", help="encode --data prompts as raw text")
@@ -126,10 +132,17 @@ def cmd_train(args: argparse.Namespace) -> dict:
         if not args.text_list.is_file():
             raise ConfigError(f"--text-list {args.text_list} does not exist")
         text += [Path(line.strip()) for line in args.text_list.read_text().splitlines() if line.strip()]
+    held_text = ()
+    if args.held_out_text_list:
+        if not args.held_out_text_list.is_file():
+            raise ConfigError(f"--held-out-text-list {args.held_out_text_list} does not exist")
+        held_text = tuple(Path(line.strip()) for line in args.held_out_text_list.read_text().splitlines()
+                          if line.strip())
+    pieces = comma_list(args.text_piece, int, "--text-piece", "expected token counts, e.g. 8192 or 8192,4096")
     taps = comma_list(args.taps, int, "--taps", "expected three comma-separated layer ids, e.g. 1,2,3")
     weights = comma_list(args.depth_weights, float, "--depth-weights", "expected numbers, e.g. 1,1,0.8")
     cfg = TrainConfig(target=args.target, output=args.output, method=args.method, data=args.data,
-                      text=tuple(text), layout=args.layout, depths=args.depths,
+                      text=tuple(text), text_piece=pieces, held_out_text=held_text, layout=args.layout, depths=args.depths,
                       down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,
                       segments=args.segments, segment_tokens=args.segment_tokens, max_context=args.max_context,
                       freeze_embeddings=args.freeze_embeddings, feature_cache=args.feature_cache,

@@ -51,11 +51,13 @@ class HeldOut:
 
 
 @torch.no_grad()
-def held_out_features(target, corpus: Corpus, draft_ids: torch.Tensor, eval_len: int) -> HeldOut:
+def held_out_features(target, corpus: Corpus, draft_ids: torch.Tensor, eval_len: int, passes=None) -> HeldOut:
+    """`passes` (optional, e.g. FeatureCache.passes): ids -> the target's (normed, taps), kept across runs."""
     seqs, greedy = [], []
     for ids, sup in zip(corpus.sequences, corpus.masks):
         ids, sup = ids[:eval_len], sup[:eval_len]
-        normed, aux = target_pass(target, ids)
+        normed, aux = (passes or (lambda x: target_pass(target, x)))(ids)
+        normed, aux = normed.float(), aux.float()
         seqs.append(features(target, ids, sup, normed, aux, draft_ids))
         greedy.append(target.head_logits(normed[1:]).argmax(-1).cpu())  # [N]: the token after position i's
     return HeldOut(seqs, greedy)
@@ -64,9 +66,18 @@ def held_out_features(target, corpus: Corpus, draft_ids: torch.Tensor, eval_len:
 @torch.no_grad()
 def evaluate(head, held: HeldOut, mask_id: int | None, depths: int, segment_tokens: int = 512) -> list[float]:
     """Per-depth top-1 agreement [depths] of `head` on the held-out sequences."""
+    return evaluate_by_position(head, held, mask_id, depths, segment_tokens, width=None)["all"]
+
+
+@torch.no_grad()
+def evaluate_by_position(head, held: HeldOut, mask_id: int | None, depths: int, segment_tokens: int = 512,
+                         width: int | None = 2048) -> dict:
+    """Per-depth top-1 agreement of `head` on the held-out sequences, in all ("all") and (`width`)
+    per span of `width` anchor positions ("0-2047", "2048-4095", ...): agreement against context length."""
     was_training = head.training
     head.eval()
-    hits, counts = torch.zeros(depths), torch.zeros(depths)
+    spans = 1 + max(len(f.tokens) for f in held.seqs) // width if width else 1
+    hits, counts = torch.zeros(spans, depths), torch.zeros(spans, depths)
     gen = torch.Generator().manual_seed(0)  # ratio 1: every chain, the generator only orders nothing
     for f, greedy in zip(held.seqs, held.greedy):
         el = cod_sample(f.loss_mask.cpu(), depths, 1.0, 1.0, gen)
@@ -80,11 +91,18 @@ def evaluate(head, held: HeldOut, mask_id: int | None, depths: int, segment_toke
                 continue
             drafted = head.model.to_target_ids(head.model.logits(x[sup]).argmax(-1))
             ok = (drafted.cpu() == greedy[sub.position[sup].cpu()]).float()
-            d = sub.depth[sup].cpu()
-            counts += torch.bincount(d, minlength=depths)[:depths].float()
-            hits += torch.bincount(d, weights=ok, minlength=depths)[:depths]
+            cell = sub.depth[sup].cpu() + depths * (sub.anchor[sup].cpu() // width if width else 0)
+            counts += torch.bincount(cell, minlength=spans * depths).float().view(spans, depths)
+            hits += torch.bincount(cell, weights=ok, minlength=spans * depths).view(spans, depths)
     head.train(was_training)
-    return [round(float(h / c), 4) if c else 0.0 for h, c in zip(hits, counts)]
+
+    def rates(h: torch.Tensor, c: torch.Tensor) -> list[float]:
+        return [round(float(a / b), 4) if b else 0.0 for a, b in zip(h, c)]
+    out = {"all": rates(hits.sum(0), counts.sum(0))}
+    if width:
+        out.update({f"{i * width}-{(i + 1) * width - 1}": rates(hits[i], counts[i])
+                    for i in range(spans) if counts[i].sum()})
+    return out
 
 
 def chain_acceptance(top1: list[float], k: int) -> float:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,18 +55,24 @@ def read_text_files(paths: list[Path]) -> list[str]:
     return texts
 
 
-def text_corpus(tokenizer, paths: list[Path], eos_id: int, piece: int | None = None) -> Corpus:
+def text_corpus(tokenizer, paths: list[Path], eos_id: int, piece: int | tuple | None = None) -> Corpus:
     """One stream of the files' tokens sampled in windows, or (`piece`) whole pieces of that many
-    tokens (the tail shorter than a piece is dropped), each a sequence of its own."""
+    tokens (several sizes: taken in turn; the tail shorter than the next piece is dropped), each a
+    sequence of its own."""
     ids: list[int] = []
     for text in read_text_files(paths):
         ids += tokenizer(text, add_special_tokens=False)["input_ids"] + [eos_id]
     stream = torch.tensor(ids, dtype=torch.long)
     if piece is None:
         return Corpus([stream], [torch.ones_like(stream, dtype=torch.bool)], windowed=True)
-    pieces = [stream[a:a + piece] for a in range(0, len(stream) - piece + 1, piece)]
+    sizes = (piece,) if isinstance(piece, int) else tuple(piece)
+    pieces, a = [], 0
+    while a + sizes[len(pieces) % len(sizes)] <= len(stream):
+        size = sizes[len(pieces) % len(sizes)]
+        pieces.append(stream[a:a + size])
+        a += size
     if not pieces:
-        raise ConfigError(f"the training text has {len(stream)} tokens, fewer than one piece of {piece}")
+        raise ConfigError(f"the training text has {len(stream)} tokens, fewer than one piece of {sizes[0]}")
     return Corpus(pieces, [torch.ones_like(p, dtype=torch.bool) for p in pieces], windowed=False)
 
 
@@ -227,13 +234,25 @@ def target_pass(target, ids: torch.Tensor, chunk: int = 512) -> tuple[torch.Tens
 def features(target, ids: torch.Tensor, supervised: torch.Tensor, normed: torch.Tensor, aux: torch.Tensor,
              draft_ids: torch.Tensor) -> SeqFeatures:
     """The drafter's view of a sequence (N = T - 1 positions, EAGLE shift) from the target's pass:
-    only the draft vocabulary's probabilities are made."""
+    the draft vocabulary's probabilities are made per partition (`SeqFeatures.probs_at`)."""
     dev = target.lm_head.weight.device
     t = ids.numel()
-    probs = torch.softmax(target.head_logits(normed[1:].to(dev, target.lm_head.weight.dtype), draft_ids.to(dev)),
-                          dim=-1)  # [N, V_d]
     nxt = torch.arange(2, t + 1).clamp(max=t - 1)  # position i is supervised iff token i+2 is
-    return SeqFeatures(ids[1:].to(dev), aux[:-1].float().to(dev), probs, supervised[nxt].to(dev))
+    return SeqFeatures(ids[1:].to(dev), aux[:-1].to(dev), normed[1:].to(dev), lm_rows(target, draft_ids),
+                       supervised[nxt].to(dev), target.config.logit_softcap)
+
+
+def lm_rows(target, draft_ids: torch.Tensor) -> torch.Tensor:
+    """The target's lm_head rows of the draft vocabulary [V_d, H], gathered once per target and
+    vocabulary (kept on the target: every sequence's features share them)."""
+    kept = getattr(target, "_draft_lm_rows", None)
+    if kept is None or not torch.equal(kept[0], draft_ids.cpu()):
+        w = target.lm_head.weight
+        kept = (draft_ids.cpu().clone(), w[draft_ids.to(w.device)].detach())
+        target._draft_lm_rows = kept
+    return kept[1]
+
+
 
 
 @torch.no_grad()
@@ -321,30 +340,37 @@ class FeatureCache:
     def get(self, key: int | None, ids: torch.Tensor, supervised: torch.Tensor) -> SeqFeatures:
         if key is None:
             return target_features(self.target, ids, supervised, self.draft_ids)
+        normed, aux = self.passes(ids)
+        return features(self.target, ids, supervised, normed, aux, self.draft_ids)
+
+    @torch.no_grad()
+    def passes(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's (normed, taps) over `ids` (float16), made once and kept by content."""
         content = seq_key(ids)
         if content not in self.kept:
             normed, aux = target_pass(self.target, ids)
             self.kept[content] = (normed.half(), aux.half())
-        normed, aux = self.kept[content]
-        return features(self.target, ids, supervised, normed, aux, self.draft_ids)
+        return self.kept[content]
 
     def batch(self, batch: list) -> list[SeqFeatures]:
         """The features of sample_batch's (key, ids, supervised) triples, one sequence at a time."""
         return [self.get(key, ids, sup) for key, ids, sup in batch]
 
-    def fill(self, corpus: Corpus, seq_len: int, progress, save_every: int = 400) -> None:
-        """Make every sequence's pass now (saved every `save_every` sequences, so an interrupted
-        fill resumes), so training steps and concurrent runs sharing the file only read it."""
+    def fill(self, corpus: Corpus, seq_len: int, progress, save_every: int = 400, save_s: float = 300) -> None:
+        """Make every sequence's pass now (saved every `save_every` sequences or `save_s` seconds,
+        so an interrupted fill resumes), so training steps and concurrent runs sharing the file only read it."""
         if corpus.windowed:
             return
         cut = {seq_key(seq[:seq_len]): seq[:seq_len] for seq in corpus.sequences}  # equal sequences pass once
         todo = [(key, ids) for key, ids in cut.items() if key not in self.kept]
+        saved_at = time.perf_counter()
         for n, (key, ids) in enumerate(todo, start=1):
             normed, aux = target_pass(self.target, ids)
             self.kept[key] = (normed.half(), aux.half())
             progress(f"target features: {len(cut) - len(todo) + n}/{len(cut)} sequences", final=n == len(todo))
-            if n % save_every == 0:
+            if n % save_every == 0 or time.perf_counter() - saved_at > save_s:
                 self.save()
+                saved_at = time.perf_counter()
         self.save()
 
     def save(self) -> None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from peagle_trt.models.drafter import DrafterModel
 from peagle_trt.models.rope import apply_rope, rope_cos_sin
@@ -45,11 +46,27 @@ class TrainHead(nn.Module):
 @dataclass(frozen=True)
 class SeqFeatures:
     """One training sequence as the drafter sees it (EAGLE shift, as in the P-EAGLE paper): position i holds
-    token x_{i+1}, the target taps at i, and the target's distribution for x_{i+2}."""
+    token x_{i+1}, the target taps at i, and the target's distribution for x_{i+2}. The distribution is
+    made where it is needed (`probs_at`: each partition's supervised rows), from the target's final-normed
+    hidden state at i + 1 and its lm_head rows of the draft vocabulary: O(N * H) kept, not O(N * V_d)."""
     tokens: torch.Tensor  # [N] int64
-    aux: torch.Tensor  # [N, num_aux * H_t]
-    probs: torch.Tensor  # [N, V_d] target distribution restricted to the draft vocabulary
+    aux: torch.Tensor  # [N, num_aux * H_t] (the feature cache's float16, or float32: made float per block)
+    normed: torch.Tensor  # [N, H_t] the target's final-normed hidden state (any float dtype: the cache's float16)
+    lm_rows: torch.Tensor  # [V_d, H_t] the target's lm_head rows of the draft vocabulary (shared)
     loss_mask: torch.Tensor  # [N] bool
+    softcap: float | None = None  # the target family's logit soft-cap (TargetModel.head_logits)
+
+    def probs_at(self, idx: torch.Tensor) -> torch.Tensor:
+        """The target's distribution over the draft vocabulary at positions `idx`: [len(idx), V_d]."""
+        logits = F.linear(self.normed[idx].to(self.lm_rows.dtype), self.lm_rows).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return torch.softmax(logits, dim=-1)
+
+    @property
+    def probs(self) -> torch.Tensor:
+        """[N, V_d] at every position (tests, small sequences: training takes `probs_at` of its rows)."""
+        return self.probs_at(torch.arange(len(self.tokens), device=self.tokens.device))
 
 
 def _attention(m, h: torch.Tensor, cos, sin, bank, mask: torch.Tensor | None):
@@ -65,10 +82,9 @@ def _attention(m, h: torch.Tensor, cos, sin, bank, mask: torch.Tensor | None):
     new = (k, v)
     if bank is not None:
         k, v = torch.cat((bank[0], k), dim=1), torch.cat((bank[1], v), dim=1)
-    rep = m.num_heads // m.num_kv_heads
-    k, v = k.repeat_interleave(rep, dim=0)[None], v.repeat_interleave(rep, dim=0)[None]  # [1, H, Rk, d]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask[None, None],
-                                         is_causal=mask is None)
+    # grouped-query attention without repeating the keys/values per head (no [H, Rk, d] copies)
+    out = F.scaled_dot_product_attention(q, k[None], v[None], attn_mask=None if mask is None else mask[None, None],
+                                         is_causal=mask is None, enable_gqa=m.num_heads != m.num_kv_heads)
     return m.o_proj(out[0].transpose(0, 1).reshape(r, -1)), new
 
 
@@ -95,6 +111,32 @@ def run_group(model: DrafterModel, e: torch.Tensor, g: torch.Tensor, positions: 
     return x, new_kv
 
 
+def depth0_group(model: DrafterModel, seq: SeqFeatures, pos0: torch.Tensor, block: int = 0) -> tuple[torch.Tensor, list]:
+    """The depth-0 rows at positions pos0 (consecutive, causal): x [R0, H] and per layer (k, v). With
+    `block` and more rows than it: in checkpointed blocks (segment_forward's `recompute`), each
+    saving only its own inputs (positions, the earlier blocks' keys/values as they were made)."""
+    def rows_of(idx: torch.Tensor, earlier: list, mask: torch.Tensor | None = None):
+        if earlier:  # the earlier blocks' keys/values, joined here (recomputed, not kept), and a causal mask
+            banks = [(torch.cat([kv[i][0] for kv in earlier], dim=1), torch.cat([kv[i][1] for kv in earlier], dim=1))
+                     for i in range(len(earlier[0]))]
+            start = int(idx[0])
+            mask = torch.arange(start + len(idx), device=idx.device)[None] <= idx[:, None]  # [B, start + B]
+        aux = seq.aux[idx].to(model.embed_tokens.weight.dtype)  # the cache's float16 taps, per block
+        return run_group(model, model.embed_tokens(seq.tokens[idx]), model.project(aux), idx,
+                         banks if earlier else None, mask)
+
+    if not block or len(pos0) <= block:
+        return rows_of(pos0, [])
+    xs, made = [], []
+    for a in range(0, len(pos0), block):
+        x, kv = checkpoint(rows_of, pos0[a:a + block], list(made), use_reentrant=False)
+        xs.append(x)
+        made.append(kv)
+    banks = [(torch.cat([kv[i][0] for kv in made], dim=1), torch.cat([kv[i][1] for kv in made], dim=1))
+             for i in range(len(made[0]))]
+    return torch.cat(xs), banks
+
+
 def _extend(banks: list | None, kv: list) -> list:
     if banks is None:
         return kv
@@ -102,16 +144,20 @@ def _extend(banks: list | None, kv: list) -> list:
 
 
 def segment_forward(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
-                    mask_token_id: int | None) -> tuple[Elements, torch.Tensor, torch.Tensor]:
+                    mask_token_id: int | None, recompute: int = 0) -> tuple[Elements, torch.Tensor, torch.Tensor]:
     """Run the rows of one segment. Returns (elements of the rows, pre-norm outputs x [R, H]
-    (`head.model.logits(x)` gives their draft logits), charged [R] bool: the rows this segment owns)."""
+    (`head.model.logits(x)` gives their draft logits), charged [R] bool: the rows this segment owns).
+    `recompute` (a block size; 0: off): the depth-0 group (the segment's context: every earlier
+    position) runs in blocks of that many positions, each attending the earlier blocks' keys, and
+    keeps only its outputs (x, keys, values) for backward, where it runs again one block at a time
+    (activation checkpointing: the same loss and gradients up to float rounding, and a partition's
+    memory no longer grows with its context)."""
     model = head.model
     rows, charged = segment_rows(el, owned)
     sub = el.select(rows)
     is0 = sub.depth == 0
     pos0 = sub.anchor[is0]  # [R0] consecutive positions 0..last
-    x0, banks = run_group(model, model.embed_tokens(seq.tokens[pos0]), model.project(seq.aux[pos0]),
-                          pos0, None, None)
+    x0, banks = depth0_group(model, seq, pos0, recompute if torch.is_grad_enabled() else 0)
     outs, order = [x0], [torch.nonzero(is0).flatten()]
     keys = sub.select(order[0])
     if head.parallel:
@@ -154,16 +200,16 @@ def kl_terms(logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
 
 def segment_loss(head: TrainHead, seq: SeqFeatures, el: Elements, owned: torch.Tensor,
                  mask_token_id: int | None, normaliser: float, stats: dict | None = None,
-                 depth_weights: torch.Tensor | None = None) -> torch.Tensor:
+                 depth_weights: torch.Tensor | None = None, recompute: int = 0) -> torch.Tensor:
     """Summed KL over the segment's owned supervised elements / normaliser. Only those rows go
     through the lm_head: prompt rows and rows of other segments are context only. `stats`
     (optional) accumulates per-depth counts and top-1 agreement: {depth: [count, correct]}.
-    `depth_weights` [depths] (optional) weights each element's KL by its depth."""
-    sub, x, charged = segment_forward(head, seq, el, owned, mask_token_id)
+    `depth_weights` [depths] (optional) weights each element's KL by its depth; `recompute`: segment_forward's."""
+    sub, x, charged = segment_forward(head, seq, el, owned, mask_token_id, recompute)
     pos = sub.position
     sup = charged & seq.loss_mask[pos]
     logits = head.model.logits(x[sup])
-    probs = seq.probs[pos[sup]]
+    probs = seq.probs_at(pos[sup])
     terms = kl_terms(logits, probs)
     if depth_weights is not None:
         terms = terms * depth_weights.to(terms.device)[sub.depth[sup]]

@@ -4,8 +4,9 @@ head, features, optimiser, resume), `step` (one optimiser step), `evaluate` (a h
 
 Per step: sample `batch` sequences, run the frozen target over them (taps + distribution over the
 draft vocabulary: from the feature cache, or `online` in one batched pass), COD-sample the flat
-multi-depth elements, then forward+backward each sequence partition (segment) with the loss
-divided by the batch's supervised element count (each depth's KL weighted by `depth_weights`
+multi-depth elements, then forward+backward each sequence partition (segment; its context of
+earlier positions recomputed in backward, and the target's distribution made for its rows only,
+so memory stays flat in the sequence's length) with the loss divided by the batch's supervised element count (each depth's KL weighted by `depth_weights`
 where given), clip, AdamW step. Checkpoints hold the head, the optimiser and the data/COD
 generator state, so a resumed run continues with exactly the batches an uninterrupted run would
 have drawn. The summary reports supervised tokens (depth-0 positions) per second of training wall time.
@@ -154,6 +155,7 @@ class Session:
     tokens_seen: int = 0  # supervised elements (every depth), over the whole history
     supervised_tokens: int = 0  # supervised positions (depth 0) trained on by this process
     t_loop: float = 0.0
+    held_text: C.HeldOut | None = None  # --held-out-text-list: long held-out text pieces (a second curve)
 
     @property
     def done(self) -> bool:
@@ -176,21 +178,32 @@ def load_corpus(cfg: TrainConfig, target, codec, progress) -> tuple[D.Corpus, D.
                               f"held out, --train-from {cfg.train_from} skipped the rest")
         corpus, held_corpus = C.subset(corpus, train_idx), C.subset(corpus, held_idx)
     eos = codec.eos_ids[0] if codec.eos_ids else 0
-    piece = None if cfg.data is None else min(cfg.seq_len, D.TEXT_PIECE)
+    piece = None if cfg.data is None else text_pieces(cfg)
     if cfg.text:  # alone: windows of one stream; beside --data: pieces, extra training sequences
         text = D.text_corpus(codec.tok, list(cfg.text), eos, piece)
         if cfg.data is not None:
+            size = "/".join(map(str, sorted(set(piece), reverse=True))) if len(piece) > 1 else piece[0]
             progress(f"training on {len(corpus.sequences)} answers and {len(text.sequences)} text pieces "
-                     f"of {piece} tokens", final=True)
+                     f"of {size} tokens", final=True)
         corpus = text if corpus is None else D.joined(corpus, text)
     if cfg.source_tokens:  # beside --data (TrainConfig.check): this machine's Python source, teacher-forced
         from peagle_trt.train.source import source_corpus
 
-        src = source_corpus(codec.tok, cfg.source_roots, cfg.source_tokens, piece, eos, progress)
+        src = source_corpus(codec.tok, cfg.source_roots, cfg.source_tokens, piece[0], eos, progress)
         progress(f"training on {len(corpus.sequences)} sequences and {len(src.sequences)} pieces of this "
-                 f"machine's Python source ({len(src.sequences) * piece} tokens)", final=True)
+                 f"machine's Python source ({len(src.sequences) * piece[0]} tokens)", final=True)
         corpus = D.joined(corpus, src)
     return corpus, held_corpus
+
+
+def text_pieces(cfg: TrainConfig) -> tuple:
+    """The sizes text beside --data is cut into (in turn), each at most --seq-len."""
+    return tuple(min(cfg.seq_len, n) for n in (cfg.text_piece or (D.TEXT_PIECE,)))
+
+
+def kept_passes(features):
+    """The held-out text's target passes through a feature cache file (a resumed run reads them), or None."""
+    return features.passes if isinstance(features, D.FeatureCache) and features.path is not None else None
 
 
 def setup(cfg: TrainConfig, progress) -> Session:
@@ -230,12 +243,20 @@ def setup(cfg: TrainConfig, progress) -> Session:
         held = C.held_out_features(target, held_corpus, draft_ids, cfg.eval_len)
         progress(f"held out: {len(held.seqs)} sequences, {held.supervised} supervised positions "
                  f"(every {cfg.held_out_every}th of the data)", final=True)
+    held_text = None
+    if cfg.eval_every and cfg.held_out_text:
+        eos = codec.eos_ids[0] if codec.eos_ids else 0
+        text = D.text_corpus(codec.tok, list(cfg.held_out_text), eos, text_pieces(cfg))
+        held_text = C.held_out_features(target, text, draft_ids, max(text_pieces(cfg)), kept_passes(features))
+        progress(f"held out text: {len(held_text.seqs)} pieces, {held_text.supervised} positions", final=True)
+        features.save()  # their passes too (a resumed run reads them)
     head.to(dev)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     s = Session(cfg, progress, t_start, target, taps, mask_id, corpus, draft_ids, head, config, features, held,
                 params, opt, gen, cfg.checkpoint_dir / "state.pt" if cfg.checkpoint_dir else None)
+    s.held_text = held_text
     resume(s)
     return s
 
@@ -264,6 +285,11 @@ def evaluate(s: Session, loss: float | None) -> None:
     row = {"step": s.step, "train_cpu_s": round(s.cpu_s, 3), "wall_s": round(time.perf_counter() - s.t_start, 1),
            "supervised_seen": s.tokens_seen, "loss": None if loss is None else round(loss, 4), "top1": top1,
            "chain_accepted_k7": C.chain_acceptance(top1, 7)}
+    if s.held_text is not None:
+        by_pos = C.evaluate_by_position(s.head, s.held_text, s.mask_id, s.cfg.depths, segment_tokens=2048)
+        row.update(top1_text=by_pos.pop("all"), top1_text_by_position=by_pos)
+        s.progress("held-out text top-1: " + " ".join(f"{a:.3f}" for a in row["top1_text"]) + " | position 1 by "
+                   "context: " + " ".join(f"{k}: {v[0]:.3f}" for k, v in by_pos.items()), final=True)
     if s.cfg.device != "cpu":  # a GPU run's rows say so (its train_cpu_s is the host's process time)
         row.update(device=s.cfg.device, train_wall_s=round(s.wall_s, 1))
     s.curve.append(row)
@@ -422,8 +448,9 @@ def train_step(head, cache, corpus, cfg, gen, mask_id, depths: int) -> tuple[flo
         for owned in partition(el, len(f.tokens), segments):
             if owned.numel() == 0:
                 continue
+            # partitioned: each segment's context (depth 0 from position 0) runs in checkpointed blocks
             loss = segment_loss(head, f, el.to(f.tokens.device), owned.to(f.tokens.device), mask_id,
-                                normaliser, stats, weights)
+                                normaliser, stats, weights, recompute=-(-len(f.tokens) // segments) if segments > 1 else 0)
             loss.backward()
             total += float(loss.detach())
     return total, stats, sum(len(ids) for _, ids, _ in batch), normaliser

@@ -18,6 +18,7 @@ ELSEWHERE = {  # suite -> the test that runs its --smoke (or, without a GPU, its
     "paged": "test_paged.py", "speculation": "test_speculation.py", "draft-length": "test_draft_length_sim.py",
     "curves": "test_curves.py", "heads": "test_heads.py", "seeds": "test_seeds.py",
     "long-context": "test_long_context.py",
+    "train-memory": "test_train_memory.py",
 }
 SMOKE = {  # suite -> extra options of its smoke run
     "drafter": [], "backends": [], "families": [], "moe": [], "step-cost": [], "verify-shapes": [], "structured": [],

@@ -16,6 +16,7 @@ from peagle_trt.checkpoint import load_drafter, load_pair, load_target
 from peagle_trt.config import SpecConfig
 from peagle_trt.make_tiny import CORPUS
 from peagle_trt.models.target import TargetModel
+from peagle_trt.tokenizer import TextCodec
 from peagle_trt.train import TrainConfig, train
 from peagle_trt.train import data as D
 from peagle_trt.train.distill import distill, read_done
@@ -115,7 +116,8 @@ def test_cached_features_equal_the_full_forward(tiny):
     cache = D.FeatureCache(target, draft_ids)
     f = cache.get(0, ids, sup)
     assert torch.allclose(f.probs, torch.softmax(logits[0, 1:, draft_ids], -1), atol=2e-3)
-    assert torch.allclose(f.aux, aux[0, :-1], atol=1e-2, rtol=1e-3)
+    assert f.aux.dtype == torch.float16  # kept as the cache keeps it, made float per block (train/forward.py)
+    assert torch.allclose(f.aux.float(), aux[0, :-1], atol=1e-2, rtol=1e-3)
     assert cache.get(0, ids, sup).probs.equal(f.probs)  # kept, not recomputed differently
 
 
@@ -131,3 +133,33 @@ def test_frozen_embeddings_and_fc_norms_round_trip(tiny, tmp_path):
     assert not load_drafter(out).config.has_embed and load_drafter(out).config.fc_norm
     target, drafter = load_pair(tiny["llama"], out, SpecConfig("peagle", 3)).build()
     assert drafter.embed_tokens.weight.equal(target.embed_tokens.weight)
+
+
+def test_text_pieces_of_several_sizes_and_a_held_out_text_curve(tiny, tmp_path):
+    data = tmp_path / "answers.jsonl"
+    distill(tiny["llama"], [dict(r, max_tokens=10) for r in _rows(6)], data, backend="torch", batch=3,
+            max_len=256)
+    text, held = tmp_path / "t.txt", tmp_path / "h.txt"
+    text.write_text("\n".join(CORPUS * 6))
+    held.write_text("\n".join(CORPUS[::-1] * 3))
+    cache = tmp_path / "features.pt"
+    cfg = TrainConfig(target=tiny["llama"], output=tmp_path / "a", data=data, text=(text,), text_piece=(64, 32),
+                      held_out_text=(held,), steps=1, batch=2, seq_len=48, depths=2, draft_vocab=200,
+                      max_context=16, taps=(1, 3, 5), log_every=100, feature_cache=cache, held_out_every=3,
+                      eval_every=1, segment_tokens=8)
+    lines = []
+    out = train(cfg, lambda line, final=False: lines.append(line))
+    pieces = out["train_sequences"] - 4
+    assert pieces > 2 and any(f"{pieces} text pieces of 48/32 tokens" in line for line in lines)  # 64 cut to 48
+    cut = D.text_corpus(TextCodec(tiny["llama"]).tok, [text], 0, (48, 32)).sequences
+    assert [len(s) for s in cut[:4]] == [48, 32, 48, 32]  # sizes in turn
+    rows = [json.loads(line) for line in (tmp_path / "a" / "curve.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(len(r["top1_text"]) == 2 for r in rows)
+    assert all(set(r["top1_text_by_position"]) == {"0-2047"} for r in rows)
+    assert rows[0]["top1_text_by_position"]["0-2047"] == rows[0]["top1_text"]  # one span: the same rates
+    assert rows[-1]["top1_text"] != rows[0]["top1_text"] or rows[-1]["top1"] != rows[0]["top1"]
+    again = []  # the held-out text's passes were kept in the cache file: a second run reads them
+    train(TrainConfig(**{**cfg.__dict__, "output": tmp_path / "b"}), lambda line, final=False: again.append(line))
+    assert not any(line.startswith("target features:") for line in again)
+    parts = sorted(p.name for p in tmp_path.glob("features.pt*"))
+    assert parts == ["features.pt", "features.pt.part-0001"]  # the held-out text's; the second run wrote nothing

@@ -10,7 +10,7 @@ from peagle_trt.checkpoint import load_target
 from peagle_trt.models.target import TargetModel
 from peagle_trt.train import TrainConfig
 from peagle_trt.train.cod import cod_sample, partition
-from peagle_trt.train.data import target_features
+from peagle_trt.train.data import target_features, target_pass
 from peagle_trt.train.forward import segment_forward, segment_loss
 from peagle_trt.train.loop import build_head
 
@@ -112,3 +112,45 @@ def test_target_features_in_chunks_equal_one_pass(setup):
     torch.testing.assert_close(chunked.aux, f.aux, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(chunked.probs, f.probs, atol=1e-6, rtol=1e-4)
     assert torch.equal(chunked.tokens, f.tokens) and torch.equal(chunked.loss_mask, f.loss_mask)
+
+
+def test_lazy_probs_equal_the_eager_ones(setup):
+    """Each partition's target distribution made from the kept hidden state (`probs_at`) is the one
+    the whole-sequence softmax gave (the eager [N, V_d] table the features used to hold)."""
+    ckpt, taps, f, draft_ids = setup
+    target = TargetModel.from_tensors(ckpt.config, ckpt.tensors, taps)
+    torch.manual_seed(0)
+    ids = torch.randint(0, ckpt.config.vocab_size, (40,))
+    normed, _ = target_pass(target, ids)
+    eager = torch.softmax(target.head_logits(normed[1:], draft_ids), dim=-1)  # [N, V_d]
+    assert f.normed.shape == (39, ckpt.config.hidden_size)  # O(N * H) kept, no [N, V_d] table
+    el = cod_sample(f.loss_mask, 5, 0.7, 0.2, torch.Generator().manual_seed(5))
+    for owned in partition(el, len(f.tokens), 4):
+        pos = el.select(owned).position
+        torch.testing.assert_close(f.probs_at(pos), eager[pos], atol=1e-7, rtol=1e-6)
+    torch.testing.assert_close(f.probs, eager, atol=1e-7, rtol=1e-6)
+    again = target_features(target, ids, torch.ones_like(ids, dtype=torch.bool), draft_ids)
+    assert again.lm_rows.data_ptr() == target_features(target, ids[:9], again.loss_mask[:9], draft_ids).lm_rows.data_ptr()
+
+
+def test_recomputed_context_gives_the_same_loss_and_gradient(setup):
+    """Partitions with their depth-0 context in checkpointed blocks (recomputed in backward) train as without."""
+    _, _, f, _ = setup
+    el = cod_sample(f.loss_mask, 5, 0.7, 0.2, torch.Generator().manual_seed(7))
+    normaliser = float(f.loss_mask[el.position].sum())
+    results = []
+    for recompute in (0, 6):  # blocks of 6 positions: a segment's context (up to 39) in up to 7 blocks
+        head = _head(setup, "peagle")
+        losses = []
+        for owned in partition(el, len(f.tokens), 4):
+            if owned.numel():
+                loss = segment_loss(head, f, el, owned, 3, normaliser, recompute=recompute)
+                loss.backward()
+                losses.append(float(loss.detach()))
+        results.append((losses, {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}))
+    (plain_loss, plain), (again_loss, recomputed) = results
+    assert again_loss == pytest.approx(plain_loss, rel=1e-6) and len(plain_loss) == 4
+    assert plain.keys() == recomputed.keys() and len(plain) > 5
+    for name in plain:
+        torch.testing.assert_close(recomputed[name], plain[name], atol=1e-7, rtol=1e-5, msg=name)
+        assert not torch.equal(plain[name], torch.zeros_like(plain[name])), name
