@@ -85,8 +85,8 @@ def worker(spec: dict) -> dict:
     corpus = D.Corpus([ids], [torch.ones(n, dtype=torch.bool)], windowed=False)
     gen = torch.Generator().manual_seed(1)
     del ckpt
-    before = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS now
+    before = _rss_kib("VmRSS")
     c0, w0 = time.process_time(), time.perf_counter()
     loss, _, _, supervised = train_step(head, Cache(), corpus, cfg, gen, 0, cfg.depths)
     torch.nn.utils.clip_grad_norm_(params, 1.0)
