@@ -27,7 +27,8 @@ curve.png), train.log.
 
 On 2 shared CPU cores the target's pass over one 8K piece costs ~200 CPU s (~5 wall minutes under
 load: attention over the cache is quadratic, and 135M parameters times 8K tokens is ~2 TFLOP);
-threads: --threads (OMP_NUM_THREADS of the training process; 1 on a shared machine, where two spin). Last stdout line: JSON.
+threads: --threads (OMP_NUM_THREADS of the training process; 1 on a shared machine, where two spin).
+Last stdout line: JSON.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ def main() -> None:
                "--output", str(args.work / "drafter-peagle-long"), "--checkpoint-dir", str(args.work / "ckpt"),
                "--feature-cache", str(args.work / "features.pt"), "--lr", args.lr, "--eval-every", args.eval_every,
                "--wall-budget-s", str(args.wall_budget_s), "--force", *FLAGS]
-        note("$ OMP_NUM_THREADS=%d " % args.threads + shlex.join(cmd))
+        note(f"$ OMP_NUM_THREADS={args.threads} " + shlex.join(cmd))
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": str(REPO)}
         out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True, env=env).stdout
         report["train"] = json.loads(out.strip().splitlines()[-1])

@@ -11,8 +11,9 @@ made once per sequence and cached, peagle_trt/train/data.py `FeatureCache`), kep
 keeps them (float16 normed hidden state and taps); then one `train_step` (features, COD, every
 partition's forward+backward) and one AdamW step. Measured: the process's peak resident set during
 the step over its resident set before it (Linux VmHWM, reset through /proc/self/clear_refs), and the
-step's CPU seconds (one thread; not a speed figure; --smoke runs the settings in this process). The flat (unpartitioned) setting is run only up
-to --flat-max tokens: its deep group attends N x 2.8N under an explicit mask (gigabytes at 8K).
+step's CPU seconds (one thread; not a speed figure; --smoke runs the settings in this process). The
+flat (unpartitioned) setting is run only up to --flat-max tokens: its deep group attends N x 2.8N
+under an explicit mask (gigabytes at 8K).
 
     peagle-trt bench train-memory [--target smollm2] [--lengths 1024,2048,4096,8192] [--segment-tokens 1024]
                                   [--flat-max 4096] [--plot docs/img/bench_train_memory.png]
@@ -85,8 +86,8 @@ def worker(spec: dict) -> dict:
     corpus = D.Corpus([ids], [torch.ones(n, dtype=torch.bool)], windowed=False)
     gen = torch.Generator().manual_seed(1)
     del ckpt
-    before = _rss_kib("VmRSS")
     Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS now
+    before = _rss_kib("VmRSS")
     c0, w0 = time.process_time(), time.perf_counter()
     loss, _, _, supervised = train_step(head, Cache(), corpus, cfg, gen, 0, cfg.depths)
     torch.nn.utils.clip_grad_norm_(params, 1.0)

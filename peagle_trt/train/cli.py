@@ -142,7 +142,8 @@ def cmd_train(args: argparse.Namespace) -> dict:
     taps = comma_list(args.taps, int, "--taps", "expected three comma-separated layer ids, e.g. 1,2,3")
     weights = comma_list(args.depth_weights, float, "--depth-weights", "expected numbers, e.g. 1,1,0.8")
     cfg = TrainConfig(target=args.target, output=args.output, method=args.method, data=args.data,
-                      text=tuple(text), text_piece=pieces, held_out_text=held_text, layout=args.layout, depths=args.depths,
+                      text=tuple(text), text_piece=pieces, held_out_text=held_text, layout=args.layout,
+                      depths=args.depths,
                       down_sample_ratio=args.down_sample_ratio, down_sample_ratio_min=args.down_sample_ratio_min,
                       segments=args.segments, segment_tokens=args.segment_tokens, max_context=args.max_context,
                       freeze_embeddings=args.freeze_embeddings, feature_cache=args.feature_cache,

@@ -111,7 +111,8 @@ def run_group(model: DrafterModel, e: torch.Tensor, g: torch.Tensor, positions: 
     return x, new_kv
 
 
-def depth0_group(model: DrafterModel, seq: SeqFeatures, pos0: torch.Tensor, block: int = 0) -> tuple[torch.Tensor, list]:
+def depth0_group(model: DrafterModel, seq: SeqFeatures, pos0: torch.Tensor,
+                 block: int = 0) -> tuple[torch.Tensor, list]:
     """The depth-0 rows at positions pos0 (consecutive, causal): x [R0, H] and per layer (k, v). With
     `block` and more rows than it: in checkpointed blocks (segment_forward's `recompute`), each
     saving only its own inputs (positions, the earlier blocks' keys/values as they were made)."""

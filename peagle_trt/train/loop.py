@@ -6,7 +6,8 @@ Per step: sample `batch` sequences, run the frozen target over them (taps + dist
 draft vocabulary: from the feature cache, or `online` in one batched pass), COD-sample the flat
 multi-depth elements, then forward+backward each sequence partition (segment; its context of
 earlier positions recomputed in backward, and the target's distribution made for its rows only,
-so memory stays flat in the sequence's length) with the loss divided by the batch's supervised element count (each depth's KL weighted by `depth_weights`
+so memory stays flat in the sequence's length) with the loss divided by the batch's supervised element
+count (each depth's KL weighted by `depth_weights`
 where given), clip, AdamW step. Checkpoints hold the head, the optimiser and the data/COD
 generator state, so a resumed run continues with exactly the batches an uninterrupted run would
 have drawn. The summary reports supervised tokens (depth-0 positions) per second of training wall time.
@@ -450,7 +451,8 @@ def train_step(head, cache, corpus, cfg, gen, mask_id, depths: int) -> tuple[flo
                 continue
             # partitioned: each segment's context (depth 0 from position 0) runs in checkpointed blocks
             loss = segment_loss(head, f, el.to(f.tokens.device), owned.to(f.tokens.device), mask_id,
-                                normaliser, stats, weights, recompute=-(-len(f.tokens) // segments) if segments > 1 else 0)
+                                normaliser, stats, weights,
+                                recompute=-(-len(f.tokens) // segments) if segments > 1 else 0)
             loss.backward()
             total += float(loss.detach())
     return total, stats, sum(len(ids) for _, ids, _ in batch), normaliser
