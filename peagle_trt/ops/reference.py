@@ -144,7 +144,7 @@ def kv_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: t
     g = num_heads // num_kv_heads
     qh = q.view(b, s, num_kv_heads, g, head_dim).permute(0, 2, 3, 1, 4).reshape(b, num_kv_heads, g * s, head_dim)
     mask = None
-    if q.device.type != "cpu" or not bool(visible.all()):  # (a host read: CPU only)
+    if q.device.type != "cpu" or not visible.numpy().all():  # a CPU tensor's numpy view: no device read
         mask = visible[:, None, None].expand(b, 1, g, s, length).reshape(b, 1, g * s, length)
     out = F.scaled_dot_product_attention(qh, keys, values, attn_mask=mask, scale=scale)  # [B, KV, G*S, d]
     return out.view(b, num_kv_heads, g, s, head_dim).permute(0, 3, 1, 2, 4).reshape(b, s, num_heads * head_dim)
